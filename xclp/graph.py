@@ -1,0 +1,126 @@
+"""From pairwise distances to the normalised sparse kNN graph 𝒲 (Algorithm 1, steps 3–6).
+
+The coordinator receives H block by block (one block per pair of sites). `KnnAccumulator` keeps
+only each point's k best candidates so far (O(n k) memory, never the n × n matrix), and the result
+does not depend on the order in which blocks arrive: ties in Hamming distance are broken by the
+smaller global index, the same rule for every driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    k: int = 10  # neighbours kept per point (the point itself excluded)
+    power: float = 3.0  # edge weight = sim ** power, sign kept
+    similarity: str = "lsh"  # "lsh": cos(π H / L) from Hamming distances; "exact": true cosine (reference only)
+
+
+def hamming_to_similarity(h: np.ndarray, n_bits: int) -> np.ndarray:
+    """A = cos(π H / L): the LSH estimate of the cosine similarity."""
+    return np.cos(np.pi * np.asarray(h, dtype=np.float64) / n_bits)
+
+
+def edge_weight(sim: np.ndarray, power: float) -> np.ndarray:
+    """sim ** power with the sign kept (the authors' code uses power 3)."""
+    return np.sign(sim) * np.abs(sim) ** power
+
+
+class KnnAccumulator:
+    """Running k-nearest-neighbour lists over blocks of a distance matrix.
+
+    Distances are integers (Hamming) or floats (1 − cosine for the exact reference). For integer
+    distances the sort key is distance·(n+1) + index, so the selection is unique and order-free.
+    """
+
+    def __init__(self, n: int, k: int, integer: bool = True):
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if n < 2:
+            raise ValueError("a graph needs at least 2 points")
+        self.n = n
+        self.k = min(k, n - 1)
+        self.dist = np.full((n, self.k), np.inf)
+        self.idx = np.full((n, self.k), -1, dtype=np.int64)
+        self.seen = np.zeros(n, dtype=np.int64)  # how many candidate columns each row has seen
+        self.integer = integer
+
+    def add_block(self, rows: np.ndarray, cols: np.ndarray, dist: np.ndarray, symmetric: bool = True) -> None:
+        """Add D[rows, cols] (and, if symmetric, its transpose for the column points)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = np.asarray(cols, dtype=np.int64)
+        dist = np.asarray(dist)
+        if dist.shape != (rows.size, cols.size):
+            raise ValueError(f"distance block has shape {dist.shape}, expected {(rows.size, cols.size)}")
+        self._merge(rows, cols, dist)
+        if symmetric and not np.array_equal(rows, cols):
+            self._merge(cols, rows, dist.T)
+
+    def _merge(self, rows: np.ndarray, cols: np.ndarray, dist: np.ndarray, chunk: int = 1024) -> None:
+        for s in range(0, rows.size, chunk):
+            r = rows[s : s + chunk]
+            d = dist[s : s + chunk].astype(np.float64)
+            c = np.broadcast_to(cols, d.shape)
+            d = np.where(c == r[:, None], np.inf, d)  # the point itself is never its own neighbour
+            cand_d = np.concatenate([self.dist[r], d], axis=1)
+            cand_i = np.concatenate([self.idx[r], c], axis=1)
+            if self.integer:
+                # Order by (distance, index): unique, hence independent of the order of blocks.
+                # distance·(n+1) + index is exact in float64 for any realistic L and n.
+                key = cand_d * (self.n + 1) + np.where(cand_i < 0, self.n, cand_i)
+            else:
+                key = cand_d
+            if key.shape[1] > self.k:
+                part = np.argpartition(key, self.k - 1, axis=1)[:, : self.k]
+            else:
+                part = np.broadcast_to(np.arange(key.shape[1]), key.shape)
+            order = np.take_along_axis(part, np.argsort(np.take_along_axis(key, part, axis=1), axis=1), axis=1)
+            self.dist[r] = np.take_along_axis(cand_d, order, axis=1)
+            self.idx[r] = np.take_along_axis(cand_i, order, axis=1)
+            self.seen[r] += cols.size - np.isin(r, cols).astype(np.int64)
+
+    def complete(self) -> bool:
+        return bool(np.all(self.seen >= self.n - 1))
+
+
+def knn_matrix(acc: KnnAccumulator, weights_of_dist) -> sp.csr_matrix:
+    """B: each row keeps its k best entries with weight w(distance), zero elsewhere."""
+    valid = np.isfinite(acc.dist) & (acc.idx >= 0)
+    rows = np.repeat(np.arange(acc.n), acc.k)[valid.ravel()]
+    cols = acc.idx[valid]
+    vals = weights_of_dist(acc.dist[valid])
+    return sp.csr_matrix((vals, (rows, cols)), shape=(acc.n, acc.n))
+
+
+def normalised_adjacency(B: sp.spmatrix) -> sp.csr_matrix:
+    """𝒲 = D^{-1/2} (B + Bᵀ) D^{-1/2} with a zero diagonal; a non-positive degree is treated as 1."""
+    W = (B + B.T).tocsr()
+    W.setdiag(0)
+    W.eliminate_zeros()
+    deg = np.asarray(W.sum(axis=1)).ravel()
+    deg = np.where(deg > 0, deg, 1.0)
+    inv_sqrt = sp.diags(1.0 / np.sqrt(deg))
+    return (inv_sqrt @ W @ inv_sqrt).tocsr()
+
+
+def graph_from_hamming_blocks(acc: KnnAccumulator, n_bits: int, params: GraphParams) -> sp.csr_matrix:
+    return normalised_adjacency(knn_matrix(acc, lambda h: edge_weight(hamming_to_similarity(h, n_bits), params.power)))
+
+
+def exact_cosine_graph(X: np.ndarray, params: GraphParams, chunk: int = 2048) -> sp.csr_matrix:
+    """The reference graph from true cosine similarities of L2-normalised vectors (no LSH)."""
+    from xclp.lsh import l2_normalise
+
+    Xn = l2_normalise(np.asarray(X, dtype=np.float64))
+    n = Xn.shape[0]
+    acc = KnnAccumulator(n, params.k, integer=False)
+    all_idx = np.arange(n)
+    for s in range(0, n, chunk):
+        rows = all_idx[s : s + chunk]
+        acc.add_block(rows, all_idx, 1.0 - Xn[rows] @ Xn.T, symmetric=False)
+    return normalised_adjacency(knn_matrix(acc, lambda d: edge_weight(1.0 - d, params.power)))

@@ -1,0 +1,493 @@
+"""The XCLP protocol core: each party's side of every phase, sans-I/O.
+
+`SiteSession` is one site's side and `CoordinatorSession` the coordinator's. Both only consume and
+produce bytes (or arrays for the purely local steps); who carries the bytes is up to a driver:
+`xclp.simulation` passes them by function call in one process, the service (service/, clients/)
+over HTTP with a database behind the coordinator. Never write a phase twice: a driver only moves
+messages and records who dropped where.
+
+Phases (Algorithm 1 of the paper, with the numerics of the authors' code):
+
+  setup     site → coordinator: announce (X25519 public key, n_j, which local rows are labelled)
+            coordinator → sites: the roster (site order, public keys, sizes)
+  seed      site → each peer (relayed, end-to-end encrypted): a fresh 32-byte contribution;
+            the coordinator says whose contributions count; seed = SHA-256 of them in site order
+  counts    site → coordinator: its per-class label counts, masked (secure sum; the sites, not
+            the coordinator, learn the total — needed for the class-balanced label matrix)
+  hamming   site → coordinator: distances within the site (allowed: the coordinator learns them
+            anyway); per pair of sites, a secure Hamming protocol (crypto/) whose site-to-site
+            messages are relayed end-to-end encrypted and whose shares go to the coordinator
+  graph     coordinator alone: kNN graph from H, influence columns S_L^(j) for each site
+  row_sums  site → coordinator: Z̄^(j) = S_L^(j) Y_L^(j), fixed point, masked, own rows zeroed;
+            coordinator → site: the sum of the others' rows for its own points; the site unmasks.
+
+`crypto="plaintext"` swaps only the secure steps for their plaintext equivalents (bits sent to the
+coordinator, zero masks) and is named as such: it is the reference and the tool for experiments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crypto.channel import Channel
+from crypto.errors import ProtocolError
+from crypto.fixedpoint import decode, encode
+from crypto.hamming_api import HammingParty, HammingProtocol, Outgoing
+from crypto.keys import SiteKeyPair, pairwise_key
+from crypto.secure_sum import prg_uint64, shared_mask_key, site_mask
+from crypto.seed import derive_seed
+from xclp import graph as graphs
+from xclp import lsh
+from xclp.data import validate_features, validate_labels
+from xclp.influence import influence_columns
+from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
+from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
+
+CRYPTO_CHOICES = ("plaintext", "paillier", "paillier-naive", "ot")
+SECURE_ROW_SUMS_FRAC_BITS = 40
+
+
+@dataclass(frozen=True)
+class JobParams:
+    """Everything the parties must agree on before a job starts (it travels with the job)."""
+
+    job_id: str
+    n_classes: int
+    bits: int = 1024  # LSH length L
+    k: int = 10  # kNN neighbours
+    alpha: float = 0.99
+    power: float = 3.0  # edge weight = cos(πH/L) ** power
+    similarity: str = "lsh"  # "exact" (true cosine, plaintext reference only)
+    crypto: str = "plaintext"
+    normalise: bool = True  # L2-normalise vectors before hashing
+    balanced: bool = True  # class-balanced label matrix
+    solver: str = "auto"
+    tol: float = 1e-8
+    frac_bits: int = SECURE_ROW_SUMS_FRAC_BITS
+    key_bits: int = 2048  # Paillier modulus
+    max_message_bytes: int = 1 << 31
+
+    def validate(self) -> JobParams:
+        if self.crypto not in CRYPTO_CHOICES:
+            raise ValueError(f"crypto must be one of {CRYPTO_CHOICES}, got {self.crypto!r}")
+        if self.similarity not in ("lsh", "exact"):
+            raise ValueError(f"similarity must be 'lsh' or 'exact', got {self.similarity!r}")
+        if self.similarity == "exact" and self.crypto != "plaintext":
+            raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
+        if not 1 <= self.bits <= 65535:
+            raise ValueError(f"bits must be in 1..65535, got {self.bits}")
+        if self.k < 1:
+            raise ValueError(f"k must be at least 1, got {self.k}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.power <= 0:
+            raise ValueError(f"power must be positive, got {self.power}")
+        if self.n_classes < 2:
+            raise ValueError(f"n_classes must be at least 2, got {self.n_classes}")
+        return self
+
+    @property
+    def secure(self) -> bool:
+        return self.crypto != "plaintext"
+
+    def graph_params(self) -> graphs.GraphParams:
+        return graphs.GraphParams(k=self.k, power=self.power, similarity=self.similarity)
+
+
+def hamming_protocol(params: JobParams) -> HammingProtocol:
+    """The two-party Hamming protocol a job uses (all share crypto.hamming_api's interface)."""
+    if params.crypto == "plaintext":
+        from crypto.plaintext_hamming import PlaintextHamming
+
+        return PlaintextHamming()
+    if params.crypto == "paillier":
+        from crypto.paillier_hamming import PaillierHamming
+
+        return PaillierHamming(key_bits=params.key_bits)
+    if params.crypto == "paillier-naive":
+        from crypto.paillier_hamming import PaillierNaiveHamming
+
+        return PaillierNaiveHamming(key_bits=params.key_bits)
+    from crypto.ot_hamming import OTHamming
+
+    return OTHamming()
+
+
+@dataclass
+class RosterEntry:
+    site: str
+    public_key: bytes
+    n: int
+    labelled: np.ndarray  # local row indices of the labelled points (the coordinator may know them)
+
+
+def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray) -> bytes:
+    return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64)})
+
+
+def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
+    b = load_bundle(data, ("site", "public_key", "n", "labelled"), max_bytes, what="announce")
+    n = int(b["n"])
+    labelled = b["labelled"]
+    if n < 1:
+        raise ProtocolError("announce: a site must hold at least one point")
+    if labelled.ndim != 1 or labelled.dtype != np.int64 or (labelled.size and (labelled.min() < 0 or labelled.max() >= n)):
+        raise ProtocolError("announce: labelled rows must be distinct local indices in [0, n)")
+    if np.unique(labelled).size != labelled.size:
+        raise ProtocolError("announce: labelled rows repeat")
+    if b["public_key"].dtype != np.uint8 or b["public_key"].size != 32:
+        raise ProtocolError("announce: the public key must be 32 bytes (X25519)")
+    return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled)
+
+
+@dataclass
+class Layout:
+    """Where each site's points sit in the global order of the graph (sites in roster order)."""
+
+    sites: list[str]
+    sizes: list[int]
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        out, at = {}, 0
+        for s, m in zip(self.sites, self.sizes):
+            out[s] = at
+            at += m
+        return out
+
+    @property
+    def n(self) -> int:
+        return int(sum(self.sizes))
+
+    def rows(self, site: str) -> np.ndarray:
+        o = self.offsets[site]
+        return np.arange(o, o + self.sizes[self.sites.index(site)])
+
+    def rows_of(self, sites: list[str]) -> np.ndarray:
+        return np.concatenate([self.rows(s) for s in sites]) if sites else np.zeros(0, dtype=np.int64)
+
+    def encode(self) -> bytes:
+        return dump_bundle({"sites": np.array(self.sites), "sizes": np.array(self.sizes, dtype=np.int64)})
+
+    @classmethod
+    def decode(cls, data: bytes) -> Layout:
+        b = load_bundle(data, ("sites", "sizes"), 1 << 24, what="layout")
+        return cls(sites=[str(s) for s in b["sites"]], sizes=[int(m) for m in b["sizes"]])
+
+
+class ChannelParty:
+    """A Hamming party whose site-to-site messages travel sealed in the end-to-end channel."""
+
+    def __init__(self, party: HammingParty, channel: Channel, phase: str):
+        self.party, self.channel, self.phase = party, channel, phase
+
+    def receive(self, message: bytes | None) -> Outgoing:
+        plain = None if message is None else self.channel.open(self.phase, message)
+        out = self.party.receive(plain)
+        if out.to_peer is not None:
+            out = Outgoing(to_peer=self.channel.seal(self.phase, out.to_peer), to_server=out.to_server, done=out.done)
+        return out
+
+
+def simulation_contribution(seed: int, site: str) -> bytes:
+    """A deterministic seed contribution, for reproducible simulations only (agents use os.urandom)."""
+    return hashlib.sha256(f"xclp/simulation-contribution/{seed}/{site}".encode()).digest()
+
+
+class SiteSession:
+    """One site's side of a job. It holds the site's data, keys and results; none of it leaves."""
+
+    def __init__(self, params: JobParams, site: str, X: np.ndarray, y: np.ndarray,
+                 keypair: SiteKeyPair | None = None, contribution: bytes | None = None):
+        self.params = params.validate()
+        self.site = site
+        self.X = validate_features(X, what=f"{site}: X")
+        self.y = validate_labels(y, self.X.shape[0], what=f"{site}: y")
+        if self.y.size and self.y.max() >= params.n_classes:
+            raise ValueError(f"{site}: label {int(self.y.max())} is out of range for {params.n_classes} classes")
+        self.keys = keypair or SiteKeyPair.generate()
+        self._contribution = contribution
+        self.roster: dict[str, RosterEntry] = {}
+        self.order: list[str] = []
+        self.channels: dict[str, Channel] = {}
+        self.seed: bytes | None = None
+        self.global_counts: np.ndarray | None = None
+        self.bits: np.ndarray | None = None
+        self.layout: Layout | None = None
+        self._influence: np.ndarray | None = None
+        self._kept: np.ndarray | None = None  # this site's own masked rows, kept at home
+        self.result: Prediction | None = None
+
+    @property
+    def labelled_rows(self) -> np.ndarray:
+        return np.flatnonzero(self.y >= 0)
+
+    # --- setup -----------------------------------------------------------------------------------
+    def announce(self) -> bytes:
+        return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows)
+
+    def set_roster(self, entries: list[RosterEntry]) -> None:
+        names = [e.site for e in entries]
+        if self.site not in names:
+            raise ProtocolError(f"{self.site}: not in the job's roster {names}")
+        if len(set(names)) != len(names):
+            raise ProtocolError("roster names a site twice")
+        self.roster = {e.site: e for e in entries}
+        self.order = names
+        self.channels = {
+            e.site: Channel(self._pair_key(e.site, "channel", 0), job=self.params.job_id, me=self.site, peer=e.site)
+            for e in entries if e.site != self.site
+        }
+
+    def _pair_key(self, peer: str, purpose: str, attempt: int) -> bytes:
+        return pairwise_key(self.keys, self.roster[peer].public_key, job=self.params.job_id, purpose=purpose,
+                            attempt=attempt, me=self.site, peer=peer)
+
+    # --- seed ------------------------------------------------------------------------------------
+    def my_contribution(self) -> bytes:
+        if self._contribution is None:
+            import secrets
+
+            self._contribution = secrets.token_bytes(32)
+        return self._contribution
+
+    def seed_messages(self) -> dict[str, bytes]:
+        c = self.my_contribution()
+        return {peer: ch.seal("seed", c) for peer, ch in self.channels.items()}
+
+    def receive_seed(self, messages: dict[str, bytes], participants: list[str]) -> None:
+        """Derive the LSH seed from the contributions of `participants` (the coordinator's list)."""
+        if self.site not in participants:
+            raise ProtocolError(f"{self.site}: excluded from the seed participants")
+        contributions = {self.site: self.my_contribution()}
+        for peer in participants:
+            if peer == self.site:
+                continue
+            if peer not in messages:
+                raise ProtocolError(f"{self.site}: no seed contribution from {peer}")
+            contributions[peer] = self.channels[peer].open("seed", messages[peer])
+        self.seed = derive_seed(contributions, [s for s in self.order if s in contributions], self.params.job_id)
+
+    # --- counts (secure sum that only the sites learn) ------------------------------------------
+    def _shared_mask(self, purpose: str, count: int) -> np.ndarray:
+        # A mask every site can compute (from the agreed seed) and the coordinator cannot, so the
+        # coordinator's sum is uniform and only the sites learn the total.
+        return prg_uint64(shared_mask_key(self._need_seed(), job=self.params.job_id, purpose=purpose, attempt=0), count)
+
+    def _need_seed(self) -> bytes:
+        if self.seed is None:
+            raise ProtocolError(f"{self.site}: the seed phase has not completed")
+        return self.seed
+
+    def _mask(self, purpose: str, attempt: int, participants: list[str], shape: tuple[int, ...]) -> np.ndarray:
+        if not self.params.secure:
+            return np.zeros(shape, dtype=np.uint64)
+        keys = {p: self._pair_key(p, purpose, attempt) for p in participants if p != self.site}
+        return site_mask(self.site, keys, [s for s in self.order if s in participants], shape)
+
+    def counts_message(self, participants: list[str]) -> bytes:
+        C = self.params.n_classes
+        enc = encode(class_counts(self.y, C).astype(np.float64), 0)
+        masked = enc + self._mask("counts", 0, participants, (C,))
+        if self.params.secure and self.site == [s for s in self.order if s in participants][0]:
+            masked = masked + self._shared_mask("counts", C)
+        return dump_array(masked)
+
+    def receive_counts(self, total: bytes) -> None:
+        C = self.params.n_classes
+        t = load_array(total, dtype=np.uint64, shape=(C,), what="counts total")
+        if self.params.secure:
+            t = t - self._shared_mask("counts", C)
+        counts = decode(t, 0)
+        if np.any(counts < 0) or np.any(counts != np.round(counts)):
+            raise ProtocolError(f"{self.site}: the label-count total is not a vector of counts (masks disagree?)")
+        self.global_counts = counts.astype(np.int64)
+
+    # --- hamming ---------------------------------------------------------------------------------
+    def hash(self) -> np.ndarray:
+        if self.bits is None:
+            self.bits = lsh.hash_vectors(self.X, self._need_seed(), self.params.bits, self.params.normalise)
+        return self.bits
+
+    def intra_message(self) -> bytes:
+        """Distances among this site's own points, in the clear (the coordinator learns them anyway)."""
+        if self.params.similarity == "exact":
+            return dump_array(self.X)
+        b = self.hash()
+        return dump_array(lsh.hamming_matrix(b, b, self.params.bits).astype(np.uint16))
+
+    def hamming_party(self, peer: str) -> ChannelParty:
+        """Our side of the pair protocol with `peer`: A if we come first in the roster, else B."""
+        proto = hamming_protocol(self.params)
+        b = self.hash()
+        first = self.order.index(self.site) < self.order.index(peer)
+        party = proto.party_a(b, self.params.bits) if first else proto.party_b(b, self.params.bits)
+        return ChannelParty(party, self.channels[peer], "hamming")
+
+    # --- row sums --------------------------------------------------------------------------------
+    def receive_influence(self, layout: bytes, columns: bytes) -> None:
+        self.layout = Layout.decode(layout)
+        if self.site not in self.layout.sites:
+            raise ProtocolError(f"{self.site}: not in the graph's layout")
+        n, l = self.layout.n, self.labelled_rows.size
+        self._influence = load_array(columns, dtype=np.float64, shape=(n, l), what="influence columns",
+                                     max_bytes=self.params.max_message_bytes)
+
+    def row_sums_message(self, participants: list[str], attempt: int) -> bytes:
+        """Z̄^(j) in fixed point + mask; own rows and rows of non-participants zeroed."""
+        if self._influence is None or self.layout is None or self.global_counts is None:
+            raise ProtocolError(f"{self.site}: row sums before the influence columns and counts arrived")
+        C = self.params.n_classes
+        zbar = contribution(self._influence, self.y[self.labelled_rows], self.global_counts, self.params.balanced)
+        # No wrap-around: every participant's |Z̄| stays below 2^(63−f) / (number of participants).
+        limit = 2.0 ** (63 - self.params.frac_bits) / max(1, len(participants))
+        if np.abs(zbar).max(initial=0.0) >= limit:
+            raise ProtocolError(f"{self.site}: scores exceed the fixed-point bound {limit:.3g}")
+        masked = encode(zbar, self.params.frac_bits) + self._mask("row_sums", attempt, participants, zbar.shape)
+        own = self.layout.rows(self.site)
+        self._kept = masked[own].copy()
+        out = np.zeros_like(masked)
+        others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])
+        out[others] = masked[others]
+        return dump_array(out)
+
+    def receive_row_sums(self, rows: bytes) -> Prediction:
+        if self._kept is None:
+            raise ProtocolError(f"{self.site}: row sums arrived before this site sent its contribution")
+        C = self.params.n_classes
+        summed = load_array(rows, dtype=np.uint64, shape=(self.X.shape[0], C), what="row sums")
+        Z = decode(summed + self._kept, self.params.frac_bits)
+        self.result = predict_from_scores(Z, self.y)
+        return self.result
+
+
+@dataclass
+class CoordinatorSession:
+    """The coordinator's side: it sees the roster, distances and masked sums, and nothing else."""
+
+    params: JobParams
+    roster: dict[str, RosterEntry] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    intra: dict[str, np.ndarray] = field(default_factory=dict)
+    blocks: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    layout: Layout | None = None
+    influence: dict[str, np.ndarray] = field(default_factory=dict)
+    solve_info: object = None
+    row_parts: dict[str, np.ndarray] = field(default_factory=dict)
+    counts_parts: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.params.validate()
+
+    # --- setup -----------------------------------------------------------------------------------
+    def register(self, site: str, announce: bytes) -> RosterEntry:
+        e = decode_announce(announce)
+        if e.site != site:
+            raise ProtocolError(f"announce from {site} names {e.site}")
+        if site in self.roster:
+            raise ProtocolError(f"{site} has already announced")
+        self.roster[site] = e
+        self.order.append(site)
+        return e
+
+    def roster_entries(self) -> list[RosterEntry]:
+        return [self.roster[s] for s in self.order]
+
+    def pairs(self, sites: list[str] | None = None) -> list[tuple[str, str]]:
+        live = [s for s in self.order if sites is None or s in sites]
+        return [(a, b) for i, a in enumerate(live) for b in live[i + 1 :]]
+
+    # --- counts ----------------------------------------------------------------------------------
+    def receive_counts(self, site: str, data: bytes) -> None:
+        self.counts_parts[site] = load_array(data, dtype=np.uint64, shape=(self.params.n_classes,), what="counts")
+
+    def counts_total(self, participants: list[str]) -> bytes:
+        missing = [s for s in participants if s not in self.counts_parts]
+        if missing:
+            raise ProtocolError(f"counts missing from {missing}")
+        return dump_array(np.sum([self.counts_parts[s] for s in participants], axis=0, dtype=np.uint64))
+
+    # --- hamming ---------------------------------------------------------------------------------
+    def receive_intra(self, site: str, data: bytes) -> None:
+        n = self.roster[site].n
+        if self.params.similarity == "exact":
+            self.intra[site] = load_array(data, dtype=np.float64, ndim=2, what="vectors")
+            if self.intra[site].shape[0] != n:
+                raise ProtocolError(f"{site}: sent {self.intra[site].shape[0]} vectors, announced {n}")
+            return
+        h = load_array(data, dtype=np.uint16, shape=(n, n), what=f"{site}: distances within the site",
+                       max_bytes=self.params.max_message_bytes)
+        if h.max(initial=0) > self.params.bits:
+            raise ProtocolError(f"{site}: a Hamming distance exceeds L = {self.params.bits}")
+        if not np.array_equal(h, h.T) or np.any(np.diag(h) != 0):
+            raise ProtocolError(f"{site}: distances within the site must be symmetric with a zero diagonal")
+        self.intra[site] = h
+
+    def receive_pair(self, a: str, b: str, share_a: bytes, share_b: bytes) -> None:
+        if self.order.index(a) > self.order.index(b):
+            raise ProtocolError(f"pair ({a}, {b}) is out of roster order")
+        na, nb = self.roster[a].n, self.roster[b].n
+        h = hamming_protocol(self.params).combine(share_a, share_b, na, nb, self.params.bits)
+        h = np.asarray(h)
+        if h.shape != (na, nb) or h.min(initial=0) < 0 or h.max(initial=0) > self.params.bits:
+            raise ProtocolError(f"pair ({a}, {b}): the shares do not combine into valid distances")
+        self.blocks[(a, b)] = h.astype(np.uint16)
+
+    # --- graph -----------------------------------------------------------------------------------
+    def build_graph(self, sites: list[str]):
+        """𝒲 over `sites` (those whose distances are all in); the rest are as if never there."""
+        live = [s for s in self.order if s in sites]
+        missing = [s for s in live if s not in self.intra] + [p for p in self.pairs(live) if p not in self.blocks]
+        if missing:
+            raise ProtocolError(f"distances missing for {missing}")
+        self.layout = Layout(sites=live, sizes=[self.roster[s].n for s in live])
+        gp = self.params.graph_params()
+        if self.params.similarity == "exact":
+            return graphs.exact_cosine_graph(np.concatenate([self.intra[s] for s in live]), gp)
+        off = self.layout.offsets
+        acc = graphs.KnnAccumulator(self.layout.n, gp.k)
+        for s in live:
+            r = self.layout.rows(s)
+            acc.add_block(r, r, self.intra[s])
+        for a, b in self.pairs(live):
+            acc.add_block(np.arange(off[a], off[a] + self.roster[a].n), np.arange(off[b], off[b] + self.roster[b].n),
+                          self.blocks[(a, b)])
+        return graphs.graph_from_hamming_blocks(acc, self.params.bits, gp)
+
+    def compute_influence(self, W) -> None:
+        """S_L^(j) for every site in the layout: one solve for all labelled columns."""
+        assert self.layout is not None
+        cols = [self.layout.offsets[s] + self.roster[s].labelled for s in self.layout.sites]
+        all_cols = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+        S, self.solve_info = influence_columns(W, all_cols, self.params.alpha, self.params.solver, self.params.tol)
+        at = 0
+        self.influence = {}
+        for s, c in zip(self.layout.sites, cols):
+            self.influence[s] = S[:, at : at + c.size]
+            at += c.size
+
+    def influence_message(self, site: str) -> tuple[bytes, bytes]:
+        return self.layout.encode(), dump_array(self.influence[site])
+
+    # --- row sums --------------------------------------------------------------------------------
+    def start_row_sums(self) -> None:
+        """A new attempt: forget every part of the previous one (its masks are never reused)."""
+        self.row_parts = {}
+
+    def receive_row_sums(self, site: str, data: bytes) -> None:
+        assert self.layout is not None
+        self.row_parts[site] = load_array(data, dtype=np.uint64, shape=(self.layout.n, self.params.n_classes),
+                                          what=f"{site}: masked rows", max_bytes=self.params.max_message_bytes)
+
+    def row_sums_for(self, participants: list[str]) -> dict[str, bytes]:
+        """Ẑ[R_j] = Σ_k Ẑ^(k)[R_j] for every participant j (uint64 arithmetic wraps mod 2^64)."""
+        missing = [s for s in participants if s not in self.row_parts]
+        if missing:
+            raise ProtocolError(f"row sums missing from {missing}: restart the phase without them")
+        total = np.zeros((self.layout.n, self.params.n_classes), dtype=np.uint64)
+        for s in participants:
+            total += self.row_parts[s]
+        return {s: dump_array(total[self.layout.rows(s)]) for s in participants}

@@ -1,0 +1,166 @@
+"""The in-process driver: every site and the coordinator in one process, messages passed as bytes.
+
+It runs exactly the phase code of `xclp.protocol` (the service runs the same code over HTTP), and
+counts the bytes each party sends in each phase and the time each phase takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crypto.hamming_api import PairTranscript, exchange
+from xclp.data import Dataset
+from xclp.propagation import Prediction
+from xclp.protocol import CoordinatorSession, JobParams, SiteSession, simulation_contribution
+
+PHASES = ("setup", "seed", "counts", "lsh", "hamming", "graph", "influence", "row_sums")
+
+
+@dataclass
+class ByteMeter:
+    """Bytes sent, by (party, phase); the coordinator's relaying is not counted twice."""
+
+    sent: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, party: str, phase: str, data: bytes | None) -> bytes | None:
+        if data is not None:
+            self.sent[(party, phase)] += len(data)
+        return data
+
+    def report(self) -> dict:
+        by_party: dict[str, dict[str, int]] = defaultdict(dict)
+        by_phase: dict[str, int] = defaultdict(int)
+        for (party, phase), n in sorted(self.sent.items()):
+            by_party[party][phase] = n
+            by_phase[phase] += n
+        return {"total": int(sum(self.sent.values())), "by_phase": dict(by_phase), "by_party": dict(by_party)}
+
+
+@dataclass
+class SimulationResult:
+    predictions: dict[str, Prediction]
+    labels: np.ndarray  # aligned with the data set's rows
+    confidence: np.ndarray
+    timings: dict[str, float]
+    bytes: dict
+    solver: str
+    params: JobParams
+
+
+def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
+    return {s: np.flatnonzero(ds.site == s) for s in ds.sites}
+
+
+def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
+             progress: Callable[[str], None] | None = None) -> SimulationResult:
+    """One XCLP job over the data set's sites, in one process, with `params.crypto`."""
+    say = progress or (lambda _msg: None)
+    meter = ByteMeter()
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    clock = [start]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = timings.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
+    rows = split_by_site(ds)
+    sites = list(rows)
+    if len(sites) < 2:
+        raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.LabelSpreadingXCLP")
+    sessions = {
+        s: SiteSession(params, s, ds.X[idx], ds.y[idx], contribution=simulation_contribution(seed, s))
+        for s, idx in rows.items()
+    }
+    coord = CoordinatorSession(params)
+
+    say("setup: keys and roster")
+    for s, sess in sessions.items():
+        coord.register(s, meter.add(s, "setup", sess.announce()))
+    roster = coord.roster_entries()
+    for sess in sessions.values():
+        sess.set_roster(roster)
+    lap("setup")
+
+    say("seed: agreeing the LSH seed")
+    outbox = {s: sess.seed_messages() for s, sess in sessions.items()}
+    for s, msgs in outbox.items():
+        for m in msgs.values():
+            meter.add(s, "seed", m)
+    for s, sess in sessions.items():
+        sess.receive_seed({peer: outbox[peer][s] for peer in sites if peer != s}, participants=sites)
+    lap("seed")
+
+    say("counts: secure sum of the label counts")
+    for s, sess in sessions.items():
+        coord.receive_counts(s, meter.add(s, "counts", sess.counts_message(sites)))
+    total = coord.counts_total(sites)
+    for sess in sessions.values():
+        meter.add("coordinator", "counts", total)
+        sess.receive_counts(total)
+    lap("counts")
+
+    say(f"lsh: hashing to {params.bits} bits")
+    for sess in sessions.values():
+        if params.similarity == "lsh":
+            sess.hash()
+    lap("lsh")
+
+    pairs = coord.pairs()
+    say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
+    for s, sess in sessions.items():
+        coord.receive_intra(s, meter.add(s, "hamming", sess.intra_message()))
+    for a, b in pairs:
+        t = PairTranscript()
+        share_a, share_b = exchange(sessions[a].hamming_party(b), sessions[b].hamming_party(a), t)
+        meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
+        meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
+        coord.receive_pair(a, b, share_a, share_b)
+    lap("hamming")
+
+    say("graph: kNN graph")
+    W = coord.build_graph(sites)
+    lap("graph")
+
+    say("influence: columns of (I − α𝒲)^{-1}")
+    coord.compute_influence(W)
+    lap("influence")
+
+    say("row sums")
+    coord.start_row_sums()
+    for s, sess in sessions.items():
+        layout, cols = coord.influence_message(s)
+        meter.add("coordinator", "influence", layout)
+        meter.add("coordinator", "influence", cols)
+        sess.receive_influence(layout, cols)
+        coord.receive_row_sums(s, meter.add(s, "row_sums", sess.row_sums_message(sites, attempt=0)))
+    back = coord.row_sums_for(sites)
+    predictions = {}
+    for s, sess in sessions.items():
+        predictions[s] = sess.receive_row_sums(meter.add("coordinator", "row_sums", back[s]))
+    lap("row_sums")
+    timings["total"] = time.perf_counter() - start
+
+    labels = np.empty(ds.n, dtype=np.int64)
+    confidence = np.empty(ds.n)
+    for s, idx in rows.items():
+        labels[idx] = predictions[s].labels
+        confidence[idx] = predictions[s].confidence
+    solver = getattr(coord.solve_info, "method", "none")
+    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params)
+
+
+def unlabelled_accuracy(ds: Dataset, labels: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """Accuracy over points that had no training label but whose true label is known."""
+    if ds.y_true is None:
+        return float("nan")
+    sel = (ds.y < 0) & (ds.y_true >= 0)
+    if mask is not None:
+        sel &= mask
+    return float(np.mean(labels[sel] == ds.y_true[sel])) if sel.any() else float("nan")

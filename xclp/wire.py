@@ -1,0 +1,77 @@
+"""Arrays on the wire: .npy bytes (no pickle), validated before use.
+
+Every array that crosses a process boundary goes through `dump_array`/`load_array`, which checks
+dtype, shape and size against what the receiver expects, so a malformed or oversized message is a
+clear error and never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from crypto.errors import ProtocolError
+
+DEFAULT_MAX_BYTES = 1 << 31
+
+
+def dump_array(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_array(data: bytes, *, dtype=None, shape: tuple | None = None, ndim: int | None = None,
+               max_bytes: int = DEFAULT_MAX_BYTES, what: str = "array") -> np.ndarray:
+    """Parse .npy bytes; `shape` entries of None match any length."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError(f"{what}: expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ProtocolError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        a = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+    except Exception as exc:
+        raise ProtocolError(f"{what}: not a valid .npy array ({exc})") from exc
+    if not isinstance(a, np.ndarray):
+        raise ProtocolError(f"{what}: not a single array")
+    if dtype is not None and a.dtype != np.dtype(dtype):
+        raise ProtocolError(f"{what}: dtype {a.dtype}, expected {np.dtype(dtype)}")
+    if ndim is not None and a.ndim != ndim:
+        raise ProtocolError(f"{what}: {a.ndim}-D, expected {ndim}-D")
+    if shape is not None:
+        if a.ndim != len(shape) or any(e is not None and e != g for e, g in zip(shape, a.shape)):
+            raise ProtocolError(f"{what}: shape {a.shape}, expected {tuple('*' if e is None else e for e in shape)}")
+    if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+        raise ProtocolError(f"{what}: contains NaN or infinity")
+    return a
+
+
+def dump_bundle(arrays: dict[str, np.ndarray | int | float | str | bytes]) -> bytes:
+    """Several named arrays (and scalars) as one .npz body, without pickle."""
+    buf = io.BytesIO()
+    fixed = {}
+    for k, v in arrays.items():
+        if isinstance(v, bytes):
+            fixed[k] = np.frombuffer(v, dtype=np.uint8)
+        else:
+            fixed[k] = np.asarray(v)
+    np.savez(buf, **fixed)
+    return buf.getvalue()
+
+
+def load_bundle(data: bytes, required: tuple[str, ...], max_bytes: int = DEFAULT_MAX_BYTES,
+                what: str = "message") -> dict[str, np.ndarray]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError(f"{what}: expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ProtocolError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as f:
+            out = {k: f[k] for k in f.files}
+    except Exception as exc:
+        raise ProtocolError(f"{what}: not a valid bundle ({exc})") from exc
+    missing = [k for k in required if k not in out]
+    if missing:
+        raise ProtocolError(f"{what}: missing field(s) {missing}")
+    return out
