@@ -86,7 +86,8 @@ class XCLPLabelSpreading:
         return np.divide(P, total, out=np.full_like(P, 1.0 / P.shape[1]), where=total > 0)
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+        proba = self.predict_proba(X)  # raises before fit
+        return self.classes_[proba.argmax(axis=1)]
 
     def score(self, X, y) -> float:
         return float(np.mean(self.predict(X) == np.asarray(y)))

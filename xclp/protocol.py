@@ -340,7 +340,6 @@ class SiteSession:
         """Z̄^(j) in fixed point + mask; own rows and rows of non-participants zeroed."""
         if self._influence is None or self.layout is None or self.global_counts is None:
             raise ProtocolError(f"{self.site}: row sums before the influence columns and counts arrived")
-        C = self.params.n_classes
         zbar = contribution(self._influence, self.y[self.labelled_rows], self.global_counts, self.params.balanced)
         # No wrap-around: every participant's |Z̄| stays below 2^(63−f) / (number of participants).
         limit = 2.0 ** (63 - self.params.frac_bits) / max(1, len(participants))

@@ -1,0 +1,509 @@
+"""SecureHamming, oblivious-transfer variant: SHADE (Bringer–Chabanne–Patey 2013), batched.
+
+A (OT sender) holds x_1..x_{n_a}, B (OT receiver) holds y_1..y_{n_b}, all L-bit vectors; the
+coordinator ends with H[a, b] = h(x_a, y_b) and nothing else. Arithmetic is in Z_q, q = L + 1.
+
+Protocol (as in docs/spec "SecureHamming, oblivious-transfer variant"): for every pair (a, b) and
+bit l, A draws r uniform in Z_q and offers (r + x_l, r + 1 − x_l); B picks with choice bit y_l and
+gets t = r + (x_l ⊕ y_l); A sends R = Σ_l r to the server, B sends T = Σ_l t, the server computes
+h = T − R mod q. Batched: ONE OT per (vector y_b, bit l) carries A's messages for all n_a of A's
+vectors, so n_b·L OTs serve n_a·n_b pairs. The OTs are IKNP-extended (``crypto.ot_extension``)
+from 128 Chou–Orlandi base OTs (``crypto.base_ot``).
+
+Correlated-OT form (halves the bytes, same leakage). For OT i = (b, l) let H(q_i), H(q_i ⊕ Δ)
+be A's two IKNP pads and H(t_i) = H(q_i ⊕ y_{b,l}Δ) B's, each expanded (tweak counter, see
+ot_extension) and reduced to n_a values of Z_q: h0[i, a], h1[i, a] (A) and g[i, a] (B). A sets
+
+    r          = h0 − x_{a,l}                     (so message 0 = r + x_l = h0 is "free")
+    c[i, a]    = (r + 1 − x_{a,l}) − h1 = h0 + 1 − 2·x_{a,l} − h1      (mod q)
+
+and sends only c (one value per (OT, vector of A)). B computes t = g + y_{b,l}·c: for y = 0,
+t = h0 = r + x; for y = 1, t = h1 + c = r + 1 − x. The c that B cannot "open" is masked by the
+pad it does not know (h0 for y = 1, h1 for y = 0), exactly as the second ciphertext of a plain
+1-out-of-2 OT would be, so B's and the server's views are those of the textbook protocol.
+A's share R[a, b] = Σ_l h0[(b, l), a] − |x_a|, B's share T[a, b] = Σ_l t.
+
+Uniform values in Z_q. Each value is cut from k = 32 + 16·e pad bits (one little-endian u32 word
+then e u16 words, reduced by Horner's rule mod q in uint32 arithmetic). One value is then within
+statistical distance q / 2^(k+2) of uniform; e is chosen per session so that the union bound over
+ALL N = n_a·n_b·L values of one pad set is below 2^-40:  k ≥ 38 + log2(N·q). (L = 256, 24 × 24:
+k = 64; L = 1024, 500 × 500: k = 80.) No rejection, so A and B cut the pads identically.
+
+Messages (A = ``party_a``, B = ``party_b``; all integers big-endian in headers, value arrays
+little-endian; every message starts with MAGIC ‖ version ‖ type):
+
+    A→B  HELLO  sid[16] L:u32 n_a:u32
+    B→A  BASE1  n_b:u32 chunk:u32 S[32]                (Chou–Orlandi sender point)
+    A→B  BASE2  R_1..R_128[32 each]
+    B→A  EXT    k:u32 count:u32 U[128 · ⌈count·L/8⌉]  (chunk k of B's vectors)
+    A→B  CORR   k:u32 count:u32 c[count · L · n_a]     (u8 if q ≤ 256 else u16)
+    ... EXT/CORR alternate, one pair per chunk; A's last CORR comes with its share (done),
+    B answers the last CORR with its share only (done).
+    share  sid[16] L:u32 n_a:u32 n_b:u32 values[n_a · n_b] (u8/u16), SHARE_A / SHARE_B
+
+So a pair takes 3 + 2·⌈n_b / chunk⌉ messages; ``chunk`` is chosen by B (``chunk_vectors``, or
+automatically: the largest chunk whose CORR message stays under ``target_message_bytes``, but
+at least ⌈n_b / max_chunks⌉ so that the pair fits in hamming_api.run_pair's 64 messages).
+Memory: only one chunk's message plus fixed-size scratch blocks (``block_values`` values) are
+alive at a time on either side.
+
+Bytes: A→B ≈ n_a·n_b·L values (1 or 2 bytes each), B→A ≈ 16·n_b·L bytes, each share
+n_a·n_b values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from crypto.errors import ProtocolError
+from crypto.hamming_api import Outgoing, check_bits
+from crypto.ot_extension import KAPPA, OTExtReceiver, OTExtSender, TCCRHash, u_bytes
+
+MAGIC = b"XSHD"
+VERSION = 1
+T_HELLO, T_BASE1, T_BASE2, T_EXT, T_CORR, T_SHARE_A, T_SHARE_B = 1, 2, 3, 4, 5, 6, 7
+_TYPE_NAMES = {1: "HELLO", 2: "BASE1", 3: "BASE2", 4: "EXT", 5: "CORR", 6: "SHARE_A", 7: "SHARE_B"}
+_HDR = struct.Struct(">4sBB")
+_HELLO = struct.Struct(">16sII")
+_BASE1 = struct.Struct(">II32s")
+_CHUNK = struct.Struct(">II")
+_SHARE = struct.Struct(">16sIII")
+SID_BYTES = 16
+POINT_BYTES = 32
+MAX_L = 65535  # values of Z_{L+1} fit a uint16
+MAX_N = 1 << 24
+SIGMA = 40
+
+__all__ = ["OTHamming", "OTPartyA", "OTPartyB", "MAGIC", "VERSION"]
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _value_dtype(q: int) -> np.dtype:
+    return np.dtype(np.uint8) if q <= 256 else np.dtype("<u2")
+
+
+def _extra_words(q: int, n_values: int) -> int:
+    """e such that k = 32 + 16e bits per value give total bias ≤ 2^-SIGMA over n_values values."""
+    need = SIGMA - 2 + math.log2(max(1, n_values)) + math.log2(q)
+    return max(0, math.ceil((need - 32) / 16))
+
+
+class _Params:
+    def __init__(self, n_bits: int, n_a: int, n_b: int):
+        self.L = n_bits
+        self.q = n_bits + 1
+        self.n_a = n_a
+        self.n_b = n_b
+        self.dtype = _value_dtype(self.q)
+        self.extra = _extra_words(self.q, n_a * n_b * n_bits)
+        row_bytes = n_a * (4 + 2 * self.extra)
+        self.nblocks = (row_bytes + 15) // 16
+
+
+def _reduce(pad: np.ndarray, p: _Params, out: np.ndarray) -> np.ndarray:
+    """Cut (m, 16·nblocks) pad bytes into (m, n_a) uint32 values uniform-ish in Z_q (into out)."""
+    n_a, q = p.n_a, np.uint32(p.q)
+    w = pad[:, : 4 * n_a].view("<u4")
+    np.floor_divide(w, q, out=out)
+    np.multiply(out, q, out=out)
+    np.subtract(w, out, out=out)
+    if p.extra:
+        tmp = np.empty_like(out)
+        s16 = np.uint32(16)
+        for e in range(p.extra):
+            lo = pad[:, 4 * n_a + 2 * e * n_a : 4 * n_a + 2 * (e + 1) * n_a].view("<u2")
+            np.left_shift(out, s16, out=out)
+            np.bitwise_or(out, lo, out=out)
+            np.floor_divide(out, q, out=tmp)
+            np.multiply(tmp, q, out=tmp)
+            np.subtract(out, tmp, out=out)
+    return out
+
+
+def _mod_small(v: np.ndarray, q: int, tmp: np.ndarray) -> None:
+    """v ← v mod q in place (uint32)."""
+    qq = np.uint32(q)
+    np.floor_divide(v, qq, out=tmp)
+    np.multiply(tmp, qq, out=tmp)
+    np.subtract(v, tmp, out=v)
+
+
+def _segment_sums(vals: np.ndarray, row0: int, L: int, acc: np.ndarray) -> None:
+    """acc[b] += Σ of vals' rows that belong to vector b (row i of vals is chunk row row0 + i)."""
+    m = vals.shape[0]
+    first_b = row0 // L
+    starts = [0]
+    nxt = (first_b + 1) * L - row0
+    if nxt < m:
+        starts.extend(range(nxt, m, L))
+    sums = np.add.reduceat(vals, np.asarray(starts, dtype=np.intp), axis=0, dtype=np.uint64)
+    acc[first_b : first_b + len(starts)] += sums
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def _header(mtype: int) -> bytes:
+    return _HDR.pack(MAGIC, VERSION, mtype)
+
+
+def _open(msg, expected: int, max_bytes: int) -> memoryview:
+    """Check size guard, magic, version and type; return the body."""
+    name = _TYPE_NAMES[expected]
+    if msg is None:
+        raise ProtocolError(f"SHADE: expected a {name} message, got nothing")
+    if not isinstance(msg, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"SHADE: {name} message must be bytes, got {type(msg).__name__}")
+    mv = memoryview(msg).cast("B")
+    if len(mv) > max_bytes:
+        raise ProtocolError(f"SHADE: {name} message of {len(mv)} bytes exceeds the limit of {max_bytes}")
+    if len(mv) < _HDR.size:
+        raise ProtocolError(f"SHADE: message of {len(mv)} bytes is too short for a header")
+    magic, version, mtype = _HDR.unpack_from(mv)
+    if magic != MAGIC:
+        raise ProtocolError("SHADE: bad magic (not a SHADE message)")
+    if version != VERSION:
+        raise ProtocolError(f"SHADE: unsupported version {version} (this side speaks {VERSION})")
+    if mtype != expected:
+        got = _TYPE_NAMES.get(mtype, f"unknown type {mtype}")
+        raise ProtocolError(f"SHADE: expected a {name} message, got {got}")
+    return mv[_HDR.size :]
+
+
+def _need(body: memoryview, n: int, name: str) -> None:
+    if len(body) != n:
+        raise ProtocolError(f"SHADE: {name} body has {len(body)} bytes, expected {n}")
+
+
+def _check_values(arr: np.ndarray, q: int, name: str) -> None:
+    if arr.size and int(arr.max()) >= q:
+        raise ProtocolError(f"SHADE: {name} carries a value outside Z_{q}")
+
+
+def _encode_share(mtype: int, sid: bytes, p: _Params, vals: np.ndarray) -> bytes:
+    return _header(mtype) + _SHARE.pack(sid, p.L, p.n_a, p.n_b) + vals.astype(p.dtype).tobytes()
+
+
+def _decode_share(msg, mtype: int, n_a: int, n_b: int, n_bits: int, max_bytes: int):
+    name = _TYPE_NAMES[mtype]
+    body = _open(msg, mtype, max_bytes)
+    if len(body) < _SHARE.size:
+        raise ProtocolError(f"SHADE: {name} is truncated")
+    sid, L, na, nb = _SHARE.unpack_from(body)
+    if L != n_bits:
+        raise ProtocolError(f"SHADE: {name} is for L = {L}, expected {n_bits}")
+    if (na, nb) != (n_a, n_b):
+        raise ProtocolError(f"SHADE: {name} is for {na} × {nb} pairs, expected {n_a} × {n_b}")
+    q = n_bits + 1
+    dt = _value_dtype(q)
+    _need(body, _SHARE.size + n_a * n_b * dt.itemsize, name)
+    vals = np.frombuffer(body, dtype=dt, offset=_SHARE.size).reshape(n_a, n_b)
+    _check_values(vals, q, name)
+    return bytes(sid), vals
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+class OTHamming:
+    """SHADE over IKNP OT extension; implements crypto.hamming_api.HammingProtocol (name "ot").
+
+    chunk_vectors: B's vectors per EXT/CORR round (None: automatic, see module docstring).
+    session_id: optional bytes both sides agree on (e.g. job ‖ pair ‖ attempt); B then rejects a
+        HELLO for another session. None: A draws a random one.
+    max_message_bytes: size guard applied to every incoming message and share.
+    target_message_bytes: automatic chunking aims at CORR messages of about this size.
+    max_messages: automatic chunking keeps a pair within this many peer messages.
+    block_values: values per internal compute block (scratch memory ≈ 40 bytes per value).
+    threads: worker threads for the pad computation (AES and numpy release the GIL).
+    """
+
+    name = "ot"
+
+    def __init__(self, chunk_vectors: int | None = None, *, session_id: bytes | None = None,
+                 max_message_bytes: int = 1 << 30, target_message_bytes: int = 64 << 20,
+                 max_messages: int = 64, block_values: int = 1 << 17, threads: int | None = None):
+        if chunk_vectors is not None and (not isinstance(chunk_vectors, int) or chunk_vectors < 1):
+            raise ProtocolError(f"chunk_vectors must be a positive integer, got {chunk_vectors!r}")
+        if max_messages < 5:
+            raise ProtocolError("max_messages must be at least 5")
+        self.chunk_vectors = chunk_vectors
+        self.session_id = session_id
+        self.max_message_bytes = int(max_message_bytes)
+        self.target_message_bytes = int(target_message_bytes)
+        self.max_messages = int(max_messages)
+        self.block_values = max(1, int(block_values))
+        self.threads = max(1, int(threads if threads is not None else min(2, os.cpu_count() or 1)))
+
+    def _sid(self) -> bytes | None:
+        if self.session_id is None:
+            return None
+        return hashlib.sha256(b"XCLP/ot-hamming/session/" + bytes(self.session_id)).digest()[:SID_BYTES]
+
+    def party_a(self, bits: np.ndarray, n_bits: int) -> OTPartyA:
+        return OTPartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits))
+
+    def party_b(self, bits: np.ndarray, n_bits: int) -> OTPartyB:
+        return OTPartyB(self, check_bits(bits, n_bits, "B's bits"), int(n_bits))
+
+    def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
+        if not isinstance(n_bits, (int, np.integer)) or not 1 <= n_bits <= MAX_L:
+            raise ProtocolError(f"SHADE: L must be in 1..{MAX_L}, got {n_bits!r}")
+        n_bits, n_a, n_b = int(n_bits), int(n_a), int(n_b)
+        sid_a, r = _decode_share(share_a, T_SHARE_A, n_a, n_b, n_bits, self.max_message_bytes)
+        sid_b, t = _decode_share(share_b, T_SHARE_B, n_a, n_b, n_bits, self.max_message_bytes)
+        if sid_a != sid_b:
+            raise ProtocolError("SHADE: the two shares belong to different sessions")
+        q = n_bits + 1
+        return ((t.astype(np.int32) - r.astype(np.int32)) % q).astype(np.int32)
+
+    def choose_chunk(self, n_bits: int, n_a: int, n_b: int) -> int:
+        if self.chunk_vectors is not None:
+            return min(self.chunk_vectors, n_b)
+        per_vector = n_bits * n_a * _value_dtype(n_bits + 1).itemsize
+        chunk = max(1, self.target_message_bytes // max(1, per_vector))
+        max_chunks = (self.max_messages - 3) // 2
+        chunk = max(chunk, -(-n_b // max_chunks))
+        return min(chunk, n_b)
+
+
+def _check_n(n: int, who: str) -> None:
+    if not 1 <= n <= MAX_N:
+        raise ProtocolError(f"SHADE: {who} must have 1..{MAX_N} vectors, has {n}")
+
+
+class _Party:
+    def __init__(self, proto: OTHamming, bits: np.ndarray, n_bits: int):
+        if n_bits > MAX_L:
+            raise ProtocolError(f"SHADE: L = {n_bits} exceeds the maximum {MAX_L}")
+        self.proto = proto
+        self.L = n_bits
+        self.q = n_bits + 1
+        self.bits01 = np.unpackbits(bits, axis=1)[:, :n_bits]
+        self.max_bytes = proto.max_message_bytes
+        self.state = "start"
+        self.p: _Params | None = None
+
+    def _fail(self, exc: Exception):
+        self.state = "failed"
+        raise exc
+
+    def receive(self, message: bytes | None) -> Outgoing:
+        if self.state in ("done", "failed"):
+            raise ProtocolError(f"SHADE: party is {self.state}; no more messages accepted")
+        try:
+            return self._step(message)
+        except ProtocolError:
+            self.state = "failed"
+            raise
+
+    def _blocks(self, rows: int):
+        """Row ranges of at most block_values values each."""
+        step = max(1, self.proto.block_values // self.p.n_a)
+        return [(s, min(rows, s + step)) for s in range(0, rows, step)]
+
+    def _map(self, make_state, fn, ranges) -> list:
+        """Run fn(state, s, e) over the row ranges on up to `threads` workers, each with its own
+        state from make_state() (scratch buffers, accumulator); return the states."""
+        k = min(self.proto.threads, len(ranges))
+        if k <= 1:
+            st = make_state()
+            for s, e in ranges:
+                fn(st, s, e)
+            return [st]
+        per = -(-len(ranges) // k)
+        groups = [ranges[i : i + per] for i in range(0, len(ranges), per)]
+
+        def worker(group):
+            st = make_state()
+            for s, e in group:
+                fn(st, s, e)
+            return st
+
+        with ThreadPoolExecutor(len(groups)) as pool:
+            return list(pool.map(worker, groups))
+
+
+class OTPartyA(_Party):
+    """SHADE party A: OT-extension sender, holds x."""
+
+    def __init__(self, proto: OTHamming, bits: np.ndarray, n_bits: int):
+        super().__init__(proto, bits, n_bits)
+        self.n_a = bits.shape[0]
+        _check_n(self.n_a, "A")
+        sid = proto._sid()
+        self.sid = sid if sid is not None else os.urandom(SID_BYTES)
+        # Δx[l, a] = 1 − 2 x_{a,l} mod q; |x_a|
+        self.dx = np.where(self.bits01.T == 1, self.q - 1, 1).astype(np.uint32)
+        self.weight = self.bits01.sum(axis=1, dtype=np.int64)
+        self.ext = OTExtSender(self.sid)
+
+    def _step(self, message):
+        if self.state == "start":
+            if message is not None:
+                raise ProtocolError("SHADE: party A speaks first; it got a message before HELLO")
+            self.state = "base"
+            return Outgoing(to_peer=_header(T_HELLO) + _HELLO.pack(self.sid, self.L, self.n_a))
+        if self.state == "base":
+            body = _open(message, T_BASE1, self.max_bytes)
+            _need(body, _BASE1.size, "BASE1")
+            n_b, chunk, point = _BASE1.unpack_from(body)
+            _check_n(n_b, "B")
+            if not 1 <= chunk <= n_b:
+                raise ProtocolError(f"SHADE: chunk of {chunk} vectors is invalid for n_b = {n_b}")
+            self.p = _Params(self.L, self.n_a, n_b)
+            corr_bytes = _HDR.size + _CHUNK.size + chunk * self.L * self.n_a * self.p.dtype.itemsize
+            if corr_bytes > self.max_bytes:
+                raise ProtocolError(f"SHADE: chunk of {chunk} vectors needs {corr_bytes}-byte messages, "
+                                    f"over the limit of {self.max_bytes}")
+            self.chunk = chunk
+            self.n_chunks = -(-n_b // chunk)
+            self.next_chunk = 0
+            self.R = np.zeros((n_b, self.n_a), dtype=np.uint64)  # Σ_l h0, per (b, a)
+            reply = self.ext.respond_base(bytes(point))
+            self.state = "ext"
+            return Outgoing(to_peer=_header(T_BASE2) + reply)
+        if self.state == "ext":
+            body = _open(message, T_EXT, self.max_bytes)
+            if len(body) < _CHUNK.size:
+                raise ProtocolError("SHADE: EXT is truncated")
+            k, count = _CHUNK.unpack_from(body)
+            if k != self.next_chunk:
+                raise ProtocolError(f"SHADE: EXT for chunk {k}, expected chunk {self.next_chunk}")
+            want = min(self.chunk, self.p.n_b - k * self.chunk)
+            if count != want:
+                raise ProtocolError(f"SHADE: EXT chunk {k} has {count} vectors, expected {want}")
+            m = count * self.L
+            _need(body, _CHUNK.size + u_bytes(m), "EXT")
+            q_rows, first = self.ext.extend(body[_CHUNK.size :], m)
+            corr = self._corrections(q_rows, first, k * self.chunk, count)
+            self.next_chunk += 1
+            out = Outgoing(to_peer=_header(T_CORR) + _CHUNK.pack(k, count) + corr)
+            if self.next_chunk == self.n_chunks:
+                r = (self.R + np.uint64(self.q) - self.weight.astype(np.uint64)[None, :]) % np.uint64(self.q)
+                out.to_server = _encode_share(T_SHARE_A, self.sid, self.p, r.T)
+                out.done = True
+                self.state = "done"
+            return out
+        raise ProtocolError(f"SHADE: party A in unexpected state {self.state}")
+
+    def _corrections(self, q_rows: np.ndarray, first: int, b0: int, count: int) -> bytes:
+        p, L, q = self.p, self.L, self.q
+        corr = np.empty((count * L, p.n_a), dtype=p.dtype)
+        delta = self.ext.delta
+
+        def make_state():
+            return TCCRHash(), TCCRHash(), np.zeros((count, p.n_a), np.uint64)
+
+        def work(st, s, e):
+            hs0, hs1, acc = st
+            n = e - s
+            h0 = _reduce(hs0.hash(q_rows[s:e], first + s, p.nblocks), p, np.empty((n, p.n_a), np.uint32))
+            h1 = _reduce(hs1.hash(q_rows[s:e] ^ delta, first + s, p.nblocks), p, np.empty((n, p.n_a), np.uint32))
+            c = h0 + self.dx[np.arange(s, e) % L]
+            c += np.uint32(q)
+            c -= h1
+            _mod_small(c, q, h1)
+            corr[s:e] = c
+            _segment_sums(h0, s, L, acc)
+
+        racc = self.R[b0 : b0 + count]
+        for st in self._map(make_state, work, self._blocks(count * L)):
+            racc += st[2]
+        return corr.tobytes()
+
+
+class OTPartyB(_Party):
+    """SHADE party B: OT-extension receiver, choice bits y."""
+
+    def __init__(self, proto: OTHamming, bits: np.ndarray, n_bits: int):
+        super().__init__(proto, bits, n_bits)
+        self.n_b = bits.shape[0]
+        _check_n(self.n_b, "B")
+        self.expected_sid = proto._sid()
+
+    def _step(self, message):
+        if self.state == "start":
+            body = _open(message, T_HELLO, self.max_bytes)
+            _need(body, _HELLO.size, "HELLO")
+            sid, L, n_a = _HELLO.unpack_from(body)
+            if L != self.L:
+                raise ProtocolError(f"SHADE: A's vectors have L = {L} bits, B's have {self.L}")
+            _check_n(n_a, "A")
+            if self.expected_sid is not None and sid != self.expected_sid:
+                raise ProtocolError("SHADE: HELLO is for another session")
+            self.sid = bytes(sid)
+            self.p = _Params(self.L, n_a, self.n_b)
+            self.chunk = self.proto.choose_chunk(self.L, n_a, self.n_b)
+            self.n_chunks = -(-self.n_b // self.chunk)
+            self.ext = OTExtReceiver(self.sid)
+            self.T = np.zeros((self.n_b, n_a), dtype=np.uint64)
+            self.state = "base2"
+            return Outgoing(to_peer=_header(T_BASE1) + _BASE1.pack(self.n_b, self.chunk, self.ext.base_message()))
+        if self.state == "base2":
+            body = _open(message, T_BASE2, self.max_bytes)
+            _need(body, KAPPA * POINT_BYTES, "BASE2")
+            self.ext.accept_base_reply(bytes(body))
+            self.next_chunk = 0
+            self.state = "corr"
+            return Outgoing(to_peer=self._ext_message())
+        if self.state == "corr":
+            body = _open(message, T_CORR, self.max_bytes)
+            if len(body) < _CHUNK.size:
+                raise ProtocolError("SHADE: CORR is truncated")
+            k, count = _CHUNK.unpack_from(body)
+            if (k, count) != (self.next_chunk, self.pending_count):
+                raise ProtocolError(f"SHADE: CORR for chunk {k} ({count} vectors), expected chunk "
+                                    f"{self.next_chunk} ({self.pending_count} vectors)")
+            p = self.p
+            rows = count * self.L
+            _need(body, _CHUNK.size + rows * p.n_a * p.dtype.itemsize, "CORR")
+            corr = np.frombuffer(body, dtype=p.dtype, offset=_CHUNK.size).reshape(rows, p.n_a)
+            _check_values(corr, self.q, "CORR")
+            self._absorb(corr, k * self.chunk, count)
+            self.next_chunk += 1
+            if self.next_chunk < self.n_chunks:
+                return Outgoing(to_peer=self._ext_message())
+            t = self.T % np.uint64(self.q)
+            self.state = "done"
+            return Outgoing(to_server=_encode_share(T_SHARE_B, self.sid, p, t.T), done=True)
+        raise ProtocolError(f"SHADE: party B in unexpected state {self.state}")
+
+    def _ext_message(self) -> bytes:
+        k = self.next_chunk
+        b0 = k * self.chunk
+        count = min(self.chunk, self.n_b - b0)
+        self.pending_y = self.bits01[b0 : b0 + count].reshape(-1)
+        u, t_rows, first = self.ext.extend(self.pending_y)
+        self.pending_rows, self.pending_first, self.pending_count = t_rows, first, count
+        return _header(T_EXT) + _CHUNK.pack(k, count) + u
+
+    def _absorb(self, corr: np.ndarray, b0: int, count: int) -> None:
+        p, L, q = self.p, self.L, self.q
+        t_rows, first, y = self.pending_rows, self.pending_first, self.pending_y
+
+        def make_state():
+            return TCCRHash(), np.zeros((count, p.n_a), np.uint64)
+
+        def work(st, s, e):
+            hs, acc = st
+            n = e - s
+            g = _reduce(hs.hash(t_rows[s:e], first + s, p.nblocks), p, np.empty((n, p.n_a), np.uint32))
+            c = corr[s:e].astype(np.uint32)
+            c *= y[s:e, None]
+            g += c
+            _mod_small(g, q, c)
+            _segment_sums(g, s, L, acc)
+
+        tacc = self.T[b0 : b0 + count]
+        for st in self._map(make_state, work, self._blocks(count * L)):
+            tacc += st[1]
+        self.pending_rows = self.pending_y = None
