@@ -10,7 +10,8 @@ vectors, and nothing else. Each side is a sans-I/O state machine:
     out = b.receive(out.to_peer) ...               # alternate until both are done
     H = protocol.combine(share_a, share_b, n_a, n_b, n_bits)   # the coordinator's step
 
-`to_peer` bytes are relayed by the coordinator end-to-end encrypted (crypto.channel); `to_server`
+A's first call is `receive(None)`; B acts only on messages from A (its first call carries A's
+first message), so a driver never has to guess whose turn it is. `to_peer` bytes are relayed by the coordinator end-to-end encrypted (crypto.channel); `to_server`
 bytes are the party's share for the coordinator. A party emits its share exactly once, in the
 Outgoing whose `done` is True, or earlier (with `done` False) if it still has to talk to its peer.
 Bit vectors are passed packed: uint8 arrays of shape (n, ceil(n_bits / 8)) as produced by

@@ -23,13 +23,16 @@ H(t_i, i) = the pad for its choice r_i, and the other pad is hidden under the co
 robustness of H. H is the tweakable circular-correlation-robust hash of Guo, Katz, Wang, Yu
 (S&P 2020) built from fixed-key AES, π = AES-128 under a fixed public key:
 
-    H(x, i) = π(π(x) ⊕ i) ⊕ π(x)
+    TCCR(x, τ) = π(π(x) ⊕ τ) ⊕ π(x)
 
-extended to long outputs by giving every 16-byte output block its own tweak
-(tweak = OT index i in the low 64 bits, block counter b in the high 64 bits, so every (i, b) in
-a session is used once, for the pair x ∈ {q_i, q_i ⊕ Δ}):
+extended to long outputs by giving every 16-byte output block its own tweak τ = (b ‖ i): block
+counter b in the low 64-bit word, OT index i (counted over the whole session) in the high word,
+so every τ is used once per session, for the pair x ∈ {q_i, q_i ⊕ Δ}. We output
+TCCR(x, τ) ⊕ τ (that is, π(y) ⊕ y with y = π(x) ⊕ τ, the Matyas–Meyer–Oseas form); XORing the
+public tweak into the output is a public bijection, so the security is exactly that of TCCR, and
+it saves a pass over the data:
 
-    H_b(x, i) = π(π(x) ⊕ (i ‖ b)) ⊕ π(x),   pad = H_0 ‖ H_1 ‖ …
+    H_b(x, i) = π(y) ⊕ y,  y = π(x) ⊕ (b ‖ i);   pad = H_0 ‖ H_1 ‖ …
 
 Everything is computed for whole arrays at once (AES-ECB ``update_into`` over all blocks).
 Which pads are used, and how messages are derived from them (random OT, correlated OT), is the
@@ -99,11 +102,11 @@ def transpose_bits(mat: np.ndarray, m: int) -> np.ndarray:
 
 
 class TCCRHash:
-    """H_b(x, i) = π(π(x) ⊕ (i ‖ b)) ⊕ π(x) for many rows x at once, with reusable scratch buffers.
+    """H_b(x, i) = π(y) ⊕ y with y = π(x) ⊕ (b ‖ i), for many rows x at once (see module docstring).
 
     ``hash(rows, first_index, nblocks)`` returns a (m, 16·nblocks) uint8 view (valid until the next
     call on the same object): row r is H_0 ‖ … ‖ H_{nblocks−1} of (rows[r], first_index + r).
-    One object per thread.
+    Scratch buffers are kept between calls (no page faults in the hot loop). One object per thread.
     """
 
     def __init__(self):
@@ -122,22 +125,27 @@ class TCCRHash:
     def hash(self, rows: np.ndarray, first_index: int, nblocks: int) -> np.ndarray:
         rows = np.ascontiguousarray(rows, dtype=np.uint8)
         m = rows.shape[0]
-        if rows.shape != (m, ROW_BYTES):
-            raise ValueError("rows must be (m, 16) uint8")
+        if rows.shape != (m, ROW_BYTES) or nblocks < 1:
+            raise ValueError("rows must be (m, 16) uint8 and nblocks ≥ 1")
+        if first_index < 0 or first_index + m > (1 << 64):
+            raise ValueError("OT index out of range")
+        n = 2 * m * nblocks
+        # px = π(x) ⊕ (0 ‖ i): the OT index goes into the high word, once per row.
         px = np.empty(2 * m + 2, dtype=_U64)
-        self._enc.update_into(rows, px.view(np.uint8))
+        self._enc.update_into(rows.reshape(-1), px.view(np.uint8))
         px = px[: 2 * m].reshape(m, 2)
-        inp, out = self._scratch(2 * m * nblocks)
-        inp3 = inp[: 2 * m * nblocks].reshape(m, nblocks, 2)
-        idx = np.arange(first_index, first_index + m, dtype=_U64)
-        np.bitwise_xor(px[:, 0, None], idx[:, None], out=inp3[:, :, 0])
+        px[:, 1] ^= np.arange(first_index, first_index + m, dtype=_U64)
+        inp, out = self._scratch(n)
+        # y = px broadcast over the blocks (a 16-byte-wide copy), ⊕ (b ‖ 0) in the low word.
+        np.copyto(inp[:n].view("V16").reshape(m, nblocks), px.view("V16").reshape(m, 1))
+        inp3 = inp[:n].reshape(m, nblocks, 2)
         if self._jv is None or self._jv.shape[0] < nblocks:
             self._jv = np.arange(max(nblocks, 64), dtype=_U64)
-        np.bitwise_xor(px[:, 1, None], self._jv[None, :nblocks], out=inp3[:, :, 1])
-        self._enc.update_into(inp3.reshape(-1).view(np.uint8), out.view(np.uint8))
-        out3 = out[: 2 * m * nblocks].reshape(m, nblocks, 2)
-        out3 ^= px[:, None, :]
-        return out3.reshape(m, nblocks * 2).view(np.uint8)
+        inp3[:, :, 0] ^= self._jv[:nblocks]
+        self._enc.update_into(inp[:n].view(np.uint8), out.view(np.uint8))
+        res = out[:n]
+        res ^= inp[:n]
+        return res.reshape(m, 2 * nblocks).view(np.uint8)
 
 
 def tccr_hash(rows: np.ndarray, first_index: int, nblocks: int) -> np.ndarray:

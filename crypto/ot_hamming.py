@@ -23,11 +23,13 @@ pad it does not know (h0 for y = 1, h1 for y = 0), exactly as the second ciphert
 1-out-of-2 OT would be, so B's and the server's views are those of the textbook protocol.
 A's share R[a, b] = Σ_l h0[(b, l), a] − |x_a|, B's share T[a, b] = Σ_l t.
 
-Uniform values in Z_q. Each value is cut from k = 32 + 16·e pad bits (one little-endian u32 word
-then e u16 words, reduced by Horner's rule mod q in uint32 arithmetic). One value is then within
-statistical distance q / 2^(k+2) of uniform; e is chosen per session so that the union bound over
-ALL N = n_a·n_b·L values of one pad set is below 2^-40:  k ≥ 38 + log2(N·q). (L = 256, 24 × 24:
-k = 64; L = 1024, 500 × 500: k = 80.) No rejection, so A and B cut the pads identically.
+Uniform values in Z_q. Each value is cut from k = 16·w pad bits W (w little-endian u16 words)
+as floor(W·q / 2^k) (multiply-shift, computed exactly word by word in uint32 arithmetic: no
+division, no rejection, so A and B cut the pads identically). Every residue then has ⌊2^k/q⌋ or
+⌈2^k/q⌉ preimages, so one value is within statistical distance q / 2^(k+2) of uniform; w is
+chosen per session so that the union bound over ALL N = n_a·n_b·L values of one pad set is
+≤ 2^-40, i.e. k ≥ 38 + log2(N·q) (k ≥ 32 always). L = 256, 24 × 24: k = 64; L = 1024,
+500 × 500: k = 80.
 
 Messages (A = ``party_a``, B = ``party_b``; all integers big-endian in headers, value arrays
 little-endian; every message starts with MAGIC ‖ version ‖ type):
@@ -90,10 +92,10 @@ def _value_dtype(q: int) -> np.dtype:
     return np.dtype(np.uint8) if q <= 256 else np.dtype("<u2")
 
 
-def _extra_words(q: int, n_values: int) -> int:
-    """e such that k = 32 + 16e bits per value give total bias ≤ 2^-SIGMA over n_values values."""
+def _pad_words(q: int, n_values: int) -> int:
+    """w such that k = 16·w pad bits per value give total bias ≤ 2^-SIGMA over n_values values."""
     need = SIGMA - 2 + math.log2(max(1, n_values)) + math.log2(q)
-    return max(0, math.ceil((need - 32) / 16))
+    return max(2, math.ceil(need / 16))
 
 
 class _Params:
@@ -103,28 +105,25 @@ class _Params:
         self.n_a = n_a
         self.n_b = n_b
         self.dtype = _value_dtype(self.q)
-        self.extra = _extra_words(self.q, n_a * n_b * n_bits)
-        row_bytes = n_a * (4 + 2 * self.extra)
-        self.nblocks = (row_bytes + 15) // 16
+        self.words = _pad_words(self.q, n_a * n_b * n_bits)
+        self.nblocks = (2 * self.words * n_a + 15) // 16
+        # sums of L values < 2q fit a uint32 iff 2·L·q < 2^32
+        self.sum_dtype = np.uint32 if 2 * n_bits * self.q < (1 << 32) else np.uint64
 
 
-def _reduce(pad: np.ndarray, p: _Params, out: np.ndarray) -> np.ndarray:
-    """Cut (m, 16·nblocks) pad bytes into (m, n_a) uint32 values uniform-ish in Z_q (into out)."""
+def _reduce(pad: np.ndarray, p: _Params, out: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+    """Map each value's k = 16·w pad bits W (w little-endian u16 words, least significant first,
+    word e of value a at pad[:, 2(e·n_a + a)]) to floor(W·q / 2^k) ∈ Z_q, in uint32 arithmetic:
+    acc ← (acc + word·q) >> 16 over the words (exact: acc < q and word·q + acc < 2^32 for q ≤ 2^16).
+    Every residue has ⌊2^k/q⌋ or ⌈2^k/q⌉ preimages: statistical distance ≤ q / 2^(k+2)."""
     n_a, q = p.n_a, np.uint32(p.q)
-    w = pad[:, : 4 * n_a].view("<u4")
-    np.floor_divide(w, q, out=out)
-    np.multiply(out, q, out=out)
-    np.subtract(w, out, out=out)
-    if p.extra:
-        tmp = np.empty_like(out)
-        s16 = np.uint32(16)
-        for e in range(p.extra):
-            lo = pad[:, 4 * n_a + 2 * e * n_a : 4 * n_a + 2 * (e + 1) * n_a].view("<u2")
-            np.left_shift(out, s16, out=out)
-            np.bitwise_or(out, lo, out=out)
-            np.floor_divide(out, q, out=tmp)
-            np.multiply(tmp, q, out=tmp)
-            np.subtract(out, tmp, out=out)
+    s16 = np.uint32(16)
+    np.multiply(pad[:, : 2 * n_a].view("<u2"), q, out=out)
+    np.right_shift(out, s16, out=out)
+    for e in range(1, p.words):
+        np.multiply(pad[:, 2 * e * n_a : 2 * (e + 1) * n_a].view("<u2"), q, out=tmp)
+        out += tmp
+        np.right_shift(out, s16, out=out)
     return out
 
 
@@ -136,16 +135,15 @@ def _mod_small(v: np.ndarray, q: int, tmp: np.ndarray) -> None:
     np.subtract(v, tmp, out=v)
 
 
-def _segment_sums(vals: np.ndarray, row0: int, L: int, acc: np.ndarray) -> None:
-    """acc[b] += Σ of vals' rows that belong to vector b (row i of vals is chunk row row0 + i)."""
-    m = vals.shape[0]
-    first_b = row0 // L
-    starts = [0]
-    nxt = (first_b + 1) * L - row0
-    if nxt < m:
-        starts.extend(range(nxt, m, L))
-    sums = np.add.reduceat(vals, np.asarray(starts, dtype=np.intp), axis=0, dtype=np.uint64)
-    acc[first_b : first_b + len(starts)] += sums
+def _row_sums(vals: np.ndarray, s: int, L: int, acc: np.ndarray, dtype) -> None:
+    """acc[b] += Σ_l vals[(b, l)] for the rows s..s+len(vals) of a chunk (rows are (b, l) pairs);
+    the block is either whole vectors or part of one vector (see _Party._blocks)."""
+    n = vals.shape[0]
+    b = s // L
+    if n >= L:  # whole vectors
+        acc[b : b + n // L] += vals.reshape(n // L, L, -1).sum(axis=1, dtype=dtype)
+    else:
+        acc[b] += vals.sum(axis=0, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- framing
@@ -305,10 +303,18 @@ class _Party:
             self.state = "failed"
             raise
 
-    def _blocks(self, rows: int):
-        """Row ranges of at most block_values values each."""
-        step = max(1, self.proto.block_values // self.p.n_a)
-        return [(s, min(rows, s + step)) for s in range(0, rows, step)]
+    def _blocks(self, count: int) -> list[tuple[int, int]]:
+        """Row ranges for `count` vectors of L rows: whole vectors per block when L·n_a values fit
+        in block_values, otherwise each vector split into equal parts (a block never straddles)."""
+        L, bv = self.L, self.proto.block_values
+        per_vec = L * self.p.n_a
+        rows = count * L
+        if per_vec <= bv:
+            step = (bv // per_vec) * L
+            return [(s, min(rows, s + step)) for s in range(0, rows, step)]
+        parts = -(-per_vec // bv)
+        step = -(-L // parts)
+        return [(b * L + s, b * L + min(L, s + step)) for b in range(count) for s in range(0, L, step)]
 
     def _map(self, make_state, fn, ranges) -> list:
         """Run fn(state, s, e) over the row ranges on up to `threads` workers, each with its own
@@ -341,8 +347,8 @@ class OTPartyA(_Party):
         _check_n(self.n_a, "A")
         sid = proto._sid()
         self.sid = sid if sid is not None else os.urandom(SID_BYTES)
-        # Δx[l, a] = 1 − 2 x_{a,l} mod q; |x_a|
-        self.dx = np.where(self.bits01.T == 1, self.q - 1, 1).astype(np.uint32)
+        # dxq[l, a] = q + (1 − 2 x_{a,l} mod q): q + 1 where x = 0, 2q − 1 where x = 1
+        self.dxq = np.where(self.bits01.T == 1, 2 * self.q - 1, self.q + 1).astype(np.uint32)
         self.weight = self.bits01.sum(axis=1, dtype=np.int64)
         self.ext = OTExtSender(self.sid)
 
@@ -384,9 +390,9 @@ class OTPartyA(_Party):
             m = count * self.L
             _need(body, _CHUNK.size + u_bytes(m), "EXT")
             q_rows, first = self.ext.extend(body[_CHUNK.size :], m)
-            corr = self._corrections(q_rows, first, k * self.chunk, count)
+            msg = self._corrections(q_rows, first, k, count)
             self.next_chunk += 1
-            out = Outgoing(to_peer=_header(T_CORR) + _CHUNK.pack(k, count) + corr)
+            out = Outgoing(to_peer=msg)
             if self.next_chunk == self.n_chunks:
                 r = (self.R + np.uint64(self.q) - self.weight.astype(np.uint64)[None, :]) % np.uint64(self.q)
                 out.to_server = _encode_share(T_SHARE_A, self.sid, self.p, r.T)
@@ -395,30 +401,43 @@ class OTPartyA(_Party):
             return out
         raise ProtocolError(f"SHADE: party A in unexpected state {self.state}")
 
-    def _corrections(self, q_rows: np.ndarray, first: int, b0: int, count: int) -> bytes:
+    def _corrections(self, q_rows: np.ndarray, first: int, k: int, count: int) -> bytes:
+        b0 = k * self.chunk
         p, L, q = self.p, self.L, self.q
-        corr = np.empty((count * L, p.n_a), dtype=p.dtype)
+        head = _header(T_CORR) + _CHUNK.pack(k, count)
+        msg = bytearray(len(head) + count * L * p.n_a * p.dtype.itemsize)
+        msg[: len(head)] = head
+        corr = np.frombuffer(msg, dtype=p.dtype, offset=len(head)).reshape(count * L, p.n_a)
         delta = self.ext.delta
+        blocks = self._blocks(count)
+        maxn = max(e - s for s, e in blocks)
+        qq = np.uint32(q)
 
         def make_state():
-            return TCCRHash(), TCCRHash(), np.zeros((count, p.n_a), np.uint64)
+            bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(3)]
+            return TCCRHash(), TCCRHash(), bufs, np.zeros((count, p.n_a), np.uint64)
 
         def work(st, s, e):
-            hs0, hs1, acc = st
+            hs0, hs1, (h0, h1, tmp), acc = st
             n = e - s
-            h0 = _reduce(hs0.hash(q_rows[s:e], first + s, p.nblocks), p, np.empty((n, p.n_a), np.uint32))
-            h1 = _reduce(hs1.hash(q_rows[s:e] ^ delta, first + s, p.nblocks), p, np.empty((n, p.n_a), np.uint32))
-            c = h0 + self.dx[np.arange(s, e) % L]
-            c += np.uint32(q)
-            c -= h1
-            _mod_small(c, q, h1)
-            corr[s:e] = c
-            _segment_sums(h0, s, L, acc)
+            h0, h1, tmp = h0[:n], h1[:n], tmp[:n]
+            _reduce(hs0.hash(q_rows[s:e], first + s, p.nblocks), p, h0, tmp)
+            _reduce(hs1.hash(q_rows[s:e] ^ delta, first + s, p.nblocks), p, h1, tmp)
+            # c = h0 + (1 − 2x) − h1 mod q, computed as (h0 − h1 + dxq) mod q, dxq = q + (1 − 2x) mod q
+            np.subtract(h0, h1, out=h1)
+            if n >= L:
+                h1.reshape(n // L, L, p.n_a)[...] += self.dxq
+            else:
+                h1 += self.dxq[s % L : s % L + n]
+            np.floor_divide(h1, qq, out=tmp)
+            tmp *= qq
+            np.subtract(h1, tmp, out=corr[s:e], casting="unsafe")
+            _row_sums(h0, s, L, acc, p.sum_dtype)
 
         racc = self.R[b0 : b0 + count]
-        for st in self._map(make_state, work, self._blocks(count * L)):
-            racc += st[2]
-        return corr.tobytes()
+        for st in self._map(make_state, work, blocks):
+            racc += st[3]
+        return bytes(msg)
 
 
 class OTPartyB(_Party):
@@ -487,23 +506,27 @@ class OTPartyB(_Party):
         return _header(T_EXT) + _CHUNK.pack(k, count) + u
 
     def _absorb(self, corr: np.ndarray, b0: int, count: int) -> None:
-        p, L, q = self.p, self.L, self.q
-        t_rows, first, y = self.pending_rows, self.pending_first, self.pending_y
+        p, L = self.p, self.L
+        t_rows, first = self.pending_rows, self.pending_first
+        y = self.pending_y.astype(np.uint32)[:, None]
+        blocks = self._blocks(count)
+        maxn = max(e - s for s, e in blocks)
 
         def make_state():
-            return TCCRHash(), np.zeros((count, p.n_a), np.uint64)
+            bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(2)]
+            return TCCRHash(), bufs, np.zeros((count, p.n_a), np.uint64)
 
         def work(st, s, e):
-            hs, acc = st
+            hs, (g, tmp), acc = st
             n = e - s
-            g = _reduce(hs.hash(t_rows[s:e], first + s, p.nblocks), p, np.empty((n, p.n_a), np.uint32))
-            c = corr[s:e].astype(np.uint32)
-            c *= y[s:e, None]
-            g += c
-            _mod_small(g, q, c)
-            _segment_sums(g, s, L, acc)
+            g, tmp = g[:n], tmp[:n]
+            _reduce(hs.hash(t_rows[s:e], first + s, p.nblocks), p, g, tmp)
+            # t = g + y·c (mod q later: T = Σ_l t mod q)
+            np.multiply(corr[s:e], y[s:e], out=tmp)
+            g += tmp
+            _row_sums(g, s, L, acc, p.sum_dtype)
 
         tacc = self.T[b0 : b0 + count]
-        for st in self._map(make_state, work, self._blocks(count * L)):
-            tacc += st[1]
+        for st in self._map(make_state, work, blocks):
+            tacc += st[2]
         self.pending_rows = self.pending_y = None

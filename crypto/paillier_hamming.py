@@ -34,31 +34,39 @@ production.
 
 The packed protocol, algebra
 ----------------------------
-Write h(x, y) = |x| + |y| − 2⟨x, y⟩ with ⟨x, y⟩ = Σ_{l: x_l = 1} y_l.
+Write h(x, y) = |x| + |y| − 2⟨x, y⟩ with ⟨x, y⟩ = Σ_{l: x_l = 1} y_l; 0 ≤ h ≤ L.
 
-* Slots. With L bits per vector and statistical parameter σ, the slot width is
-  ``w = ⌈log2(2L + 1)⌉ + σ + 1`` and ``P = ⌊(|N| − 1) / w⌋`` slots fit in one plaintext
-  (|N| = bit length of N, so every packed value is < 2^{|N|−1} < N). A packs bit l of a group of
-  up to P of its vectors as ``Y_{g,l} = Σ_p y_{gP+p, l} · 2^{w p}`` and sends [Y_{g,l}].
-* B, for each of its vectors x and each group g, computes
-  ``[Z] = Enc(Σ_p (c_p + |x|) 2^{w p}) · (Π_{l: x_l=1} [Y_{g,l}])^{-2}`` whose plaintext is
-  ``Σ_p (c_p + |x| − 2⟨x, y_p⟩) 2^{w p} mod N``, with ``c_p = L + ρ_p`` and ρ_p uniform in
-  [0, 2^{w−1}) (fresh per slot, per x, per group). Because ``d_p = L + |x| − 2⟨x, y_p⟩`` lies in
-  [0, 2L] (⟨x,y⟩ ≤ |x| ≤ L), every slot value ``ρ_p + d_p`` lies in [0, 2^{w−1} − 1 + 2L] ⊂ [0, 2^w)
-  (asserted: 2L + 1 ≤ 2^{w−1}), so the sum of slots is a non-negative integer < 2^{wP} < N and the
-  reduction mod N is the identity: no slot borrows from or carries into its neighbour, even though
-  −2⟨x, y⟩ is computed by a modular inverse.
-* A decrypts and reads ``t_p = ρ_p + d_p`` from every slot; it sends ``u_p = t_p + |y_p|`` to the
-  server. B sends ``v_p = c_p``. The server outputs ``h = u_p − v_p`` (= |x| + |y| − 2⟨x, y⟩) and
-  checks 0 ≤ h ≤ L.
-* What each party learns. The server sees v_p = c_p, which is independent of all data, and
-  u_p = v_p + h: its view is a function of h and independent randomness (perfectly). A sees
-  t_p = ρ_p + d_p with d_p ∈ [0, 2L]: statistical distance from ρ_p alone ≤ 2L / 2^{w−1} < 2^{−σ}.
-  B sees only ciphertexts under A's key.
-  (The literal spec variant u_p = |y_p| − 2t_p, v_p = |x| + 2r_p would reveal |x| mod 2 and
-  |y_p| mod 2 to the server through the parity of the shares; the variant here does not.)
-* Coalitions: server + A learn x·y inner products (hence B's vectors for enough of A's vectors);
-  server + B learn nothing beyond h from A's side except what h implies.
+* Slots. The slot width is ``w = bit_length(L)`` (so L < 2^w and h is determined by h mod 2^w),
+  and ``P = ⌊(|N| − 2 − σ) / w⌋`` slots fit in one plaintext with σ guard bits on top
+  (|N| = bit length of N; asserted: wP + σ + 1 ≤ |N| − 1). A packs bit l of a group of up to P of
+  its vectors as ``Y_{g,l} = Σ_p y_{gP+p, l} · 2^{w p}`` and also ``S_g = Σ_p |y_p| 2^{w p}``, and
+  sends the L + 1 ciphertexts of each group.
+* B, for each of its vectors x and each group g (P_g vectors), computes
+  ``[Z] = Enc(Σ_p (ρ_p + |x|) 2^{w p} + R 2^{w P_g}) · [S_g] · (Π_{l: x_l=1} [Y_{g,l}])^{-2}``
+  with ρ_p uniform in [0, 2^w) (fresh per slot, per x, per group) and R uniform in [0, 2^σ). Its
+  plaintext is the INTEGER ``Z = Σ_p (ρ_p + h_p) 2^{w p} + R 2^{w P_g}``: every term is ≥ 0
+  (|x| + |y_p| − 2⟨x, y_p⟩ = h_p ≥ 0) and Z < 2^{w P_g + σ + 1} < N, so the reduction mod N is the
+  identity even though −2⟨x, y⟩ is computed with a modular inverse.
+* A decrypts and sends the server the w-bit fields ``u_p = ⌊Z / 2^{wp}⌋ mod 2^w``; B sends
+  ``v_p = ρ_p``. Field p holds ρ_p + h_p plus the carry c_{p−1} ∈ {0, 1} out of field p − 1, so the
+  server recovers, slot by slot from p = 0 (c_{−1} = 0):
+  ``h_p = (u_p − v_p − c_{p−1}) mod 2^w`` and ``c_p = ⌊(v_p + h_p + c_{p−1}) / 2^w⌋``,
+  and checks 0 ≤ h_p ≤ L (anything else is a corrupted share: ProtocolError).
+* What each party learns. The server sees v = ρ (uniform, independent of the data) and u, which
+  is a function of ρ and h: it learns h and nothing else (perfectly). A sees the fields u: for fixed
+  h the map ρ ↦ u is a bijection of [0, 2^w)^{P_g} (field p depends on ρ_p and lower ρ's only,
+  through the carry), so u is exactly uniform; the carry out of the top slot lands in R + c with R
+  uniform in [0, 2^σ): statistical distance ≤ 2^{−σ}. B sees only ciphertexts under A's key.
+  Compared with the spec's variant (w − 1 ≥ ⌈log2(L+1)⌉ + σ, no wrap, u_p = |y_p| − 2t_p,
+  v_p = |x| + 2r_p) this needs no σ bits per slot (P = 182 instead of 38 slots at L = 1024 and
+  |N| = 2048, so about 4.8× fewer ciphertexts everywhere), its masking of the slots is perfect
+  rather than statistical, and it does not leak |x| mod 2 and |y_p| mod 2 to the server through
+  the parity of the shares (which u_p = |y_p| − 2t_p, v_p = |x| + 2r_p would). The price is the
+  one extra ciphertext S_g per group from A.
+* Coalitions (outside the threat model): the server together with either site learns the H block
+  (which the server learns anyway) and that site's own data, nothing more: A's fields and B's
+  masks only ever combine to h, and B cannot decrypt. Note that H itself reveals much about the
+  vectors (e.g. with A's own y's known, H constrains x) — that is the paper's accepted leakage.
 
 The packed protocol, speed and why the fast randomness is secure
 ----------------------------------------------------------------
@@ -69,6 +77,8 @@ The packed protocol, speed and why the fast randomness is secure
   computed with a fixed-base window table of h_s (one multiplication per window of α).
   - A's encryptions of its own bits use α of ⌈|N|/2⌉ bits, as DJN recommend; semantic security
     against B (who does not know the factorisation) rests on the DJN assumption, as usual.
+    A knows p and q, so it computes h_s^α mod p² and mod q² from two half-size tables and joins
+    them by CRT (about 1.7× cheaper than one table mod N²).
   - B's re-randomisation must hide, from A who holds the factorisation and knows the randomness of
     its own ciphertexts, WHICH ciphertexts were combined (circuit privacy). B therefore uses a long
     exponent: α uniform in [0, 2^{|N|+σ}). The order of h_s divides λ(N) < N, so h_s^α is within
@@ -99,7 +109,6 @@ unsigned integers. Every message is length-checked against the sizes its header 
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import struct
@@ -137,8 +146,8 @@ _HDR = struct.Struct(">4sBBB")
 _KEYS = struct.Struct(">16sHIIBBHI")
 # session id, L, n_a, n_b, n_groups
 _RESULT = struct.Struct(">16sIIII")
-# session id, L, n_a, n_b, key bits, w, value width
-_SHARE = struct.Struct(">16sIIIHBH")
+# session id, L, n_a, n_b, key bits, w, value width, slots per plaintext
+_SHARE = struct.Struct(">16sIIIHBHH")
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,9 +313,10 @@ class _FixedBase:
 
         self.rows = pool.map_chunks(build, list(range(self.n_windows)))
 
-    def pow_random(self):
-        """base^α for α uniform in [0, 2^(n_windows·window)) drawn from `secrets`."""
-        a = secrets.randbits(self.n_windows * self.window)
+    def pow_random(self, a=None):
+        """base^α for α uniform in [0, 2^(n_windows·window)) drawn from `secrets` (or the given α)."""
+        if a is None:
+            a = secrets.randbits(self.n_windows * self.window)
         mask = (1 << self.window) - 1
         w = self.window
         m = self.mod
@@ -358,15 +368,19 @@ class _TableCache:
 
 
 def _slot_params(n_bits: int, sigma: int, key_bits: int) -> tuple[int, int]:
-    w = math.ceil(math.log2(2 * n_bits + 1)) + sigma + 1
-    # Carry bound: a slot holds ρ + d with ρ < 2^(w-1) and 0 <= d <= 2L.
-    assert 2 * n_bits + 1 <= 1 << (w - 1), "slot too narrow for the no-carry bound"
-    assert (1 << (w - 1)) - 1 + 2 * n_bits < 1 << w
-    if w > 64:
-        raise ProtocolError(f"slot width {w} bits exceeds 64 (L = {n_bits}, sigma = {sigma})")
-    slots = (key_bits - 1) // w
+    """Slot width w (h ∈ [0, L] must be unique mod 2^w) and slots P per plaintext.
+
+    The packed plaintext is Σ_p (ρ_p + h_p) 2^{wp} + R 2^{w P_g} with ρ_p < 2^w, h_p ≤ L < 2^w and
+    R < 2^σ; it is < 2^{wP + σ + 1}, which must stay below 2^{|N|-1} < N (no reduction mod N).
+    """
+    w = max(1, int(n_bits).bit_length())
+    assert n_bits < 1 << w  # h mod 2^w determines h
+    if w > 63:
+        raise ProtocolError(f"slot width {w} bits exceeds 63 (L = {n_bits})")
+    slots = (key_bits - 2 - sigma) // w
     if slots < 1:
-        raise ProtocolError(f"a {key_bits}-bit modulus cannot hold one {w}-bit slot")
+        raise ProtocolError(f"a {key_bits}-bit modulus cannot hold one {w}-bit slot and {sigma} guard bits")
+    assert w * slots + sigma + 1 <= key_bits - 1
     return w, slots
 
 
@@ -375,8 +389,8 @@ def _slot_params(n_bits: int, sigma: int, key_bits: int) -> tuple[int, int]:
 
 
 def _make_share(proto: int, msg_type: int, session: bytes, n_bits: int, n_a: int, n_b: int,
-                key_bits: int, w: int, value_width: int, n_bytes: bytes, payload: bytes) -> bytes:
-    head = _header(proto, msg_type) + _SHARE.pack(session, n_bits, n_a, n_b, key_bits, w, value_width)
+                key_bits: int, w: int, value_width: int, n_bytes: bytes, payload: bytes, slots: int = 1) -> bytes:
+    head = _header(proto, msg_type) + _SHARE.pack(session, n_bits, n_a, n_b, key_bits, w, value_width, slots)
     return head + n_bytes + payload
 
 
@@ -386,7 +400,7 @@ def _parse_share(share, proto: int, msg_type: int, who: str, n_a: int, n_b: int,
     buf = _parse_header(share, proto, msg_type, what, max_bytes)
     if len(buf) < _HDR.size + _SHARE.size:
         raise ProtocolError(f"{what}: truncated header")
-    session, L, na, nb, key_bits, w, vw = _SHARE.unpack_from(buf, _HDR.size)
+    session, L, na, nb, key_bits, w, vw, slots = _SHARE.unpack_from(buf, _HDR.size)
     if L != n_bits:
         raise ProtocolError(f"{what}: declares L = {L}, the coordinator expects {n_bits}")
     if na != n_a or nb != n_b:
@@ -396,7 +410,7 @@ def _parse_share(share, proto: int, msg_type: int, who: str, n_a: int, n_b: int,
     _check_len(buf, expected, what)
     off = _HDR.size + _SHARE.size
     n_val = int.from_bytes(buf[off : off + nlen], "big") if nlen else None
-    return session, key_bits, w, vw, n_val, buf[off + nlen :]
+    return session, key_bits, w, vw, n_val, buf[off + nlen :], slots
 
 
 # --------------------------------------------------------------------------------------------
@@ -609,7 +623,7 @@ class PaillierHamming:
         self.max_chunk_bits = max(1, min(8, int(max_chunk_bits)))
         self._djn_keys: dict = {}  # N -> _DJNKey (A's h_s for its own key)
         self._djn_lock = threading.Lock()
-        self._tables = _TableCache(2)
+        self._tables = _TableCache(3)
 
     # -- public API
     def party_a(self, bits: np.ndarray, n_bits: int, keypair=None) -> _PackedA:
@@ -627,15 +641,35 @@ class PaillierHamming:
             raise ProtocolError("server shares disagree on key size or slot width")
         if sa[3] != 8 or sb[3] != 8:
             raise ProtocolError("server share: values must be 8-byte integers")
-        u = np.frombuffer(sa[5], dtype=">u8").astype(np.int64)
-        v = np.frombuffer(sb[5], dtype=">u8").astype(np.int64)
-        if np.any(u >= 1 << 63) or np.any(v < 0) or np.any(u < 0):
-            raise ProtocolError("server share values out of range")
-        h = u - v
-        if np.any(h < 0) or np.any(h > n_bits):
-            bad = int(np.flatnonzero((h < 0) | (h > n_bits))[0])
-            raise ProtocolError(f"pair {bad}: recovered distance {int(h[bad])} outside [0, {n_bits}] (corrupted share)")
-        return h.astype(np.int32).reshape(n_a, n_b)
+        w, slots = sa[2], sa[6]
+        if sb[6] != slots:
+            raise ProtocolError("server shares disagree on the number of slots")
+        try:
+            my_w, my_slots = _slot_params(n_bits, self.sigma, sa[1])
+        except AssertionError as exc:  # pragma: no cover - _slot_params raises ProtocolError first
+            raise ProtocolError(str(exc)) from exc
+        if (w, slots) != (my_w, my_slots):
+            raise ProtocolError(f"server shares declare w = {w}, P = {slots}; expected {my_w}, {my_slots}")
+        mod = 1 << w
+        u = np.frombuffer(sa[5], dtype=">u8").astype(np.uint64).reshape(n_a, n_b)
+        v = np.frombuffer(sb[5], dtype=">u8").astype(np.uint64).reshape(n_a, n_b)
+        if np.any(u >= mod) or np.any(v >= mod):
+            raise ProtocolError(f"server share values out of range (must be < 2^{w})")
+        u = u.astype(np.int64)
+        v = v.astype(np.int64)
+        h = np.empty((n_a, n_b), dtype=np.int64)
+        # Slot p of a group holds ρ_p + h_p + carry_{p-1}; A's share is that field mod 2^w, B's is ρ_p.
+        for g0 in range(0, n_a, slots):
+            carry = np.zeros(n_b, dtype=np.int64)
+            for i in range(g0, min(n_a, g0 + slots)):
+                hi = (u[i] - v[i] - carry) % mod
+                if np.any(hi > n_bits):
+                    j = int(np.flatnonzero(hi > n_bits)[0])
+                    raise ProtocolError(f"pair ({i}, {j}): recovered distance {int(hi[j])} outside [0, {n_bits}] "
+                                        "(corrupted share)")
+                h[i] = hi
+                carry = (v[i] + hi + carry) >> w
+        return h.astype(np.int32)
 
     # -- internals
     def _pool(self) -> _Pool:
@@ -703,6 +737,11 @@ class _PackedA:
             lay[:, np.arange(pg) * w] = block.T
             packed = np.packbits(lay, axis=1, bitorder="little")
             out.extend(int.from_bytes(row.tobytes(), "little") for row in packed)
+            weights = block.sum(axis=1, dtype=np.int64).tolist()  # |y_p|
+            s_g = 0
+            for wt in reversed(weights):
+                s_g = (s_g << w) | int(wt)
+            out.append(s_g)  # S_g = Σ_p |y_p| 2^{wp}
         return out
 
     def _keys_message(self) -> bytes:
@@ -711,10 +750,22 @@ class _PackedA:
         n, n2 = djn.n, djn.n2
         plain = self._packed_plaintexts()
         exp_bits = (self.key_bits + 1) // 2  # DJN: ⌈k/2⌉-bit exponent for A's own encryptions
-        table = proto._table(djn.hs, n2, exp_bits, len(plain))
+        # A knows p and q: compute h_s^α mod p² and mod q² from two half-size tables, then CRT.
+        p, q = gmpy2.mpz(self.priv.p), gmpy2.mpz(self.priv.q)
+        p2, q2 = p * p, q * q
+        tp = proto._table(djn.hs % p2, p2, exp_bits, len(plain))
+        tq = proto._table(djn.hs % q2, q2, exp_bits, len(plain))
+        p2inv = gmpy2.invert(p2, q2)
+        nbits = tp.n_windows * tp.window
 
         def enc(ms):
-            return [(1 + m * n) * table.pow_random() % n2 for m in ms]
+            out = []
+            for m in ms:
+                a = secrets.randbits(nbits)
+                rp, rq = tp.pow_random(a), tq.pow_random(a)
+                r = rp + p2 * ((rq - rp) * p2inv % q2)  # = h_s^α mod N²
+                out.append((1 + m * n) * r % n2)
+            return out
 
         cts = proto._pool().map_chunks(enc, plain)
         n_a = self.bits.shape[0]
@@ -764,24 +815,23 @@ class _PackedA:
 
         plains = proto._pool().map_chunks(dec, cts)
         P, w = self.slots, self.w
-        wy = _popcounts(self.bits)
         u = np.empty((n_a, n_b), dtype=np.uint64)
         mask = (1 << w) - 1
+        guard = proto.sigma + 1
         for g in range(n_groups):
             pg = min(P, n_a - g * P)
             top = w * pg
             for j in range(n_b):
                 m = int(plains[g * n_b + j])
-                if m >> top:
+                if m >> (top + guard):
                     raise ProtocolError(f"{what}: result ({g}, {j}) has bits above its {pg} slots (tampered or buggy)")
                 b = m.to_bytes((top + 7) // 8 + 8, "little")
                 for p_ in range(pg):
                     s = w * p_
                     t = (int.from_bytes(b[s >> 3 : (s >> 3) + 9], "little") >> (s & 7)) & mask
                     u[g * P + p_, j] = t
-        u += wy.astype(np.uint64)[:, None]
         return _make_share(PROTO_PACKED, MSG_SHARE_A, self.session, self.n_bits, n_a, n_b, self.key_bits,
-                           self.w, 8, b"", u.astype(">u8").tobytes())
+                           self.w, 8, b"", u.astype(">u8").tobytes(), slots=self.slots)
 
 
 class _PackedB:
@@ -823,19 +873,20 @@ class _PackedB:
         cw = _ct_width(key_bits)
         n = gmpy2.mpz(n_int)
         n2 = n * n
-        _check_len(buf, off + cw + n_groups * L * cw, what)
+        G = L + 1  # ciphertexts per group: L packed bit positions, then S_g = Σ_p |y_p| 2^{wp}
+        _check_len(buf, off + cw + n_groups * G * cw, what)
         hs = _parse_ciphertexts(buf, off, 1, cw, n, n2, what + " (h_s)")[0]
-        ys = _parse_ciphertexts(buf, off + cw, n_groups * L, cw, n, n2, what)
+        ys = _parse_ciphertexts(buf, off + cw, n_groups * G, cw, n, n2, what)
 
         x = _unpack(self.bits, self.n_bits)
         n_b = x.shape[0]
         wx = _popcounts(self.bits)
         pool = proto._pool()
 
-        # --- masks: c = L + ρ, ρ uniform in [0, 2^(w-1)), from os.urandom
+        # --- masks: ρ uniform in [0, 2^w) per slot (B's server share), from os.urandom
         sizes = [min(slots, n_a - g * slots) for g in range(n_groups)]
-        rho = np.frombuffer(os.urandom(8 * n_a * n_b), dtype="<u8").reshape(n_a, n_b) & np.uint64((1 << (w - 1)) - 1)
-        c_mask = rho + np.uint64(L)  # B's server share v = c (n_a × n_b)
+        c_mask = np.frombuffer(os.urandom(8 * n_a * n_b), dtype="<u8").reshape(n_a, n_b) & np.uint64((1 << w) - 1)
+        sigma = proto.sigma
 
         # --- subset products: Π_{l: x_l=1} Y_{g,l}, by chunk tables
         k = self._chunk_bits(L, n_b)
@@ -846,7 +897,7 @@ class _PackedB:
         idx_rows = [row.tolist() for row in idx]
         prods = [[None] * n_b for _ in range(n_groups)]
         for g in range(n_groups):
-            cg = ys[g * L : (g + 1) * L]
+            cg = ys[g * G : g * G + L]
 
             def build(chunks, cg=cg):
                 tabs = []
@@ -887,10 +938,10 @@ class _PackedB:
                 pg = sizes[g]
                 base = g * slots
                 xw = wx_list[j]
-                m = 0
+                m = secrets.randbits(sigma)  # guard above the top slot: hides its carry-out
                 for p_ in range(pg - 1, -1, -1):
-                    m = (m << w) | (c_list[base + p_][j] + xw)
-                e = (1 + m * n) * table.pow_random() % n2
+                    m = (m << w) + c_list[base + p_][j] + xw
+                e = (1 + m * n) * table.pow_random() % n2 * ys[g * G + L] % n2
                 pr = prods[g][j]
                 if pr is not None:
                     e = e * gmpy2.invert(pr * pr % n2, n2) % n2
@@ -900,5 +951,5 @@ class _PackedB:
         cts = pool.map_chunks(finish, [(g, j) for g in range(n_groups) for j in range(n_b)])
         msg = _header(PROTO_PACKED, MSG_RESULT) + _RESULT.pack(session, L, n_a, n_b, n_groups) + _to_bytes(cts, cw)
         share = _make_share(PROTO_PACKED, MSG_SHARE_B, session, L, n_a, n_b, key_bits, w, 8, b"",
-                            c_mask.astype(">u8").tobytes())
+                            c_mask.astype(">u8").tobytes(), slots=slots)
         return Outgoing(to_peer=msg, to_server=share, done=True)

@@ -13,24 +13,40 @@ from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits, plaintext_hamming
 
 
+START = b"\x01"
+
+
 class _Sender:
-    def __init__(self, bits: np.ndarray, n_bits: int):
+    """A sends its bits and a one-byte start signal to B; B, on the signal, sends its bits.
+
+    The signal keeps the interface's rule that B acts only on a message from A, so every driver
+    (in-process or over the relay) treats all protocols alike.
+    """
+
+    def __init__(self, bits: np.ndarray, n_bits: int, first: bool):
         self.bits = check_bits(bits, n_bits)
+        self.first = first
+        self.done = False
 
     def receive(self, message: bytes | None) -> Outgoing:
-        if message is not None:
-            raise ProtocolError("plaintext Hamming: a party expects no message from its peer")
-        return Outgoing(to_server=self.bits.tobytes(), done=True)
+        if self.done:
+            raise ProtocolError("plaintext Hamming: this party has finished")
+        if self.first and message is not None:
+            raise ProtocolError("plaintext Hamming: A expects no message from B")
+        if not self.first and message != START:
+            raise ProtocolError("plaintext Hamming: B expects A's start signal")
+        self.done = True
+        return Outgoing(to_peer=START if self.first else None, to_server=self.bits.tobytes(), done=True)
 
 
 class PlaintextHamming:
     name = "plaintext"
 
     def party_a(self, bits: np.ndarray, n_bits: int) -> _Sender:
-        return _Sender(bits, n_bits)
+        return _Sender(bits, n_bits, first=True)
 
     def party_b(self, bits: np.ndarray, n_bits: int) -> _Sender:
-        return _Sender(bits, n_bits)
+        return _Sender(bits, n_bits, first=False)
 
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
         width = (n_bits + 7) // 8

@@ -151,6 +151,92 @@ def cmd_bench_hamming(args) -> int:
     return 0 if out["exact"] else 1
 
 
+def _deadlines(items: list[str] | None) -> dict:
+    out = {}
+    for item in items or []:
+        phase, _, secs = item.partition("=")
+        try:
+            out[phase] = float(secs)
+        except ValueError:
+            raise DataError(f"--deadline {item!r}: expected PHASE=SECONDS") from None
+    return out
+
+
+def cmd_coordinator_serve(args) -> int:
+    from service.cli import serve
+
+    serve(args.host, args.port, args.database, args.admin_token, args.max_body_mb, _deadlines(args.deadline))
+    return 0
+
+
+def _admin(args):
+    from clients.api import CoordinatorClient
+
+    return CoordinatorClient(args.coordinator, args.admin_token)
+
+
+def cmd_site_add(args) -> int:
+    out = _admin(args).add_site(args.name)
+    print(json.dumps(out) if args.json else f"site {out['site']} added; its token (shown once): {out['token']}")
+    return 0
+
+
+def cmd_agent_run(args) -> int:
+    import logging
+
+    from clients.agent import Agent
+    from clients.api import CoordinatorClient
+    from service.cli import setup_logging
+
+    setup_logging("INFO")
+    logging.getLogger("xclp.agent").info("agent %s starting on %s", args.site, args.coordinator)
+    Agent(CoordinatorClient(args.coordinator, args.token), args.site, args.data, args.out, args.poll).run(
+        once=args.once)
+    return 0
+
+
+def cmd_job_submit(args) -> int:
+    sites = [s for s in args.sites.split(",") if s]
+    job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
+                                  alpha=args.alpha, classes=args.classes, key_bits=args.key_bits,
+                                  deadlines=_deadlines(args.deadline))
+    print(json.dumps({"job": job}) if args.json else job)
+    return 0
+
+
+def cmd_job_status(args) -> int:
+    st = _admin(args).job(args.job)
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        p = st["progress"]
+        print(f"job {st['job']}: {st['status']}, phase {st['phase']} (attempt {st['attempt']}), "
+              f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
+              + (f"; dropped {st['dropped']}" if st["dropped"] else "")
+              + (f"; failure: {st['failure']}" if st["failure"] else ""))
+    return 0
+
+
+def cmd_job_wait(args) -> int:
+    from xclp.progress import wait_for_job
+
+    st = wait_for_job(_admin(args), args.job, args.timeout, quiet=args.quiet)
+    if st is None:
+        print(f"job {args.job}: still running after {args.timeout} s", file=sys.stderr)
+        return 3
+    if st["status"] == "failed":
+        print(f"job {args.job} failed: {st['failure']}", file=sys.stderr)
+        return 1
+    print(f"job {args.job} done" + (f" (dropped: {st['dropped']})" if st["dropped"] else ""))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from clients.demo import run_demo
+
+    return run_demo(crypto=args.crypto, json_out=args.json, bits=args.bits, sites=args.sites, seed=args.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xclp", description="Privacy-preserving cross-client label propagation")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +255,75 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--seed", type=int, default=0)
     bh.add_argument("--json", type=Path)
     bh.set_defaults(func=cmd_bench_hamming)
+
+    def coord_args(p, admin=True):
+        p.add_argument("--coordinator", required=True, help="coordinator URL, e.g. http://127.0.0.1:8000")
+        if admin:
+            p.add_argument("--admin-token", required=True)
+
+    co = sub.add_parser("coordinator", help="the coordinator service").add_subparsers(dest="what", required=True)
+    cs = co.add_parser("serve", help="run the coordinator (FastAPI + uvicorn)")
+    cs.add_argument("--host", default="127.0.0.1")
+    cs.add_argument("--port", type=int, default=8000)
+    cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
+                    help="SQLAlchemy URL: sqlite:///FILE (default) or postgresql+psycopg2://USER:PW@HOST/DB")
+    cs.add_argument("--admin-token", default=None, help="operator token (or $XCLP_ADMIN_TOKEN)")
+    cs.add_argument("--max-body-mb", type=int, default=1024, help="largest upload accepted (MiB)")
+    cs.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
+                    help="default per-phase deadline (setup, seed, counts, hamming, row_sums)")
+    cs.set_defaults(func=cmd_coordinator_serve)
+
+    site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
+    sa = site.add_parser("add", help="register a site and print its token")
+    sa.add_argument("name")
+    coord_args(sa)
+    sa.add_argument("--json", action="store_true")
+    sa.set_defaults(func=cmd_site_add)
+
+    agent = sub.add_parser("agent", help="the site agent").add_subparsers(dest="what", required=True)
+    ar = agent.add_parser("run", help="run this site's agent until stopped")
+    coord_args(ar, admin=False)
+    ar.add_argument("--site", required=True)
+    ar.add_argument("--token", required=True)
+    ar.add_argument("--data", required=True, help=".npz with X (n×d) and y (−1 = unlabelled)")
+    ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
+    ar.add_argument("--poll", type=float, default=0.1, help="seconds between polls when idle")
+    ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
+    ar.set_defaults(func=cmd_agent_run)
+
+    job = sub.add_parser("job", help="jobs (operator)").add_subparsers(dest="what", required=True)
+    js = job.add_parser("submit", help="submit a job").add_subparsers(dest="kind", required=True)
+    jp = js.add_parser("predict", help="one-shot transductive prediction")
+    coord_args(jp)
+    jp.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
+    jp.add_argument("--crypto", choices=["ot", "paillier", "paillier-naive", "plaintext"], default="ot")
+    jp.add_argument("--bits", type=int, default=1024)
+    jp.add_argument("--k", type=int, default=10)
+    jp.add_argument("--alpha", type=float, default=0.99)
+    jp.add_argument("--classes", type=int, default=10, help="number of classes (labels 0..C−1)")
+    jp.add_argument("--key-bits", type=int, default=2048)
+    jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS")
+    jp.add_argument("--json", action="store_true")
+    jp.set_defaults(func=cmd_job_submit)
+    jst = job.add_parser("status", help="a job's phase, progress, dropouts")
+    jst.add_argument("job")
+    coord_args(jst)
+    jst.add_argument("--json", action="store_true")
+    jst.set_defaults(func=cmd_job_status)
+    jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout")
+    jw.add_argument("job")
+    coord_args(jw)
+    jw.add_argument("--timeout", type=float, default=3600)
+    jw.add_argument("--quiet", action="store_true")
+    jw.set_defaults(func=cmd_job_wait)
+
+    demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
+    demo.add_argument("--crypto", choices=["ot", "paillier", "plaintext"], default="ot")
+    demo.add_argument("--bits", type=int, default=1024)
+    demo.add_argument("--sites", type=int, default=3)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--json", type=Path)
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 
@@ -178,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (DataError, ValueError) as exc:
         print(f"xclp: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # ApiError from the coordinator: its message says what is wrong
+        if type(exc).__name__ != "ApiError":
+            raise
+        print(f"xclp: coordinator said {exc}", file=sys.stderr)
         return 2
 
 

@@ -143,6 +143,19 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled)
 
 
+def encode_roster(announces: list[bytes]) -> bytes:
+    """The roster as the coordinator hands it out: every participant's announce, in site order."""
+    return dump_bundle({"count": len(announces), **{f"a{i}": a for i, a in enumerate(announces)}})
+
+
+def decode_roster(data: bytes) -> list[RosterEntry]:
+    b = load_bundle(data, ("count",), 1 << 28, what="roster")
+    count = int(b["count"])
+    if not 2 <= count <= 10_000 or any(f"a{i}" not in b for i in range(count)):
+        raise ProtocolError("roster: malformed")
+    return [decode_announce(b[f"a{i}"].tobytes()) for i in range(count)]
+
+
 @dataclass
 class Layout:
     """Where each site's points sit in the global order of the graph (sites in roster order)."""
@@ -272,10 +285,11 @@ class SiteSession:
         self.seed = derive_seed(contributions, [s for s in self.order if s in contributions], self.params.job_id)
 
     # --- counts (secure sum that only the sites learn) ------------------------------------------
-    def _shared_mask(self, purpose: str, count: int) -> np.ndarray:
+    def _shared_mask(self, purpose: str, attempt: int, count: int) -> np.ndarray:
         # A mask every site can compute (from the agreed seed) and the coordinator cannot, so the
         # coordinator's sum is uniform and only the sites learn the total.
-        return prg_uint64(shared_mask_key(self._need_seed(), job=self.params.job_id, purpose=purpose, attempt=0), count)
+        key = shared_mask_key(self._need_seed(), job=self.params.job_id, purpose=purpose, attempt=attempt)
+        return prg_uint64(key, count)
 
     def _need_seed(self) -> bytes:
         if self.seed is None:
@@ -288,19 +302,19 @@ class SiteSession:
         keys = {p: self._pair_key(p, purpose, attempt) for p in participants if p != self.site}
         return site_mask(self.site, keys, [s for s in self.order if s in participants], shape)
 
-    def counts_message(self, participants: list[str]) -> bytes:
+    def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
         C = self.params.n_classes
         enc = encode(class_counts(self.y, C).astype(np.float64), 0)
-        masked = enc + self._mask("counts", 0, participants, (C,))
+        masked = enc + self._mask("counts", attempt, participants, (C,))
         if self.params.secure and self.site == [s for s in self.order if s in participants][0]:
-            masked = masked + self._shared_mask("counts", C)
+            masked = masked + self._shared_mask("counts", attempt, C)
         return dump_array(masked)
 
-    def receive_counts(self, total: bytes) -> None:
+    def receive_counts(self, total: bytes, attempt: int = 0) -> None:
         C = self.params.n_classes
         t = load_array(total, dtype=np.uint64, shape=(C,), what="counts total")
         if self.params.secure:
-            t = t - self._shared_mask("counts", C)
+            t = t - self._shared_mask("counts", attempt, C)
         counts = decode(t, 0)
         if np.any(counts < 0) or np.any(counts != np.round(counts)):
             raise ProtocolError(f"{self.site}: the label-count total is not a vector of counts (masks disagree?)")

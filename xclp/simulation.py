@@ -16,7 +16,14 @@ import numpy as np
 from crypto.hamming_api import PairTranscript, exchange
 from xclp.data import Dataset
 from xclp.propagation import Prediction
-from xclp.protocol import CoordinatorSession, JobParams, SiteSession, simulation_contribution
+from xclp.protocol import (
+    CoordinatorSession,
+    JobParams,
+    SiteSession,
+    decode_roster,
+    encode_roster,
+    simulation_contribution,
+)
 
 PHASES = ("setup", "seed", "counts", "lsh", "hamming", "graph", "influence", "row_sums")
 
@@ -81,11 +88,12 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     coord = CoordinatorSession(params)
 
     say("setup: keys and roster")
-    for s, sess in sessions.items():
-        coord.register(s, meter.add(s, "setup", sess.announce()))
-    roster = coord.roster_entries()
+    announces = {s: meter.add(s, "setup", sess.announce()) for s, sess in sessions.items()}
+    for s, a in announces.items():
+        coord.register(s, a)
+    roster = encode_roster([announces[s] for s in coord.order])
     for sess in sessions.values():
-        sess.set_roster(roster)
+        sess.set_roster(decode_roster(meter.add("coordinator", "setup", roster)))
     lap("setup")
 
     say("seed: agreeing the LSH seed")

@@ -1,0 +1,1 @@
+"""The XCLP site agent: talks to the coordinator over HTTP and runs its side of every phase."""

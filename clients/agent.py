@@ -1,0 +1,252 @@
+"""The site agent: a long-running process that does this site's side of every job it is part of.
+
+It polls the coordinator for work and drives `xclp.protocol.SiteSession` (the same code as the
+in-process simulation) over HTTP. The site's data, keys and results stay here: the agent writes
+each job's labels and confidences into its output folder as `<job>.npz` (`labels`, `confidence`,
+aligned with the rows of its data file).
+
+Restarts: the agent keeps, per job, its X25519 key and seed contribution on disk (mode 0600). A
+restarted agent rebuilds its session by replaying what the coordinator holds for it (roster, seed
+messages, label-count total, influence columns) and continues; every upload it repeats is
+byte-identical, which the coordinator accepts without storing anything twice. The one exception is
+an agent that dies in the middle of the Hamming phase: its half of the pair protocols is gone, so
+it waits and the coordinator drops it at the phase's deadline (the paper's outcome for a site that
+drops during SecureHamming).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from clients.api import ApiError, CoordinatorClient
+from crypto.errors import ProtocolError
+from crypto.keys import SiteKeyPair
+from xclp.data import DataError, load_npz, validate_features, validate_labels
+from xclp.protocol import JobParams, SiteSession, decode_roster
+from xclp.wire import load_bundle
+
+log = logging.getLogger("xclp.agent")
+
+
+def load_site_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    a = load_npz(path, require_site=False)
+    X = validate_features(a["X"])
+    return X, validate_labels(a["y"], X.shape[0])
+
+
+class JobState:
+    """What the agent must remember about one job across restarts (small, JSON, private)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def __getitem__(self, k):
+        return self.data.get(k)
+
+    def __setitem__(self, k, v):
+        self.data[k] = v
+        self.save()
+
+
+class Agent:
+    def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
+                 poll: float = 0.1):
+        self.api, self.site, self.poll = client, site, poll
+        self.X, self.y = load_site_data(data)
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.state_dir = self.out / ".agent-state"
+        self.state_dir.mkdir(mode=0o700, exist_ok=True)
+        self.sessions: dict[str, SiteSession] = {}
+        self.pairs: dict[str, dict] = {}  # job -> pair drivers in flight (memory only)
+        self.given_up: set[str] = set()
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
+        idle_since = time.monotonic()
+        while True:
+            busy = False
+            try:
+                work = self.api.work()
+                for job_id in work["jobs"] + [j for j in work["done"] if not self.result_path(j).exists()]:
+                    if job_id in self.given_up:
+                        continue
+                    try:
+                        busy |= self.step(job_id)
+                    except (ProtocolError, DataError, ValueError) as exc:
+                        # This site cannot go on with the job; the coordinator drops it at the deadline.
+                        log.error("job %s: giving up: %s", job_id, exc)
+                        self.given_up.add(job_id)
+                    except ApiError as exc:
+                        log.warning("job %s: %s", job_id, exc)
+            except ApiError as exc:
+                log.warning("coordinator: %s", exc)
+            if busy:
+                idle_since = time.monotonic()
+            elif stop_after_idle is not None and time.monotonic() - idle_since > stop_after_idle:
+                return
+            if once:
+                return
+            if not busy:
+                time.sleep(self.poll)
+
+    def result_path(self, job_id: str) -> Path:
+        return self.out / f"{job_id}.npz"
+
+    def state(self, job_id: str) -> JobState:
+        return JobState(self.state_dir / f"{job_id}.json")
+
+    def session(self, job_id: str, status: dict) -> SiteSession:
+        sess = self.sessions.get(job_id)
+        if sess is not None:
+            return sess
+        st = self.state(job_id)
+        if st["key"] is None:
+            st.data["contribution"] = os.urandom(32).hex()
+            st["key"] = SiteKeyPair.generate().private_bytes().hex()
+        params = JobParams(**status["params"])
+        if self.y.size and self.y.max() >= params.n_classes:
+            raise DataError(f"{self.site}: label {int(self.y.max())} is out of range for the job's "
+                            f"{params.n_classes} classes")
+        sess = SiteSession(params, self.site, self.X, self.y,
+                           keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
+                           contribution=bytes.fromhex(st["contribution"]))
+        self.sessions[job_id] = sess
+        return sess
+
+    def step(self, job_id: str) -> bool:
+        """Do whatever this site can do now for the job. Returns True if anything happened.
+
+        Each phase first restores what earlier phases left (after a restart, by replaying what the
+        coordinator holds for this site), then does its own part once.
+        """
+        status = self.api.job(job_id)
+        if status["status"] == "failed" or self.site not in status["live"]:
+            return False
+        sess = self.session(job_id, status)
+        st = self.state(job_id)
+        phase = "done" if status["status"] == "done" else status["phase"]
+        order = ["setup", "seed", "counts", "hamming", "row_sums", "done"]
+        at = order.index(phase)
+        if phase == "setup":
+            return self._put_once(st, job_id, "announce", sess.announce())
+        if not sess.roster:
+            roster = self.api.get(job_id, "roster")
+            if roster is None:
+                return False
+            sess.set_roster(decode_roster(roster))
+            # A restarted session reseals its seed messages so that its channels' sequence numbers
+            # line up with what its peers have seen; the coordinator keeps the first copy.
+            if st["seed_sent"]:
+                sess.seed_messages()
+        if phase == "seed":
+            if st["seed_sent"]:
+                return False
+            for peer, body in sess.seed_messages().items():
+                self._put_once(st, job_id, "seed", body, to=peer)
+            st["seed_sent"] = True
+            return True
+        if sess.seed is None:
+            incoming = {p: self.api.get(job_id, "seed", sender=p) for p in status["seed_sites"] if p != self.site}
+            sess.receive_seed(incoming, status["seed_sites"])
+        if phase == "counts":
+            topic = f"counts/{status['attempt']}"
+            return self._put_once(st, job_id, topic, sess.counts_message(status["live"], status["attempt"]))
+        if sess.global_counts is None:
+            a = status["attempts"]["counts"]
+            sess.receive_counts(self.api.get(job_id, f"counts-total/{a}"), a)
+        if phase == "hamming":
+            return self._hamming(st, job_id, sess, status)
+        if sess.layout is None:
+            b = load_bundle(self.api.get(job_id, "influence"), ("layout", "columns"), what="influence")
+            sess.receive_influence(b["layout"].tobytes(), b["columns"].tobytes())
+        attempt = status["attempt"] if at < order.index("done") else status["attempts"]["row_sums"]
+        rows = sess.row_sums_message(status["live"], attempt)  # deterministic: a repeat is byte-identical
+        if phase == "row_sums":
+            return self._put_once(st, job_id, f"rows/{attempt}", rows)
+        return self._write_result(job_id, sess, attempt)
+
+    # --- phases -----------------------------------------------------------------------------------
+    def _put_once(self, st: JobState, job_id: str, topic: str, body: bytes, to: str = "coordinator") -> bool:
+        key = f"sent:{to}:{topic}"
+        if st[key]:
+            return False
+        try:
+            self.api.put(job_id, topic, body, to=to)
+        except ApiError as exc:
+            if exc.status != 409 or "already uploaded" not in exc.detail:
+                raise
+            # Sealed messages carry fresh nonces, so a repeat after a restart differs from the
+            # stored one; the stored one is equally valid for the peer.
+        st[key] = True
+        return True
+
+    def _hamming(self, st: JobState, job_id: str, sess: SiteSession, status: dict) -> bool:
+        if job_id not in self.pairs:
+            if st["hamming_started"]:
+                if not st["lost_hamming_logged"]:
+                    log.warning("job %s: restarted inside the Hamming phase; this site's half of the pair protocols "
+                                "is lost, so the coordinator will drop it at the deadline", job_id)
+                    st["lost_hamming_logged"] = True
+                return False
+            st["hamming_started"] = True
+            self.api.put(job_id, "intra", sess.intra_message())
+            order = [s for s in status["sites"] if s in status["live"]]
+            drivers = {}
+            for peer in order:
+                if peer == self.site:
+                    continue
+                a, b = sorted((self.site, peer), key=order.index)
+                drivers[peer] = {"party": sess.hamming_party(peer), "pair": f"{a}/{b}", "sent": 0, "got": 0,
+                                 "my_turn": self.site == a, "done": False}
+            self.pairs[job_id] = drivers
+        progressed = False
+        for peer, d in self.pairs[job_id].items():
+            if d["done"] or peer not in status["live"]:
+                continue
+            message = None
+            if not d["my_turn"]:
+                message = self.api.get(job_id, f"pair/{d['pair']}/{d['got']}", sender=peer)
+                if message is None:
+                    continue
+                d["got"] += 1
+            out = d["party"].receive(message)
+            progressed = True
+            if out.to_server is not None:
+                self.api.put(job_id, f"share/{d['pair']}", out.to_server)
+            if out.to_peer is not None:
+                self.api.put(job_id, f"pair/{d['pair']}/{d['sent']}", out.to_peer, to=peer)
+                d["sent"] += 1
+            d["my_turn"] = False
+            d["done"] = out.done
+        return progressed
+
+    def _write_result(self, job_id: str, sess: SiteSession, attempt: int) -> bool:
+        body = self.api.get(job_id, f"sums/{attempt}")
+        if body is None:
+            return False
+        pred = sess.receive_row_sums(body)
+        path = self.result_path(job_id)
+        tmp = path.with_name(path.stem + ".partial.npz")
+        np.savez(tmp, labels=pred.labels, confidence=pred.confidence)
+        os.replace(tmp, path)
+        log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
+        self.sessions.pop(job_id, None)
+        self.pairs.pop(job_id, None)
+        return True

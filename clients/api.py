@@ -1,0 +1,81 @@
+"""A small HTTP client for the coordinator's API (httpx), with retries for transient errors.
+
+Transient = the coordinator cannot be reached, or answers 5xx/429: retried with exponential
+backoff (a coordinator restart is invisible to the caller). A 4xx is the caller's mistake and is
+raised at once as ApiError with the coordinator's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+
+log = logging.getLogger("xclp.client")
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"{status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class CoordinatorClient:
+    def __init__(self, url: str, token: str, *, timeout: float = 120.0, retries: int = 8, backoff: float = 0.25,
+                 transport: httpx.BaseTransport | None = None):
+        self.url = url.rstrip("/")
+        self.retries, self.backoff = retries, backoff
+        self.http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
+                                 headers={"Authorization": f"Bearer {token}"})
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, *, ok404: bool = False, **kw) -> httpx.Response | None:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.http.request(method, path, **kw)
+            except (httpx.TransportError,) as exc:
+                if attempt == self.retries:
+                    raise ApiError(503, f"coordinator unreachable at {self.url}: {exc}") from exc
+                log.debug("retrying %s %s after %s", method, path, exc)
+            else:
+                if r.status_code == 404 and ok404:
+                    return None
+                if r.status_code < 400:
+                    return r
+                if r.status_code < 500 and r.status_code != 429:
+                    try:
+                        detail = r.json().get("detail", r.text)
+                    except ValueError:
+                        detail = r.text
+                    raise ApiError(r.status_code, str(detail))
+                if attempt == self.retries:
+                    raise ApiError(r.status_code, r.text)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    # --- operator calls ---------------------------------------------------------------------------
+    def add_site(self, name: str) -> dict:
+        return self.request("POST", "/sites", json={"name": name}).json()
+
+    def submit_job(self, **body) -> str:
+        return self.request("POST", "/jobs", json=body).json()["job"]
+
+    def job(self, job_id: str) -> dict:
+        return self.request("GET", f"/jobs/{job_id}").json()
+
+    # --- site calls -------------------------------------------------------------------------------
+    def work(self) -> dict[str, list[str]]:
+        return self.request("GET", "/work").json()
+
+    def put(self, job_id: str, topic: str, body: bytes, to: str = "coordinator") -> dict:
+        return self.request("PUT", f"/jobs/{job_id}/messages/{topic}", params={"to": to}, content=body,
+                            headers={"Content-Type": "application/octet-stream"}).json()
+
+    def get(self, job_id: str, topic: str, sender: str = "coordinator") -> bytes | None:
+        r = self.request("GET", f"/jobs/{job_id}/messages/{topic}", params={"sender": sender}, ok404=True)
+        return None if r is None else r.content

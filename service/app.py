@@ -1,0 +1,371 @@
+"""The coordinator's HTTP API (FastAPI).
+
+Resources: sites (registered by the operator), jobs (submitted by the operator, worked on by the
+sites) and a job's messages. A message is addressed: a site uploads its part of a phase to the
+coordinator, or a sealed site-to-site message to a peer (the coordinator only relays it), and
+downloads what is addressed to it — nothing else. Bodies are binary (arrays as .npy, sealed channel
+messages, ciphertexts); JSON only for control. Every upload is checked (who, which phase, which
+attempt, size, shape) before anything is stored; an identical replay stores nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from crypto.errors import ProtocolError
+from service.db import COORDINATOR, Job, Message, Site, make_engine, make_sessionmaker, message_body
+from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
+from xclp.protocol import CRYPTO_CHOICES, JobParams, decode_announce
+from xclp.wire import load_array
+
+log = logging.getLogger("xclp.service")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass
+class Settings:
+    database: str = "sqlite:///xclp-coordinator.db"
+    admin_token: str = ""
+    max_body_bytes: int = 1 << 30
+    engine_interval: float = 0.2
+    default_deadlines: dict = field(default_factory=lambda: dict(DEFAULT_DEADLINES))
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+# --- schemas ----------------------------------------------------------------------------------
+
+
+class SiteCreate(BaseModel):
+    name: str = Field(description="site name: letters, digits, '_', '.', '-'; at most 64")
+
+
+class SiteCreated(BaseModel):
+    site: str
+    token: str
+
+
+class JobCreate(BaseModel):
+    kind: str = Field("predict", description="'predict': one-shot transductive prediction")
+    sites: list[str] = Field(description="participating sites, in roster order")
+    crypto: str = Field("ot", description=f"one of {CRYPTO_CHOICES}; 'plaintext' has no security")
+    bits: int = 1024
+    k: int = 10
+    alpha: float = 0.99
+    power: float = 3.0
+    classes: int = Field(10, description="number of classes C; labels are 0..C−1 at every site")
+    key_bits: int = 2048
+    deadlines: dict[str, float] = Field(default_factory=dict, description="phase -> seconds")
+
+
+class JobCreated(BaseModel):
+    job: str
+
+
+class JobStatus(BaseModel):
+    job: str
+    kind: str
+    status: str
+    phase: str
+    attempt: int
+    sites: list[str]
+    live: list[str]
+    seed_sites: list[str]
+    graph_sites: list[str]
+    dropped: dict[str, str]
+    attempts: dict[str, int]
+    params: dict
+    progress: dict
+    timings: dict
+    failure: str | None
+    created_at: str
+    finished_at: str | None
+
+
+# --- the app ----------------------------------------------------------------------------------
+
+
+def create_app(settings: Settings) -> FastAPI:
+    if len(settings.admin_token) < 8:
+        raise ValueError("the admin token must have at least 8 characters")
+    engine = make_engine(settings.database)
+    Session = make_sessionmaker(engine)
+    job_engine = JobEngine(Session, settings.engine_interval)
+    registry = CollectorRegistry()
+    requests_total = Counter("xclp_requests_total", "HTTP requests", ["method", "status"], registry=registry)
+    bytes_in = Counter("xclp_upload_bytes_total", "bytes of accepted uploads", registry=registry)
+    jobs_gauge = Gauge("xclp_jobs", "jobs by status", ["status"], registry=registry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        job_engine.start()
+        log.info("coordinator started on %s", settings.database.split("@")[-1])
+        yield
+        job_engine.stop()
+        engine.dispose()
+
+    app = FastAPI(title="XCLP coordinator", version="0.1.0", lifespan=lifespan,
+                  description="Coordinator of privacy-preserving cross-client label propagation jobs.")
+    app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        requests_total.labels(request.method, str(response.status_code)).inc()
+        return response
+
+    def get_db():
+        with Session() as db:
+            yield db
+
+    def bearer(request: Request) -> str:
+        auth = request.headers.get("authorization", "")
+        if not auth.lower().startswith("bearer ") or not auth[7:].strip():
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return auth[7:].strip()
+
+    def require_admin(token: str = Depends(bearer)) -> None:
+        if not hmac.compare_digest(token.encode(), settings.admin_token.encode()):
+            raise HTTPException(403, "this call needs the admin token")
+
+    def require_site(token: str = Depends(bearer), db=Depends(get_db)) -> str:
+        site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
+        if site is None:
+            raise HTTPException(401, "unknown site token", headers={"WWW-Authenticate": "Bearer"})
+        return site
+
+    def caller(token: str = Depends(bearer), db=Depends(get_db)) -> str:
+        """'admin' or the site's name."""
+        if hmac.compare_digest(token.encode(), settings.admin_token.encode()):
+            return "admin"
+        site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
+        if site is None:
+            raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
+        return site
+
+    def load_job(db, job_id: str) -> Job:
+        job = db.get(Job, job_id)
+        if job is None:
+            raise HTTPException(404, f"unknown job {job_id!r}")
+        return job
+
+    # --- health and metrics ---------------------------------------------------------------------
+    @app.get("/health", tags=["ops"])
+    def health(db=Depends(get_db)):
+        db.execute(select(1))
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
+    def metrics(db=Depends(get_db)):
+        for status in ("running", "done", "failed"):
+            jobs_gauge.labels(status).set(db.scalar(select(func.count()).where(Job.status == status)) or 0)
+        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+
+    # --- sites ----------------------------------------------------------------------------------
+    @app.post("/sites", response_model=SiteCreated, status_code=201, tags=["sites"],
+              dependencies=[Depends(require_admin)])
+    def add_site(body: SiteCreate, db=Depends(get_db)):
+        if not NAME.match(body.name) or body.name in (COORDINATOR, "admin"):
+            raise HTTPException(422, f"invalid site name {body.name!r}: letters, digits, '_', '.', '-' (≤ 64)")
+        token = secrets.token_urlsafe(32)
+        db.add(Site(name=body.name, token_hash=hash_token(token)))
+        try:
+            db.commit()
+        except IntegrityError:
+            db.rollback()
+            raise HTTPException(409, f"site {body.name!r} already exists") from None
+        return SiteCreated(site=body.name, token=token)
+
+    @app.get("/sites", tags=["sites"], dependencies=[Depends(require_admin)])
+    def list_sites(db=Depends(get_db)):
+        return {"sites": list(db.scalars(select(Site.name).order_by(Site.name)))}
+
+    # --- jobs -----------------------------------------------------------------------------------
+    @app.post("/jobs", response_model=JobCreated, status_code=201, tags=["jobs"],
+              dependencies=[Depends(require_admin)])
+    def submit_job(body: JobCreate, db=Depends(get_db)):
+        if body.kind != "predict":
+            raise HTTPException(422, f"unknown job kind {body.kind!r}; this coordinator runs 'predict' jobs")
+        if len(body.sites) < 2:
+            raise HTTPException(422, "a job needs at least two sites")
+        if len(set(body.sites)) != len(body.sites):
+            raise HTTPException(422, "a site is named twice")
+        known = set(db.scalars(select(Site.name).where(Site.name.in_(body.sites))))
+        unknown = [s for s in body.sites if s not in known]
+        if unknown:
+            raise HTTPException(404, f"unknown site(s): {unknown}")
+        bad = set(body.deadlines) - set(DEFAULT_DEADLINES)
+        if bad or any(v <= 0 for v in body.deadlines.values()):
+            raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(DEFAULT_DEADLINES)}")
+        job_id = uuid.uuid4().hex[:16]
+        try:
+            params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
+                               power=body.power, crypto=body.crypto, key_bits=body.key_bits).validate()
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
+                   deadlines={**settings.default_deadlines, **body.deadlines}))
+        db.commit()
+        job_engine.wakeup.set()
+        log.info("job %s submitted: %s sites, crypto=%s", job_id, len(body.sites), body.crypto)
+        return JobCreated(job=job_id)
+
+    @app.get("/jobs", tags=["jobs"], dependencies=[Depends(require_admin)])
+    def list_jobs(db=Depends(get_db)):
+        rows = db.execute(select(Job.id, Job.status, Job.phase).order_by(Job.created_at)).all()
+        return {"jobs": [{"job": i, "status": s, "phase": p} for i, s, p in rows]}
+
+    @app.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"])
+    def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
+        job = load_job(db, job_id)
+        if who != "admin" and who not in job.sites:
+            raise HTTPException(403, f"site {who!r} is not in job {job_id}")
+        return JobStatus(job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
+                         sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
+                         dropped=job.dropped, attempts=job.attempts, params=job.params, progress=_progress(db, job), timings=job.timings,
+                         failure=job.failure, created_at=job.created_at.isoformat() + "Z",
+                         finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z")
+
+    @app.get("/work", tags=["sites"])
+    def work(site: str = Depends(require_site), db=Depends(get_db)):
+        """The running jobs this site still takes part in, and the finished ones that have its results."""
+        jobs = db.scalars(select(Job).where(Job.status != "failed")).all()
+        return {"jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
+                "done": [j.id for j in jobs if site in j.live and j.status == "done"]}
+
+    # --- messages -------------------------------------------------------------------------------
+    @app.put("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
+    async def upload(job_id: str, topic: str, request: Request, to: str = COORDINATOR,
+                     site: str = Depends(require_site)):
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {settings.max_body_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > settings.max_body_bytes:
+                raise HTTPException(413, f"body exceeds the limit of {settings.max_body_bytes} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        with Session() as db:
+            job = load_job(db, job_id)
+            _check_upload(db, job, site, to, topic, body)
+            existing = message_body(db, job_id, site, to, topic)
+            if existing is not None:
+                if existing == body:
+                    return {"stored": False, "detail": "identical message already stored"}
+                raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded with other content")
+            db.add(Message(job_id=job_id, sender=site, recipient=to, topic=topic, size=len(body), body=body))
+            try:
+                db.commit()
+            except IntegrityError:
+                db.rollback()
+                raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
+        bytes_in.inc(len(body))
+        job_engine.wakeup.set()
+        return {"stored": True, "bytes": len(body)}
+
+    @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
+    def download(job_id: str, topic: str, sender: str = COORDINATOR, site: str = Depends(require_site),
+                 db=Depends(get_db)):
+        """A message addressed to the caller (and only to the caller)."""
+        job = load_job(db, job_id)
+        if site not in job.sites:
+            raise HTTPException(403, f"site {site!r} is not in job {job_id}")
+        body = message_body(db, job_id, sender, site, topic)
+        if body is None:
+            raise HTTPException(404, f"no message {topic!r} from {sender} to {site} (yet)")
+        return Response(content=body, media_type="application/octet-stream")
+
+    return app
+
+
+def _progress(db, job: Job) -> dict:
+    """How far the current phase is: parts received out of parts expected."""
+    expected = {"setup": len(job.live), "seed": len(job.live) * (len(job.live) - 1), "counts": len(job.live),
+                "hamming": len(job.live) + 2 * len(pair_list(job.live)), "row_sums": len(job.live)}.get(job.phase, 0)
+    prefix = {"setup": "announce", "seed": "seed", "counts": f"counts/{job.attempt}", "hamming": None,
+              "row_sums": f"rows/{job.attempt}"}.get(job.phase)
+    if job.phase == "hamming":
+        got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.recipient == COORDINATOR,
+                                                   (Message.topic == "intra") | Message.topic.startswith("share/")))
+    elif prefix is not None:
+        got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.topic == prefix))
+    else:
+        got = expected
+    return {"phase": job.phase, "received": int(got or 0), "expected": expected,
+            "fraction": round(min(1.0, (got or 0) / expected), 3) if expected else 1.0}
+
+
+def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> None:
+    """Who may send what, when, and is it well formed? Raises the 4xx that says why not."""
+    if site not in job.sites:
+        raise HTTPException(403, f"site {site!r} is not in job {job.id}")
+    if job.status != "running":
+        raise HTTPException(409, f"job {job.id} is {job.status}")
+    if site not in job.live:
+        raise HTTPException(409, f"site {site!r} was dropped from job {job.id} in phase {job.dropped.get(site)}")
+    parts = topic.split("/")
+    kind = parts[0]
+    phase_of = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
+                "share": "hamming", "rows": "row_sums"}
+    if kind not in phase_of:
+        raise HTTPException(422, f"unknown message topic {topic!r}")
+    if phase_of[kind] != job.phase:
+        raise HTTPException(409, f"{kind!r} belongs to phase {phase_of[kind]}; job {job.id} is in phase {job.phase}")
+    relayed = kind in ("seed", "pair")
+    if relayed and (to == site or to not in job.live):
+        raise HTTPException(422, f"{kind!r} goes to another live site of the job, not {to!r}")
+    if not relayed and to != COORDINATOR:
+        raise HTTPException(422, f"{kind!r} goes to the coordinator")
+    if kind in ("counts", "rows"):
+        if len(parts) != 2 or parts[1] != str(job.attempt):
+            raise HTTPException(409, f"{topic!r}: the current attempt of phase {job.phase} is {job.attempt}")
+    elif kind in ("pair", "share"):
+        order = [s for s in job.sites if s in job.live]
+        n_parts = 4 if kind == "pair" else 3
+        if len(parts) != n_parts or (parts[1], parts[2]) not in pair_list(order) or site not in parts[1:3]:
+            raise HTTPException(422, f"{topic!r} does not name a pair of live sites that includes {site}")
+        if kind == "pair" and (to not in parts[1:3] or not parts[3].isdigit()):
+            raise HTTPException(422, f"{topic!r}: pair messages go to the other site of the pair, numbered")
+    elif len(parts) != 1:
+        raise HTTPException(422, f"unknown message topic {topic!r}")
+    params = job_params(job)
+    try:
+        if kind == "announce":
+            e = decode_announce(body)
+            if e.site != site:
+                raise HTTPException(422, f"announce from {site} names {e.site}")
+        elif kind == "counts":
+            load_array(body, dtype="uint64", shape=(params.n_classes,), what="counts")
+        elif kind == "intra":
+            n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
+            load_array(body, dtype="uint16", shape=(n, n), what="distances within the site")
+        elif kind == "rows":
+            n = _graph_size(db, job)
+            load_array(body, dtype="uint64", shape=(n, params.n_classes), what="masked rows")
+        elif len(body) == 0:
+            raise HTTPException(422, f"{topic!r}: empty body")
+    except ProtocolError as exc:
+        raise HTTPException(422, str(exc)) from None
+
+
+def _graph_size(db, job: Job) -> int:
+    return sum(decode_announce(message_body(db, job.id, s, COORDINATOR, "announce")).n for s in job.graph_sites)

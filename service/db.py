@@ -1,0 +1,133 @@
+"""Persistence: SQLAlchemy 2 models and the engine factory (SQLite with WAL by default, or PostgreSQL).
+
+Everything a job is made of lives here — the job and its phase, every message a party uploaded,
+every result the coordinator computed — so that a coordinator killed at any moment and started
+again on the same database resumes its jobs and loses nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Site(Base):
+    __tablename__ = "sites"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), default="predict")
+    status: Mapped[str] = mapped_column(String(16), default="running", index=True)  # running | done | failed
+    phase: Mapped[str] = mapped_column(String(16), default="setup")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # of the current phase (restarts after dropouts)
+    params: Mapped[dict] = mapped_column(JSON)
+    sites: Mapped[list] = mapped_column(JSON)  # the roster order as submitted
+    live: Mapped[list] = mapped_column(JSON)  # sites still taking part
+    seed_sites: Mapped[list] = mapped_column(JSON, default=list)  # whose contributions make the LSH seed
+    graph_sites: Mapped[list] = mapped_column(JSON, default=list)  # sites whose points are in the graph
+    dropped: Mapped[dict] = mapped_column(JSON, default=dict)  # site -> phase it dropped in
+    deadlines: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> seconds
+    timings: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> seconds it took
+    attempts: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> the attempt that completed it
+    failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    phase_started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class Message(Base):
+    """One upload: a site's message to the coordinator, a relayed site-to-site message (sealed end
+    to end), or a result the coordinator computed for one site. (job, sender, recipient, topic) is
+    unique: a replay stores nothing new."""
+
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("job_id", "sender", "recipient", "topic", name="uq_message"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    sender: Mapped[str] = mapped_column(String(64))
+    recipient: Mapped[str] = mapped_column(String(64), index=True)
+    topic: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(Integer)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+COORDINATOR = "coordinator"
+
+
+def make_engine(url: str) -> Engine:
+    kw: dict = {"future": True}
+    if url.startswith("sqlite"):
+        kw["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    else:
+        kw["pool_pre_ping"] = True
+    engine = create_engine(url, json_serializer=json.dumps, **kw)
+    if url.startswith("sqlite"):
+
+        @event.listens_for(engine, "connect")
+        def _wal(dbapi_conn, _record):  # concurrent readers while the engine writes; durable commits
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def message_body(db, job_id: str, sender: str, recipient: str, topic: str) -> bytes | None:
+    row = db.execute(
+        select(Message.body).where(Message.job_id == job_id, Message.sender == sender,
+                                   Message.recipient == recipient, Message.topic == topic)
+    ).first()
+    return None if row is None else row[0]
+
+
+def topics_from(db, job_id: str, recipient: str, prefix: str) -> dict[tuple[str, str], bytes]:
+    rows = db.execute(
+        select(Message.sender, Message.topic, Message.body).where(
+            Message.job_id == job_id, Message.recipient == recipient, Message.topic.startswith(prefix))
+    ).all()
+    return {(s, t): b for s, t, b in rows}
+
+
+def has_messages(db, job_id: str, recipient: str, topic: str) -> set[str]:
+    """Senders that have uploaded `topic` to `recipient`."""
+    rows = db.execute(
+        select(Message.sender).where(Message.job_id == job_id, Message.recipient == recipient, Message.topic == topic)
+    ).all()
+    return {r[0] for r in rows}

@@ -1,0 +1,268 @@
+"""The job engine: moves jobs through their phases and runs the coordinator's server steps.
+
+It never keeps a job in memory between steps: every decision is taken from the database (the
+messages uploaded so far and the job row), so a coordinator restarted on the same database picks
+up exactly where it was. The server steps themselves are `xclp.protocol.CoordinatorSession`, the
+same code the in-process simulation runs.
+
+Phases and what ends them (xclp.md, "Dropouts"):
+
+  setup     every live site has announced              → roster to every site
+  seed      every live site has sent its contribution to every other live site
+  counts    every live site has sent masked counts      → total to every site
+  hamming   every live site sent its own distances and both shares of each of its pairs
+            → graph and influence columns, one message per site
+  row_sums  every participant sent masked rows          → sums to every participant; done
+
+A deadline per phase: when it passes, the sites that have not done their part are dropped.
+Before or during hamming a dropped site is removed from the graph; after it, it still shapes the
+graph but adds no labels; in counts and row_sums the phase restarts without it (attempt + 1, so
+every mask is fresh).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from sqlalchemy import select
+
+from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
+from xclp.protocol import CoordinatorSession, JobParams, encode_roster
+from xclp.wire import dump_bundle
+
+log = logging.getLogger("xclp.engine")
+
+PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
+DEFAULT_DEADLINES = {"setup": 600.0, "seed": 120.0, "counts": 120.0, "hamming": 3600.0, "row_sums": 600.0}
+
+
+def job_params(job: Job) -> JobParams:
+    return JobParams(**job.params)
+
+
+def pair_list(order: list[str]) -> list[tuple[str, str]]:
+    return [(a, b) for i, a in enumerate(order) for b in order[i + 1 :]]
+
+
+def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:
+    db.add(Message(job_id=job_id, sender=sender, recipient=recipient, topic=topic, size=len(body), body=body))
+
+
+class JobEngine:
+    """Polls running jobs and advances them; one engine per coordinator process."""
+
+    def __init__(self, sessionmaker, interval: float = 0.2):
+        self.sessionmaker = sessionmaker
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.wakeup = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="xclp-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wakeup.set()
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # keep the engine alive; the job that failed is marked failed below
+                log.exception("engine tick failed")
+            self.wakeup.wait(self.interval)
+            self.wakeup.clear()
+
+    def tick(self) -> None:
+        with self.sessionmaker() as db:
+            ids = db.scalars(select(Job.id).where(Job.status == "running")).all()
+        for job_id in ids:
+            with self.sessionmaker() as db:
+                job = db.get(Job, job_id)
+                try:
+                    changed = advance(db, job)
+                    db.commit()
+                except Exception as exc:
+                    db.rollback()
+                    log.exception("job %s failed in phase %s", job_id, job.phase)
+                    job = db.get(Job, job_id)
+                    fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
+                    db.commit()
+                    changed = True
+            if changed:
+                self.wakeup.set()
+
+
+def fail(job: Job, reason: str) -> None:
+    job.status, job.failure, job.finished_at = "failed", reason, utcnow()
+    log.info(json.dumps({"event": "job_failed", "job": job.id, "reason": reason}))
+
+
+def _next_phase(job: Job, phase: str) -> None:
+    now = utcnow()
+    job.timings = {**job.timings, job.phase: round((now - job.phase_started_at).total_seconds(), 3)}
+    job.attempts = {**job.attempts, job.phase: job.attempt}
+    log.info(json.dumps({"event": "phase", "job": job.id, "from": job.phase, "to": phase, "live": job.live}))
+    job.phase, job.attempt, job.phase_started_at = phase, 0, now
+    if phase == "done":
+        job.status, job.finished_at = "done", now
+
+
+def _drop(job: Job, sites: set[str]) -> None:
+    if not sites:
+        return
+    job.dropped = {**job.dropped, **{s: job.phase for s in sorted(sites)}}
+    job.live = [s for s in job.live if s not in sites]
+    log.info(json.dumps({"event": "dropped", "job": job.id, "phase": job.phase, "sites": sorted(sites)}))
+
+
+def _expired(job: Job) -> bool:
+    limit = float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
+    return (utcnow() - job.phase_started_at).total_seconds() > limit
+
+
+def advance(db, job: Job) -> bool:
+    """Take every step the job's messages allow now. Returns True if anything changed."""
+    handler = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming,
+               "row_sums": _row_sums}[job.phase]
+    changed = False
+    for _ in range(8):  # a phase may complete right after the previous one
+        if job.status != "running":
+            break
+        before = (job.phase, job.attempt, tuple(job.live))
+        handler = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming,
+                   "row_sums": _row_sums}.get(job.phase)
+        if handler is None:
+            break
+        handler(db, job)
+        if len(job.live) < 2 and job.status == "running":
+            fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
+        if (job.phase, job.attempt, tuple(job.live)) == before and job.status == "running":
+            break
+        changed = True
+    return changed or job.status != "running"
+
+
+# --- phases -----------------------------------------------------------------------------------
+
+
+def _setup(db, job: Job) -> None:
+    have = has_messages(db, job.id, COORDINATOR, "announce")
+    missing = set(job.live) - have
+    if missing:
+        if not _expired(job):
+            return
+        _drop(job, missing)  # never announced: as if it had never been in the job
+        if len(job.live) < 2:
+            return
+    order = [s for s in job.sites if s in job.live]
+    roster = encode_roster([message_body(db, job.id, s, COORDINATOR, "announce") for s in order])
+    for s in order:
+        put_message(db, job.id, COORDINATOR, s, "roster", roster)
+    _next_phase(job, "seed")
+
+
+def _seed(db, job: Job) -> None:
+    sent = {}
+    for s in job.live:
+        peers = {r for r in job.live if r != s}
+        got = {m for (m,) in db.execute(select(Message.recipient).where(
+            Message.job_id == job.id, Message.sender == s, Message.topic == "seed")).all()}
+        sent[s] = peers <= got
+    incomplete = {s for s, ok in sent.items() if not ok}
+    if incomplete:
+        if not _expired(job):
+            return
+        _drop(job, incomplete)
+    job.seed_sites = [s for s in job.sites if s in job.live]
+    _next_phase(job, "counts")
+
+
+def _counts(db, job: Job) -> None:
+    topic = f"counts/{job.attempt}"
+    missing = set(job.live) - has_messages(db, job.id, COORDINATOR, topic)
+    if missing:
+        if not _expired(job):
+            return
+        # The sum cannot complete: restart without them, with fresh masks (attempt + 1).
+        _drop(job, missing)
+        job.attempt += 1
+        job.phase_started_at = utcnow()
+        return
+    coord = CoordinatorSession(job_params(job))
+    for s in job.live:
+        coord.receive_counts(s, message_body(db, job.id, s, COORDINATOR, topic))
+    total = coord.counts_total(job.live)
+    for s in job.live:
+        put_message(db, job.id, COORDINATOR, s, f"counts-total/{job.attempt}", total)
+    _next_phase(job, "hamming")
+
+
+def _hamming_missing(db, job: Job) -> set[str]:
+    have_intra = has_messages(db, job.id, COORDINATOR, "intra")
+    missing = set(job.live) - have_intra
+    for a, b in pair_list([s for s in job.sites if s in job.live]):
+        senders = has_messages(db, job.id, COORDINATOR, f"share/{a}/{b}")
+        missing |= {s for s in (a, b) if s not in senders}
+    return missing
+
+
+def _hamming(db, job: Job) -> None:
+    missing = _hamming_missing(db, job)
+    if missing:
+        if not _expired(job):
+            return
+        # Gone before or during SecureHamming: removed from the graph, as if never there.
+        _drop(job, missing)
+        if len(job.live) < 2:
+            return
+    t0 = time.perf_counter()
+    order = [s for s in job.sites if s in job.live]
+    coord = CoordinatorSession(job_params(job))
+    for s in order:
+        coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
+    for s in order:
+        coord.receive_intra(s, message_body(db, job.id, s, COORDINATOR, "intra"))
+    for a, b in pair_list(order):
+        coord.receive_pair(a, b, message_body(db, job.id, a, COORDINATOR, f"share/{a}/{b}"),
+                           message_body(db, job.id, b, COORDINATOR, f"share/{a}/{b}"))
+    W = coord.build_graph(order)
+    coord.compute_influence(W)
+    for s in order:
+        layout, cols = coord.influence_message(s)
+        put_message(db, job.id, COORDINATOR, s, "influence", dump_bundle({"layout": layout, "columns": cols}))
+    job.graph_sites = order
+    job.timings = {**job.timings, "graph_and_influence": round(time.perf_counter() - t0, 3)}
+    _next_phase(job, "row_sums")
+
+
+def _row_sums(db, job: Job) -> None:
+    topic = f"rows/{job.attempt}"
+    missing = set(job.live) - has_messages(db, job.id, COORDINATOR, topic)
+    if missing:
+        if not _expired(job):
+            return
+        # Inside SecureRowSums the sum cannot complete: restart without them, fresh masks.
+        _drop(job, missing)
+        job.attempt += 1
+        job.phase_started_at = utcnow()
+        return
+    coord = CoordinatorSession(job_params(job))
+    for s in job.graph_sites:
+        coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
+    from xclp.protocol import Layout
+
+    coord.layout = Layout(sites=list(job.graph_sites), sizes=[coord.roster[s].n for s in job.graph_sites])
+    coord.start_row_sums()
+    for s in job.live:
+        coord.receive_row_sums(s, message_body(db, job.id, s, COORDINATOR, topic))
+    for s, body in coord.row_sums_for(list(job.live)).items():
+        put_message(db, job.id, COORDINATOR, s, f"sums/{job.attempt}", body)
+    _next_phase(job, "done")

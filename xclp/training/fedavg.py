@@ -1,0 +1,354 @@
+"""FedAvg with pseudo-labels: FedAvg+XCLP (XCLP paper, Algorithm 2) and its baselines.
+
+```
+θ ← init (optionally S rounds of FedAvg on labelled data only: "stage 1")
+for round t = 1..T:
+    P ← τ·m sites, labelled and unlabelled sites in proportion (always ≥ 1 labelled)   configure_train
+    each j ∈ P: V^(j) ← φ(X^(j))
+    (ŷ, ω) ← pseudo-labeller over P             XCLP (run_xclp on the embeddings) / per-site LP / network
+    each j ∈ P: θ^(j) ← ClientUpdate(X^(j), ŷ^(j), ω^(j); θ)
+    θ ← ServerUpdate(θ^(j))                     plain (or size-weighted) average        aggregate_train
+```
+
+ClientUpdate: E epochs of SGD (momentum 0.9, weight decay 2e-4) on mean_i ω_i · c_w[ŷ_i] · CE_i
+over batches of |B_L| = min(50, #labels at the site) labelled points and |B_U| = |B_L| pseudo-labelled
+points. One epoch = ceil(n_j / |B_L|) steps for every algorithm, so that all methods get the same
+number of SGD steps (the labelled-only baseline cycles its labels). Learning rate cosine-annealed
+from `lr` to 0 at round `cosine_rounds` (default: the last round).
+
+Algorithms: "fedavg" (labelled only; samples labelled sites only), "fedavg-xclp",
+"fedavg-per-site-lp" (label spreading on each site's own embeddings), "fedavg-network" (the model's
+own argmax, confidence = 1 − entropy / log C, scaled by its maximum).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from xclp.baselines import label_spreading
+from xclp.data import UNLABELLED, make_dataset
+from xclp.propagation import class_weights, predict_from_scores
+from xclp.protocol import JobParams
+from xclp.simulation import run_xclp
+from xclp.training.models import build_network, embed_array, predict_proba_array, weighted_cross_entropy
+
+FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
+MAX_LABELLED_BATCH = 50
+
+
+@dataclass
+class Site:
+    """One site's private data: features, training labels (−1 = unlabelled) and, for scoring only, truth."""
+
+    name: str
+    X: np.ndarray
+    y: np.ndarray
+    y_true: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_labelled(self) -> int:
+        return int((self.y >= 0).sum())
+
+
+@dataclass
+class FedAvgConfig:
+    algorithm: str = "fedavg-xclp"
+    rounds: int = 10
+    sites_per_round: int = 5
+    local_epochs: int = 5
+    model: str = "mlp"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 2e-4
+    cosine_rounds: int | None = None  # round at which the lr reaches 0 (default: the last round)
+    warmup_rounds: int = 0  # stage 1: labelled-only FedAvg rounds before the main loop
+    refresh: int = 1  # recompute pseudo-labels every R rounds (1 = the paper); else reuse a site's last
+    aggregate: str = "mean"  # "mean" (the paper) or "weighted" (by site size)
+    max_labelled_batch: int = MAX_LABELLED_BATCH
+    # XCLP / label spreading
+    bits: int = 1024
+    k: int = 10
+    alpha: float = 0.99
+    crypto: str = "plaintext"
+    key_bits: int = 2048
+    seed: int = 0
+    eval_every: int = 1
+
+    def validate(self) -> FedAvgConfig:
+        if self.algorithm not in FEDAVG_ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {FEDAVG_ALGORITHMS}, got {self.algorithm!r}")
+        if self.model not in ("mlp", "cnn"):
+            raise ValueError(f"FedAvg trains a torch network: model must be 'mlp' or 'cnn', got {self.model!r}")
+        for name in ("rounds", "sites_per_round", "local_epochs", "refresh", "eval_every", "max_labelled_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.warmup_rounds < 0:
+            raise ValueError(f"warmup_rounds must be ≥ 0, got {self.warmup_rounds}")
+        if self.aggregate not in ("mean", "weighted"):
+            raise ValueError(f"aggregate must be 'mean' or 'weighted', got {self.aggregate!r}")
+        if self.algorithm == "fedavg-xclp" and self.sites_per_round < 2:
+            raise ValueError("fedavg-xclp needs at least 2 sites per round (XCLP is a protocol between sites)")
+        return self
+
+
+# --- the server's side: sampling and averaging -----------------------------------------------------
+
+def sample_sites(labelled: list[str], unlabelled: list[str], n: int, rng: np.random.Generator) -> list[str]:
+    """τ·m sites, labelled and unlabelled in proportion to their numbers, always at least one labelled.
+
+    n_L = clip(round(n · m_L / m), 1, m_L); n_U = min(n − n_L, m_U); any shortfall of one kind is
+    filled with the other. Returned in the sites' own order.
+    """
+    if not labelled:
+        raise ValueError("no site holds labels: nothing to propagate from")
+    m_l, m_u = len(labelled), len(unlabelled)
+    n = min(n, m_l + m_u)
+    n_l = int(min(max(round(n * m_l / (m_l + m_u)), 1), m_l))
+    n_u = min(n - n_l, m_u)
+    n_l = min(n - n_u, m_l)
+    pick = [labelled[i] for i in rng.choice(m_l, n_l, replace=False)]
+    pick += [unlabelled[i] for i in rng.choice(m_u, n_u, replace=False)] if n_u else []
+    order = {s: i for i, s in enumerate(labelled + unlabelled)}
+    return sorted(pick, key=order.__getitem__)
+
+
+def average_states(states: list[dict], weights: list[float] | None = None) -> dict:
+    """Σ_j w_j θ^(j) / Σ_j w_j, entry by entry (plain mean when no weights)."""
+    w = np.ones(len(states)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    out = {}
+    for key in states[0]:
+        out[key] = sum(float(wj) * s[key].double() for wj, s in zip(w, states)).to(states[0][key].dtype)
+    return out
+
+
+class FedAvgStrategy:
+    """Flower-style strategy: which sites train in a round, and how their models are combined."""
+
+    def __init__(self, sites: list[Site], sites_per_round: int, aggregate: str = "mean", labelled_only: bool = False):
+        self.labelled = [s.name for s in sites if s.n_labelled > 0]
+        self.unlabelled = [] if labelled_only else [s.name for s in sites if s.n_labelled == 0]
+        self.sites_per_round, self.aggregate = sites_per_round, aggregate
+
+    def configure_train(self, rnd: int, rng: np.random.Generator) -> list[str]:
+        return sample_sites(self.labelled, self.unlabelled, self.sites_per_round, rng)
+
+    def aggregate_train(self, results: list[tuple[dict, int]]) -> dict:
+        states = [s for s, _ in results]
+        return average_states(states, [n for _, n in results] if self.aggregate == "weighted" else None)
+
+
+# --- pseudo-labellers --------------------------------------------------------------------------------
+
+@dataclass
+class PseudoLabels:
+    labels: np.ndarray  # (n_j,) −1 where no label reaches
+    weights: np.ndarray  # (n_j,) ω; 1 on labelled points
+
+
+def labelled_only(site: Site) -> PseudoLabels:
+    return PseudoLabels(site.y.copy(), (site.y >= 0).astype(np.float64))
+
+
+class XCLPLabeller:
+    """XCLP over the sampled sites' embeddings: run_xclp on a Dataset of φ(X^(j)), j ∈ P."""
+
+    def __init__(self, n_classes: int, bits: int, k: int, alpha: float, crypto: str, key_bits: int, seed: int):
+        self.n_classes, self.bits, self.k, self.alpha = n_classes, bits, k, alpha
+        self.crypto, self.key_bits, self.seed = crypto, key_bits, seed
+        self.last_bytes = 0
+
+    def __call__(self, model, sites: list[Site], rnd: int) -> dict[str, PseudoLabels]:
+        V = [embed_array(model, s.X) for s in sites]
+        ds = make_dataset(np.concatenate(V), np.concatenate([s.y for s in sites]),
+                          np.concatenate([np.full(s.n, s.name) for s in sites]), n_classes=self.n_classes)
+        params = JobParams(job_id=f"fedavg-round{rnd}", n_classes=self.n_classes, bits=self.bits, k=self.k,
+                           alpha=self.alpha, crypto=self.crypto, key_bits=self.key_bits).validate()
+        res = run_xclp(ds, params, seed=self.seed * 100_003 + rnd)
+        self.last_bytes = int(res.bytes["total"])
+        out = {}
+        for s in sites:
+            m = ds.site == s.name
+            out[s.name] = PseudoLabels(res.labels[m], res.confidence[m])
+        return out
+
+
+class PerSiteLPLabeller:
+    """Each sampled site propagates alone on a graph of its own embeddings (exact cosine)."""
+
+    def __init__(self, n_classes: int, k: int, alpha: float):
+        self.n_classes, self.k, self.alpha = n_classes, k, alpha
+        self.last_bytes = 0
+
+    def __call__(self, model, sites: list[Site], rnd: int) -> dict[str, PseudoLabels]:
+        out = {}
+        for s in sites:
+            p = label_spreading(embed_array(model, s.X), s.y, self.n_classes, k=self.k, alpha=self.alpha)
+            out[s.name] = PseudoLabels(p.labels, p.confidence)
+        return out
+
+
+class NetworkLabeller:
+    """The current model's own argmax; confidence 1 − entropy / log C scaled by the site's maximum."""
+
+    last_bytes = 0
+
+    def __call__(self, model, sites: list[Site], rnd: int) -> dict[str, PseudoLabels]:
+        out = {}
+        for s in sites:
+            p = predict_from_scores(predict_proba_array(model, s.X), s.y)
+            out[s.name] = PseudoLabels(p.labels, p.confidence)
+        return out
+
+
+# --- the client's side -------------------------------------------------------------------------------
+
+def client_update(model: torch.nn.Module, site: Site, pl: PseudoLabels, n_classes: int, epochs: int, lr: float,
+                  momentum: float, weight_decay: float, rng: np.random.Generator,
+                  max_labelled_batch: int = MAX_LABELLED_BATCH, use_pseudo: bool = True) -> tuple[dict, int] | None:
+    """E local epochs of SGD from θ on the confidence- and class-weighted loss; None if nothing to learn."""
+    lab = np.flatnonzero(site.y >= 0)
+    unl = np.flatnonzero((site.y < 0) & (pl.labels >= 0) & (pl.weights > 0)) if use_pseudo else np.zeros(0, int)
+    if lab.size == 0 and unl.size == 0:
+        return None
+    b_l = min(max_labelled_batch, lab.size) if lab.size else 0
+    b_u = (b_l if b_l else min(max_labelled_batch, unl.size)) if unl.size else 0
+    step_batch = b_l or b_u
+    steps = epochs * math.ceil(site.n / step_batch)
+    used = np.concatenate([lab, unl])
+    cw = torch.as_tensor(class_weights(pl.labels[used], n_classes), dtype=torch.float32)
+    X = torch.as_tensor(site.X, dtype=torch.float32)
+    targets = torch.as_tensor(np.where(pl.labels >= 0, pl.labels, 0), dtype=torch.int64)
+    w = torch.as_tensor(pl.weights, dtype=torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=True)
+    model.train()
+    lab_order, unl_order = _Cycler(lab, rng), _Cycler(unl, rng)
+    for _ in range(steps):
+        idx = np.concatenate([lab_order.take(b_l), unl_order.take(b_u)])
+        loss = weighted_cross_entropy(model(X[idx]), targets[idx], w[idx], cw)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, site.n
+
+
+class _Cycler:
+    """Batches without replacement through a shuffled index list, reshuffled at the end of each pass."""
+
+    def __init__(self, idx: np.ndarray, rng: np.random.Generator):
+        self.idx, self.rng, self.order, self.at = idx, rng, rng.permutation(idx), 0
+
+    def take(self, n: int) -> np.ndarray:
+        out = []
+        while n > 0 and self.idx.size:
+            if self.at >= self.order.size:
+                self.order, self.at = self.rng.permutation(self.idx), 0
+            part = self.order[self.at:self.at + n]
+            self.at += part.size
+            n -= part.size
+            out.append(part)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+# --- the loop ------------------------------------------------------------------------------------------
+
+def accuracy(model: torch.nn.Module, X: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(predict_proba_array(model, X).argmax(axis=1) == y))
+
+
+def n_parameters(model: torch.nn.Module) -> int:
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+def run_fedavg(sites: list[Site], test: tuple[np.ndarray, np.ndarray], n_classes: int, config: FedAvgConfig,
+               progress: Callable[[str], None] | None = None) -> dict:
+    """FedAvg (+ pseudo-labels) over the sites; accuracy of the global model on `test` per round."""
+    cfg = config.validate()
+    say = progress or (lambda _m: None)
+    rng = np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    by_name = {s.name: s for s in sites}
+    model = build_network(cfg.model, sites[0].X.shape[1], n_classes, seed=cfg.seed)
+    labeller = {
+        "fedavg": None,
+        "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed),
+        "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
+        "fedavg-network": NetworkLabeller(),
+    }[cfg.algorithm]
+    main = FedAvgStrategy(sites, cfg.sites_per_round, cfg.aggregate, labelled_only=labeller is None)
+    stage1 = FedAvgStrategy(sites, cfg.sites_per_round, cfg.aggregate, labelled_only=True)
+    total = cfg.warmup_rounds + cfg.rounds
+    cos_t = cfg.cosine_rounds or total
+    n_params = n_parameters(model)
+    cache: dict[str, PseudoLabels] = {}
+    history = []
+    comm = {"model_bytes": 0, "xclp_bytes": 0}
+    for t in range(1, total + 1):
+        t0 = time.perf_counter()
+        warm = t <= cfg.warmup_rounds
+        strategy = stage1 if warm else main
+        chosen = strategy.configure_train(t, rng)
+        lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * min(t - 1, cos_t) / cos_t))
+        if warm or labeller is None:
+            pls = {s: labelled_only(by_name[s]) for s in chosen}
+        else:
+            main_t = t - cfg.warmup_rounds
+            refresh = (main_t - 1) % cfg.refresh == 0 or any(s not in cache for s in chosen)
+            if refresh:
+                fresh = labeller(model, [by_name[s] for s in chosen], t)
+                comm["xclp_bytes"] += labeller.last_bytes
+                for s, pl in fresh.items():
+                    if (main_t - 1) % cfg.refresh == 0 or s not in cache:
+                        cache[s] = pl
+            pls = {s: cache[s] for s in chosen}
+        results = []
+        global_state = copy.deepcopy(model.state_dict())
+        for s in chosen:
+            model.load_state_dict(global_state)
+            r = client_update(model, by_name[s], pls[s], n_classes, cfg.local_epochs, lr, cfg.momentum,
+                              cfg.weight_decay, rng, cfg.max_labelled_batch)
+            comm["model_bytes"] += 4 * n_params * (2 if r is not None else 1)
+            if r is not None:
+                results.append(r)
+        model.load_state_dict(strategy.aggregate_train(results) if results else global_state)
+        row = {"round": t, "stage": 1 if warm else 2, "sites": chosen, "lr": lr,
+               "pseudo_label_accuracy": _pseudo_accuracy([by_name[s] for s in chosen], pls)}
+        if t % cfg.eval_every == 0 or t == total:
+            row["accuracy"] = accuracy(model, *test)
+        row["seconds"] = time.perf_counter() - t0
+        history.append(row)
+        say(f"round {t}/{total}{' (stage 1)' if warm else ''}: acc {row.get('accuracy', float('nan')):.4f} "
+            f"pseudo {row['pseudo_label_accuracy']:.4f}  {row['seconds']:.1f}s")
+    return {
+        "algorithm": cfg.algorithm,
+        "final_accuracy": history[-1]["accuracy"],
+        "history": history,
+        "communication_bytes": {"total": comm["model_bytes"] + comm["xclp_bytes"], **comm,
+                                "per_round_model_bytes": 8 * n_params * cfg.sites_per_round,
+                                "n_parameters": n_params},
+        "model": model,
+    }
+
+
+def _pseudo_accuracy(sites: list[Site], pls: dict[str, PseudoLabels]) -> float:
+    """Accuracy of the pseudo-labels used for training (unlabelled points with ω > 0 and known truth)."""
+    hit = tot = 0
+    for s in sites:
+        if s.y_true is None or s.name not in pls:
+            continue
+        pl = pls[s.name]
+        m = (s.y == UNLABELLED) & (pl.labels >= 0) & (pl.weights > 0) & (s.y_true >= 0)
+        hit += int((pl.labels[m] == s.y_true[m]).sum())
+        tot += int(m.sum())
+    return hit / tot if tot else float("nan")

@@ -1,0 +1,236 @@
+"""Models for the training loops: torch networks θ = (φ, ψ) and a registry of per-site learners.
+
+- `MLP` and `SmallCNN` split into a feature extractor φ (`embed(x)`, the d-dimensional embedding that
+  XCLP builds its graph on) and a classifier head ψ (`head`); `forward(x) = head(embed(x))`.
+- `TorchClassifier` wraps either network in the scikit-learn shape (fit / partial_fit / predict /
+  predict_proba) for FedCT, where a site may run any learner.
+- `make_learner(name, ...)` builds "tree", "forest", "boosting", "logreg", "mlp" or "cnn";
+  `accepts_sample_weight(learner)` says whether its fit takes `sample_weight` (the loops pass the
+  XCLP confidences only to those that do).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
+TORCH_LEARNERS = ("mlp", "cnn")
+
+
+def image_side(n_features: int) -> int:
+    """Side of a square single-channel image with `n_features` pixels (28 for 784, 8 for 64)."""
+    side = int(round(math.sqrt(n_features)))
+    if side * side != n_features:
+        raise ValueError(f"the CNN needs square images; {n_features} features is not a square")
+    return side
+
+
+class MLP(nn.Module):
+    """in → hidden (ReLU) → embedding (ReLU) = φ; embedding → classes = ψ."""
+
+    def __init__(self, n_features: int, n_classes: int, hidden: int = 256, embed_dim: int = 128):
+        super().__init__()
+        self.n_features, self.n_classes, self.embed_dim = n_features, n_classes, embed_dim
+        self.features = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, embed_dim), nn.ReLU())
+        self.head = nn.Linear(embed_dim, n_classes)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+class SmallCNN(nn.Module):
+    """Two conv–pool blocks and a dense embedding layer = φ; a linear head = ψ.
+
+    Takes flat rows of a square single-channel image (28×28 Fashion-MNIST / MNIST, 8×8 digits).
+    """
+
+    def __init__(self, n_features: int, n_classes: int, embed_dim: int = 128, width: int = 32):
+        super().__init__()
+        self.side = image_side(n_features)
+        self.n_features, self.n_classes, self.embed_dim = n_features, n_classes, embed_dim
+        self.conv = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        flat = 2 * width * (self.side // 4) ** 2
+        self.dense = nn.Sequential(nn.Flatten(), nn.Linear(flat, embed_dim), nn.ReLU())
+        self.head = nn.Linear(embed_dim, n_classes)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.conv(x.reshape(-1, 1, self.side, self.side)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+def build_network(arch: str, n_features: int, n_classes: int, seed: int = 0, **kw) -> nn.Module:
+    """A freshly initialised network; the seed fixes the initial weights."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        if arch == "mlp":
+            return MLP(n_features, n_classes, **kw)
+        if arch == "cnn":
+            return SmallCNN(n_features, n_classes, **kw)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    raise ValueError(f"unknown network {arch!r}; choose 'mlp' or 'cnn'")
+
+
+@torch.no_grad()
+def embed_array(model: nn.Module, X: np.ndarray, batch: int = 4096) -> np.ndarray:
+    """φ(X) as a float64 array (n × d), in eval mode."""
+    model.eval()
+    out = [model.embed(torch.as_tensor(X[s:s + batch], dtype=torch.float32)).numpy() for s in range(0, len(X), batch)]
+    return np.concatenate(out).astype(np.float64) if out else np.zeros((0, model.embed_dim))
+
+
+@torch.no_grad()
+def predict_proba_array(model: nn.Module, X: np.ndarray, batch: int = 4096) -> np.ndarray:
+    model.eval()
+    out = [F.softmax(model(torch.as_tensor(X[s:s + batch], dtype=torch.float32)), dim=1).numpy()
+           for s in range(0, len(X), batch)]
+    return np.concatenate(out).astype(np.float64) if out else np.zeros((0, model.n_classes))
+
+
+def weighted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, point_weights: torch.Tensor,
+                           class_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """mean_i ω_i · c_w[y_i] · CE(logits_i, y_i)  (the XCLP paper's confidence-weighted loss)."""
+    per = F.cross_entropy(logits, targets, reduction="none") * point_weights
+    if class_weights is not None:
+        per = per * class_weights[targets]
+    return per.mean()
+
+
+# --- scikit-learn style learners -----------------------------------------------------------------
+
+class TorchClassifier:
+    """A torch network as a scikit-learn style learner (FedCT's iterative local learner).
+
+    `fit` trains `epochs` passes from the current weights when `warm_start` (FedCT: iterative
+    learners continue), else from a fresh initialisation; `partial_fit(..., steps=b)` runs b
+    optimiser steps. Parameters follow FedCT: Adam, lr 1e-3, batch 64.
+    """
+
+    def __init__(self, arch: str = "mlp", n_features: int = 784, n_classes: int = 10, lr: float = 1e-3,
+                 batch_size: int = 64, epochs: int = 1, weight_decay: float = 0.0, warm_start: bool = True,
+                 seed: int = 0, **net_kw):
+        self.arch, self.n_features, self.n_classes = arch, n_features, n_classes
+        self.lr, self.batch_size, self.epochs, self.weight_decay = lr, batch_size, epochs, weight_decay
+        self.warm_start, self.seed, self.net_kw = warm_start, seed, net_kw
+        self.model_ = None
+        self.optimizer_ = None
+        self.rng_ = np.random.default_rng(seed)
+        self.classes_ = np.arange(n_classes)
+
+    def _init(self) -> None:
+        self.model_ = build_network(self.arch, self.n_features, self.n_classes, self.seed, **self.net_kw)
+        self.optimizer_ = torch.optim.Adam(self.model_.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    def partial_fit(self, X, y, sample_weight=None, steps: int = 1) -> TorchClassifier:
+        if self.model_ is None:
+            self._init()
+        X = np.asarray(X, dtype=np.float32)
+        y = np.asarray(y, dtype=np.int64)
+        w = np.ones(len(y), dtype=np.float32) if sample_weight is None else np.asarray(sample_weight, dtype=np.float32)
+        if len(y) == 0:
+            return self
+        self.model_.train()
+        for _ in range(steps):
+            idx = self.rng_.choice(len(y), size=min(self.batch_size, len(y)), replace=False)
+            loss = weighted_cross_entropy(self.model_(torch.from_numpy(X[idx])), torch.from_numpy(y[idx]),
+                                          torch.from_numpy(w[idx]))
+            self.optimizer_.zero_grad()
+            loss.backward()
+            self.optimizer_.step()
+        return self
+
+    def fit(self, X, y, sample_weight=None) -> TorchClassifier:
+        if self.model_ is None or not self.warm_start:
+            self._init()
+        steps = self.epochs * max(1, math.ceil(len(y) / self.batch_size))
+        return self.partial_fit(X, y, sample_weight, steps)
+
+    def predict_proba(self, X) -> np.ndarray:
+        if self.model_ is None:
+            raise RuntimeError("predict before fit")
+        return predict_proba_array(self.model_, np.asarray(X, dtype=np.float32))
+
+    def predict(self, X) -> np.ndarray:
+        return self.predict_proba(X).argmax(axis=1)
+
+    def n_parameters(self) -> int:
+        if self.model_ is None:
+            self._init()
+        return sum(p.numel() for p in self.model_.parameters())
+
+
+class SklearnLearner:
+    """A scikit-learn classifier that also copes with a training set of a single class.
+
+    (LogisticRegression and gradient boosting refuse one class; a site with few labels can have one.)
+    """
+
+    def __init__(self, estimator):
+        self.estimator = estimator
+        self.constant_ = None
+
+    def fit(self, X, y, sample_weight=None) -> SklearnLearner:
+        y = np.asarray(y)
+        if np.unique(y).size < 2:
+            self.constant_ = int(y[0]) if y.size else 0
+            return self
+        self.constant_ = None
+        if sample_weight is not None and accepts_sample_weight(self.estimator):
+            self.estimator.fit(X, y, sample_weight=sample_weight)
+        else:
+            self.estimator.fit(X, y)
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        if self.constant_ is not None:
+            return np.full(len(X), self.constant_, dtype=np.int64)
+        return self.estimator.predict(X).astype(np.int64)
+
+
+def accepts_sample_weight(learner) -> bool:
+    """Whether the learner's fit takes per-sample weights (the XCLP confidences)."""
+    from sklearn.utils.validation import has_fit_parameter
+
+    if isinstance(learner, (TorchClassifier,)):
+        return True
+    if isinstance(learner, SklearnLearner):
+        return accepts_sample_weight(learner.estimator)
+    return has_fit_parameter(learner, "sample_weight")
+
+
+def make_learner(name: str, n_features: int, n_classes: int, seed: int = 0, **kw):
+    """A fresh learner by name: tree, forest, boosting, logreg (scikit-learn), mlp, cnn (torch)."""
+    if name in TORCH_LEARNERS:
+        return TorchClassifier(name, n_features, n_classes, seed=seed, **kw)
+    if name == "tree":
+        from sklearn.tree import DecisionTreeClassifier
+
+        return SklearnLearner(DecisionTreeClassifier(random_state=seed, **kw))
+    if name == "forest":
+        from sklearn.ensemble import RandomForestClassifier
+
+        return SklearnLearner(RandomForestClassifier(n_estimators=kw.pop("n_estimators", 100), random_state=seed,
+                                                     n_jobs=kw.pop("n_jobs", 1), **kw))
+    if name == "boosting":
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        return SklearnLearner(HistGradientBoostingClassifier(max_iter=kw.pop("max_iter", 100), random_state=seed, **kw))
+    if name == "logreg":
+        from sklearn.linear_model import LogisticRegression
+
+        return SklearnLearner(LogisticRegression(max_iter=kw.pop("max_iter", 200), **kw))
+    raise ValueError(f"unknown learner {name!r}; choose one of {LEARNERS}")
