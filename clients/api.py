@@ -37,7 +37,7 @@ class CoordinatorClient:
         for attempt in range(self.retries + 1):
             try:
                 r = self.http.request(method, path, **kw)
-            except (httpx.TransportError,) as exc:
+            except httpx.TransportError as exc:
                 if attempt == self.retries:
                     raise ApiError(503, f"coordinator unreachable at {self.url}: {exc}") from exc
                 log.debug("retrying %s %s after %s", method, path, exc)

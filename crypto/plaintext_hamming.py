@@ -12,7 +12,6 @@ import numpy as np
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits, plaintext_hamming
 
-
 START = b"\x01"
 
 
