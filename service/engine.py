@@ -206,12 +206,20 @@ def _counts(db, job: Job) -> None:
 
 
 def _hamming_missing(db, job: Job) -> set[str]:
-    have_intra = has_messages(db, job.id, COORDINATOR, "intra")
-    missing = set(job.live) - have_intra
-    for a, b in pair_list([s for s in job.sites if s in job.live]):
-        senders = has_messages(db, job.id, COORDINATOR, f"share/{a}/{b}")
-        missing |= {s for s in (a, b) if s not in senders}
-    return missing
+    """The sites to remove so that every remaining site sent its distances and every remaining
+    pair both shares. A pair is incomplete if either share is missing (a site that vanished leaves
+    its peers waiting too), so blame goes greedily to the site with the most incomplete pairs."""
+    order = [s for s in job.sites if s in job.live]
+    missing = set(order) - has_messages(db, job.id, COORDINATOR, "intra")
+    incomplete = {(a, b) for a, b in pair_list(order)
+                  if has_messages(db, job.id, COORDINATOR, f"share/{a}/{b}") != {a, b}}
+    while True:
+        open_pairs = [(a, b) for a, b in incomplete if a not in missing and b not in missing]
+        if not open_pairs:
+            return missing
+        degree = {s: sum(s in p for p in open_pairs) for s in order if s not in missing}
+        # most incomplete pairs first; among equals, the later site in the roster
+        missing.add(max(degree, key=lambda s: (degree[s], order.index(s))))
 
 
 def _hamming(db, job: Job) -> None:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for p in (ROOT, ROOT / "tests"):  # the project, and tests/svc.py (helpers shared by service tests)
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 

@@ -233,6 +233,8 @@ class SiteSession:
         self._influence: np.ndarray | None = None
         self._kept: np.ndarray | None = None  # this site's own masked rows, kept at home
         self.result: Prediction | None = None
+        self._hamming: HammingProtocol | None = None
+        self._paillier_keys = None
 
     @property
     def labelled_rows(self) -> np.ndarray:
@@ -335,10 +337,20 @@ class SiteSession:
 
     def hamming_party(self, peer: str) -> ChannelParty:
         """Our side of the pair protocol with `peer`: A if we come first in the roster, else B."""
-        proto = hamming_protocol(self.params)
+        if self._hamming is None:
+            self._hamming = hamming_protocol(self.params)  # one object per job: it caches key tables
+        proto = self._hamming
         b = self.hash()
         first = self.order.index(self.site) < self.order.index(peer)
-        party = proto.party_a(b, self.params.bits) if first else proto.party_b(b, self.params.bits)
+        if first and self.params.crypto.startswith("paillier"):
+            # One Paillier key per site and job (generating one costs seconds), reused for every pair.
+            if self._paillier_keys is None:
+                from phe import paillier
+
+                self._paillier_keys = paillier.generate_paillier_keypair(n_length=self.params.key_bits)
+            party = proto.party_a(b, self.params.bits, keypair=self._paillier_keys)
+        else:
+            party = proto.party_a(b, self.params.bits) if first else proto.party_b(b, self.params.bits)
         return ChannelParty(party, self.channels[peer], "hamming")
 
     # --- row sums --------------------------------------------------------------------------------

@@ -64,8 +64,20 @@ def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
 
 
 def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
-             progress: Callable[[str], None] | None = None) -> SimulationResult:
-    """One XCLP job over the data set's sites, in one process, with `params.crypto`."""
+             progress: Callable[[str], None] | None = None,
+             contributions: dict[str, bytes] | None = None,
+             drops: dict[str, str] | None = None) -> SimulationResult:
+    """One XCLP job over the data set's sites, in one process, with `params.crypto`.
+
+    `drops` simulates sites that vanish, with the outcomes the service gives (xclp.md, Dropouts):
+    {site: "hamming"} — gone during SecureHamming: removed from the graph (it took part in the seed
+    and the label counts); {site: "row_sums"} — gone inside SecureRowSums: it shapes the graph but
+    adds no labels, and the sums restart without it with fresh masks (attempt 1). A dropped site
+    gets no labels (−1, confidence 0).
+
+    The sites' seed contributions derive from `seed` (reproducible simulations), unless given in
+    `contributions` (e.g. those of real agents, to replay a service job in process).
+    """
     say = progress or (lambda _msg: None)
     meter = ByteMeter()
     timings: dict[str, float] = {}
@@ -82,7 +94,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     if len(sites) < 2:
         raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.LabelSpreadingXCLP")
     sessions = {
-        s: SiteSession(params, s, ds.X[idx], ds.y[idx], contribution=simulation_contribution(seed, s))
+        s: SiteSession(params, s, ds.X[idx], ds.y[idx],
+                       contribution=(contributions or {}).get(s) or simulation_contribution(seed, s))
         for s, idx in rows.items()
     }
     coord = CoordinatorSession(params)
@@ -120,10 +133,17 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
             sess.hash()
     lap("lsh")
 
-    pairs = coord.pairs()
+    drops = dict(drops or {})
+    bad = {s: p for s, p in drops.items() if s not in sites or p not in ("hamming", "row_sums")}
+    if bad:
+        raise ValueError(f"drops must name sites of the data set and the phase hamming or row_sums, got {bad}")
+    graph_sites = [s for s in sites if drops.get(s) != "hamming"]
+    if len(graph_sites) < 2:
+        raise ValueError("fewer than two sites left after the dropouts")
+    pairs = coord.pairs(graph_sites)
     say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
-    for s, sess in sessions.items():
-        coord.receive_intra(s, meter.add(s, "hamming", sess.intra_message()))
+    for s in graph_sites:
+        coord.receive_intra(s, meter.add(s, "hamming", sessions[s].intra_message()))
     for a, b in pairs:
         t = PairTranscript()
         share_a, share_b = exchange(sessions[a].hamming_party(b), sessions[b].hamming_party(a), t)
@@ -133,7 +153,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     lap("hamming")
 
     say("graph: kNN graph")
-    W = coord.build_graph(sites)
+    W = coord.build_graph(graph_sites)
     lap("graph")
 
     say("influence: columns of (I − α𝒲)^{-1}")
@@ -141,17 +161,29 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     lap("influence")
 
     say("row sums")
-    coord.start_row_sums()
-    for s, sess in sessions.items():
+    for s in graph_sites:
         layout, cols = coord.influence_message(s)
         meter.add("coordinator", "influence", layout)
         meter.add("coordinator", "influence", cols)
-        sess.receive_influence(layout, cols)
-        coord.receive_row_sums(s, meter.add(s, "row_sums", sess.row_sums_message(sites, attempt=0)))
-    back = coord.row_sums_for(sites)
+        sessions[s].receive_influence(layout, cols)
+    participants, attempt = list(graph_sites), 0
+    coord.start_row_sums()
+    for s in participants:
+        coord.receive_row_sums(s, meter.add(s, "row_sums", sessions[s].row_sums_message(participants, attempt)))
+    if any(drops.get(s) == "row_sums" for s in participants):
+        # The sum cannot complete: restart without the dropped sites, with fresh masks.
+        participants, attempt = [s for s in participants if drops.get(s) != "row_sums"], 1
+        coord.start_row_sums()
+        for s in participants:
+            coord.receive_row_sums(s, meter.add(s, "row_sums", sessions[s].row_sums_message(participants, attempt)))
+    back = coord.row_sums_for(participants)
     predictions = {}
-    for s, sess in sessions.items():
-        predictions[s] = sess.receive_row_sums(meter.add("coordinator", "row_sums", back[s]))
+    for s in participants:
+        predictions[s] = sessions[s].receive_row_sums(meter.add("coordinator", "row_sums", back[s]))
+    for s in sites:
+        if s not in predictions:
+            m = int(rows[s].size)
+            predictions[s] = Prediction(np.full(m, -1), np.zeros(m), np.zeros((m, params.n_classes)))
     lap("row_sums")
     timings["total"] = time.perf_counter() - start
 

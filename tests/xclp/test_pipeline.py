@@ -13,8 +13,10 @@ from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
 
-def dense_xclp_reference(X, y, site, sites, seed_bytes, L, k, alpha, power, C):
-    """Algorithm 1 with the authors' numerics, written densely and independently of xclp.graph."""
+def dense_xclp_reference(X, y, site, sites, seed_bytes, L, k, alpha, power, C, counts=None):
+    """Algorithm 1 with the authors' numerics, written densely and independently of xclp.graph.
+
+    `counts` overrides the global class counts (a site that left after the counts were summed)."""
     n = X.shape[0]
     order = np.concatenate([np.flatnonzero(site == s) for s in sites])  # global order: by site
     Xo, yo = X[order], y[order]
@@ -35,7 +37,7 @@ def dense_xclp_reference(X, y, site, sites, seed_bytes, L, k, alpha, power, C):
     Wn = W / np.sqrt(np.outer(d, d))
     S = np.linalg.inv(np.eye(n) - alpha * Wn)
     lab = yo >= 0
-    counts = np.bincount(yo[lab], minlength=C)
+    counts = np.bincount(yo[lab], minlength=C) if counts is None else counts
     Y = np.zeros((n, C))
     Y[np.flatnonzero(lab), yo[lab]] = 1.0 / counts[yo[lab]]
     Z = np.clip(S @ Y, 0, None)
@@ -46,7 +48,7 @@ def dense_xclp_reference(X, y, site, sites, seed_bytes, L, k, alpha, power, C):
     conf = np.empty(n)
     for s in sites:  # each site scales by the max over its own points
         m = site[order] == s
-        conf[m] = w[m] / w[m].max()
+        conf[m] = w[m] / w[m].max() if w[m].max() > 0 else w[m]
     conf[lab] = 1.0
     out_labels, out_conf = np.empty(n, dtype=int), np.empty(n)
     out_labels[order], out_conf[order] = labels, conf
@@ -177,3 +179,29 @@ def test_cli_with_user_data_and_errors(tmp_path, capsys):
     assert main(["simulate", "predict", "--dataset", "digits", "--sites", "1", "--quiet"]) == 2
     assert main(["simulate", "predict", "--dataset", "digits", "--similarity", "exact", "--crypto", "ot",
                  "--quiet"]) == 2
+
+
+def test_simulated_dropouts_follow_the_spec(small_sites):
+    ds = small_sites
+    params = JobParams(job_id="drop", n_classes=10, bits=128, k=6, alpha=0.95)
+    gone, kept = ds.sites[-1], ds.sites[:-1]
+    seed = derive_seed({s: simulation_contribution(3, s) for s in ds.sites}, ds.sites, "drop")
+    counts = np.bincount(ds.y[ds.y >= 0], minlength=10)  # summed before anyone left
+    keep = ds.site != gone
+
+    def check(result, labels):
+        assert (result.predictions[gone].labels == -1).all()
+        for s in kept:
+            assert np.array_equal(result.predictions[s].labels, labels[ds.site[keep] == s] if labels.size < ds.n
+                                  else labels[ds.site == s]), s
+
+    # gone inside SecureRowSums: its points shape the graph, its labels add nothing
+    y_hidden = np.where(keep, ds.y, -1)
+    ref, _ = dense_xclp_reference(ds.X, y_hidden, ds.site, ds.sites, seed, 128, 6, 0.95, 3.0, 10, counts=counts)
+    check(run_xclp(ds, params, seed=3, drops={gone: "row_sums"}), ref)
+    # gone during SecureHamming: removed from the graph (but in the seed and the counts)
+    ref, _ = dense_xclp_reference(ds.X[keep], ds.y[keep], ds.site[keep], kept, seed, 128, 6, 0.95, 3.0, 10,
+                                  counts=counts)
+    check(run_xclp(ds, params, seed=3, drops={gone: "hamming"}), ref)
+    with pytest.raises(ValueError, match="drops"):
+        run_xclp(ds, params, drops={"nowhere": "hamming"})

@@ -37,7 +37,7 @@ from xclp.data import UNLABELLED, make_dataset
 from xclp.propagation import class_weights, predict_from_scores
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
-from xclp.training.models import build_network, embed_array, predict_proba_array, weighted_cross_entropy
+from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 
 FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 MAX_LABELLED_BATCH = 50
@@ -84,6 +84,7 @@ class FedAvgConfig:
     key_bits: int = 2048
     seed: int = 0
     eval_every: int = 1
+    threads: int | None = 1  # torch intra-op threads (1: small models on a shared machine); None = leave
 
     def validate(self) -> FedAvgConfig:
         if self.algorithm not in FEDAVG_ALGORITHMS:
@@ -275,6 +276,11 @@ def run_fedavg(sites: list[Site], test: tuple[np.ndarray, np.ndarray], n_classes
                progress: Callable[[str], None] | None = None) -> dict:
     """FedAvg (+ pseudo-labels) over the sites; accuracy of the global model on `test` per round."""
     cfg = config.validate()
+    with torch_threads(cfg.threads):
+        return _run_fedavg(sites, test, n_classes, cfg, progress)
+
+
+def _run_fedavg(sites, test, n_classes, cfg: FedAvgConfig, progress) -> dict:
     say = progress or (lambda _m: None)
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -1,0 +1,1 @@
+"""Benchmarks for XCLP (run as modules, e.g. `python -m bench.xclp_core`)."""

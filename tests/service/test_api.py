@@ -1,0 +1,138 @@
+"""Every endpoint refuses bad input with a clear 4xx, stores nothing and loses nothing."""
+
+import numpy as np
+from svc import ADMIN, admin_headers
+
+from crypto.keys import SiteKeyPair
+from xclp.protocol import encode_announce
+from xclp.wire import dump_array
+
+
+def add(client, name):
+    r = client.post("/sites", json={"name": name}, headers=admin_headers())
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def message_count(client):
+    from sqlalchemy import func, select
+
+    from service.db import Message
+
+    with client.app.state.sessionmaker() as db:
+        return db.scalar(select(func.count()).select_from(Message))
+
+
+def test_health_metrics_and_docs(app_client):
+    assert app_client.get("/health").json() == {"status": "ok"}
+    m = app_client.get("/metrics")
+    assert m.status_code == 200 and "xclp_requests_total" in m.text and 'xclp_jobs{status="running"}' in m.text
+    assert "/jobs/{job_id}/messages/{topic}" in app_client.get("/openapi.json").json()["paths"]
+    assert app_client.get("/docs").status_code == 200
+
+
+def test_tokens(app_client):
+    assert app_client.post("/sites", json={"name": "a"}).status_code == 401
+    assert app_client.post("/sites", json={"name": "a"}, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    h = add(app_client, "a")
+    assert app_client.post("/sites", json={"name": "b"}, headers=h).status_code == 403  # a site is no admin
+    assert app_client.get("/work", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert app_client.get("/work", headers=h).json() == {"jobs": [], "done": []}
+    assert app_client.post("/sites", json={"name": "a"}, headers=admin_headers()).status_code == 409
+    for bad in ("", "coordinator", "a b", "x" * 65, "../etc"):
+        r = app_client.post("/sites", json={"name": bad}, headers=admin_headers())
+        assert r.status_code == 422, bad
+
+
+def test_token_is_stored_hashed(app_client):
+    from sqlalchemy import select
+
+    from service.db import Site
+
+    r = app_client.post("/sites", json={"name": "h"}, headers=admin_headers())
+    token = r.json()["token"]
+    with app_client.app.state.sessionmaker() as db:
+        stored = db.scalar(select(Site.token_hash).where(Site.name == "h"))
+    assert token not in stored and len(stored) == 64
+
+
+def test_job_submission_errors(app_client):
+    add(app_client, "a")
+    add(app_client, "b")
+    post = lambda body: app_client.post("/jobs", json=body, headers=admin_headers())  # noqa: E731
+    assert post({"sites": ["a", "zzz"]}).status_code == 404
+    assert "zzz" in post({"sites": ["a", "zzz"]}).json()["detail"]
+    assert post({"sites": ["a"]}).status_code == 422
+    assert post({"sites": ["a", "a"]}).status_code == 422
+    assert post({"sites": ["a", "b"], "crypto": "rot13"}).status_code == 422
+    assert post({"sites": ["a", "b"], "alpha": 1.5}).status_code == 422
+    assert post({"sites": ["a", "b"], "kind": "train"}).status_code == 422
+    assert post({"sites": ["a", "b"], "deadlines": {"lunch": 5}}).status_code == 422
+    assert app_client.get("/jobs", headers=admin_headers()).json() == {"jobs": []}  # nothing stored
+    assert app_client.get("/jobs/nope", headers=admin_headers()).status_code == 404
+
+
+def test_messages_are_checked_before_storing(app_client):
+    ha, hb = add(app_client, "a"), add(app_client, "b")
+    hc = add(app_client, "c")
+    job = app_client.post("/jobs", json={"sites": ["a", "b"], "crypto": "plaintext", "classes": 3},
+                          headers=admin_headers()).json()["job"]
+    url = f"/jobs/{job}/messages"
+    good = encode_announce("a", SiteKeyPair.generate().public_bytes(), 5, np.array([0, 2]))
+    # who: a site outside the job, a missing token, an unknown job
+    assert app_client.put(f"{url}/announce", content=good, headers=hc).status_code == 403
+    assert app_client.put(f"{url}/announce", content=good).status_code == 401
+    assert app_client.put("/jobs/nope/messages/announce", content=good, headers=ha).status_code == 404
+    # what: malformed, misnamed, wrong phase, unknown topic, wrong recipient, oversized
+    assert app_client.put(f"{url}/announce", content=b"garbage", headers=ha).status_code == 422
+    assert app_client.put(f"{url}/announce", content=good, headers=hb).status_code == 422  # names a, sent by b
+    assert app_client.put(f"{url}/counts/0", content=dump_array(np.zeros(3, np.uint64)), headers=ha).status_code == 409
+    assert app_client.put(f"{url}/selfie", content=b"x", headers=ha).status_code == 422
+    assert app_client.put(f"{url}/announce?to=b", content=good, headers=ha).status_code == 422
+    big = app_client.put(f"{url}/announce", content=b"x" * ((1 << 20) + 1), headers=ha)
+    assert big.status_code == 413 and "limit" in big.json()["detail"]
+    assert message_count(app_client) == 0
+    # a good upload is stored once; an identical replay stores nothing; a different one is refused
+    assert app_client.put(f"{url}/announce", content=good, headers=ha).json()["stored"] is True
+    assert app_client.put(f"{url}/announce", content=good, headers=ha).json()["stored"] is False
+    other = encode_announce("a", SiteKeyPair.generate().public_bytes(), 5, np.array([0, 2]))
+    assert app_client.put(f"{url}/announce", content=other, headers=ha).status_code == 409
+    assert message_count(app_client) == 1
+    # reading: only what is addressed to the caller
+    assert app_client.get(f"{url}/roster", headers=ha).status_code == 404  # not yet
+    assert app_client.get(f"{url}/roster", headers=hc).status_code == 403
+    assert app_client.get(f"/jobs/{job}", headers=hc).status_code == 403
+    assert app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == "setup"
+
+
+def test_a_site_reads_only_its_own_messages(app_client):
+    import time
+
+    ha, hb = add(app_client, "a"), add(app_client, "b")
+    hc = add(app_client, "c")
+    job = app_client.post("/jobs", json={"sites": ["a", "b", "c"], "crypto": "plaintext", "classes": 2},
+                          headers=admin_headers()).json()["job"]
+    url = f"/jobs/{job}/messages"
+    for name, h in (("a", ha), ("b", hb), ("c", hc)):
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]))
+        assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
+    for _ in range(100):
+        if app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
+            break
+        time.sleep(0.05)
+    assert app_client.put(f"{url}/seed?to=b", content=b"sealed-for-b", headers=ha).status_code == 200
+    assert app_client.put(f"{url}/seed?to=a", content=b"x", headers=ha).status_code == 422  # not to itself
+    assert app_client.put(f"{url}/seed?to=zz", content=b"x", headers=ha).status_code == 422
+    assert app_client.get(f"{url}/seed?sender=a", headers=hb).content == b"sealed-for-b"
+    assert app_client.get(f"{url}/seed?sender=a", headers=hc).status_code == 404  # addressed to b only
+    assert app_client.get(f"{url}/roster", headers=hc).status_code == 200
+
+
+def test_admin_token_must_be_long_enough(tmp_path):
+    import pytest
+
+    from service.app import Settings, create_app
+
+    with pytest.raises(ValueError, match="admin token"):
+        create_app(Settings(database=f"sqlite:///{tmp_path / 'x.db'}", admin_token="short"))
+    assert len(ADMIN) >= 8

@@ -1,0 +1,219 @@
+"""End to end: a real coordinator process and real agent processes talking HTTP on 127.0.0.1.
+
+Each test checks an outcome the spec fixes: the same labels as the in-process run of the same
+protocol on the same inputs; a coordinator killed with SIGKILL and restarted on the same database
+loses nothing; an agent killed inside SecureHamming is removed from the graph while the others get
+their labels; an agent killed and restarted before that continues with its persisted keys.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from svc import ADMIN
+
+from clients.api import CoordinatorClient
+from clients.demo import free_port, start_agent, start_coordinator, wait_healthy
+from xclp.data import load_arrays
+from xclp.protocol import JobParams
+from xclp.simulation import run_xclp, unlabelled_accuracy
+from xclp.splits import simulate_sites
+
+pytestmark = pytest.mark.slow
+
+
+class Cluster:
+    def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, n_points: int = 450, deadlines=None):
+        self.tmp, self.db_url, self.deadlines = tmp, db_url, deadlines or {}
+        X, y = load_arrays("digits", limit=n_points, seed=7)
+        self.ds = simulate_sites(X, y, n_sites, "dirichlet:1.0", 0.15, seed=7)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.coordinator = None
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.tokens: dict[str, str] = {}
+        self.start_coordinator()
+        self.admin = CoordinatorClient(self.url, ADMIN, retries=20)
+        for s in self.ds.sites:
+            idx = np.flatnonzero(self.ds.site == s)
+            np.savez(tmp / f"{s}.npz", X=self.ds.X[idx], y=self.ds.y[idx])
+            self.tokens[s] = self.admin.add_site(s)["token"]
+
+    def start_coordinator(self):
+        self.coordinator = start_coordinator(self.tmp, self.port, ADMIN, self.db_url, self.deadlines)
+        wait_healthy(self.url, 120)
+
+    def kill_coordinator(self):
+        self.coordinator.send_signal(signal.SIGKILL)
+        self.coordinator.wait()
+
+    def start_agent(self, s):
+        self.agents[s] = start_agent(self.tmp, self.url, s, self.tokens[s], self.tmp / f"{s}.npz", self.out(s))
+
+    def out(self, s) -> Path:
+        return self.tmp / f"out-{s}"
+
+    def signal(self, s, sig):
+        self.agents[s].send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.agents[s].wait()
+
+    def submit(self, crypto="ot", bits=256, **kw) -> str:
+        return self.admin.submit_job(kind="predict", sites=self.ds.sites, crypto=crypto, bits=bits, k=8,
+                                     classes=10, **kw)
+
+    def status(self, job):
+        return self.admin.job(job)
+
+    def wait(self, job, pred, timeout=240, what="condition"):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self.status(job)
+            if pred(st):
+                return st
+            if st["status"] == "failed":
+                raise AssertionError(f"job failed: {st['failure']}\n{self.logs()}")
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}: {self.status(job)}\n{self.logs()}")
+
+    def wait_done(self, job, timeout=300):
+        return self.wait(job, lambda st: st["status"] == "done", timeout, "job done")
+
+    def labels(self, job, s, timeout=60):
+        path = self.out(s) / f"{job}.npz"
+        end = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > end:
+                raise AssertionError(f"no result file for {s}\n{self.logs()}")
+            time.sleep(0.05)
+        return np.load(path)
+
+    def contributions(self, job):
+        return {s: bytes.fromhex(json.loads((self.out(s) / ".agent-state" / f"{job}.json").read_text())["contribution"])
+                for s in self.ds.sites}
+
+    def in_process(self, job, crypto="ot", bits=256, drops=None):
+        params = JobParams(job_id=job, n_classes=10, bits=bits, k=8, crypto=crypto)
+        return run_xclp(self.ds, params, contributions=self.contributions(job), drops=drops)
+
+    def logs(self):
+        out = []
+        for f in sorted(self.tmp.glob("*.log")):
+            out.append(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:])
+        return "\n".join(out)
+
+    def close(self):
+        for p in list(self.agents.values()) + [self.coordinator]:
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path, db_url):
+    made = []
+
+    def make(**kw):
+        c = Cluster(tmp_path, db_url, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_service_job_equals_in_process_run(cluster_factory):
+    c = cluster_factory()
+    for s in c.ds.sites:
+        c.start_agent(s)
+    job = c.submit(crypto="ot")
+    st = c.wait_done(job)
+    assert st["dropped"] == {} and st["live"] == c.ds.sites
+    ref = c.in_process(job)
+    for s in c.ds.sites:
+        got = c.labels(job, s)
+        assert np.array_equal(got["labels"], ref.predictions[s].labels), s
+        assert np.array_equal(got["confidence"], ref.predictions[s].confidence), s
+    labels = np.concatenate([c.labels(job, s)["labels"] for s in c.ds.sites])
+    order = np.concatenate([np.flatnonzero(c.ds.site == s) for s in c.ds.sites])
+    full = np.empty_like(labels)
+    full[order] = labels
+    assert unlabelled_accuracy(c.ds, full) > 0.8
+
+
+def test_coordinator_killed_mid_phase_resumes(cluster_factory):
+    c = cluster_factory()
+    for s in c.ds.sites:
+        c.start_agent(s)
+    last = c.ds.sites[-1]
+    c.signal(last, signal.SIGSTOP)  # hold the job inside a phase: the last site cannot finish it
+    job = c.submit(crypto="ot")
+    st = c.wait(job, lambda st: st["phase"] == "setup" and st["progress"]["received"] == len(c.ds.sites) - 1,
+                what="two announces")
+    c.kill_coordinator()  # SIGKILL in the middle of setup, with uploads stored
+    c.start_coordinator()
+    c.signal(last, signal.SIGCONT)
+    c.wait(job, lambda st: st["phase"] == "hamming", what="hamming")
+    c.signal(last, signal.SIGSTOP)
+    c.kill_coordinator()  # and again in the middle of SecureHamming
+    time.sleep(0.5)
+    c.start_coordinator()
+    c.signal(last, signal.SIGCONT)
+    st = c.wait_done(job)
+    assert st["dropped"] == {}
+    ref = c.in_process(job)
+    for s in c.ds.sites:
+        assert np.array_equal(c.labels(job, s)["labels"], ref.predictions[s].labels), s
+
+
+def test_agent_killed_inside_hamming_is_removed_from_the_graph(cluster_factory):
+    c = cluster_factory(deadlines={"hamming": 8})
+    for s in c.ds.sites:
+        c.start_agent(s)
+    gone = c.ds.sites[-1]
+    c.signal(gone, signal.SIGSTOP)
+    job = c.submit(crypto="ot")
+    c.wait(job, lambda st: st["phase"] == "setup" and st["progress"]["received"] == len(c.ds.sites) - 1,
+           what="announces")
+    c.signal(gone, signal.SIGCONT)
+    c.wait(job, lambda st: st["phase"] == "hamming", what="hamming")
+    c.signal(gone, signal.SIGKILL)
+    c.start_agent(gone)  # it comes back, but its half of the pair protocols is lost
+    st = c.wait_done(job)
+    assert st["dropped"] == {gone: "hamming"}
+    assert st["graph_sites"] == c.ds.sites[:-1]
+    ref = c.in_process(job, drops={gone: "hamming"})  # the same dropout, simulated in process
+    for s in c.ds.sites:
+        if s != gone:
+            assert np.array_equal(c.labels(job, s)["labels"], ref.predictions[s].labels), s
+    time.sleep(0.5)
+    assert not (c.out(gone) / f"{job}.npz").exists()
+
+
+def test_agent_killed_and_restarted_before_hamming_continues(cluster_factory):
+    c = cluster_factory()
+    for s in c.ds.sites:
+        c.start_agent(s)
+    late = c.ds.sites[0]
+    others = c.ds.sites[1:]
+    for s in others:
+        c.signal(s, signal.SIGSTOP)
+    job = c.submit(crypto="plaintext")
+    c.wait(job, lambda st: st["progress"]["received"] >= 1, what="first announce")
+    time.sleep(0.3)
+    c.signal(late, signal.SIGKILL)  # its key was persisted before it announced
+    c.start_agent(late)
+    for s in others:
+        c.signal(s, signal.SIGCONT)
+    st = c.wait_done(job)
+    assert st["dropped"] == {}
+    ref = c.in_process(job, crypto="plaintext")
+    for s in c.ds.sites:
+        assert np.array_equal(c.labels(job, s)["labels"], ref.predictions[s].labels), s

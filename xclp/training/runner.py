@@ -1,0 +1,303 @@
+"""`run_training(config)`: one simulated federated training run from a flat config, and its CLI hooks.
+
+    xclp simulate train --algorithm fedavg|fedavg-xclp|fedavg-per-site-lp|fedavg-network|fedct|fedct-xclp
+        [--dataset fashion-mnist|digits|mnist5k] [--sites N] [--split iid|dirichlet:BETA]
+        [--labels NL] [--labeled-sites M] [--rounds T] [--sites-per-round P] [--local-epochs E]
+        [--model mlp|cnn|tree|forest|boosting|logreg (FedCT: a comma list gives a mixture, cycled over sites)]
+        [--public-size U] [--period B] [--crypto ...] [--bits L] [--refresh R] [--seed S]
+        [--json OUT] [--plot OUT.png]
+
+Data: Fashion-MNIST is tested on its t10k split; digits and mnist5k on a seeded, stratified held-out
+20%. Features are scaled to [0, 1]. The training pool is dealt to sites (iid or Dirichlet label
+skew, `xclp.splits.assign_sites`); FedCT's public set U is drawn from the pool first and belongs to
+no site. `labels` labels in all are spread over the first `labeled_sites` sites in proportion to
+their sizes (at least one each); the rest of every site's points are unlabelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from xclp.data import UNLABELLED, DataError, load_arrays, load_fashion_mnist_arrays
+from xclp.splits import assign_sites, site_names
+from xclp.training.fedavg import FEDAVG_ALGORITHMS, FedAvgConfig, Site, run_fedavg
+from xclp.training.fedct import TIE_RULES, FedCTConfig, run_fedct
+from xclp.training.models import LEARNERS
+
+FEDCT_ALGORITHMS = ("fedct", "fedct-xclp")
+ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS
+
+
+@dataclass
+class TrainConfig:
+    algorithm: str = "fedavg-xclp"
+    dataset: str = "digits"
+    sites: int = 5
+    split: str = "iid"
+    labels: int = 100  # labels in all
+    labeled_sites: int | None = None  # sites that hold labels (default: all)
+    rounds: int = 10
+    sites_per_round: int | None = None  # default: min(5, sites)
+    local_epochs: int = 5
+    model: str | None = None  # default: mlp (FedAvg), tree (FedCT)
+    public_size: int = 500
+    period: int = 10
+    crypto: str = "plaintext"
+    bits: int = 1024
+    refresh: int = 1
+    seed: int = 0
+    json: str | None = None
+    plot: str | None = None
+    # beyond the CLI's core flags
+    train_size: int | None = None  # seeded subset of the training pool (before U is drawn)
+    test_size: int | None = None  # seeded subset of the test set
+    lr: float | None = None  # default: 0.1 (FedAvg, SGD) / 1e-3 (FedCT torch learners, Adam)
+    warmup_rounds: int = 0
+    k: int = 10
+    alpha: float = 0.99
+    tie: str = "lowest"
+    quorum: float | None = None
+    mix: float | None = None
+    public_in_graph: bool = False
+    eval_every: int = 1
+    threads: int | None = 1
+    quiet: bool = False
+
+    def validate(self) -> TrainConfig:
+        if self.algorithm not in ALGORITHMS:
+            raise DataError(f"--algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.sites < 2:
+            raise DataError(f"--sites must be at least 2, got {self.sites}")
+        m = self.labeled_sites if self.labeled_sites is not None else self.sites
+        if not 1 <= m <= self.sites:
+            raise DataError(f"--labeled-sites must be in 1..{self.sites}, got {m}")
+        if self.labels < m:
+            raise DataError(f"--labels ({self.labels}) must give every labelled site at least one label ({m} sites)")
+        for name in self.model_names():
+            if name not in LEARNERS:
+                raise DataError(f"--model {name!r}: choose from {LEARNERS}")
+        if self.algorithm in FEDAVG_ALGORITHMS and self.model_names() not in (["mlp"], ["cnn"]):
+            raise DataError("FedAvg averages network weights: --model must be mlp or cnn")
+        if self.tie not in TIE_RULES:
+            raise DataError(f"--tie must be one of {TIE_RULES}")
+        return self
+
+    def model_names(self) -> list[str]:
+        default = "mlp" if self.algorithm in FEDAVG_ALGORITHMS else "tree"
+        return [s.strip() for s in (self.model or default).split(",") if s.strip()]
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+def load_train_test(name: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(X_train, y_train, X_test, y_test) scaled to [0, 1]; a fixed held-out split where none is given."""
+    if name == "fashion-mnist":
+        Xtr, ytr = load_fashion_mnist_arrays("train")
+        Xte, yte = load_fashion_mnist_arrays("test")
+        return Xtr, ytr, Xte, yte
+    X, y = load_arrays(name)
+    X = X / max(float(X.max()), 1e-12) if X.max() > 1 else X
+    from sklearn.model_selection import train_test_split
+
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, stratify=y, random_state=seed)
+    return Xtr, ytr, Xte, yte
+
+
+def spread_labels(sizes: list[int], total: int) -> list[int]:
+    """Labels per site in proportion to its size (largest remainder), ≥ 1 each, ≤ its size."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    if total > sizes.sum():
+        raise DataError(f"--labels {total} exceeds the {int(sizes.sum())} points of the labelled sites")
+    share = total * sizes / sizes.sum()
+    out = np.maximum(np.floor(share).astype(int), 1)
+    out = np.minimum(out, sizes.astype(int))
+    order = np.argsort(-(share - np.floor(share)))
+    i = 0
+    while out.sum() < total:
+        j = order[i % len(order)]
+        if out[j] < sizes[j]:
+            out[j] += 1
+        i += 1
+    while out.sum() > total:
+        j = int(np.argmax(out))
+        out[j] -= 1
+    return out.tolist()
+
+
+def prepare(config: TrainConfig):
+    """Sites, public set (X_U, y_U) or None, test set and the number of classes."""
+    cfg = config
+    rng = np.random.default_rng(cfg.seed)
+    Xtr, ytr, Xte, yte = load_train_test(cfg.dataset, cfg.seed)
+    n_classes = int(max(ytr.max(), yte.max())) + 1
+    if cfg.train_size is not None and cfg.train_size < len(ytr):
+        idx = np.sort(rng.choice(len(ytr), cfg.train_size, replace=False))
+        Xtr, ytr = Xtr[idx], ytr[idx]
+    if cfg.test_size is not None and cfg.test_size < len(yte):
+        idx = np.sort(rng.choice(len(yte), cfg.test_size, replace=False))
+        Xte, yte = Xte[idx], yte[idx]
+    public = None
+    if cfg.algorithm in FEDCT_ALGORITHMS:
+        if not 1 <= cfg.public_size < len(ytr):
+            raise DataError(f"--public-size must be in 1..{len(ytr) - 1}, got {cfg.public_size}")
+        perm = rng.permutation(len(ytr))
+        pub, rest = np.sort(perm[:cfg.public_size]), np.sort(perm[cfg.public_size:])
+        public = (Xtr[pub], ytr[pub])
+        Xtr, ytr = Xtr[rest], ytr[rest]
+    site_idx = assign_sites(ytr, cfg.sites, cfg.split, rng)
+    m_l = cfg.labeled_sites if cfg.labeled_sites is not None else cfg.sites
+    sizes = [int((site_idx == s).sum()) for s in range(cfg.sites)]
+    per_site = spread_labels(sizes[:m_l], cfg.labels) + [0] * (cfg.sites - m_l)
+    sites = []
+    for s, name in enumerate(site_names(cfg.sites)):
+        idx = np.flatnonzero(site_idx == s)
+        y = np.full(idx.size, UNLABELLED)
+        keep = rng.choice(idx.size, per_site[s], replace=False)
+        y[keep] = ytr[idx][keep]
+        sites.append(Site(name, Xtr[idx].astype(np.float32), y, ytr[idx]))
+    return sites, public, (Xte.astype(np.float32), yte), n_classes
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+def run_training(config: TrainConfig | dict) -> dict:
+    """One run; {"algorithm", "final_accuracy", "history": [...], "communication_bytes", ...}."""
+    cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
+    say = (lambda m: None) if cfg.quiet else (lambda m: print(f"  · {m}", file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    sites, public, test, n_classes = prepare(cfg)
+    say(f"{cfg.dataset}: {len(sites)} sites, {sum(s.n for s in sites)} points, "
+        f"{sum(s.n_labelled for s in sites)} labels, test {len(test[1])}"
+        + (f", public U {len(public[1])}" if public is not None else ""))
+    if cfg.algorithm in FEDAVG_ALGORITHMS:
+        fc = FedAvgConfig(algorithm=cfg.algorithm, rounds=cfg.rounds,
+                          sites_per_round=cfg.sites_per_round or min(5, cfg.sites), local_epochs=cfg.local_epochs,
+                          model=cfg.model_names()[0], lr=cfg.lr if cfg.lr is not None else 0.1,
+                          warmup_rounds=cfg.warmup_rounds, refresh=cfg.refresh, bits=cfg.bits, k=cfg.k,
+                          alpha=cfg.alpha, crypto=cfg.crypto, seed=cfg.seed, eval_every=cfg.eval_every,
+                          threads=cfg.threads)
+        out = run_fedavg(sites, test, n_classes, fc, progress=say)
+        out.pop("model")
+    else:
+        names = cfg.model_names()
+        learners = names[0] if len(names) == 1 else [names[i % len(names)] for i in range(cfg.sites)]
+        kw = {n: {"lr": cfg.lr} for n in ("mlp", "cnn")} if cfg.lr is not None else {}
+        fc = FedCTConfig(rounds=cfg.rounds, period=cfg.period, learners=learners, xclp=cfg.algorithm == "fedct-xclp",
+                         refresh=cfg.refresh, public_in_graph=cfg.public_in_graph, tie=cfg.tie, quorum=cfg.quorum,
+                         mix=cfg.mix, bits=cfg.bits, k=cfg.k, alpha=cfg.alpha, crypto=cfg.crypto, seed=cfg.seed,
+                         threads=cfg.threads, learner_kw=kw)
+        out = run_fedct(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
+        out.pop("models")
+    out["config"] = {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot", "quiet")}
+    out["data"] = {"n_classes": n_classes, "site_sizes": [s.n for s in sites],
+                   "site_labels": [s.n_labelled for s in sites], "test_size": int(len(test[1]))}
+    out["seconds"] = time.perf_counter() - t0
+    out = _clean(out)
+    if cfg.json:
+        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json).write_text(json.dumps(out, indent=1))
+    if cfg.plot:
+        plot_runs([out], cfg.plot)
+    return out
+
+
+def _clean(v):
+    """JSON-safe: NaN → None, numpy scalars → Python."""
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, (np.floating, float)):
+        return None if math.isnan(float(v)) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def run_label(run: dict) -> str:
+    c = run.get("config", {})
+    extra = f" [{c['model']}]" if c.get("model") and run["algorithm"].startswith("fedct") else ""
+    return f"{run['algorithm']}{extra} ({c.get('split', '?')})"
+
+
+def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
+    """Test accuracy per round, one line per run (results or paths of their JSON files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loaded = [json.loads(Path(r).read_text()) if isinstance(r, (str, Path)) else r for r in runs]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in loaded:
+        pts = [(h["round"], h["accuracy"]) for h in run["history"] if h.get("accuracy") is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None, label=run_label(run))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+# --- CLI hooks -------------------------------------------------------------------------------------
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `xclp simulate train`."""
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="fedavg-xclp")
+    p.add_argument("--dataset", choices=["fashion-mnist", "digits", "mnist5k"], default="digits")
+    p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
+    p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
+    p.add_argument("--labels", type=int, default=100, help="labels in all, over the labelled sites (default 100)")
+    p.add_argument("--labeled-sites", type=int, default=None, help="sites holding labels (default: all)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds (FedAvg) or label exchanges (FedCT)")
+    p.add_argument("--sites-per-round", type=int, default=None, help="FedAvg: sites sampled per round (default min(5, N))")
+    p.add_argument("--local-epochs", type=int, default=5, help="FedAvg: local epochs E (default 5)")
+    p.add_argument("--model", default=None,
+                   help="mlp|cnn (FedAvg; default mlp) or tree|forest|boosting|logreg|mlp|cnn (FedCT; default tree; "
+                        "a comma list is a mixture, cycled over the sites)")
+    p.add_argument("--public-size", type=int, default=500, help="FedCT: size of the public unlabelled set U")
+    p.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
+    p.add_argument("--crypto", choices=["plaintext", "paillier", "paillier-naive", "ot"], default="plaintext")
+    p.add_argument("--bits", type=int, default=1024, help="LSH length L for XCLP (default 1024)")
+    p.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the result as JSON")
+    p.add_argument("--plot", default=None, help="write the accuracy curve as PNG")
+    p.add_argument("--train-size", type=int, default=None, help="use a seeded subset of the training pool")
+    p.add_argument("--test-size", type=int, default=None, help="use a seeded subset of the test set")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.1 FedAvg SGD, 1e-3 FedCT Adam)")
+    p.add_argument("--warmup-rounds", type=int, default=0, help="FedAvg: labelled-only stage-1 rounds S")
+    p.add_argument("--tie", choices=TIE_RULES, default="lowest", help="FedCT: tie rule of the vote")
+    p.add_argument("--quorum", type=float, default=None, help="FedCT: qualified majority, e.g. 0.9")
+    p.add_argument("--mix", type=float, default=None, help="FedCT: pseudo-labelled points per private labelled point")
+    p.add_argument("--public-in-graph", action="store_true", help="FedCT+XCLP: U with consensus labels joins the graph")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def cmd_simulate_train(args: argparse.Namespace) -> int:
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    try:
+        out = run_training(cfg)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    comm = out["communication_bytes"]
+    print(f"{out['algorithm']}: final accuracy {out['final_accuracy']:.4f} after {len(out['history'])} rounds, "
+          f"{out['seconds']:.1f}s, communication {comm['total'] / 1e6:.2f} MB")
+    return 0
