@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/xclp simulate predict --dataset digits --sites 3 --split dirichlet:0.5 --labeled-fraction 0.1
+	$(BIN)/xclp demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -100,7 +100,9 @@ def table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few rounds on small subsets (a smoke run)")
-    p.add_argument("--part", choices=["fedavg", "fedct", "all"], default="all")
+    p.add_argument("--part", choices=["fedavg", "fedct", "all", "report"], default="all",
+                   help="report: only rebuild the table and plots from the JSON")
+    p.add_argument("--merge", type=Path, nargs="*", default=[], help="add the runs of other result JSON files")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--out", type=Path, default=DOCS)
     args = p.parse_args(argv)
@@ -108,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     stem = "benchmarks_training" + ("_quick" if args.quick else "")
     path = args.out / f"{stem}.json"
     results = json.loads(path.read_text()) if path.exists() else {"runs": [], "raw": []}
+    for other in args.merge:
+        extra = json.loads(other.read_text())["raw"]
+        keys = {(r["algorithm"], r["config"]["model"], r["config"]["split"]) for r in extra}
+        results["raw"] = [r for r in results["raw"]
+                          if (r["algorithm"], r["config"]["model"], r["config"]["split"]) not in keys] + extra
+        results["runs"] = [summarise(r) for r in results["raw"]]
     todo = []
     if args.part in ("fedavg", "all"):
         todo += fedavg_configs(args.quick, args.rounds)
