@@ -1,0 +1,357 @@
+"""Service overhead benchmark: one secure job through the real service vs the same job in process.
+
+    .venv/bin/python -m bench.service [--quick] [--bits 256] [--repeats 3]
+        [--json bench/results/service.json] [--md docs/benchmarks_service.md]
+
+Each repeat, on the same data (digits, 1,797 points, 3 sites, Dirichlet β = 0.5, 10% labelled) and
+the same parameters (crypto = ot, L = --bits, k = 10, α = 0.99):
+
+1. service: a coordinator (SQLite, WAL) and 3 agents as separate processes on 127.0.0.1 (the
+   processes of `xclp demo`, agents polling every 0.05 s). All four are started, the agents' imports
+   done and their polling loops running, BEFORE the job is submitted; the clock runs from the
+   submit call to the moment all three result files exist. Bytes: the sum of Message.size over
+   the job's rows in the coordinator's database (site uploads, relayed site-to-site messages stored
+   once, and the coordinator's own result messages);
+2. in process: `xclp.simulation.run_xclp` with the same parameters and the agents' own seed
+   contributions (so it builds the same graph and must give identical labels, which is checked);
+   its time is `timings["total"]` and its bytes the ByteMeter total.
+
+The overhead ratio is median(service seconds) / median(in-process seconds); target ≤ 1.5×.
+Timings are wall clock on a shared machine: compare numbers measured within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+TARGET_RATIO = 1.5
+FULL = dict(n=None, sites=3, split="dirichlet:0.5", labelled=0.1, bits=256, k=10, alpha=0.99, repeats=3, seed=0)
+QUICK = dict(n=600, sites=3, split="dirichlet:0.5", labelled=0.1, bits=256, k=10, alpha=0.99, repeats=2, seed=0)
+AGENT_POLL = 0.05  # what clients.demo.start_agent passes (--poll)
+
+
+def log(msg: str) -> None:
+    print(f"  · {msg}", file=sys.stderr, flush=True)
+
+
+def make_ds(cfg: dict):
+    from xclp.data import load_arrays
+    from xclp.splits import simulate_sites
+
+    X, y = load_arrays("digits", cfg["n"], cfg["seed"])
+    return simulate_sites(X, y, cfg["sites"], cfg["split"], cfg["labelled"], seed=cfg["seed"])
+
+
+def requests_so_far(url: str) -> int:
+    """Total HTTP requests the coordinator has answered (its Prometheus counter)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return int(sum(float(m) for m in re.findall(r'^xclp_requests_total\{[^}]*\} ([0-9.e+]+)$', text, re.M)))
+
+
+def wait_agents_ready(work: Path, sites: list[str], procs: list[subprocess.Popen], timeout: float = 180) -> None:
+    """An agent logs 'agent NAME starting' once its imports are done; it then loads its data and polls."""
+    end = time.monotonic() + timeout
+    pending = set(sites)
+    while pending and time.monotonic() < end:
+        for s in list(pending):
+            f = work / f"agent-{s}.log"
+            if f.exists() and f"agent {s} starting" in f.read_text(errors="replace"):
+                pending.discard(s)
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"a process exited early ({p.args}); see the logs in {work}")
+        time.sleep(0.05)
+    if pending:
+        raise RuntimeError(f"agents {sorted(pending)} not ready after {timeout} s")
+    time.sleep(1.0)  # loading a few hundred rows of .npz and the first /work poll: well under a second
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def db_bytes(db_path: Path, job: str) -> dict:
+    from sqlalchemy import create_engine, func, select
+
+    from service.db import Message
+
+    eng = create_engine(f"sqlite:///{db_path}")
+    try:
+        with eng.connect() as c:
+            rows = c.execute(select(Message.topic, Message.sender, func.sum(Message.size), func.count())
+                             .where(Message.job_id == job).group_by(Message.topic, Message.sender)).all()
+    finally:
+        eng.dispose()
+    by_kind: dict[str, int] = {}
+    by_sender: dict[str, int] = {}
+    total = count = 0
+    for topic, sender, size, n in rows:
+        kind = topic.split("/")[0]
+        by_kind[kind] = by_kind.get(kind, 0) + int(size)
+        by_sender[sender] = by_sender.get(sender, 0) + int(size)
+        total += int(size)
+        count += int(n)
+    return {"total": total, "messages": count, "by_topic_kind": by_kind, "by_sender": by_sender}
+
+
+def service_run(ds, cfg: dict, keep: bool = False) -> dict:
+    from clients.api import CoordinatorClient
+    from clients.demo import free_port, start_agent, start_coordinator, wait_healthy
+
+    work = Path(tempfile.mkdtemp(prefix="xclp-bench-service-"))
+    admin = secrets.token_urlsafe(16)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
+    try:
+        t_start = time.perf_counter()
+        procs.append(start_coordinator(work, port, admin))
+        wait_healthy(url, 180)
+        client = CoordinatorClient(url, admin)
+        tokens = {}
+        for s in ds.sites:
+            idx = np.flatnonzero(ds.site == s)
+            np.savez(work / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
+            tokens[s] = client.add_site(s)["token"]
+        for s in ds.sites:
+            procs.append(start_agent(work, url, s, tokens[s], work / f"{s}.npz", work / f"out-{s}"))
+        wait_agents_ready(work, ds.sites, procs)
+        startup = time.perf_counter() - t_start
+        req0 = requests_so_far(url)
+
+        t0 = time.perf_counter()
+        job = client.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=cfg["bits"], k=cfg["k"],
+                                alpha=cfg["alpha"], classes=ds.n_classes)
+        paths = {s: work / f"out-{s}" / f"{job}.npz" for s in ds.sites}
+        deadline = time.monotonic() + 3600
+        next_status = 0.0
+        while not all(p.exists() for p in paths.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job}: no results after an hour; logs in {work}")
+            if time.monotonic() > next_status:  # a cheap check that the job has not failed
+                st = client.job(job)
+                if st["status"] == "failed":
+                    raise RuntimeError(f"job {job} failed: {st['failure']}; logs in {work}")
+                next_status = time.monotonic() + 2.0
+            time.sleep(0.02)
+        seconds = time.perf_counter() - t0
+
+        st = client.job(job)
+        requests = requests_so_far(url) - req0 - 1  # minus the first /metrics call; the driver's few status calls stay in
+        contributions = {s: bytes.fromhex(json.loads((work / f"out-{s}" / ".agent-state" / f"{job}.json")
+                                                     .read_text())["contribution"]) for s in ds.sites}
+        results = {s: dict(np.load(p)) for s, p in paths.items()}
+        stop(procs)
+        db_path = work / "coordinator.db"
+        nbytes = db_bytes(db_path, job)
+        db_file = sum(f.stat().st_size for f in work.glob("coordinator.db*"))
+        return {"job": job, "seconds": seconds, "startup_seconds": startup, "status": st["status"],
+                "phase_seconds": st["timings"], "bytes": nbytes, "db_file_bytes": db_file,
+                "http_requests": requests, "contributions": contributions, "results": results,
+                "workdir": str(work) if keep else None}
+    finally:
+        stop(procs)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def in_process_run(ds, cfg: dict, job: str, contributions: dict) -> dict:
+    from xclp.protocol import JobParams
+    from xclp.simulation import run_xclp
+
+    params = JobParams(job_id=job, n_classes=ds.n_classes, bits=cfg["bits"], k=cfg["k"], alpha=cfg["alpha"],
+                       crypto="ot").validate()
+    res = run_xclp(ds, params, contributions=contributions)
+    return {"seconds": res.timings["total"], "timings": res.timings, "bytes": res.bytes, "predictions": res.predictions}
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": [round(v, 3) for v in values]}
+
+
+def markdown(out: dict) -> str:
+    cfg, s, p = out["config"], out["service"], out["in_process"]
+    ratio = out["overhead_ratio"]
+    verdict = "PASS" if out["pass"] else "FAIL"
+    lines = [
+        "# Service overhead: the same secure job through the coordinator and agents vs in process",
+        "",
+        f"Command: `.venv/bin/python -m bench.service{' --quick' if out['quick'] else ''}"
+        f"{'' if cfg['bits'] == 256 else ' --bits ' + str(cfg['bits'])}` "
+        f"(results: `bench/results/service.json`).",
+        "",
+        f"Job: digits, {out['n']} points over {cfg['sites']} sites ({cfg['split']}, {int(cfg['labelled'] * 100)}% "
+        f"labelled), crypto = ot, L = {cfg['bits']}, k = {cfg['k']}, α = {cfg['alpha']}; {cfg['repeats']} repeats, "
+        f"medians reported. Service: coordinator (SQLite, WAL) + {cfg['sites']} agents as separate processes on "
+        f"127.0.0.1, all started and polling before the submit; clock from submit to all result files written. "
+        f"In process: `xclp.simulation.run_xclp`, same parameters and the agents' own seed contributions, "
+        f"`timings['total']`. Machine: {out['machine']['cpus']} CPUs, shared (load average "
+        f"{out['machine']['loadavg_start'][0]:.1f} at start, {out['machine']['loadavg_end'][0]:.1f} at end).",
+        "",
+        "| | service | in process | ratio |",
+        "|---|---:|---:|---:|",
+        f"| seconds, median (min–max) | {s['seconds']['median']:.1f} ({s['seconds']['min']:.1f}–{s['seconds']['max']:.1f}) "
+        f"| {p['seconds']['median']:.1f} ({p['seconds']['min']:.1f}–{p['seconds']['max']:.1f}) | **{ratio:.2f}×** |",
+        f"| bytes | {s['bytes']:,} | {p['bytes']:,} | {s['bytes'] / p['bytes']:.4f} |",
+        f"| messages / HTTP requests | {s['messages']:,} messages, {s['http_requests_median']:,} requests | — | |",
+        f"| labels identical | {'yes' if out['labels_identical'] else 'NO'} | | |",
+        "",
+        f"Overhead ratio (median service / median in process): **{ratio:.2f}×**, target ≤ {TARGET_RATIO}× — "
+        f"**{verdict}**.",
+        "",
+        "Per repeat (seconds): service " + ", ".join(f"{v:.1f}" for v in s["seconds"]["values"])
+        + "; in process " + ", ".join(f"{v:.1f}" for v in p["seconds"]["values"]) + ".",
+        "",
+        "Phase seconds (first repeat; the coordinator's job timings vs the in-process phase clock; the "
+        "in-process `hamming` and `lsh` belong to the service's `hamming`, its `graph` and `influence` "
+        "too, since the coordinator builds them before it leaves the phase):",
+        "",
+        "| phase | service | in process |",
+        "|---|---:|---:|",
+    ]
+    sp, pp = out["runs"][0]["service_phase_seconds"], out["runs"][0]["in_process_timings"]
+    groups = {"setup": ["setup"], "seed": ["seed"], "counts": ["counts"],
+              "hamming": ["lsh", "hamming", "graph", "influence"], "row_sums": ["row_sums"]}
+    for ph, parts in groups.items():
+        lines.append(f"| {ph} | {sp.get(ph, float('nan')):.2f} | {sum(pp.get(x, 0.0) for x in parts):.2f} |")
+    lines += [
+        "",
+        "Bytes by message kind (service database, first repeat): "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(out["runs"][0]["service_bytes_by_kind"].items())) + ".",
+        "",
+        "## Reading",
+        "",
+        out["reading"],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def reading(out: dict) -> str:
+    s, p = out["service"], out["in_process"]
+    diff = s["seconds"]["median"] - p["seconds"]["median"]
+    r0 = out["runs"][0]
+    extra = s["bytes"] - p["bytes"]
+    return (
+        f"- **Bytes.** The service stores {s['bytes']:,} bytes for the job against {p['bytes']:,} counted in process "
+        f"({'+' if extra >= 0 else ''}{extra:,}): the same protocol messages, byte for byte in size, because the agents "
+        f"run the same `SiteSession` code and the coordinator the same `CoordinatorSession`; a relayed "
+        f"site-to-site message is stored once, as the in-process meter counts it once. HTTP framing (headers, "
+        f"status JSON, /work polls) is not in either number. The database file reached "
+        f"{r0['db_file_bytes'] / 2**20:,.0f} MiB: every message body is kept (that is what makes a restarted "
+        f"coordinator lose nothing).\n"
+        f"- **Time.** The service took {diff:+.1f} s ({out['overhead_ratio']:.2f}×) against the in-process run. "
+        f"Where it goes: (1) *polling* — each agent asks for work and for its next pair message every "
+        f"{AGENT_POLL} s when idle, so every hand-off between two parties costs up to one poll interval, and the OT "
+        f"Hamming protocol is several rounds per pair; the coordinator's engine wakes on every upload (its 0.2 s "
+        f"interval is only the fallback), so phase changes are not delayed by it; (2) *database writes* — every "
+        f"upload is one INSERT + COMMIT of the whole body into SQLite (hundreds of MiB for the OT pair messages), "
+        f"and every download reads it back; (3) *HTTP* — {s['http_requests_median']:,} requests in the median "
+        f"run, each with a bearer-token lookup (a SELECT on sites), JSON status calls (GET /jobs/ID, which also "
+        f"counts the phase's messages) before every step, and bodies copied through uvicorn; (4) *CPU "
+        f"contention* — 5 processes (coordinator, 3 agents, this driver) share {out['machine']['cpus']} cores. "
+        f"Against that, the service runs the three pairs' OT work in three agent processes at once, which the "
+        f"in-process driver does one after another; on a 2-core machine that parallelism is worth at most 2×, "
+        f"and it is why the service can come close to (or under) the in-process time even though it moves every "
+        f"byte through HTTP and SQLite.\n"
+        f"- **Caveat.** The machine is shared and noisy: the per-repeat spread above is the honest error bar; "
+        f"compare only numbers from one run."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="600 points, 2 repeats (a smoke test)")
+    ap.add_argument("--bits", type=int, default=None, help="LSH length L (default 256)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--json", type=Path, default=Path("bench/results/service.json"))
+    ap.add_argument("--md", type=Path, default=Path("docs/benchmarks_service.md"))
+    ap.add_argument("--keep", action="store_true", help="keep the service's working folders")
+    args = ap.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.bits:
+        cfg["bits"] = args.bits
+    if args.repeats:
+        cfg["repeats"] = args.repeats
+    import torch
+
+    t_all = time.perf_counter()
+    ds = make_ds(cfg)
+    out = {"quick": args.quick, "config": cfg, "n": int(ds.n),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                       "torch": torch.__version__, "loadavg_start": list(os.getloadavg())},
+           "runs": []}
+    log(f"digits: {ds.n} points, {len(ds.sites)} sites; crypto=ot, L={cfg['bits']}; {cfg['repeats']} repeats")
+    identical = True
+    for r in range(cfg["repeats"]):
+        sv = service_run(ds, cfg, keep=args.keep)
+        log(f"repeat {r + 1}: service {sv['seconds']:.1f} s (start-up before submit {sv['startup_seconds']:.1f} s), "
+            f"{sv['bytes']['total']:,} bytes, {sv['http_requests']} requests")
+        ip = in_process_run(ds, cfg, sv["job"], sv["contributions"])
+        log(f"repeat {r + 1}: in process {ip['seconds']:.1f} s, {ip['bytes']['total']:,} bytes")
+        same = all(np.array_equal(sv["results"][s]["labels"], ip["predictions"][s].labels)
+                   and np.array_equal(sv["results"][s]["confidence"], ip["predictions"][s].confidence)
+                   for s in ds.sites)
+        identical &= same
+        out["runs"].append({
+            "service_seconds": round(sv["seconds"], 3), "service_startup_seconds": round(sv["startup_seconds"], 3),
+            "service_phase_seconds": sv["phase_seconds"], "service_bytes": sv["bytes"]["total"],
+            "service_messages": sv["bytes"]["messages"], "service_bytes_by_kind": sv["bytes"]["by_topic_kind"],
+            "service_bytes_by_sender": sv["bytes"]["by_sender"], "db_file_bytes": sv["db_file_bytes"],
+            "http_requests": sv["http_requests"],
+            "in_process_seconds": round(ip["seconds"], 3),
+            "in_process_timings": {k: round(v, 3) for k, v in ip["timings"].items()},
+            "in_process_bytes": ip["bytes"]["total"], "in_process_bytes_by_phase": ip["bytes"]["by_phase"],
+            "labels_identical": bool(same), "workdir": sv["workdir"]})
+    runs = out["runs"]
+    out["service"] = {"seconds": summary([x["service_seconds"] for x in runs]),
+                      "bytes": runs[0]["service_bytes"], "messages": runs[0]["service_messages"],
+                      "http_requests_median": int(statistics.median(x["http_requests"] for x in runs))}
+    out["in_process"] = {"seconds": summary([x["in_process_seconds"] for x in runs]),
+                         "bytes": runs[0]["in_process_bytes"]}
+    out["overhead_ratio"] = round(out["service"]["seconds"]["median"] / out["in_process"]["seconds"]["median"], 3)
+    out["target_ratio"] = TARGET_RATIO
+    out["labels_identical"] = bool(identical)
+    out["pass"] = bool(out["overhead_ratio"] <= TARGET_RATIO and identical)
+    out["machine"]["loadavg_end"] = list(os.getloadavg())
+    out["total_seconds"] = round(time.perf_counter() - t_all, 1)
+    out["reading"] = reading(out)
+    md = markdown(out)
+    print(md)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(md)
+    return 0 if out["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The job engine's dropout paths, driven in one process: the real app (TestClient transport, no
+socket) and real Agent objects stepped by hand, so a site can be made to vanish at an exact point."""
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from svc import ADMIN
+
+from clients.agent import Agent
+from clients.api import CoordinatorClient
+from service.app import Settings, create_app
+from xclp.data import load_arrays
+from xclp.protocol import JobParams
+from xclp.simulation import run_xclp
+from xclp.splits import simulate_sites
+
+
+@pytest.fixture
+def rig(tmp_path):
+    settings = Settings(database=f"sqlite:///{tmp_path / 'e.db'}", admin_token=ADMIN, engine_interval=0.02)
+    with TestClient(create_app(settings)) as tc:
+        X, y = load_arrays("digits", limit=300, seed=4)
+        ds = simulate_sites(X, y, 3, "iid", 0.2, seed=4)
+        admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
+        agents = {}
+        for s in ds.sites:
+            token = admin.add_site(s)["token"]
+            idx = np.flatnonzero(ds.site == s)
+            np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
+            client = CoordinatorClient("http://testserver", token, transport=tc._transport)
+            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+        yield ds, admin, agents
+
+
+def drive(admin, job, agents, until, timeout=120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = admin.job(job)
+        if until(st):
+            return st
+        if st["status"] == "failed":
+            raise AssertionError(st["failure"])
+        for a in agents:
+            a.step(job)
+        time.sleep(0.01)
+    raise AssertionError(f"timeout: {admin.job(job)}")
+
+
+def test_site_gone_inside_row_sums_restarts_the_sums_without_it(rig):
+    ds, admin, agents = rig
+    gone = ds.sites[-1]
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10,
+                           deadlines={"row_sums": 1.0})
+    drive(admin, job, agents.values(), lambda st: st["phase"] == "row_sums")
+    # everyone but `gone` sends its masked rows; `gone` vanishes inside SecureRowSums
+    st = drive(admin, job, [a for s, a in agents.items() if s != gone],
+               lambda st: st["status"] == "done")
+    assert st["dropped"] == {gone: "row_sums"} and st["attempts"]["row_sums"] == 1
+    for s, a in agents.items():
+        if s != gone:
+            a.step(job)  # collect
+    contributions = {s: bytes.fromhex(a.state(job)["contribution"]) for s, a in agents.items()}
+    ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="ot"),
+                   contributions=contributions, drops={gone: "row_sums"})
+    for s in ds.sites[:-1]:
+        got = np.load(agents[s].result_path(job))
+        assert np.array_equal(got["labels"], ref.predictions[s].labels)
+        assert np.array_equal(got["confidence"], ref.predictions[s].confidence)
+    assert not agents[gone].result_path(job).exists()
+
+
+def test_site_that_never_announces_is_as_if_never_there(rig):
+    ds, admin, agents = rig
+    silent = ds.sites[0]
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=6, classes=10,
+                           deadlines={"setup": 0.5})
+    st = drive(admin, job, [a for s, a in agents.items() if s != silent], lambda st: st["status"] == "done")
+    assert st["dropped"] == {silent: "setup"} and st["graph_sites"] == ds.sites[1:]
+    for s in ds.sites[1:]:
+        agents[s].step(job)
+        assert agents[s].result_path(job).exists()
+    # the silent site is told nothing: it is no longer in the job's work list
+    assert job not in agents[silent].api.work()["jobs"]
+
+
+def test_all_but_one_gone_fails_with_a_reason(rig):
+    ds, admin, agents = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10,
+                           deadlines={"setup": 0.3})
+    with pytest.raises(AssertionError, match="fewer than two sites"):
+        drive(admin, job, [agents[ds.sites[0]]], lambda st: False, timeout=30)
+    st = admin.job(job)
+    assert st["status"] == "failed" and set(st["dropped"]) == set(ds.sites[1:])
