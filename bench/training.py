@@ -24,7 +24,7 @@ FEDAVG_METHODS = ("fedavg", "fedavg-per-site-lp", "fedavg-xclp")
 SPLITS = ("iid", "dirichlet:0.5")
 
 
-def fedavg_configs(quick: bool, rounds: int | None) -> list[TrainConfig]:
+def fedavg_configs(quick: bool, rounds: int | None, splits=SPLITS) -> list[TrainConfig]:
     base = dict(dataset="fashion-mnist", sites=20, labels=1000, sites_per_round=5, local_epochs=5, model="mlp",
                 bits=1024, seed=0, quiet=False, eval_every=1)
     if quick:
@@ -32,7 +32,7 @@ def fedavg_configs(quick: bool, rounds: int | None) -> list[TrainConfig]:
     else:
         # 20 sites × 1,000 points (a seeded 20k subset of the 60k training images) to fit ~5 min a method
         base.update(train_size=20_000, rounds=rounds or 30)
-    return [TrainConfig(algorithm=a, split=s, **base) for s in SPLITS for a in FEDAVG_METHODS]
+    return [TrainConfig(algorithm=a, split=s, **base) for s in splits for a in FEDAVG_METHODS]
 
 
 def fedct_configs(quick: bool, rounds: int | None) -> list[TrainConfig]:
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="report: only rebuild the table and plots from the JSON")
     p.add_argument("--merge", type=Path, nargs="*", default=[], help="add the runs of other result JSON files")
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS)
     p.add_argument("--out", type=Path, default=DOCS)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         results["runs"] = [summarise(r) for r in results["raw"]]
     todo = []
     if args.part in ("fedavg", "all"):
-        todo += fedavg_configs(args.quick, args.rounds)
+        todo += fedavg_configs(args.quick, args.rounds, args.splits)
     if args.part in ("fedct", "all"):
         todo += fedct_configs(args.quick, args.rounds)
     for cfg in todo:
