@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
 from xclp.protocol import CoordinatorSession, JobParams, encode_roster
@@ -248,6 +248,9 @@ def _hamming(db, job: Job) -> None:
         put_message(db, job.id, COORDINATOR, s, "influence", dump_bundle({"layout": layout, "columns": cols}))
     job.graph_sites = order
     job.timings = {**job.timings, "graph_and_influence": round(time.perf_counter() - t0, 3)}
+    # The relayed pair traffic (sealed; for OT, n_a·n_b·L values per pair) has served its purpose:
+    # every share is in. Keep the shares, free the disk.
+    db.execute(delete(Message).where(Message.job_id == job.id, Message.topic.startswith("pair/")))
     _next_phase(job, "row_sums")
 
 
