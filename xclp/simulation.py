@@ -33,10 +33,13 @@ class ByteMeter:
     """Bytes sent, by (party, phase); the coordinator's relaying is not counted twice."""
 
     sent: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    tap: Callable[[str, str, bytes], None] | None = None  # sees every message (tests, audits)
 
     def add(self, party: str, phase: str, data: bytes | None) -> bytes | None:
         if data is not None:
             self.sent[(party, phase)] += len(data)
+            if self.tap is not None:
+                self.tap(party, phase, data)
         return data
 
     def report(self) -> dict:
@@ -66,7 +69,8 @@ def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
 def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              progress: Callable[[str], None] | None = None,
              contributions: dict[str, bytes] | None = None,
-             drops: dict[str, str] | None = None) -> SimulationResult:
+             drops: dict[str, str] | None = None,
+             tap: Callable[[str, str, bytes], None] | None = None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
     `drops` simulates sites that vanish, with the outcomes the service gives (xclp.md, Dropouts):
@@ -79,7 +83,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     `contributions` (e.g. those of real agents, to replay a service job in process).
     """
     say = progress or (lambda _msg: None)
-    meter = ByteMeter()
+    meter = ByteMeter(tap=tap)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     clock = [start]
