@@ -93,7 +93,7 @@ def sim_part(cfg: dict, seed: int = 0) -> dict:
         log(f"  {sec:.1f} s (hamming {res.timings.get('hamming', 0):.1f} s), {run['bytes_total'] / 1e6:.1f} MB, "
             f"identical = {run['labels_identical_to_plaintext']}")
     base = out["runs"]["plaintext"]
-    for crypto, run in out["runs"].items():
+    for run in out["runs"].values():
         run["ratio_time_to_plaintext"] = run["seconds"] / base["seconds"]
         run["ratio_hamming_time_to_plaintext"] = (run["timings"].get("hamming", 0) / base["timings"]["hamming"]
                                                   if base["timings"].get("hamming") else None)

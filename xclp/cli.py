@@ -246,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_predict_args(pred)
     pred.set_defaults(func=cmd_simulate_predict)
 
+    tr = sim.add_parser("train", help="semi-supervised federated training (FedAvg/FedCT, ± XCLP pseudo-labels)")
+    from xclp.training.runner import add_train_args, cmd_simulate_train
+
+    add_train_args(tr)
+    tr.set_defaults(func=cmd_simulate_train)
+
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     bh = bench.add_parser("hamming", help="secure Hamming distance between two sites")
     bh.add_argument("--protocol", choices=["plaintext", "paillier-naive", "paillier", "ot"], required=True)

@@ -144,8 +144,11 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
 
 
 def encode_roster(announces: list[bytes]) -> bytes:
-    """The roster as the coordinator hands it out: every participant's announce, in site order."""
-    return dump_bundle({"count": len(announces), **{f"a{i}": a for i, a in enumerate(announces)}})
+    """The roster the coordinator hands to the sites: each participant's name, public key and size,
+    in site order. Which points are labelled is for the coordinator alone: it is stripped here."""
+    entries = [decode_announce(a) for a in announces]
+    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64)) for e in entries]
+    return dump_bundle({"count": len(public), **{f"a{i}": a for i, a in enumerate(public)}})
 
 
 def decode_roster(data: bytes) -> list[RosterEntry]:

@@ -201,8 +201,10 @@ def interpolate(value: str, env: dict[str, str]) -> str:
     return VAR.sub(sub, value)
 
 
-FAKE_ENV = {"XCLP_ADMIN_TOKEN": "admin-token-0123456789",
-            **{f"XCLP_SITE{i}_TOKEN": f"token-of-site{i}-abcdef" for i in range(len(AGENTS))}}
+# Site tokens are secrets.token_urlsafe(32): one in 64 starts with '-', which argparse takes for an
+# option unless it is passed as `--token=VALUE`; the fake tokens start with '-' to catch that.
+FAKE_ENV = {"XCLP_ADMIN_TOKEN": "-admin-token-0123456789",
+            **{f"XCLP_SITE{i}_TOKEN": f"-token-of-site{i}-abcdef" for i in range(len(AGENTS))}}
 
 
 def command_argv(service: dict) -> list[str]:
@@ -366,9 +368,11 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
     for site in AGENTS:
         svc = services[site]
         argv = [str(a) for a in svc["command"]]
-        raw = argv[argv.index("--token") + 1]
+        raw = next(a.partition("=")[2] if a.startswith("--token=") else argv[i + 1]
+                   for i, a in enumerate(argv) if a == "--token" or a.startswith("--token="))
         names = compose_vars(raw)
         assert len(names) == 1 and raw.startswith("${"), f"{site}: the token must come from an env var, not {raw!r}"
+        assert parse(command_argv(svc)).token == FAKE_ENV[next(iter(names))]
         tokens |= names
         for m in mounts(svc):
             sources.append(m["source"])

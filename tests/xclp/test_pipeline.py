@@ -205,3 +205,13 @@ def test_simulated_dropouts_follow_the_spec(small_sites):
     check(run_xclp(ds, params, seed=3, drops={gone: "hamming"}), ref)
     with pytest.raises(ValueError, match="drops"):
         run_xclp(ds, params, drops={"nowhere": "hamming"})
+
+
+def test_the_roster_sites_receive_hides_labelled_positions():
+    from crypto.keys import SiteKeyPair
+    from xclp.protocol import decode_roster, encode_announce, encode_roster
+
+    announces = [encode_announce(s, SiteKeyPair.generate().public_bytes(), 5, np.array([1, 3])) for s in ("a", "b")]
+    roster = decode_roster(encode_roster(announces))
+    assert [e.site for e in roster] == ["a", "b"] and all(e.n == 5 for e in roster)
+    assert all(e.labelled.size == 0 for e in roster)
