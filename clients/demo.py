@@ -35,7 +35,7 @@ def start_coordinator(workdir: Path, port: int, admin: str, database: str | None
                       deadlines: dict | None = None, log_name: str = "coordinator.log") -> subprocess.Popen:
     db = database or f"sqlite:///{workdir / 'coordinator.db'}"
     cmd = xclp_command() + ["coordinator", "serve", "--host", "127.0.0.1", "--port", str(port), "--database", db,
-                            "--admin-token", admin]
+                            f"--admin-token={admin}"]
     for phase, secs in (deadlines or {}).items():
         cmd += ["--deadline", f"{phase}={secs}"]
     log = open(workdir / log_name, "ab")
@@ -44,7 +44,7 @@ def start_coordinator(workdir: Path, port: int, admin: str, database: str | None
 
 def start_agent(workdir: Path, url: str, site: str, token: str, data: Path, out: Path) -> subprocess.Popen:
     log = open(workdir / f"agent-{site}.log", "ab")
-    return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site, "--token", token,
+    return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site, f"--token={token}",
                                               "--data", str(data), "--out", str(out), "--poll", "0.05"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root())
 

@@ -98,6 +98,18 @@ class JobEngine:
                     changed = True
             if changed:
                 self.wakeup.set()
+                self._prune(job_id)
+
+    def _prune(self, job_id: str) -> None:
+        """Once a job has finished, its relayed pair traffic (sealed; for OT n_a·n_b·L values per
+        pair) has served its purpose: keep the shares and results, free the disk. Done in its own
+        transaction after the job's last step, so it never delays a phase."""
+        with self.sessionmaker() as db:
+            job = db.get(Job, job_id)
+            if job is None or job.status == "running":
+                return
+            db.execute(delete(Message).where(Message.job_id == job_id, Message.topic.startswith("pair/")))
+            db.commit()
 
 
 def fail(job: Job, reason: str) -> None:
@@ -248,9 +260,6 @@ def _hamming(db, job: Job) -> None:
         put_message(db, job.id, COORDINATOR, s, "influence", dump_bundle({"layout": layout, "columns": cols}))
     job.graph_sites = order
     job.timings = {**job.timings, "graph_and_influence": round(time.perf_counter() - t0, 3)}
-    # The relayed pair traffic (sealed; for OT, n_a·n_b·L values per pair) has served its purpose:
-    # every share is in. Keep the shares, free the disk.
-    db.execute(delete(Message).where(Message.job_id == job.id, Message.topic.startswith("pair/")))
     _next_phase(job, "row_sums")
 
 

@@ -136,3 +136,19 @@ def test_admin_token_must_be_long_enough(tmp_path):
     with pytest.raises(ValueError, match="admin token"):
         create_app(Settings(database=f"sqlite:///{tmp_path / 'x.db'}", admin_token="short"))
     assert len(ADMIN) >= 8
+
+
+def test_tokens_that_start_with_a_dash_reach_the_agent_intact():
+    # secrets.token_urlsafe starts with '-' about once in 64 draws; the demo passes --token=VALUE.
+    from clients.demo import start_agent  # noqa: F401  (the command line it builds is parsed here)
+    from xclp.cli import build_parser
+
+    args = build_parser().parse_args(["agent", "run", "--coordinator", "http://x", "--site", "s", "--token=-abc",
+                                      "--data", "d.npz", "--out", "o"])
+    assert args.token == "-abc"
+    import inspect
+
+    import clients.demo as demo
+
+    assert 'f"--token={token}"' in inspect.getsource(demo.start_agent)
+    assert 'f"--admin-token={admin}"' in inspect.getsource(demo.start_coordinator)
