@@ -163,7 +163,7 @@ def service_run(ds, cfg: dict, keep: bool = False) -> dict:
         req0 = requests_so_far(url)
 
         t0 = time.perf_counter()
-        job = client.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=cfg["bits"], k=cfg["k"],
+        job = client.submit_job(kind="predict", sites=ds.sites, crypto=cfg["crypto"], bits=cfg["bits"], k=cfg["k"],
                                 alpha=cfg["alpha"], classes=ds.n_classes)
         paths = {s: work / f"out-{s}" / f"{job}.npz" for s in ds.sites}
         deadline = time.monotonic() + 3600
@@ -210,7 +210,7 @@ def in_process_run(ds, cfg: dict, job: str, contributions: dict) -> dict:
     from xclp.simulation import run_xclp
 
     params = JobParams(job_id=job, n_classes=ds.n_classes, bits=cfg["bits"], k=cfg["k"], alpha=cfg["alpha"],
-                       crypto="ot").validate()
+                       crypto=cfg["crypto"]).validate()
     res = run_xclp(ds, params, contributions=contributions)
     return {"seconds": res.timings["total"], "timings": res.timings, "bytes": res.bytes, "predictions": res.predictions}
 
@@ -228,11 +228,12 @@ def markdown(out: dict) -> str:
         "# Service overhead: the same secure job through the coordinator and agents vs in process",
         "",
         f"Command: `.venv/bin/python -m bench.service{' --quick' if out['quick'] else ''}"
-        f"{'' if cfg['bits'] == 256 else ' --bits ' + str(cfg['bits'])}` "
+        f"{'' if cfg['bits'] == 256 else ' --bits ' + str(cfg['bits'])}"
+        f"{'' if cfg.get('crypto', 'ot') == 'ot' else ' --crypto ' + cfg['crypto']}` "
         f"(results: `bench/results/service.json`).",
         "",
         f"Job: digits, {out['n']} points over {cfg['sites']} sites ({cfg['split']}, {int(cfg['labelled'] * 100)}% "
-        f"labelled), crypto = ot, L = {cfg['bits']}, k = {cfg['k']}, α = {cfg['alpha']}; {cfg['repeats']} repeats, "
+        f"labelled), crypto = {cfg['crypto']}, L = {cfg['bits']}, k = {cfg['k']}, α = {cfg['alpha']}; {cfg['repeats']} repeats, "
         f"medians reported. Service: coordinator (SQLite, WAL) + {cfg['sites']} agents as separate processes on "
         f"127.0.0.1, all started and polling before the submit; clock from submit to all result files written. "
         f"In process: `xclp.simulation.run_xclp`, same parameters and the agents' own seed contributions, "
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="600 points, 2 repeats (a smoke test)")
     ap.add_argument("--bits", type=int, default=None, help="LSH length L (default 256)")
+    ap.add_argument("--crypto", choices=["ot", "paillier", "plaintext"], default="ot")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--json", type=Path, default=Path("bench/results/service.json"))
     ap.add_argument("--md", type=Path, default=Path("docs/benchmarks_service.md"))
@@ -363,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         args.render.write_text(json.dumps(out, indent=2) + "\n")
         return 0 if out["pass"] else 1
     cfg = dict(QUICK if args.quick else FULL)
+    cfg["crypto"] = args.crypto
     if args.bits:
         cfg["bits"] = args.bits
     if args.repeats:
@@ -375,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                        "torch": torch.__version__, "loadavg_start": list(os.getloadavg())},
            "runs": []}
-    log(f"digits: {ds.n} points, {len(ds.sites)} sites; crypto=ot, L={cfg['bits']}; {cfg['repeats']} repeats")
+    log(f"digits: {ds.n} points, {len(ds.sites)} sites; crypto={cfg['crypto']}, L={cfg['bits']}; {cfg['repeats']} repeats")
     identical = True
     for r in range(cfg["repeats"]):
         sv = service_run(ds, cfg, keep=args.keep)

@@ -102,7 +102,6 @@ def accuracy_part(cfg: dict, seeds: list[int], extra_seeds: list[int]) -> dict:
         runs.append(run)
         log(f"seed {seed}: " + json.dumps({k: run[k] for k in ("xclp", "per_site", "centralized")}))
     T = str(cfg["target_bits"])
-    xt = [r["xclp"][T] for r in runs]
     gain = [r["xclp"][T] - r["per_site"] for r in runs]
     gap = [r["centralized"] - r["xclp"][T] for r in runs]
     summary = {
