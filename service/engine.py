@@ -30,7 +30,7 @@ import time
 from sqlalchemy import delete, select
 
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
-from xclp.protocol import CoordinatorSession, JobParams, encode_roster
+from xclp.protocol import CoordinatorSession, JobParams, Layout, encode_roster
 from xclp.wire import dump_bundle
 
 log = logging.getLogger("xclp.engine")
@@ -142,24 +142,18 @@ def _expired(job: Job) -> bool:
 
 def advance(db, job: Job) -> bool:
     """Take every step the job's messages allow now. Returns True if anything changed."""
-    handler = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming,
-               "row_sums": _row_sums}[job.phase]
     changed = False
     for _ in range(8):  # a phase may complete right after the previous one
         if job.status != "running":
             break
         before = (job.phase, job.attempt, tuple(job.live))
-        handler = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming,
-                   "row_sums": _row_sums}.get(job.phase)
-        if handler is None:
-            break
-        handler(db, job)
+        PHASE_STEPS[job.phase](db, job)
         if len(job.live) < 2 and job.status == "running":
             fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
         if (job.phase, job.attempt, tuple(job.live)) == before and job.status == "running":
             break
         changed = True
-    return changed or job.status != "running"
+    return changed
 
 
 # --- phases -----------------------------------------------------------------------------------
@@ -197,16 +191,23 @@ def _seed(db, job: Job) -> None:
     _next_phase(job, "counts")
 
 
-def _counts(db, job: Job) -> None:
-    topic = f"counts/{job.attempt}"
+def _masked_sum_ready(db, job: Job, topic: str) -> bool:
+    """True when every live site has sent `topic`. Past the deadline the sites that have not are
+    dropped and the phase restarts without them (attempt + 1, hence fresh masks): a masked sum
+    cannot complete without every mask that went into it."""
     missing = set(job.live) - has_messages(db, job.id, COORDINATOR, topic)
-    if missing:
-        if not _expired(job):
-            return
-        # The sum cannot complete: restart without them, with fresh masks (attempt + 1).
+    if not missing:
+        return True
+    if _expired(job):
         _drop(job, missing)
         job.attempt += 1
         job.phase_started_at = utcnow()
+    return False
+
+
+def _counts(db, job: Job) -> None:
+    topic = f"counts/{job.attempt}"
+    if not _masked_sum_ready(db, job, topic):
         return
     coord = CoordinatorSession(job_params(job))
     for s in job.live:
@@ -265,20 +266,11 @@ def _hamming(db, job: Job) -> None:
 
 def _row_sums(db, job: Job) -> None:
     topic = f"rows/{job.attempt}"
-    missing = set(job.live) - has_messages(db, job.id, COORDINATOR, topic)
-    if missing:
-        if not _expired(job):
-            return
-        # Inside SecureRowSums the sum cannot complete: restart without them, fresh masks.
-        _drop(job, missing)
-        job.attempt += 1
-        job.phase_started_at = utcnow()
+    if not _masked_sum_ready(db, job, topic):
         return
     coord = CoordinatorSession(job_params(job))
     for s in job.graph_sites:
         coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
-    from xclp.protocol import Layout
-
     coord.layout = Layout(sites=list(job.graph_sites), sizes=[coord.roster[s].n for s in job.graph_sites])
     coord.start_row_sums()
     for s in job.live:
@@ -286,3 +278,6 @@ def _row_sums(db, job: Job) -> None:
     for s, body in coord.row_sums_for(list(job.live)).items():
         put_message(db, job.id, COORDINATOR, s, f"sums/{job.attempt}", body)
     _next_phase(job, "done")
+
+
+PHASE_STEPS = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming, "row_sums": _row_sums}
