@@ -140,6 +140,12 @@ def _print_table(out: dict) -> None:
     print(f"bytes sent: {out['bytes']['total']:,}")
 
 
+def cmd_simulate_train(args) -> int:
+    from xclp.training.runner import cmd_simulate_train as run
+
+    return run(args)
+
+
 def cmd_bench_hamming(args) -> int:
     from xclp.bench_hamming import bench_hamming
 
@@ -247,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.set_defaults(func=cmd_simulate_predict)
 
     tr = sim.add_parser("train", help="semi-supervised federated training (FedAvg/FedCT, ± XCLP pseudo-labels)")
-    from xclp.training.runner import add_train_args, cmd_simulate_train
+    from xclp.training.options import add_train_args
 
     add_train_args(tr)
     tr.set_defaults(func=cmd_simulate_train)

@@ -38,8 +38,8 @@ from xclp.propagation import class_weights, predict_from_scores
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
+from xclp.training.options import FEDAVG_ALGORITHMS
 
-FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 MAX_LABELLED_BATCH = 50
 
 

@@ -42,9 +42,7 @@ from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
-
-TIE_RULES = ("lowest", "random", "abstain")
-
+from xclp.training.options import TIE_RULES
 
 # --- the public set ------------------------------------------------------------------------------
 

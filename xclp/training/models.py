@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
+from xclp.training.options import LEARNERS
+
 TORCH_LEARNERS = ("mlp", "cnn")
 
 

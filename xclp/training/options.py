@@ -1,0 +1,45 @@
+"""The names and command-line flags of the training loops, kept free of heavy imports (torch,
+scikit-learn) so that building the `xclp` parser stays fast."""
+
+from __future__ import annotations
+
+import argparse
+
+FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
+FEDCT_ALGORITHMS = ("fedct", "fedct-xclp")
+ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS
+TIE_RULES = ("lowest", "random", "abstain")
+LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `xclp simulate train`."""
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="fedavg-xclp")
+    p.add_argument("--dataset", choices=["fashion-mnist", "digits", "mnist5k"], default="digits")
+    p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
+    p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
+    p.add_argument("--labels", type=int, default=100, help="labels in all, over the labelled sites (default 100)")
+    p.add_argument("--labeled-sites", type=int, default=None, help="sites holding labels (default: all)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds (FedAvg) or label exchanges (FedCT)")
+    p.add_argument("--sites-per-round", type=int, default=None, help="FedAvg: sites sampled per round (default min(5, N))")
+    p.add_argument("--local-epochs", type=int, default=5, help="FedAvg: local epochs E (default 5)")
+    p.add_argument("--model", default=None,
+                   help="mlp|cnn (FedAvg; default mlp) or tree|forest|boosting|logreg|mlp|cnn (FedCT; default tree; "
+                        "a comma list is a mixture, cycled over the sites)")
+    p.add_argument("--public-size", type=int, default=500, help="FedCT: size of the public unlabelled set U")
+    p.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
+    p.add_argument("--crypto", choices=["plaintext", "paillier", "paillier-naive", "ot"], default="plaintext")
+    p.add_argument("--bits", type=int, default=1024, help="LSH length L for XCLP (default 1024)")
+    p.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the result as JSON")
+    p.add_argument("--plot", default=None, help="write the accuracy curve as PNG")
+    p.add_argument("--train-size", type=int, default=None, help="use a seeded subset of the training pool")
+    p.add_argument("--test-size", type=int, default=None, help="use a seeded subset of the test set")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.1 FedAvg SGD, 1e-3 FedCT Adam)")
+    p.add_argument("--warmup-rounds", type=int, default=0, help="FedAvg: labelled-only stage-1 rounds S")
+    p.add_argument("--tie", choices=TIE_RULES, default="lowest", help="FedCT: tie rule of the vote")
+    p.add_argument("--quorum", type=float, default=None, help="FedCT: qualified majority, e.g. 0.9")
+    p.add_argument("--mix", type=float, default=None, help="FedCT: pseudo-labelled points per private labelled point")
+    p.add_argument("--public-in-graph", action="store_true", help="FedCT+XCLP: U with consensus labels joins the graph")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
