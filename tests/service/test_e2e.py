@@ -179,17 +179,23 @@ def test_agent_killed_inside_hamming_is_removed_from_the_graph(cluster_factory):
         c.start_agent(s)
     gone = c.ds.sites[-1]
     c.signal(gone, signal.SIGSTOP)
-    job = c.submit(crypto="ot")
+    job = c.submit(crypto="paillier")  # seconds of Hamming work per pair: the kill lands inside the phase
     c.wait(job, lambda st: st["phase"] == "setup" and st["progress"]["received"] == len(c.ds.sites) - 1,
            what="announces")
     c.signal(gone, signal.SIGCONT)
     c.wait(job, lambda st: st["phase"] == "hamming", what="hamming")
+    state = c.out(gone) / ".agent-state" / f"{job}.json"
+    end = time.monotonic() + 60
+    while not json.loads(state.read_text()).get("hamming_started"):  # its pair protocols are under way
+        assert time.monotonic() < end, c.logs()
+        time.sleep(0.01)
     c.signal(gone, signal.SIGKILL)
     c.start_agent(gone)  # it comes back, but its half of the pair protocols is lost
     st = c.wait_done(job)
     assert st["dropped"] == {gone: "hamming"}
     assert st["graph_sites"] == c.ds.sites[:-1]
-    ref = c.in_process(job, drops={gone: "hamming"})  # the same dropout, simulated in process
+    # the same dropout simulated in process (plaintext: same seed, same graph, same labels)
+    ref = c.in_process(job, crypto="plaintext", drops={gone: "hamming"})
     for s in c.ds.sites:
         if s != gone:
             assert np.array_equal(c.labels(job, s)["labels"], ref.predictions[s].labels), s
