@@ -76,6 +76,7 @@ class Agent:
         self.sessions: dict[str, SiteSession] = {}
         self.pairs: dict[str, dict] = {}  # job -> pair drivers in flight (memory only)
         self.given_up: set[str] = set()
+        self.rows: dict[str, tuple[int, bytes]] = {}  # job -> (attempt, its masked rows), computed once
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
@@ -177,9 +178,13 @@ class Agent:
             b = load_bundle(self.api.get(job_id, "influence"), ("layout", "columns"), what="influence")
             sess.receive_influence(b["layout"].tobytes(), b["columns"].tobytes())
         attempt = status["attempt"] if at < order.index("done") else status["attempts"]["row_sums"]
-        rows = sess.row_sums_message(status["live"], attempt)  # deterministic: a repeat is byte-identical
+        cached = self.rows.get(job_id)
+        if cached is None or cached[0] != attempt:
+            # Masks the site's contribution and keeps its own masked rows in the session;
+            # deterministic, so after a restart the repeat is byte-identical to what was sent.
+            cached = self.rows[job_id] = (attempt, sess.row_sums_message(status["live"], attempt))
         if phase == "row_sums":
-            return self._put_once(st, job_id, f"rows/{attempt}", rows)
+            return self._put_once(st, job_id, f"rows/{attempt}", cached[1])
         return self._write_result(job_id, sess, attempt)
 
     # --- phases -----------------------------------------------------------------------------------
@@ -249,4 +254,5 @@ class Agent:
         log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
         self.sessions.pop(job_id, None)
         self.pairs.pop(job_id, None)
+        self.rows.pop(job_id, None)
         return True
