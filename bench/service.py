@@ -230,7 +230,7 @@ def markdown(out: dict) -> str:
         f"Command: `.venv/bin/python -m bench.service{' --quick' if out['quick'] else ''}"
         f"{'' if cfg['bits'] == 256 else ' --bits ' + str(cfg['bits'])}"
         f"{'' if cfg.get('crypto', 'ot') == 'ot' else ' --crypto ' + cfg['crypto']}` "
-        f"(results: `bench/results/service.json`).",
+        f"(results: `bench/results/service{'' if cfg.get('crypto', 'ot') == 'ot' else '_' + cfg['crypto']}.json`).",
         "",
         f"Job: digits, {out['n']} points over {cfg['sites']} sites ({cfg['split']}, {int(cfg['labelled'] * 100)}% "
         f"labelled), crypto = {cfg['crypto']}, L = {cfg['bits']}, k = {cfg['k']}, α = {cfg['alpha']}; {cfg['repeats']} repeats, "
@@ -351,11 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bits", type=int, default=None, help="LSH length L (default 256)")
     ap.add_argument("--crypto", choices=["ot", "paillier", "plaintext"], default="ot")
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--json", type=Path, default=Path("bench/results/service.json"))
-    ap.add_argument("--md", type=Path, default=Path("docs/benchmarks_service.md"))
+    ap.add_argument("--json", type=Path, default=None,
+                    help="default bench/results/service.json (service_CRYPTO.json for other protocols)")
+    ap.add_argument("--md", type=Path, default=None,
+                    help="default docs/benchmarks_service.md (benchmarks_service_CRYPTO.md for other protocols)")
     ap.add_argument("--keep", action="store_true", help="keep the service's working folders")
     ap.add_argument("--render", type=Path, help="only rewrite --md from a results JSON written earlier")
     args = ap.parse_args(argv)
+    suffix = "" if args.crypto == "ot" else f"_{args.crypto}"
+    args.json = args.json or Path(f"bench/results/service{suffix}.json")
+    args.md = args.md or Path(f"docs/benchmarks_service{suffix}.md")
     if args.render:
         out = json.loads(args.render.read_text())
         out["reading"] = reading(out)
