@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from crypto.errors import ProtocolError
 from service.db import COORDINATOR, Job, Message, Site, make_engine, make_sessionmaker, message_body
 from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
-from xclp.protocol import CRYPTO_CHOICES, JobParams, decode_announce
+from xclp.protocol import CRYPTO_CHOICES, CoordinatorSession, JobParams, decode_announce
 from xclp.wire import load_array
 
 log = logging.getLogger("xclp.service")
@@ -356,8 +356,11 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> 
         elif kind == "counts":
             load_array(body, dtype="uint64", shape=(params.n_classes,), what="counts")
         elif kind == "intra":
-            n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
-            load_array(body, dtype="uint16", shape=(n, n), what="distances within the site")
+            # The engine's own check (shape, range ≤ L, symmetry, zero diagonal), run now so that a
+            # bad upload is refused here instead of failing the job later.
+            coord = CoordinatorSession(params)
+            coord.register(site, message_body(db, job.id, site, COORDINATOR, "announce"))
+            coord.receive_intra(site, body)
         elif kind == "rows":
             n = _graph_size(db, job)
             load_array(body, dtype="uint64", shape=(n, params.n_classes), what="masked rows")

@@ -152,3 +152,39 @@ def test_tokens_that_start_with_a_dash_reach_the_agent_intact():
 
     assert 'f"--token={token}"' in inspect.getsource(demo.start_agent)
     assert 'f"--admin-token={admin}"' in inspect.getsource(demo.start_coordinator)
+
+
+def test_bad_distances_are_refused_at_upload_not_later(app_client):
+    import time
+
+    from xclp.wire import dump_array
+
+    ha, hb = add(app_client, "p"), add(app_client, "q")
+    job = app_client.post("/jobs", json={"sites": ["p", "q"], "crypto": "plaintext", "classes": 2, "bits": 8},
+                          headers=admin_headers()).json()["job"]
+    url = f"/jobs/{job}/messages"
+    # drive the job to the Hamming phase by hand: announce, seed, counts
+    for name, h in (("p", ha), ("q", hb)):
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 3, np.array([0]))
+        assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
+
+    def wait(phase):
+        for _ in range(200):
+            if app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == phase:
+                return
+            time.sleep(0.02)
+        raise AssertionError(phase)
+
+    wait("seed")
+    app_client.put(f"{url}/seed?to=q", content=b"x", headers=ha)
+    app_client.put(f"{url}/seed?to=p", content=b"x", headers=hb)
+    wait("counts")
+    for h in (ha, hb):
+        app_client.put(f"{url}/counts/0", content=dump_array(np.zeros(2, np.uint64)), headers=h)
+    wait("hamming")
+    asym = np.array([[0, 1, 2], [3, 0, 1], [2, 1, 0]], dtype=np.uint16)
+    too_far = np.array([[0, 9, 2], [9, 0, 1], [2, 1, 0]], dtype=np.uint16)  # 9 > L = 8
+    for bad, why in ((asym, "symmetric"), (too_far, "exceeds")):
+        r = app_client.put(f"{url}/intra", content=dump_array(bad), headers=ha)
+        assert r.status_code == 422 and why in r.json()["detail"]
+    assert app_client.get(f"/jobs/{job}", headers=ha).json()["status"] == "running"
