@@ -118,6 +118,9 @@ class Agent:
         if sess is not None:
             return sess
         st = self.state(job_id)
+        if st["done"]:
+            raise DataError(f"job {job_id}: finished here, and its key was wiped; {self.result_path(job_id)} "
+                            "holds the results")
         if st["key"] is None:
             st.data["contribution"] = os.urandom(32).hex()
             st["key"] = SiteKeyPair.generate().private_bytes().hex()
@@ -137,6 +140,8 @@ class Agent:
         Each phase first restores what earlier phases left (after a restart, by replaying what the
         coordinator holds for this site), then does its own part once.
         """
+        if self.result_path(job_id).exists():
+            return False  # finished here
         status = self.api.job(job_id)
         if status["status"] == "failed" or self.site not in status["live"]:
             return False
@@ -195,10 +200,11 @@ class Agent:
         try:
             self.api.put(job_id, topic, body, to=to)
         except ApiError as exc:
-            if exc.status != 409 or "already uploaded" not in exc.detail:
+            # Sealed messages carry fresh nonces, so a relayed one repeated after a restart differs
+            # from the stored copy, which is equally valid for the peer. Anything else that differs
+            # from what the coordinator holds is a real conflict.
+            if not (exc.status == 409 and "already uploaded" in exc.detail and to != "coordinator"):
                 raise
-            # Sealed messages carry fresh nonces, so a repeat after a restart differs from the
-            # stored one; the stored one is equally valid for the peer.
         st[key] = True
         return True
 
@@ -210,8 +216,7 @@ class Agent:
                                 "is lost, so the coordinator will drop it at the deadline", job_id)
                     st["lost_hamming_logged"] = True
                 return False
-            st["hamming_started"] = True
-            self.api.put(job_id, "intra", sess.intra_message())
+            self.api.put(job_id, "intra", sess.intra_message())  # deterministic: a retry is idempotent
             order = [s for s in status["sites"] if s in status["live"]]
             drivers = {}
             for peer in order:
@@ -219,11 +224,17 @@ class Agent:
                     continue
                 a, b = sorted((self.site, peer), key=order.index)
                 drivers[peer] = {"party": sess.hamming_party(peer), "pair": f"{a}/{b}", "sent": 0, "got": 0,
-                                 "my_turn": self.site == a, "done": False}
+                                 "my_turn": self.site == a, "done": False, "outbox": []}
             self.pairs[job_id] = drivers
+            st["hamming_started"] = True  # from here on the pair protocols' state lives in memory only
         progressed = False
         for peer, d in self.pairs[job_id].items():
-            if d["done"] or peer not in status["live"]:
+            if peer not in status["live"]:
+                continue
+            # What the party produced is kept until uploaded: a failed upload (coordinator away
+            # longer than the retries) is sent again on the next step instead of being lost.
+            progressed |= self._flush(job_id, d)
+            if d["done"] or d["outbox"]:
                 continue
             message = None
             if not d["my_turn"]:
@@ -234,13 +245,23 @@ class Agent:
             out = d["party"].receive(message)
             progressed = True
             if out.to_server is not None:
-                self.api.put(job_id, f"share/{d['pair']}", out.to_server)
+                d["outbox"].append((f"share/{d['pair']}", out.to_server, "coordinator"))
             if out.to_peer is not None:
-                self.api.put(job_id, f"pair/{d['pair']}/{d['sent']}", out.to_peer, to=peer)
+                d["outbox"].append((f"pair/{d['pair']}/{d['sent']}", out.to_peer, peer))
                 d["sent"] += 1
             d["my_turn"] = False
             d["done"] = out.done
+            self._flush(job_id, d)
         return progressed
+
+    def _flush(self, job_id: str, d: dict) -> bool:
+        sent = False
+        while d["outbox"]:
+            topic, body, to = d["outbox"][0]
+            self.api.put(job_id, topic, body, to=to)  # identical bytes on a retry: stored once
+            d["outbox"].pop(0)
+            sent = True
+        return sent
 
     def _write_result(self, job_id: str, sess: SiteSession, attempt: int) -> bool:
         body = self.api.get(job_id, f"sums/{attempt}")
@@ -252,6 +273,11 @@ class Agent:
         np.savez(tmp, labels=pred.labels, confidence=pred.confidence)
         os.replace(tmp, path)
         log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
+        # The job's private key has served its purpose: forget it, so that a later theft of this
+        # folder cannot open the sealed messages the coordinator keeps (the seed contributions).
+        st = self.state(job_id)
+        st.data.pop("key", None)
+        st["done"] = True
         self.sessions.pop(job_id, None)
         self.pairs.pop(job_id, None)
         self.rows.pop(job_id, None)

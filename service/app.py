@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, Field
@@ -264,6 +265,15 @@ def create_app(settings: Settings) -> FastAPI:
                 raise HTTPException(413, f"body exceeds the limit of {settings.max_body_bytes} bytes")
             chunks.append(chunk)
         body = b"".join(chunks)
+        # Checks and the database write run in a worker thread: a large body must not stall the
+        # event loop that serves every other site's polls.
+        result = await run_in_threadpool(store, job_id, site, to, topic, body)
+        if result["stored"]:
+            bytes_in.inc(len(body))
+            job_engine.wakeup.set()
+        return result
+
+    def store(job_id: str, site: str, to: str, topic: str, body: bytes) -> dict:
         with Session() as db:
             job = load_job(db, job_id)
             _check_upload(db, job, site, to, topic, body)
@@ -278,8 +288,6 @@ def create_app(settings: Settings) -> FastAPI:
             except IntegrityError:
                 db.rollback()
                 raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
-        bytes_in.inc(len(body))
-        job_engine.wakeup.set()
         return {"stored": True, "bytes": len(body)}
 
     @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])

@@ -75,7 +75,7 @@ class Message(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     sender: Mapped[str] = mapped_column(String(64))
     recipient: Mapped[str] = mapped_column(String(64), index=True)
-    topic: Mapped[str] = mapped_column(String(128))
+    topic: Mapped[str] = mapped_column(String(200))  # e.g. pair/<64-char site>/<64-char site>/<n>
     size: Mapped[int] = mapped_column(Integer)
     body: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

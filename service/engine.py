@@ -29,6 +29,7 @@ import time
 
 from sqlalchemy import delete, select
 
+from crypto.errors import ProtocolError
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
 from xclp.protocol import CoordinatorSession, JobParams, Layout, encode_roster
 from xclp.wire import dump_bundle
@@ -84,18 +85,23 @@ class JobEngine:
         with self.sessionmaker() as db:
             ids = db.scalars(select(Job.id).where(Job.status == "running")).all()
         for job_id in ids:
+            changed = False
             with self.sessionmaker() as db:
-                job = db.get(Job, job_id)
-                try:
-                    changed = advance(db, job)
-                    db.commit()
-                except Exception as exc:
-                    db.rollback()
-                    log.exception("job %s failed in phase %s", job_id, job.phase)
+                for _ in range(8):  # a phase may complete right after the previous one
                     job = db.get(Job, job_id)
-                    fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
-                    db.commit()
-                    changed = True
+                    try:
+                        step = advance(db, job)
+                        db.commit()  # each step commits: no write lock held across the next one
+                    except Exception as exc:
+                        db.rollback()
+                        log.exception("job %s failed in phase %s", job_id, job.phase)
+                        job = db.get(Job, job_id)
+                        fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
+                        db.commit()
+                        step = True
+                    changed |= step
+                    if not step or job.status != "running":
+                        break
             if changed:
                 self.wakeup.set()
                 self._prune(job_id)
@@ -141,19 +147,14 @@ def _expired(job: Job) -> bool:
 
 
 def advance(db, job: Job) -> bool:
-    """Take every step the job's messages allow now. Returns True if anything changed."""
-    changed = False
-    for _ in range(8):  # a phase may complete right after the previous one
-        if job.status != "running":
-            break
-        before = (job.phase, job.attempt, tuple(job.live))
-        PHASE_STEPS[job.phase](db, job)
-        if len(job.live) < 2 and job.status == "running":
-            fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
-        if (job.phase, job.attempt, tuple(job.live)) == before and job.status == "running":
-            break
-        changed = True
-    return changed
+    """Take the step the job's messages allow now, if any. Returns True if anything changed."""
+    if job.status != "running":
+        return False
+    before = (job.phase, job.attempt, tuple(job.live))
+    PHASE_STEPS[job.phase](db, job)
+    if len(job.live) < 2 and job.status == "running":
+        fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
+    return (job.phase, job.attempt, tuple(job.live)) != before or job.status != "running"
 
 
 # --- phases -----------------------------------------------------------------------------------
@@ -220,18 +221,24 @@ def _counts(db, job: Job) -> None:
 
 def _hamming_missing(db, job: Job) -> set[str]:
     """The sites to remove so that every remaining site sent its distances and every remaining
-    pair both shares. A pair is incomplete if either share is missing (a site that vanished leaves
-    its peers waiting too), so blame goes greedily to the site with the most incomplete pairs."""
+    pair both shares."""
     order = [s for s in job.sites if s in job.live]
     missing = set(order) - has_messages(db, job.id, COORDINATOR, "intra")
     incomplete = {(a, b) for a, b in pair_list(order)
                   if has_messages(db, job.id, COORDINATOR, f"share/{a}/{b}") != {a, b}}
+    return _blame(order, incomplete, missing)
+
+
+def _blame(order: list[str], incomplete: set[tuple[str, str]], missing: set[str] | None = None) -> set[str]:
+    """A pair is incomplete if either share is missing or unusable (a site that vanished leaves its
+    peers waiting too), so blame goes greedily to the site with the most incomplete pairs; among
+    equals, the later site in the roster."""
+    missing = set(missing or ())
     while True:
         open_pairs = [(a, b) for a, b in incomplete if a not in missing and b not in missing]
         if not open_pairs:
             return missing
         degree = {s: sum(s in p for p in open_pairs) for s in order if s not in missing}
-        # most incomplete pairs first; among equals, the later site in the roster
         missing.add(max(degree, key=lambda s: (degree[s], order.index(s))))
 
 
@@ -240,10 +247,10 @@ def _hamming(db, job: Job) -> None:
     if missing:
         if not _expired(job):
             return
-        # Gone before or during SecureHamming: removed from the graph, as if never there.
+        # Gone before or during SecureHamming: removed from the graph, as if never there. The
+        # graph is built in the next step, after this drop is committed.
         _drop(job, missing)
-        if len(job.live) < 2:
-            return
+        return
     t0 = time.perf_counter()
     order = [s for s in job.sites if s in job.live]
     coord = CoordinatorSession(job_params(job))
@@ -251,9 +258,19 @@ def _hamming(db, job: Job) -> None:
         coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
     for s in order:
         coord.receive_intra(s, message_body(db, job.id, s, COORDINATOR, "intra"))
+    bad = set()
     for a, b in pair_list(order):
-        coord.receive_pair(a, b, message_body(db, job.id, a, COORDINATOR, f"share/{a}/{b}"),
-                           message_body(db, job.id, b, COORDINATOR, f"share/{a}/{b}"))
+        try:
+            coord.receive_pair(a, b, message_body(db, job.id, a, COORDINATOR, f"share/{a}/{b}"),
+                               message_body(db, job.id, b, COORDINATOR, f"share/{a}/{b}"))
+        except ProtocolError as exc:
+            # Shares that do not combine: one of the two sites misbehaved. The pair is as good as
+            # missing; blame goes as for missing pairs, and the job goes on without that site.
+            log.warning(json.dumps({"event": "bad_shares", "job": job.id, "pair": [a, b], "error": str(exc)}))
+            bad.add((a, b))
+    if bad:
+        _drop(job, _blame(order, bad))
+        return
     W = coord.build_graph(order)
     coord.compute_influence(W)
     for s in order:

@@ -95,3 +95,18 @@ def test_all_but_one_gone_fails_with_a_reason(rig):
         drive(admin, job, [agents[ds.sites[0]]], lambda st: False, timeout=30)
     st = admin.job(job)
     assert st["status"] == "failed" and set(st["dropped"]) == set(ds.sites[1:])
+
+
+def test_shares_that_do_not_combine_drop_a_site_not_the_job(rig):
+    ds, admin, agents = rig
+    liar = ds.sites[-1]
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=5, classes=10)
+    put = agents[liar].api.put
+    # the last site garbles its share of the pair it has with the middle site
+    agents[liar].api.put = lambda j, topic, body, to="coordinator": put(
+        j, topic, b"garbage" if topic == f"share/{ds.sites[1]}/{liar}" else body, to)
+    st = drive(admin, job, agents.values(), lambda st: st["status"] == "done")
+    assert st["dropped"] == {liar: "hamming"} and st["graph_sites"] == ds.sites[:-1]
+    for s in ds.sites[:-1]:
+        agents[s].step(job)
+        assert agents[s].result_path(job).exists()
