@@ -140,6 +140,9 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
         raise ProtocolError("announce: labelled rows repeat")
     if b["public_key"].dtype != np.uint8 or b["public_key"].size != 32:
         raise ProtocolError("announce: the public key must be 32 bytes (X25519)")
+    # A low-order key would make every peer's key agreement fail later: refuse it now. (One
+    # exchange with a throwaway key costs ~30 µs.)
+    SiteKeyPair.generate().exchange(b["public_key"].tobytes())
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled)
 
 

@@ -188,3 +188,14 @@ def test_bad_distances_are_refused_at_upload_not_later(app_client):
         r = app_client.put(f"{url}/intra", content=dump_array(bad), headers=ha)
         assert r.status_code == 422 and why in r.json()["detail"]
     assert app_client.get(f"/jobs/{job}", headers=ha).json()["status"] == "running"
+
+
+def test_a_low_order_public_key_is_refused_at_announce(app_client):
+    ha = add(app_client, "lo")
+    add(app_client, "hi")
+    job = app_client.post("/jobs", json={"sites": ["lo", "hi"], "crypto": "plaintext", "classes": 2},
+                          headers=admin_headers()).json()["job"]
+    body = encode_announce("lo", bytes(32), 3, np.array([0]))  # the all-zero point has order 1
+    r = app_client.put(f"/jobs/{job}/messages/announce", content=body, headers=ha)
+    assert r.status_code == 422 and "low order" in r.json()["detail"]
+    assert message_count(app_client) == 0
