@@ -6,11 +6,11 @@ import torch
 
 from xclp.training.fedavg import (
     FedAvgConfig,
-    FedAvgStrategy,
     PseudoLabels,
     Site,
     average_states,
     client_update,
+    plan_round,
     run_fedavg,
     sample_sites,
 )
@@ -46,12 +46,39 @@ def test_sampling_without_labelled_sites_is_refused():
         sample_sites([], ["a", "b"], 2, np.random.default_rng(0))
 
 
-def test_labelled_only_strategy_samples_labelled_sites_only():
-    sites = [Site("a", np.zeros((3, 2)), np.array([0, -1, -1])), Site("b", np.zeros((3, 2)), np.array([-1, -1, -1])),
-             Site("c", np.zeros((3, 2)), np.array([1, -1, -1]))]
-    st = FedAvgStrategy(sites, 3, labelled_only=True)
-    assert st.configure_train(1, np.random.default_rng(0)) == ["a", "c"]
-    assert FedAvgStrategy(sites, 3).configure_train(1, np.random.default_rng(0)) == ["a", "c", "b"]
+def test_plan_round_labelled_only_and_warm_up_sample_labelled_sites_only():
+    lab, unl = ["a", "c"], ["b"]
+    only = plan_round(FedAvgConfig(algorithm="fedavg", sites_per_round=3), 1, lab, unl)
+    assert only.sites == ["a", "c"] and not only.relabel and only.stage == 2
+    warm = plan_round(FedAvgConfig(sites_per_round=3, warmup_rounds=2), 2, lab, unl)
+    assert warm.sites == ["a", "c"] and warm.stage == 1 and not warm.relabel
+    main = plan_round(FedAvgConfig(sites_per_round=3, warmup_rounds=2), 3, lab, unl)
+    assert sorted(main.sites) == ["a", "b", "c"]
+    assert main.stage == 2 and main.relabel and main.adopt == main.sites
+
+
+def test_plan_round_refresh_schedule_and_uncached_sites():
+    cfg = FedAvgConfig(sites_per_round=2, refresh=3)
+    lab, unl = ["a", "b", "c", "d"], []
+    first = plan_round(cfg, 1, lab, unl)
+    assert first.relabel and first.adopt == first.sites  # round 1 is a scheduled refresh
+    names = set(lab)
+    # round 2 is not scheduled: only the sampled sites without labels yet adopt fresh ones
+    second = plan_round(cfg, 2, lab, unl, cached=first.sites)
+    assert second.adopt == [s for s in second.sites if s not in first.sites]
+    assert second.relabel == bool(second.adopt)
+    full = plan_round(cfg, 2, lab, unl, cached=names)
+    assert not full.relabel and full.adopt == []
+    assert plan_round(cfg, 4, lab, unl, cached=names).adopt  # rounds 1, 4, 7, … are scheduled
+
+
+def test_plan_round_depends_on_seed_and_round_only():
+    cfg = FedAvgConfig(sites_per_round=3, seed=7)
+    lab = [f"s{i}" for i in range(10)]
+    assert plan_round(cfg, 5, lab, []).sites == plan_round(cfg, 5, lab, []).sites
+    draws = {tuple(plan_round(cfg, t, lab, []).sites) for t in range(1, 30)}
+    assert len(draws) > 10  # rounds draw different sites
+    assert plan_round(cfg, 1, lab, []).lr == cfg.lr and plan_round(cfg, 10, lab, []).lr < cfg.lr
 
 
 def test_average_states_plain_and_weighted():

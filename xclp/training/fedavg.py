@@ -3,11 +3,11 @@
 ```
 θ ← init (optionally S rounds of FedAvg on labelled data only: "stage 1")
 for round t = 1..T:
-    P ← τ·m sites, labelled and unlabelled sites in proportion (always ≥ 1 labelled)   configure_train
+    P ← τ·m sites, labelled and unlabelled sites in proportion (always ≥ 1 labelled)   plan_round
     each j ∈ P: V^(j) ← φ(X^(j))
     (ŷ, ω) ← pseudo-labeller over P             XCLP (run_xclp on the embeddings) / per-site LP / network
     each j ∈ P: θ^(j) ← ClientUpdate(X^(j), ŷ^(j), ω^(j); θ)
-    θ ← ServerUpdate(θ^(j))                     plain (or size-weighted) average        aggregate_train
+    θ ← ServerUpdate(θ^(j))                     plain (or size-weighted) average        aggregate
 ```
 
 ClientUpdate: E epochs of SGD (momentum 0.9, weight decay 2e-4) on mean_i ω_i · c_w[ŷ_i] · CE_i
@@ -26,8 +26,9 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -134,20 +135,58 @@ def average_states(states: list[dict], weights: list[float] | None = None) -> di
     return out
 
 
-class FedAvgStrategy:
-    """Flower-style strategy: which sites train in a round, and how their models are combined."""
+def aggregate(results: list[tuple[dict, int]], how: str = "mean") -> dict:
+    """ServerUpdate: the plain mean of the site models (the paper), or weighted by site size."""
+    return average_states([st for st, _ in results], [n for _, n in results] if how == "weighted" else None)
 
-    def __init__(self, sites: list[Site], sites_per_round: int, aggregate: str = "mean", labelled_only: bool = False):
-        self.labelled = [s.name for s in sites if s.n_labelled > 0]
-        self.unlabelled = [] if labelled_only else [s.name for s in sites if s.n_labelled == 0]
-        self.sites_per_round, self.aggregate = sites_per_round, aggregate
 
-    def configure_train(self, rnd: int, rng: np.random.Generator) -> list[str]:
-        return sample_sites(self.labelled, self.unlabelled, self.sites_per_round, rng)
+# --- one round's plan: the same function drives the simulation and the coordinator's engine -------
 
-    def aggregate_train(self, results: list[tuple[dict, int]]) -> dict:
-        states = [s for s, _ in results]
-        return average_states(states, [n for _, n in results] if self.aggregate == "weighted" else None)
+def round_rng(seed: int, t: int) -> np.random.Generator:
+    """The server's randomness for round t (site sampling, vote ties): a function of (seed, t) only, so
+    that a coordinator restarted from the checkpoint of round t − 1 draws exactly the same round t."""
+    return np.random.default_rng([seed, t, 0])
+
+
+def site_rng(seed: int, t: int, site: str) -> np.random.Generator:
+    """A site's randomness for round t (batch order, subsamples): (seed, t, site) only, so a restarted
+    agent repeats its update byte for byte."""
+    return np.random.default_rng([seed, t, 1, zlib.crc32(site.encode())])
+
+
+def round_lr(cfg: FedAvgConfig, t: int) -> float:
+    """lr cosine-annealed from cfg.lr to 0 at round cfg.cosine_rounds (default: the last round)."""
+    total = cfg.warmup_rounds + cfg.rounds
+    cos_t = cfg.cosine_rounds or total
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(t - 1, cos_t) / cos_t))
+
+
+@dataclass
+class RoundPlan:
+    """What the server decides at the start of round t."""
+
+    round: int
+    stage: int  # 1 = labelled-only warm start, 2 = with pseudo-labels
+    sites: list[str]  # sampled, in the sites' order
+    lr: float
+    relabel: bool  # run the pseudo-labeller over `sites` this round
+    adopt: list[str]  # sites that take the fresh pseudo-labels (the others reuse their last ones)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_round(cfg: FedAvgConfig, t: int, labelled: list[str], unlabelled: list[str],
+               cached: Iterable[str] = ()) -> RoundPlan:
+    """Sample the round's sites and decide whether pseudo-labels are recomputed (every R rounds of
+    stage 2, or whenever a sampled site has none yet)."""
+    warm = t <= cfg.warmup_rounds
+    pseudo = cfg.algorithm != "fedavg" and not warm
+    sites = sample_sites(labelled, unlabelled if pseudo else [], cfg.sites_per_round, round_rng(cfg.seed, t))
+    cached = set(cached)
+    scheduled = pseudo and (t - cfg.warmup_rounds - 1) % cfg.refresh == 0
+    adopt = [s for s in sites if pseudo and (scheduled or s not in cached)]
+    return RoundPlan(t, 1 if warm else 2, sites, round_lr(cfg, t), bool(adopt), adopt)
 
 
 # --- pseudo-labellers --------------------------------------------------------------------------------
@@ -282,7 +321,6 @@ def run_fedavg(sites: list[Site], test: tuple[np.ndarray, np.ndarray], n_classes
 
 def _run_fedavg(sites, test, n_classes, cfg: FedAvgConfig, progress) -> dict:
     say = progress or (lambda _m: None)
-    rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
     by_name = {s.name: s for s in sites}
     model = build_network(cfg.model, sites[0].X.shape[1], n_classes, seed=cfg.seed)
@@ -292,42 +330,35 @@ def _run_fedavg(sites, test, n_classes, cfg: FedAvgConfig, progress) -> dict:
         "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
         "fedavg-network": NetworkLabeller(),
     }[cfg.algorithm]
-    main = FedAvgStrategy(sites, cfg.sites_per_round, cfg.aggregate, labelled_only=labeller is None)
-    stage1 = FedAvgStrategy(sites, cfg.sites_per_round, cfg.aggregate, labelled_only=True)
+    labelled = [s.name for s in sites if s.n_labelled > 0]
+    unlabelled = [s.name for s in sites if s.n_labelled == 0]
     total = cfg.warmup_rounds + cfg.rounds
-    cos_t = cfg.cosine_rounds or total
     n_params = n_parameters(model)
     cache: dict[str, PseudoLabels] = {}
     history = []
     comm = {"model_bytes": 0, "xclp_bytes": 0}
     for t in range(1, total + 1):
         t0 = time.perf_counter()
-        warm = t <= cfg.warmup_rounds
-        strategy = stage1 if warm else main
-        chosen = strategy.configure_train(t, rng)
-        lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * min(t - 1, cos_t) / cos_t))
+        plan = plan_round(cfg, t, labelled, unlabelled, cache)
+        chosen, warm, lr = plan.sites, plan.stage == 1, plan.lr
+        if plan.relabel:
+            fresh = labeller(model, [by_name[s] for s in chosen], t)
+            comm["xclp_bytes"] += labeller.last_bytes
+            cache.update({s: fresh[s] for s in plan.adopt})
         if warm or labeller is None:
             pls = {s: labelled_only(by_name[s]) for s in chosen}
         else:
-            main_t = t - cfg.warmup_rounds
-            refresh = (main_t - 1) % cfg.refresh == 0 or any(s not in cache for s in chosen)
-            if refresh:
-                fresh = labeller(model, [by_name[s] for s in chosen], t)
-                comm["xclp_bytes"] += labeller.last_bytes
-                for s, pl in fresh.items():
-                    if (main_t - 1) % cfg.refresh == 0 or s not in cache:
-                        cache[s] = pl
             pls = {s: cache[s] for s in chosen}
         results = []
         global_state = copy.deepcopy(model.state_dict())
         for s in chosen:
             model.load_state_dict(global_state)
             r = client_update(model, by_name[s], pls[s], n_classes, cfg.local_epochs, lr, cfg.momentum,
-                              cfg.weight_decay, rng, cfg.max_labelled_batch)
+                              cfg.weight_decay, site_rng(cfg.seed, t, s), cfg.max_labelled_batch)
             comm["model_bytes"] += 4 * n_params * (2 if r is not None else 1)
             if r is not None:
                 results.append(r)
-        model.load_state_dict(strategy.aggregate_train(results) if results else global_state)
+        model.load_state_dict(aggregate(results, cfg.aggregate) if results else global_state)
         row = {"round": t, "stage": 1 if warm else 2, "sites": chosen, "lr": lr,
                "pseudo_label_accuracy": _pseudo_accuracy([by_name[s] for s in chosen], pls)}
         if t % cfg.eval_every == 0 or t == total:

@@ -40,7 +40,7 @@ import numpy as np
 from xclp.data import UNLABELLED, make_dataset
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
-from xclp.training.fedavg import Site
+from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import TIE_RULES
 
@@ -177,7 +177,7 @@ class FedCTConfig:
 
 
 @dataclass
-class _SiteState:
+class SiteState:
     site: Site
     learner: object
     pinned: str
@@ -212,7 +212,7 @@ def local_training_set(site: Site, public: PublicSet, public_labels: np.ndarray 
     return private, pseudo
 
 
-def _fit_local(state: _SiteState, private, pseudo, cfg: FedCTConfig, rng: np.random.Generator) -> float:
+def _fit_local(state: SiteState, private, pseudo, cfg: FedCTConfig, rng: np.random.Generator) -> float:
     """One local update; returns the mix actually used (pseudo-labelled per private point)."""
     learner = state.learner
     if isinstance(learner, TorchClassifier):
@@ -230,6 +230,32 @@ def _fit_local(state: _SiteState, private, pseudo, cfg: FedCTConfig, rng: np.ran
     return len(pseudo[1]) / max(1, len(private[1]))
 
 
+def new_site_state(site: Site, learner_name: str, index: int, n_classes: int, pinned: str,
+                   cfg: FedCTConfig) -> SiteState:
+    """A site's learner for the run (seeded by the run's seed and the site's index)."""
+    learner = make_learner(learner_name, site.X.shape[1], n_classes, seed=cfg.seed * 1000 + index,
+                           **cfg.learner_kw.get(learner_name, {}))
+    return SiteState(site, learner, pinned)
+
+
+def site_exchange(state: SiteState, public: PublicSet, public_labels: np.ndarray | None, cfg: FedCTConfig,
+                  t: int) -> tuple[np.ndarray, float]:
+    """A site's part of exchange t: one local update on its private data ∪ the consensus on U (∪ its
+    XCLP pseudo-labels), then its hard labels on U, after checking U against the pinned digest.
+    Randomness is (seed, t, site) only, so a restarted site repeats it exactly."""
+    rng = site_rng(cfg.seed, t, state.site.name)
+    private, pseudo = local_training_set(state.site, public, public_labels, state.xclp_labels, state.xclp_weights,
+                                         cfg.mix, rng)
+    mix = _fit_local(state, private, pseudo, cfg, rng)
+    public.verify(state.pinned)
+    return np.asarray(state.learner.predict(public.X), dtype=np.int64), mix
+
+
+def server_consensus(votes: np.ndarray, n_classes: int, cfg: FedCTConfig, t: int) -> np.ndarray:
+    """The server's part of exchange t: the consensus on U under the run's tie rule and quorum."""
+    return consensus(votes, n_classes, cfg.tie, cfg.quorum, round_rng(cfg.seed, t))
+
+
 def run_fedct(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int,
               config: FedCTConfig, public_y: np.ndarray | None = None,
               progress: Callable[[str], None] | None = None) -> dict:
@@ -241,12 +267,9 @@ def run_fedct(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
 
 def _run_fedct(sites, public_X, test, n_classes, cfg: FedCTConfig, public_y, progress) -> dict:
     say = progress or (lambda _m: None)
-    rng = np.random.default_rng(cfg.seed)
     public = PublicSet.create(public_X)
     names = cfg.learner_names(len(sites))
-    states = [_SiteState(s, make_learner(name, s.X.shape[1], n_classes, seed=cfg.seed * 1000 + i,
-                                         **cfg.learner_kw.get(name, {})), public.digest)
-              for i, (s, name) in enumerate(zip(sites, names))]
+    states = [new_site_state(s, name, i, n_classes, public.digest, cfg) for i, (s, name) in enumerate(zip(sites, names))]
     P_labels: np.ndarray | None = None  # consensus on U: None before the first exchange
     abstain_possible = cfg.tie == "abstain" or cfg.quorum is not None
     up = label_bytes(len(public.X), n_classes, cfg.bitpack)
@@ -259,16 +282,12 @@ def _run_fedct(sites, public_X, test, n_classes, cfg: FedCTConfig, public_y, pro
         if cfg.xclp and ((t - 1) % cfg.refresh == 0 and (t == 1 or cfg.public_in_graph)):
             xclp_pseudo_acc, nbytes = _xclp_labels(states, public, P_labels, n_classes, cfg, t)
             comm["xclp_bytes"] += nbytes
-        mixes = []
+        mixes, votes = [], []
         for st in states:
-            private, pseudo = local_training_set(st.site, public, P_labels, st.xclp_labels, st.xclp_weights,
-                                                 cfg.mix, rng)
-            mixes.append(_fit_local(st, private, pseudo, cfg, rng))
-        votes = []
-        for st in states:
-            public.verify(st.pinned)
-            votes.append(st.learner.predict(public.X))
-        P_labels = consensus(np.stack(votes), n_classes, cfg.tie, cfg.quorum, rng)  # replaces the previous P
+            v, mix = site_exchange(st, public, P_labels, cfg, t)
+            votes.append(v)
+            mixes.append(mix)
+        P_labels = server_consensus(np.stack(votes), n_classes, cfg, t)  # replaces the previous P
         comm["labels_up"] += up * len(states)
         comm["labels_down"] += down * len(states)
         accs = np.array([float(np.mean(st.learner.predict(test[0]) == test[1])) for st in states])
@@ -300,7 +319,7 @@ def _run_fedct(sites, public_X, test, n_classes, cfg: FedCTConfig, public_y, pro
     }
 
 
-def _xclp_labels(states: list[_SiteState], public: PublicSet, P_labels, n_classes: int, cfg: FedCTConfig,
+def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes: int, cfg: FedCTConfig,
                  t: int) -> tuple[float, int]:
     sites = [st.site for st in states]
     X = [s.X for s in sites]
