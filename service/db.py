@@ -45,7 +45,7 @@ class Site(Base):
 class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16), default="predict")
+    kind: Mapped[str] = mapped_column(String(16), default="predict")  # predict | train
     status: Mapped[str] = mapped_column(String(16), default="running", index=True)  # running | done | failed
     phase: Mapped[str] = mapped_column(String(16), default="setup")
     attempt: Mapped[int] = mapped_column(Integer, default=0)  # of the current phase (restarts after dropouts)
@@ -59,6 +59,11 @@ class Job(Base):
     timings: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> seconds it took
     attempts: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> the attempt that completed it
     failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Training jobs: the round in progress and the loop's own state (round history, sites' facts);
+    # a predict job started by a training round names that job and round as its parent.
+    parent: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    round: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[dict] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     phase_started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
