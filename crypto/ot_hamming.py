@@ -38,10 +38,16 @@ little-endian; every message starts with MAGIC ‖ version ‖ type):
     B→A  BASE1  n_b:u32 chunk:u32 S[32]                (Chou–Orlandi sender point)
     A→B  BASE2  R_1..R_128[32 each]
     B→A  EXT    k:u32 count:u32 U[128 · ⌈count·L/8⌉]  (chunk k of B's vectors)
-    A→B  CORR   k:u32 count:u32 c[count · L · n_a]     (u8 if q ≤ 256 else u16)
+    A→B  CORR   k:u32 count:u32 c[count · L · n_a]     (packed, see below)
     ... EXT/CORR alternate, one pair per chunk; A's last CORR comes with its share (done),
     B answers the last CORR with its share only (done).
     share  sid[16] L:u32 n_a:u32 n_b:u32 values[n_a · n_b] (u8/u16), SHARE_A / SHARE_B
+
+CORR values are packed tightly: with m = count·L·n_a values of β = max(8, bit length of L) bits
+each, the body holds the m low bytes (value & 0xFF), then, for j = 0..β−9, one bit plane of bit
+8 + j of every value (⌈m/8⌉ bytes, little bit order, padding bits zero). L = 256: 9 bits per
+value (1.125 bytes) instead of a uint16; L ≤ 255: plain bytes. A receiver rejects nonzero padding
+bits and values ≥ q.
 
 So a pair takes 3 + 2·⌈n_b / chunk⌉ messages; ``chunk`` is chosen by B (``chunk_vectors``, or
 automatically: the largest chunk whose CORR message stays under ``target_message_bytes``, but
@@ -49,8 +55,8 @@ at least ⌈n_b / max_chunks⌉ so that the pair fits in hamming_api.run_pair's 
 Memory: only one chunk's message plus fixed-size scratch blocks (``block_values`` values) are
 alive at a time on either side.
 
-Bytes: A→B ≈ n_a·n_b·L values (1 or 2 bytes each), B→A ≈ 16·n_b·L bytes, each share
-n_a·n_b values.
+Bytes: A→B ≈ n_a·n_b·L values (β/8 bytes each), B→A ≈ 16·n_b·L bytes, each share
+n_a·n_b values (u8 if q ≤ 256 else u16).
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ from crypto.hamming_api import Outgoing, check_bits
 from crypto.ot_extension import KAPPA, OTExtReceiver, OTExtSender, TCCRHash, u_bytes
 
 MAGIC = b"XSHD"
-VERSION = 1
+VERSION = 2  # 2: CORR values packed to β bits (1: u8/u16)
 T_HELLO, T_BASE1, T_BASE2, T_EXT, T_CORR, T_SHARE_A, T_SHARE_B = 1, 2, 3, 4, 5, 6, 7
 _TYPE_NAMES = {1: "HELLO", 2: "BASE1", 3: "BASE2", 4: "EXT", 5: "CORR", 6: "SHARE_A", 7: "SHARE_B"}
 _HDR = struct.Struct(">4sBB")
@@ -92,6 +98,37 @@ def _value_dtype(q: int) -> np.dtype:
     return np.dtype(np.uint8) if q <= 256 else np.dtype("<u2")
 
 
+def _high_bits(q: int) -> int:
+    """Bits per CORR value above the low byte: β − 8, β = max(8, bit length of q − 1)."""
+    return max(0, (q - 1).bit_length() - 8)
+
+
+def _packed_bytes(n_values: int, q: int) -> int:
+    """Bytes of n_values packed CORR values: the low bytes, then one bit plane per high bit."""
+    return n_values + _high_bits(q) * (-(-n_values // 8))
+
+
+_PACK_VALUES = 1 << 22  # values per packbits call (a multiple of 8): bounded scratch memory
+
+
+def _pack_planes(high: np.ndarray, h: int, out: np.ndarray) -> None:
+    """out[j] ← bit plane j of high (uint8 values < 2^h, flat), little bit order, in slices."""
+    n = high.size
+    for s in range(0, n, _PACK_VALUES):
+        e = min(n, s + _PACK_VALUES)
+        blk = high[s:e]
+        for j in range(h):
+            plane = blk if h == 1 else (blk >> np.uint8(j)) & np.uint8(1)
+            out[j, s // 8 : -(-e // 8)] = np.packbits(plane, bitorder="little")
+
+
+def _unpack_bits(plane: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Bits start..stop−1 of a little-bit-order plane, as uint8 0/1."""
+    b0 = start >> 3
+    bits = np.unpackbits(plane[b0 : (stop + 7) >> 3], bitorder="little")
+    return bits[start - 8 * b0 : stop - 8 * b0]
+
+
 def _pad_words(q: int, n_values: int) -> int:
     """w such that k = 16·w pad bits per value give total bias ≤ 2^-SIGMA over n_values values."""
     need = SIGMA - 2 + math.log2(max(1, n_values)) + math.log2(q)
@@ -105,6 +142,7 @@ class _Params:
         self.n_a = n_a
         self.n_b = n_b
         self.dtype = _value_dtype(self.q)
+        self.high = _high_bits(self.q)
         self.words = _pad_words(self.q, n_a * n_b * n_bits)
         self.nblocks = (2 * self.words * n_a + 15) // 16
         # sums of L values < 2q fit a uint32 iff 2·L·q < 2^32
@@ -266,7 +304,7 @@ class OTHamming:
     def choose_chunk(self, n_bits: int, n_a: int, n_b: int) -> int:
         if self.chunk_vectors is not None:
             return min(self.chunk_vectors, n_b)
-        per_vector = n_bits * n_a * _value_dtype(n_bits + 1).itemsize
+        per_vector = _packed_bytes(n_bits * n_a, n_bits + 1)
         chunk = max(1, self.target_message_bytes // max(1, per_vector))
         max_chunks = (self.max_messages - 3) // 2
         chunk = max(chunk, -(-n_b // max_chunks))
@@ -366,7 +404,7 @@ class OTPartyA(_Party):
             if not 1 <= chunk <= n_b:
                 raise ProtocolError(f"SHADE: chunk of {chunk} vectors is invalid for n_b = {n_b}")
             self.p = _Params(self.L, self.n_a, n_b)
-            corr_bytes = _HDR.size + _CHUNK.size + chunk * self.L * self.n_a * self.p.dtype.itemsize
+            corr_bytes = _HDR.size + _CHUNK.size + _packed_bytes(chunk * self.L * self.n_a, self.q)
             if corr_bytes > self.max_bytes:
                 raise ProtocolError(f"SHADE: chunk of {chunk} vectors needs {corr_bytes}-byte messages, "
                                     f"over the limit of {self.max_bytes}")
@@ -405,9 +443,13 @@ class OTPartyA(_Party):
         b0 = k * self.chunk
         p, L, q = self.p, self.L, self.q
         head = _header(T_CORR) + _CHUNK.pack(k, count)
-        msg = bytearray(len(head) + count * L * p.n_a * p.dtype.itemsize)
+        m = count * L * p.n_a
+        msg = bytearray(len(head) + _packed_bytes(m, q))
         msg[: len(head)] = head
-        corr = np.frombuffer(msg, dtype=p.dtype, offset=len(head)).reshape(count * L, p.n_a)
+        # low bytes of c go straight into the message; the high bits (if any) into a scratch
+        # array, bit-planed into the message at the end
+        corr = np.frombuffer(msg, dtype=np.uint8, offset=len(head), count=m).reshape(count * L, p.n_a)
+        high = np.empty((count * L, p.n_a), np.uint8) if p.high else None
         delta = self.ext.delta
         blocks = self._blocks(count)
         maxn = max(e - s for s, e in blocks)
@@ -431,12 +473,21 @@ class OTPartyA(_Party):
                 h1 += self.dxq[s % L : s % L + n]
             np.floor_divide(h1, qq, out=tmp)
             tmp *= qq
-            np.subtract(h1, tmp, out=corr[s:e], casting="unsafe")
+            if high is None:
+                np.subtract(h1, tmp, out=corr[s:e], casting="unsafe")
+            else:
+                np.subtract(h1, tmp, out=h1)
+                np.copyto(corr[s:e], h1, casting="unsafe")  # low byte
+                np.right_shift(h1, np.uint32(8), out=h1)
+                np.copyto(high[s:e], h1, casting="unsafe")
             _row_sums(h0, s, L, acc, p.sum_dtype)
 
         racc = self.R[b0 : b0 + count]
         for st in self._map(make_state, work, blocks):
             racc += st[3]
+        if high is not None:
+            planes = np.frombuffer(msg, dtype=np.uint8, offset=len(head) + m).reshape(p.high, -1)
+            _pack_planes(high.reshape(-1), p.high, planes)
         return bytes(msg)
 
 
@@ -484,10 +535,17 @@ class OTPartyB(_Party):
                                     f"{self.next_chunk} ({self.pending_count} vectors)")
             p = self.p
             rows = count * self.L
-            _need(body, _CHUNK.size + rows * p.n_a * p.dtype.itemsize, "CORR")
-            corr = np.frombuffer(body, dtype=p.dtype, offset=_CHUNK.size).reshape(rows, p.n_a)
-            _check_values(corr, self.q, "CORR")
-            self._absorb(corr, k * self.chunk, count)
+            m = rows * p.n_a
+            _need(body, _CHUNK.size + _packed_bytes(m, self.q), "CORR")
+            corr = np.frombuffer(body, dtype=np.uint8, offset=_CHUNK.size, count=m).reshape(rows, p.n_a)
+            planes = None
+            if p.high:
+                planes = np.frombuffer(body, dtype=np.uint8, offset=_CHUNK.size + m).reshape(p.high, -1)
+                if m % 8 and np.any(planes[:, -1] >> np.uint8(m % 8)):
+                    raise ProtocolError("SHADE: CORR has nonzero padding bits")
+            else:
+                _check_values(corr, self.q, "CORR")
+            self._absorb(corr, planes, k * self.chunk, count)
             self.next_chunk += 1
             if self.next_chunk < self.n_chunks:
                 return Outgoing(to_peer=self._ext_message())
@@ -505,24 +563,37 @@ class OTPartyB(_Party):
         self.pending_rows, self.pending_first, self.pending_count = t_rows, first, count
         return _header(T_EXT) + _CHUNK.pack(k, count) + u
 
-    def _absorb(self, corr: np.ndarray, b0: int, count: int) -> None:
+    def _absorb(self, corr: np.ndarray, planes: np.ndarray | None, b0: int, count: int) -> None:
+        """corr: the low bytes of the chunk's values; planes: their high bit planes (or None)."""
         p, L = self.p, self.L
         t_rows, first = self.pending_rows, self.pending_first
         y = self.pending_y.astype(np.uint32)[:, None]
         blocks = self._blocks(count)
         maxn = max(e - s for s, e in blocks)
+        qq = np.uint32(self.q)
 
         def make_state():
-            bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(2)]
+            bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(3 if planes is not None else 2)]
             return TCCRHash(), bufs, np.zeros((count, p.n_a), np.uint64)
 
         def work(st, s, e):
-            hs, (g, tmp), acc = st
+            hs, bufs, acc = st
             n = e - s
-            g, tmp = g[:n], tmp[:n]
+            g, tmp = bufs[0][:n], bufs[1][:n]
             _reduce(hs.hash(t_rows[s:e], first + s, p.nblocks), p, g, tmp)
             # t = g + y·c (mod q later: T = Σ_l t mod q)
-            np.multiply(corr[s:e], y[s:e], out=tmp)
+            if planes is None:
+                np.multiply(corr[s:e], y[s:e], out=tmp)
+            else:
+                c, bit = tmp, bufs[2][:n]
+                np.copyto(c, corr[s:e])
+                for j in range(p.high):
+                    np.copyto(bit, _unpack_bits(planes[j], s * p.n_a, e * p.n_a).reshape(n, p.n_a))
+                    np.left_shift(bit, np.uint32(8 + j), out=bit)
+                    c |= bit
+                if n and int(c.max()) >= qq:
+                    raise ProtocolError(f"SHADE: CORR carries a value outside Z_{self.q}")
+                c *= y[s:e]
             g += tmp
             _row_sums(g, s, L, acc, p.sum_dtype)
 

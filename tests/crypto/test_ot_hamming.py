@@ -293,3 +293,53 @@ def test_rejects_bad_inputs(rng):
         proto.party_b(np.zeros((0, 2), np.uint8), 12)  # no vectors
     with pytest.raises(ProtocolError):
         OTHamming(chunk_vectors=0)
+
+
+# ----------------------------------------------------------------------------- packed CORR values
+
+
+@pytest.mark.parametrize("L,n_a,n_b,chunk,block_values", [
+    (256, 7, 5, 2, 1000),   # 9 bits per value, blocks that split vectors at odd value offsets
+    (300, 3, 4, None, 7),   # tiny blocks: every block starts mid-byte in the bit plane
+    (1000, 5, 3, 1, 1 << 17),  # 10 bits
+    (2047, 2, 3, 2, 333),   # 11 bits
+    (65535, 1, 2, None, 1 << 15),  # 16 bits: eight bit planes
+])
+def test_packed_values_exact(rng, L, n_a, n_b, chunk, block_values):
+    a, b = _bits(rng, n_a, L), _bits(rng, n_b, L)
+    for threads in (1, 2):
+        H, t = _run(OTHamming(chunk, block_values=block_values, threads=threads), a, b, L)
+        assert np.array_equal(H, plaintext_hamming(a, b))
+
+
+def test_packed_corr_size_and_malformed(rng):
+    L, n_a, n_b = 256, 3, 5  # q = 257: 9 bits per value; m = 5·256·3 values in one CORR
+    a, b = _bits(rng, n_a, L), _bits(rng, n_b, L)
+    proto = OTHamming()
+    _, pb, msgs = _produce(proto, a, b, L, 4)
+    m = n_b * L * n_a
+    corr = msgs[4]
+    assert len(corr) == 6 + 8 + m + -(-m // 8)  # header, chunk header, low bytes, one bit plane
+    # a value of 257 or more: low byte 0xFF with the high bit set
+    planes_at = 6 + 8 + m
+    bad = bytearray(corr)
+    bad[6 + 8] = 0xFF
+    bad[planes_at] |= 1
+    with pytest.raises(ProtocolError, match="outside"):
+        pb.receive(bytes(bad))
+    # truncated bit plane / extra byte
+    for bad in (corr[:-1], corr + b"\x00"):
+        _, pb, _ = _produce(proto, a, b, L, 3)
+        with pytest.raises(ProtocolError, match="CORR body"):
+            pb.receive(bad)
+
+
+def test_packed_corr_padding_bits_refused(rng):
+    L, n_a, n_b = 257, 1, 1  # m = 257 values: the plane's last byte has 7 padding bits
+    a, b = _bits(rng, n_a, L), _bits(rng, n_b, L)
+    proto = OTHamming()
+    _, pb, msgs = _produce(proto, a, b, L, 4)
+    bad = bytearray(msgs[4])
+    bad[-1] |= 0x80
+    with pytest.raises(ProtocolError, match="padding"):
+        pb.receive(bytes(bad))
