@@ -49,6 +49,12 @@ each, the body holds the m low bytes (value & 0xFF), then, for j = 0..β−9, on
 value (1.125 bytes) instead of a uint16; L ≤ 255: plain bytes. A receiver rejects nonzero padding
 bits and values ≥ q.
 
+Sparse high bits, for 256 < q ≤ 264 (L = 256..263, where a bit plane would be mostly zeros: c is
+uniform in Z_q, so only a fraction (q − 256)/q of the values, 1/257 at L = 256, is ≥ 256): the m
+low bytes, then count:u32 and the count positions (u32 little-endian, strictly increasing, < m)
+of the values ≥ 256, each of which is 256 + its low byte. ≈ 1.016 bytes per value at L = 256. A
+receiver rejects positions out of order or out of range, and values ≥ q.
+
 So a pair takes 3 + 2·⌈n_b / chunk⌉ messages; ``chunk`` is chosen by B (``chunk_vectors``, or
 automatically: the largest chunk whose CORR message stays under ``target_message_bytes``, but
 at least ⌈n_b / max_chunks⌉ so that the pair fits in hamming_api.run_pair's 64 messages).
@@ -103,8 +109,20 @@ def _high_bits(q: int) -> int:
     return max(0, (q - 1).bit_length() - 8)
 
 
+def _sparse(q: int) -> bool:
+    """Sparse high bits (positions of the values ≥ 256) instead of a bit plane: when 4 bytes per such
+    value, (q − 256)/q of them, beat ⅛ byte per value."""
+    return 256 < q and 32 * (q - 256) < q
+
+
+_SPARSE_COUNT = struct.Struct(">I")
+
+
 def _packed_bytes(n_values: int, q: int) -> int:
-    """Bytes of n_values packed CORR values: the low bytes, then one bit plane per high bit."""
+    """Bytes of n_values packed CORR values: the low bytes, then one bit plane per high bit; in the
+    sparse form (whose size depends on the values) an upper estimate used for chunking and limits."""
+    if _sparse(q):
+        return n_values + _SPARSE_COUNT.size + n_values // 8
     return n_values + _high_bits(q) * (-(-n_values // 8))
 
 
@@ -143,6 +161,7 @@ class _Params:
         self.n_b = n_b
         self.dtype = _value_dtype(self.q)
         self.high = _high_bits(self.q)
+        self.sparse = _sparse(self.q)
         self.words = _pad_words(self.q, n_a * n_b * n_bits)
         self.nblocks = (2 * self.words * n_a + 15) // 16
         # sums of L values < 2q fit a uint32 iff 2·L·q < 2^32
@@ -444,12 +463,12 @@ class OTPartyA(_Party):
         p, L, q = self.p, self.L, self.q
         head = _header(T_CORR) + _CHUNK.pack(k, count)
         m = count * L * p.n_a
-        msg = bytearray(len(head) + _packed_bytes(m, q))
+        msg = bytearray(len(head) + (m if p.sparse else _packed_bytes(m, q)))
         msg[: len(head)] = head
         # low bytes of c go straight into the message; the high bits (if any) into a scratch
-        # array, bit-planed into the message at the end
+        # array, bit-planed into the message at the end, or, sparse, as the positions of values ≥ 256
         corr = np.frombuffer(msg, dtype=np.uint8, offset=len(head), count=m).reshape(count * L, p.n_a)
-        high = np.empty((count * L, p.n_a), np.uint8) if p.high else None
+        high = np.empty((count * L, p.n_a), np.uint8) if p.high and not p.sparse else None
         delta = self.ext.delta
         blocks = self._blocks(count)
         maxn = max(e - s for s, e in blocks)
@@ -457,10 +476,10 @@ class OTPartyA(_Party):
 
         def make_state():
             bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(3)]
-            return TCCRHash(), TCCRHash(), bufs, np.zeros((count, p.n_a), np.uint64)
+            return TCCRHash(), TCCRHash(), bufs, np.zeros((count, p.n_a), np.uint64), []
 
         def work(st, s, e):
-            hs0, hs1, (h0, h1, tmp), acc = st
+            hs0, hs1, (h0, h1, tmp), acc, spots = st
             n = e - s
             h0, h1, tmp = h0[:n], h1[:n], tmp[:n]
             _reduce(hs0.hash(q_rows[s:e], first + s, p.nblocks), p, h0, tmp)
@@ -473,18 +492,25 @@ class OTPartyA(_Party):
                 h1 += self.dxq[s % L : s % L + n]
             np.floor_divide(h1, qq, out=tmp)
             tmp *= qq
-            if high is None:
+            if not p.high:
                 np.subtract(h1, tmp, out=corr[s:e], casting="unsafe")
             else:
                 np.subtract(h1, tmp, out=h1)
                 np.copyto(corr[s:e], h1, casting="unsafe")  # low byte
-                np.right_shift(h1, np.uint32(8), out=h1)
-                np.copyto(high[s:e], h1, casting="unsafe")
+                if p.sparse:
+                    spots.append(np.flatnonzero(h1 >= np.uint32(256)).astype("<u4") + np.uint32(s * p.n_a))
+                else:
+                    np.right_shift(h1, np.uint32(8), out=h1)
+                    np.copyto(high[s:e], h1, casting="unsafe")
             _row_sums(h0, s, L, acc, p.sum_dtype)
 
         racc = self.R[b0 : b0 + count]
-        for st in self._map(make_state, work, blocks):
+        states = self._map(make_state, work, blocks)
+        for st in states:
             racc += st[3]
+        if p.sparse:  # the states hold contiguous, ascending block ranges, in order
+            spots = np.concatenate([a for st in states for a in st[4]] or [np.zeros(0, "<u4")])
+            return b"".join((msg, _SPARSE_COUNT.pack(spots.size), spots.astype("<u4", copy=False).tobytes()))
         if high is not None:
             planes = np.frombuffer(msg, dtype=np.uint8, offset=len(head) + m).reshape(p.high, -1)
             _pack_planes(high.reshape(-1), p.high, planes)
@@ -536,10 +562,22 @@ class OTPartyB(_Party):
             p = self.p
             rows = count * self.L
             m = rows * p.n_a
-            _need(body, _CHUNK.size + _packed_bytes(m, self.q), "CORR")
+            if p.sparse:
+                if len(body) < _CHUNK.size + m + _SPARSE_COUNT.size:
+                    raise ProtocolError("SHADE: CORR is truncated")
+                (n_spots,) = _SPARSE_COUNT.unpack_from(body, _CHUNK.size + m)
+                _need(body, _CHUNK.size + m + _SPARSE_COUNT.size + 4 * n_spots, "CORR")
+            else:
+                _need(body, _CHUNK.size + _packed_bytes(m, self.q), "CORR")
             corr = np.frombuffer(body, dtype=np.uint8, offset=_CHUNK.size, count=m).reshape(rows, p.n_a)
             planes = None
-            if p.high:
+            if p.sparse:
+                planes = np.frombuffer(body, dtype="<u4", offset=_CHUNK.size + m + _SPARSE_COUNT.size, count=n_spots)
+                if n_spots and (int(planes[-1]) >= m or np.any(planes[1:] <= planes[:-1])):
+                    raise ProtocolError("SHADE: CORR positions of high values are out of order or out of range")
+                if n_spots and int(corr.reshape(-1)[planes].max()) >= self.q - 256:
+                    raise ProtocolError(f"SHADE: CORR carries a value outside Z_{self.q}")
+            elif p.high:
                 planes = np.frombuffer(body, dtype=np.uint8, offset=_CHUNK.size + m).reshape(p.high, -1)
                 if m % 8 and np.any(planes[:, -1] >> np.uint8(m % 8)):
                     raise ProtocolError("SHADE: CORR has nonzero padding bits")
@@ -564,7 +602,8 @@ class OTPartyB(_Party):
         return _header(T_EXT) + _CHUNK.pack(k, count) + u
 
     def _absorb(self, corr: np.ndarray, planes: np.ndarray | None, b0: int, count: int) -> None:
-        """corr: the low bytes of the chunk's values; planes: their high bit planes (or None)."""
+        """corr: the low bytes of the chunk's values; planes: their high bit planes, or (sparse) the
+        positions of the values ≥ 256, or None."""
         p, L = self.p, self.L
         t_rows, first = self.pending_rows, self.pending_first
         y = self.pending_y.astype(np.uint32)[:, None]
@@ -573,7 +612,7 @@ class OTPartyB(_Party):
         qq = np.uint32(self.q)
 
         def make_state():
-            bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(3 if planes is not None else 2)]
+            bufs = [np.empty((maxn, p.n_a), np.uint32) for _ in range(3 if p.high and not p.sparse else 2)]
             return TCCRHash(), bufs, np.zeros((count, p.n_a), np.uint64)
 
         def work(st, s, e):
@@ -584,6 +623,12 @@ class OTPartyB(_Party):
             # t = g + y·c (mod q later: T = Σ_l t mod q)
             if planes is None:
                 np.multiply(corr[s:e], y[s:e], out=tmp)
+            elif p.sparse:
+                np.copyto(tmp, corr[s:e])
+                lo, hi = np.searchsorted(planes, (s * p.n_a, e * p.n_a))
+                if hi > lo:
+                    tmp.reshape(-1)[planes[lo:hi] - np.uint32(s * p.n_a)] += np.uint32(256)
+                tmp *= y[s:e]
             else:
                 c, bit = tmp, bufs[2][:n]
                 np.copyto(c, corr[s:e])

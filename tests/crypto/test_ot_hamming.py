@@ -313,14 +313,14 @@ def test_packed_values_exact(rng, L, n_a, n_b, chunk, block_values):
 
 
 def test_packed_corr_size_and_malformed(rng):
-    L, n_a, n_b = 256, 3, 5  # q = 257: 9 bits per value; m = 5·256·3 values in one CORR
+    L, n_a, n_b = 300, 3, 5  # q = 301: 9 bits per value, one bit plane; m = 5·300·3 values in one CORR
     a, b = _bits(rng, n_a, L), _bits(rng, n_b, L)
     proto = OTHamming()
     _, pb, msgs = _produce(proto, a, b, L, 4)
     m = n_b * L * n_a
     corr = msgs[4]
     assert len(corr) == 6 + 8 + m + -(-m // 8)  # header, chunk header, low bytes, one bit plane
-    # a value of 257 or more: low byte 0xFF with the high bit set
+    # a value of 301 or more: low byte 0xFF with the high bit set
     planes_at = 6 + 8 + m
     bad = bytearray(corr)
     bad[6 + 8] = 0xFF
@@ -335,7 +335,7 @@ def test_packed_corr_size_and_malformed(rng):
 
 
 def test_packed_corr_padding_bits_refused(rng):
-    L, n_a, n_b = 257, 1, 1  # m = 257 values: the plane's last byte has 7 padding bits
+    L, n_a, n_b = 300, 1, 1  # m = 300 values: the plane's last byte has 4 padding bits
     a, b = _bits(rng, n_a, L), _bits(rng, n_b, L)
     proto = OTHamming()
     _, pb, msgs = _produce(proto, a, b, L, 4)
@@ -343,3 +343,49 @@ def test_packed_corr_padding_bits_refused(rng):
     bad[-1] |= 0x80
     with pytest.raises(ProtocolError, match="padding"):
         pb.receive(bytes(bad))
+
+
+def _sparse_corr(rng, L=256, n_a=40, n_b=30):
+    """A CORR at L = 256 (q = 257: the positions of the values equal to 256) and B ready for it."""
+    a, b = _bits(rng, n_a, L), _bits(rng, n_b, L)
+    _, pb, msgs = _produce(OTHamming(), a, b, L, 4)
+    m = n_b * L * n_a
+    (count,) = struct.unpack_from(">I", msgs[4], 14 + m)
+    spots = np.frombuffer(msgs[4], "<u4", offset=18 + m)
+    return pb, msgs[4], m, count, spots, (a, b, L)
+
+
+def test_sparse_corr_size_and_malformed(rng):
+    pb, corr, m, count, spots, (a, b, L) = _sparse_corr(rng)
+    assert len(corr) == 6 + 8 + m + 4 + 4 * count and count == spots.size
+    assert 0 < count < 3 * m / 257  # about m / 257 values equal 256
+    assert np.all(np.diff(spots.astype(np.int64)) > 0) and spots[-1] < m
+    low = np.frombuffer(corr, np.uint8, offset=14, count=m)
+    assert np.all(low[spots] == 0)  # 256 + low < 257
+
+    def fresh():
+        return _produce(OTHamming(), a, b, L, 3)[1]
+
+    cases = {
+        "value 257": lambda c: c[:14 + int(spots[0])] + b"\x01" + c[15 + int(spots[0]):],
+        "out of order": lambda c: c[:18 + m] + spots[::-1].astype("<u4").tobytes(),
+        "duplicate": lambda c: c[:18 + m] + np.concatenate([spots[:1], spots[:-1]]).astype("<u4").tobytes(),
+        "out of range": lambda c: c[:-4] + struct.pack("<I", m),
+        "count too large": lambda c: c[:14 + m] + struct.pack(">I", count + 1) + c[18 + m:],
+        "truncated": lambda c: c[:-1],
+        "no count": lambda c: c[:14 + m + 2],
+    }
+    for corrupt in cases.values():
+        with pytest.raises(ProtocolError):
+            fresh().receive(corrupt(corr))
+    # an honest CORR with none of its values ≥ 256 is valid: count 0
+    H = run_pair(OTHamming(), a, b, L)
+    assert np.array_equal(H, plaintext_hamming(a, b))
+
+
+@pytest.mark.parametrize("L", [256, 260, 263, 264, 265])
+def test_sparse_and_plane_forms_around_the_switch(rng, L):
+    a, b = _bits(rng, 9, L), _bits(rng, 7, L)
+    for threads, block_values in ((1, 1 << 17), (2, 97)):
+        H = run_pair(OTHamming(3, block_values=block_values, threads=threads), a, b, L)
+        assert np.array_equal(H, plaintext_hamming(a, b))
