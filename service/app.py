@@ -22,14 +22,25 @@ from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import FileResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, Field
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
-from service.db import COORDINATOR, Job, Message, Site, make_engine, make_sessionmaker, message_body
+from service.blobs import DEFAULT_THRESHOLD, BlobStore, blob_key, default_blob_dir
+from service.db import (
+    COORDINATOR,
+    Job,
+    Message,
+    Site,
+    make_engine,
+    make_sessionmaker,
+    message_body,
+    message_ref,
+    new_message,
+)
 from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
 from xclp.protocol import CRYPTO_CHOICES, CoordinatorSession, JobParams, decode_announce
 from xclp.wire import load_array
@@ -45,6 +56,18 @@ class Settings:
     max_body_bytes: int = 1 << 30
     engine_interval: float = 0.2
     default_deadlines: dict = field(default_factory=lambda: dict(DEFAULT_DEADLINES))
+    # Message bodies of at least blob_threshold bytes are kept as files in blob_dir (service.blobs)
+    # instead of the database. None: next to a SQLite database file (<file>.blobs); with PostgreSQL
+    # or an in-memory database, no folder (every body in the database) unless one is given here.
+    blob_dir: str | None = None
+    blob_threshold: int = DEFAULT_THRESHOLD
+    # fsync each blob file before its row commits. None: as durable as the database's own commits —
+    # yes on PostgreSQL; no on SQLite, whose commits (WAL, synchronous=NORMAL) are not fsynced either.
+    blob_fsync: bool | None = None
+
+
+class _BlobResponse(FileResponse):
+    chunk_size = 1 << 20  # fewer thread hops than the default 64 KiB for bodies of tens of MB
 
 
 def hash_token(token: str) -> str:
@@ -107,7 +130,10 @@ def create_app(settings: Settings) -> FastAPI:
     if len(settings.admin_token) < 8:
         raise ValueError("the admin token must have at least 8 characters")
     engine = make_engine(settings.database)
-    Session = make_sessionmaker(engine)
+    blob_dir = settings.blob_dir or default_blob_dir(settings.database)
+    fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
+    blobs = BlobStore(blob_dir, settings.blob_threshold, fsync) if blob_dir else None
+    Session = make_sessionmaker(engine, blobs)
     job_engine = JobEngine(Session, settings.engine_interval)
     registry = CollectorRegistry()
     requests_total = Counter("xclp_requests_total", "HTTP requests", ["method", "status"], registry=registry)
@@ -116,6 +142,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if blobs is not None:  # files whose rows never committed (a coordinator killed mid-upload)
+            with Session() as db:
+                referenced = set(db.scalars(select(Message.blob).where(Message.blob.is_not(None))))
+            if removed := blobs.sweep(referenced):
+                log.info("removed %d unreferenced blob files from %s", removed, blobs.root)
         job_engine.start()
         log.info("coordinator started on %s", settings.database.split("@")[-1])
         yield
@@ -277,16 +308,23 @@ def create_app(settings: Settings) -> FastAPI:
         with Session() as db:
             job = load_job(db, job_id)
             _check_upload(db, job, site, to, topic, body)
-            existing = message_body(db, job_id, site, to, topic)
+            key = blob_key(body) if blobs is not None and len(body) >= blobs.threshold else None
+            existing = message_ref(db, job_id, site, to, topic)
             if existing is not None:
-                if existing == body:
+                old_body, old_key, old_size = existing
+                same = old_size == len(body) and (old_body == body if old_key is None
+                                                  else old_key == (key or blob_key(body)))
+                if same:
                     return {"stored": False, "detail": "identical message already stored"}
                 raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded with other content")
-            db.add(Message(job_id=job_id, sender=site, recipient=to, topic=topic, size=len(body), body=body))
+            msg = new_message(db, job_id, site, to, topic, body, key)  # a large body: its file first
+            db.add(msg)
             try:
                 db.commit()
             except IntegrityError:
                 db.rollback()
+                if msg.blob is not None and db.scalar(select(Message.id).where(Message.blob == msg.blob)) is None:
+                    blobs.delete(msg.blob)
                 raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
         return {"stored": True, "bytes": len(body)}
 
@@ -297,10 +335,18 @@ def create_app(settings: Settings) -> FastAPI:
         job = load_job(db, job_id)
         if site not in job.sites:
             raise HTTPException(403, f"site {site!r} is not in job {job_id}")
-        body = message_body(db, job_id, sender, site, topic)
-        if body is None:
+        ref = message_ref(db, job_id, sender, site, topic)
+        if ref is None:
             raise HTTPException(404, f"no message {topic!r} from {sender} to {site} (yet)")
-        return Response(content=body, media_type="application/octet-stream")
+        body, key, size = ref
+        if key is None:
+            return Response(content=body, media_type="application/octet-stream")
+        if blobs is None:
+            raise HTTPException(500, "the message is in the blob store, but this coordinator has no blob folder")
+        path = blobs.ready(key, size)
+        if path is None:  # pruned an instant ago (its job has finished), or lost
+            raise HTTPException(404, f"no message {topic!r} from {sender} to {site}")
+        return _BlobResponse(path, media_type="application/octet-stream")
 
     return app
 

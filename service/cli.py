@@ -33,14 +33,14 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
-          deadlines: dict | None = None) -> None:
+          deadlines: dict | None = None, blob_dir: str | None = None) -> None:
     import uvicorn
 
     from service.app import Settings, create_app
 
     token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
     setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
-    settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20)
+    settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir)
     if deadlines:
         settings.default_deadlines.update(deadlines)
     app = create_app(settings)

@@ -82,7 +82,9 @@ class Message(Base):
     recipient: Mapped[str] = mapped_column(String(64), index=True)
     topic: Mapped[str] = mapped_column(String(200))  # e.g. pair/<64-char site>/<64-char site>/<n>
     size: Mapped[int] = mapped_column(Integer)
-    body: Mapped[bytes] = mapped_column(LargeBinary)
+    body: Mapped[bytes] = mapped_column(LargeBinary)  # empty when the body is in the blob store
+    # SHA-256 (hex) of a body kept as a file beside the database (service.blobs), else NULL
+    blob: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
@@ -110,24 +112,56 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker:
-    return sessionmaker(engine, expire_on_commit=False)
+def make_sessionmaker(engine: Engine, blobs=None) -> sessionmaker:
+    """blobs: the service.blobs.BlobStore that holds large message bodies (None: all in the database);
+    every session carries it as ``db.info["blobs"]``."""
+    return sessionmaker(engine, expire_on_commit=False, info={"blobs": blobs})
+
+
+def _blob_store(db):
+    store = db.info.get("blobs")
+    if store is None:
+        raise RuntimeError("a message body is in the blob store, but this coordinator has none configured")
+    return store
+
+
+def new_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes,
+                key: str | None = None) -> Message:
+    """A Message row for body: a body of at least the store's threshold is written to the blob store
+    first (see service.blobs for durability) and the row names it; a smaller one, or any without a
+    store, goes in the row."""
+    store = db.info.get("blobs")
+    if store is not None and len(body) >= store.threshold:
+        key = store.put(body, key)
+        return Message(job_id=job_id, sender=sender, recipient=recipient, topic=topic, size=len(body), body=b"",
+                       blob=key)
+    return Message(job_id=job_id, sender=sender, recipient=recipient, topic=topic, size=len(body), body=body)
+
+
+def message_ref(db, job_id: str, sender: str, recipient: str, topic: str):
+    """(body, blob key, size) of a message, without reading a blob; None if there is none."""
+    row = db.execute(
+        select(Message.body, Message.blob, Message.size).where(
+            Message.job_id == job_id, Message.sender == sender, Message.recipient == recipient,
+            Message.topic == topic)
+    ).first()
+    return None if row is None else tuple(row)
 
 
 def message_body(db, job_id: str, sender: str, recipient: str, topic: str) -> bytes | None:
-    row = db.execute(
-        select(Message.body).where(Message.job_id == job_id, Message.sender == sender,
-                                   Message.recipient == recipient, Message.topic == topic)
-    ).first()
-    return None if row is None else row[0]
+    ref = message_ref(db, job_id, sender, recipient, topic)
+    if ref is None:
+        return None
+    body, blob, size = ref
+    return body if blob is None else _blob_store(db).read(blob, size)
 
 
 def topics_from(db, job_id: str, recipient: str, prefix: str) -> dict[tuple[str, str], bytes]:
     rows = db.execute(
-        select(Message.sender, Message.topic, Message.body).where(
+        select(Message.sender, Message.topic, Message.body, Message.blob, Message.size).where(
             Message.job_id == job_id, Message.recipient == recipient, Message.topic.startswith(prefix))
     ).all()
-    return {(s, t): b for s, t, b in rows}
+    return {(s, t): (b if k is None else _blob_store(db).read(k, n)) for s, t, b, k, n in rows}
 
 
 def has_messages(db, job_id: str, recipient: str, topic: str) -> set[str]:

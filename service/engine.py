@@ -30,7 +30,7 @@ import time
 from sqlalchemy import delete, select
 
 from crypto.errors import ProtocolError
-from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
+from service.db import COORDINATOR, Job, Message, has_messages, message_body, new_message, utcnow
 from xclp.protocol import CoordinatorSession, JobParams, Layout, encode_roster
 from xclp.wire import dump_bundle
 
@@ -49,7 +49,7 @@ def pair_list(order: list[str]) -> list[tuple[str, str]]:
 
 
 def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:
-    db.add(Message(job_id=job_id, sender=sender, recipient=recipient, topic=topic, size=len(body), body=body))
+    db.add(new_message(db, job_id, sender, recipient, topic, body))
 
 
 class JobEngine:
@@ -109,13 +109,22 @@ class JobEngine:
     def _prune(self, job_id: str) -> None:
         """Once a job has finished, its relayed pair traffic (sealed; for OT n_a·n_b·L values per
         pair) has served its purpose: keep the shares and results, free the disk. Done in its own
-        transaction after the job's last step, so it never delays a phase."""
+        transaction after the job's last step, so it never delays a phase. Blob files go after the
+        rows' deletion has committed (a file no row names is never needed again; one left by a crash
+        in between is swept at the next start)."""
         with self.sessionmaker() as db:
             job = db.get(Job, job_id)
             if job is None or job.status == "running":
                 return
-            db.execute(delete(Message).where(Message.job_id == job_id, Message.topic.startswith("pair/")))
+            pruned = (Message.job_id == job_id) & Message.topic.startswith("pair/")
+            keys = set(db.scalars(select(Message.blob).where(pruned, Message.blob.is_not(None))))
+            db.execute(delete(Message).where(pruned))
             db.commit()
+            store = db.info.get("blobs")
+            if keys and store is not None:
+                still = set(db.scalars(select(Message.blob).where(Message.blob.in_(keys))))
+                for key in keys - still:
+                    store.delete(key)
 
 
 def fail(job: Job, reason: str) -> None:

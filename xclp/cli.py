@@ -171,7 +171,8 @@ def _deadlines(items: list[str] | None) -> dict:
 def cmd_coordinator_serve(args) -> int:
     from service.cli import serve
 
-    serve(args.host, args.port, args.database, args.admin_token, args.max_body_mb, _deadlines(args.deadline))
+    serve(args.host, args.port, args.database, args.admin_token, args.max_body_mb, _deadlines(args.deadline),
+          blob_dir=args.blob_dir)
     return 0
 
 
@@ -281,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="SQLAlchemy URL: sqlite:///FILE (default) or postgresql+psycopg2://USER:PW@HOST/DB")
     cs.add_argument("--admin-token", default=None, help="operator token (or $XCLP_ADMIN_TOKEN)")
     cs.add_argument("--max-body-mb", type=int, default=1024, help="largest upload accepted (MiB)")
+    cs.add_argument("--blob-dir", default=None,
+                    help="folder for message bodies of 1 MiB or more (default: <database file>.blobs for SQLite; "
+                         "none for PostgreSQL, where they stay in the database)")
     cs.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="default per-phase deadline (setup, seed, counts, hamming, row_sums)")
     cs.set_defaults(func=cmd_coordinator_serve)
