@@ -316,7 +316,10 @@ def reading(out: dict) -> str:
         + ("" if extra == infl_extra else
            f"; the remaining {extra - infl_extra:+,} bytes (first repeat; per repeat: "
            + ", ".join(f"{x['service_bytes'] - x['in_process_bytes']:+,}" for x in out["runs"])
-           + ") are not explained by this benchmark — small, but they vary between repeats")
+           + (") vary between runs because the size of an OT correction message does: at L = 256 its values "
+              "equal to 256 are sent as their positions, 4 bytes each, and how many there are depends on the "
+              "run's random pads (about one value in 257)" if out["config"].get("crypto", "ot") == "ot" else
+              ") are not explained by this benchmark — small, but they vary between repeats"))
         + f". HTTP "
         f"headers, the JSON status calls and the /work polls are in neither number. The relayed OT pair messages "
         f"are {pair_mib:,.0f} MiB of it; like every message they are stored before they are relayed (so that a "
@@ -327,7 +330,8 @@ def reading(out: dict) -> str:
         f"{r0.get('blob_file_bytes', 0) / 2**20:,.1f} MiB.\n"
         f"- **Time.** The service took {diff:+.1f} s against the in-process run ({ratio:.2f}×). Where it "
         f"goes: (1) *polling* — an idle agent asks for work and for its next pair message every {AGENT_POLL} s, "
-        f"and before every step it fetches the job's status, so each hand-off between two parties costs up to one "
+        f"and before every step it fetches the job's status (except while it only waits for pair messages: then "
+        f"it asks only for those, for up to 0.5 s at a time), so each hand-off between two parties costs up to one "
         f"poll interval plus a round trip; the coordinator's engine wakes on every upload (its 0.2 s interval is "
         f"only the fallback), so phase changes wait for the engine's work, not for a timer; (2) *storage* — "
         f"every upload is one INSERT and COMMIT into SQLite, a body of 1 MiB or more first written to a file "

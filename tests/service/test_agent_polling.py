@@ -1,0 +1,84 @@
+"""An agent waiting inside SecureHamming for its peers' pair messages asks only for those messages:
+it reuses its job status and /work answer for agent.QUIET_SECONDS, and asks again once it moves on."""
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from svc import ADMIN
+
+import clients.agent as agent_mod
+from clients.agent import Agent
+from clients.api import CoordinatorClient
+from service.app import Settings, create_app
+from xclp.data import load_arrays
+from xclp.splits import simulate_sites
+
+
+class Counting:
+    def __init__(self, api):
+        self.api, self.calls = api, []
+
+    def __getattr__(self, name):
+        fn = getattr(self.api, name)
+
+        def call(*a, **kw):
+            self.calls.append(name)
+            return fn(*a, **kw)
+
+        return call
+
+
+@pytest.fixture
+def rig(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent_mod, "QUIET_SECONDS", 3600.0)  # no clock in the test: the window never ends
+    settings = Settings(database=f"sqlite:///{tmp_path / 'p.db'}", admin_token=ADMIN, engine_interval=0.02)
+    with TestClient(create_app(settings)) as tc:
+        X, y = load_arrays("digits", limit=120, seed=3)
+        ds = simulate_sites(X, y, 2, "iid", 0.2, seed=3)
+        admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
+        agents = {}
+        for s in ds.sites:
+            token = admin.add_site(s)["token"]
+            idx = np.flatnonzero(ds.site == s)
+            np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
+            agents[s] = Agent(Counting(CoordinatorClient("http://testserver", token, transport=tc._transport)), s,
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+        yield ds, admin, agents
+
+
+def test_waiting_for_pair_messages_asks_only_for_them(rig):
+    ds, admin, agents = rig
+    a, b = (agents[s] for s in ds.sites)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=32, k=4, classes=10)
+    for _ in range(400):  # up to the Hamming phase, then b speaks once (its reply to a's HELLO is pending)
+        for ag in (a, b):
+            ag.run(once=True)
+        if b.pairs.get(job) and b.pairs[job][a.site]["got"] == 1:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError(admin.job(job))
+    a.run(once=True)  # a takes b's BASE1 and answers; from here a waits for b's EXT
+    a.run(once=True)
+    a.api.calls.clear()
+    for _ in range(10):
+        a.run(once=True)
+    assert a.api.calls == ["get"] * 10  # no /work, no job status: only the pair message
+    b.run(once=True)  # b answers
+    a.api.calls.clear()
+    a.run(once=True)  # a moves on: it takes b's message and answers
+    assert a.api.calls[:2] == ["get", "put"]
+    a.api.calls.clear()
+    a.run(once=True)  # and then asks again what the job is doing
+    assert a.api.calls[:2] == ["work", "job"]
+    # the job finishes as before
+    for _ in range(600):
+        for ag in (a, b):
+            ag.run(once=True)
+        if all(ag.result_path(job).exists() for ag in (a, b)):
+            break
+        time.sleep(0.01)
+    assert admin.job(job)["status"] == "done"
+    assert all(ag.result_path(job).exists() for ag in (a, b))
