@@ -33,6 +33,7 @@ from xclp.wire import load_bundle
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
+LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
 
 
 def load_site_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
@@ -283,6 +284,11 @@ class Agent:
             d["done"] = out.done
             self._flush(job_id, d)
         self._set_quiet(job_id, status if waiting and not progressed else None)
+        if not progressed and all(d["done"] for p, d in self.pairs[job_id].items() if p in status["live"]):
+            # All its pairs are through: the phase ends when the coordinator has every share and has built
+            # the graph and the influence columns. Wait for those in one long poll instead of many polls,
+            # which would compete with that computation for the coordinator's CPU.
+            progressed = self.api.get(job_id, "influence", wait=LONG_POLL) is not None
         return progressed
 
     def _flush(self, job_id: str, d: dict) -> bool:

@@ -76,6 +76,8 @@ class CoordinatorClient:
         return self.request("PUT", f"/jobs/{job_id}/messages/{topic}", params={"to": to}, content=body,
                             headers={"Content-Type": "application/octet-stream"}).json()
 
-    def get(self, job_id: str, topic: str, sender: str = "coordinator") -> bytes | None:
-        r = self.request("GET", f"/jobs/{job_id}/messages/{topic}", params={"sender": sender}, ok404=True)
+    def get(self, job_id: str, topic: str, sender: str = "coordinator", wait: float = 0.0) -> bytes | None:
+        """The message, or None if it is not there (after waiting up to `wait` seconds on the coordinator)."""
+        params = {"sender": sender, **({"wait": wait} if wait > 0 else {})}
+        r = self.request("GET", f"/jobs/{job_id}/messages/{topic}", params=params, ok404=True)
         return None if r is None else r.content

@@ -16,6 +16,7 @@ import hmac
 import logging
 import re
 import secrets
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -329,13 +330,19 @@ def create_app(settings: Settings) -> FastAPI:
         return {"stored": True, "bytes": len(body)}
 
     @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
-    def download(job_id: str, topic: str, sender: str = COORDINATOR, site: str = Depends(require_site),
-                 db=Depends(get_db)):
-        """A message addressed to the caller (and only to the caller)."""
+    def download(job_id: str, topic: str, sender: str = COORDINATOR, wait: float = 0.0,
+                 site: str = Depends(require_site), db=Depends(get_db)):
+        """A message addressed to the caller (and only to the caller). wait: seconds (≤ 10) to wait
+        for it if it is not there yet (a long poll: one request instead of many)."""
         job = load_job(db, job_id)
         if site not in job.sites:
             raise HTTPException(403, f"site {site!r} is not in job {job_id}")
         ref = message_ref(db, job_id, sender, site, topic)
+        end = time.monotonic() + min(max(wait, 0.0), 10.0)
+        while ref is None and time.monotonic() < end:
+            time.sleep(0.05)
+            db.rollback()  # a fresh snapshot for the next look
+            ref = message_ref(db, job_id, sender, site, topic)
         if ref is None:
             raise HTTPException(404, f"no message {topic!r} from {sender} to {site} (yet)")
         body, key, size = ref

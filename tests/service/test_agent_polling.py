@@ -82,3 +82,22 @@ def test_waiting_for_pair_messages_asks_only_for_them(rig):
         time.sleep(0.01)
     assert admin.job(job)["status"] == "done"
     assert all(ag.result_path(job).exists() for ag in (a, b))
+
+
+def test_a_long_poll_returns_the_message_or_404(app_client):
+    from crypto.keys import SiteKeyPair
+    from xclp.protocol import encode_announce
+
+    heads = {}
+    for s in ("a", "b"):
+        r = app_client.post("/sites", json={"name": s}, headers={"Authorization": f"Bearer {ADMIN}"})
+        heads[s] = {"Authorization": f"Bearer {r.json()['token']}"}
+    job = app_client.post("/jobs", json={"sites": ["a", "b"], "crypto": "plaintext", "classes": 2},
+                          headers={"Authorization": f"Bearer {ADMIN}"}).json()["job"]
+    url = f"/jobs/{job}/messages"
+    assert app_client.get(f"{url}/roster?wait=0.2", headers=heads["a"]).status_code == 404  # not there in time
+    for s in ("a", "b"):
+        body = encode_announce(s, SiteKeyPair.generate().public_bytes(), 4, np.array([0]))
+        assert app_client.put(f"{url}/announce", content=body, headers=heads[s]).status_code == 200
+    r = app_client.get(f"{url}/roster?wait=10", headers=heads["a"])  # the engine writes it within the wait
+    assert r.status_code == 200 and r.content
