@@ -321,7 +321,8 @@ def reading(out: dict) -> str:
               "run's random pads (about one value in 257)" if out["config"].get("crypto", "ot") == "ot" else
               ") are not explained by this benchmark — small, but they vary between repeats"))
         + f". HTTP "
-        f"headers, the JSON status calls and the /work polls are in neither number. The relayed OT pair messages "
+        f"headers, the JSON status calls and the /work polls are in neither number. The relayed "
+        f"{'OT' if out['config'].get('crypto', 'ot') == 'ot' else out['config']['crypto'].capitalize()} pair messages "
         f"are {pair_mib:,.0f} MiB of it; like every message they are stored before they are relayed (so that a "
         f"restarted coordinator loses nothing), those of 1 MiB or more as files beside the database "
         f"(service/blobs.py: written once, served from the page cache; the row keeps their hash and size), and "
@@ -339,8 +340,9 @@ def reading(out: dict) -> str:
         f"{s['http_requests_median']:,} "
         f"requests in the median run, each with a bearer-token lookup (a SELECT on sites), and every body copied "
         f"through uvicorn and httpx; (4) *CPU contention* — five processes (coordinator, three agents, this "
-        f"driver) share {out['machine']['cpus']} cores, and the coordinator builds the graph and solves for the "
-        f"influence columns while the agents idle-poll. On the other side, the service spreads the three pairs' "
+        f"driver) share {out['machine']['cpus']} cores; while the coordinator builds the graph and solves for the "
+        f"influence columns, each agent whose pairs are through waits for them in one long poll (GET with "
+        f"`wait`), since polls would compete with that solve for the coordinator's CPU. On the other side, the service spreads the three pairs' "
         f"{out['config'].get('crypto', 'ot')} work over three agent processes that can compute at the same time, where the in-process driver does one "
         f"party's step after another; with "
         f"{out['machine']['cpus']} cores that parallelism is worth at most {out['machine']['cpus']}×, and "
