@@ -68,7 +68,7 @@ class JobState:
 
 class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
-                 poll: float = 0.1):
+                 poll: float = 0.1, public: str | os.PathLike | None = None):
         self.api, self.site, self.poll = client, site, poll
         self.X, self.y = load_site_data(data)
         self.out = Path(out)
@@ -81,6 +81,9 @@ class Agent:
         self._quiet_until: dict[str, tuple[float, dict]] = {}  # job -> (until, its status), see _quiet
         self._last_work: dict | None = None
         self.rows: dict[str, tuple[int, bytes]] = {}  # job -> (attempt, its masked rows), computed once
+        from clients.trainer import Trainer  # torch is imported only by agents that train
+
+        self.trainer = Trainer(self, data, public)
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
@@ -132,7 +135,9 @@ class Agent:
         if self.y.size and self.y.max() >= params.n_classes:
             raise DataError(f"{self.site}: label {int(self.y.max())} is out of range for the job's "
                             f"{params.n_classes} classes")
-        sess = SiteSession(params, self.site, self.X, self.y,
+        # A predict job started by a training round propagates over that round's features.
+        X = self.trainer.features(status) if status.get("parent") else self.X
+        sess = SiteSession(params, self.site, X, self.y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                            contribution=bytes.fromhex(st["contribution"]))
         self.sessions[job_id] = sess
@@ -149,6 +154,8 @@ class Agent:
         status = self._status(job_id)
         if status["status"] == "failed" or self.site not in status["live"]:
             return False
+        if status["kind"] == "train":
+            return self.trainer.step(job_id, status)
         sess = self.session(job_id, status)
         st = self.state(job_id)
         phase = "done" if status["status"] == "done" else status["phase"]

@@ -65,6 +65,12 @@ class CoordinatorClient:
     def submit_job(self, **body) -> str:
         return self.request("POST", "/jobs", json=body).json()["job"]
 
+    def submit_train(self, **body) -> str:
+        return self.request("POST", "/jobs/train", json=body).json()["job"]
+
+    def model(self, job_id: str) -> bytes:
+        return self.request("GET", f"/jobs/{job_id}/model").content
+
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/jobs/{job_id}").json()
 
@@ -75,6 +81,11 @@ class CoordinatorClient:
     def put(self, job_id: str, topic: str, body: bytes, to: str = "coordinator") -> dict:
         return self.request("PUT", f"/jobs/{job_id}/messages/{topic}", params={"to": to}, content=body,
                             headers={"Content-Type": "application/octet-stream"}).json()
+
+    def shared(self, job_id: str, topic: str) -> bytes | None:
+        """What the coordinator broadcast to all sites of a training job (None if not there yet)."""
+        r = self.request("GET", f"/jobs/{job_id}/shared/{topic}", ok404=True)
+        return None if r is None else r.content
 
     def get(self, job_id: str, topic: str, sender: str = "coordinator", wait: float = 0.0) -> bytes | None:
         """The message, or None if it is not there (after waiting up to `wait` seconds on the coordinator)."""

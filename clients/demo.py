@@ -42,10 +42,12 @@ def start_coordinator(workdir: Path, port: int, admin: str, database: str | None
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root())
 
 
-def start_agent(workdir: Path, url: str, site: str, token: str, data: Path, out: Path) -> subprocess.Popen:
+def start_agent(workdir: Path, url: str, site: str, token: str, data: Path, out: Path,
+                public: Path | None = None) -> subprocess.Popen:
     log = open(workdir / f"agent-{site}.log", "ab")
+    extra = ["--public", str(public)] if public is not None else []
     return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site, f"--token={token}",
-                                              "--data", str(data), "--out", str(out), "--poll", "0.05"],
+                                              "--data", str(data), "--out", str(out), "--poll", "0.05", *extra],
                             stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root())
 
 

@@ -43,6 +43,8 @@ from service.db import (
     new_message,
 )
 from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
+from service.training_api import make_training_router
+from service.training_engine import check_train_upload, train_progress
 from xclp.protocol import CRYPTO_CHOICES, CoordinatorSession, JobParams, decode_announce
 from xclp.wire import load_array
 
@@ -122,6 +124,10 @@ class JobStatus(BaseModel):
     failure: str | None
     created_at: str
     finished_at: str | None
+    round: int = Field(0, description="training jobs: the round in progress")
+    parent: str | None = Field(None, description="a predict job started by a training job's round: that job")
+    training: dict = Field(default_factory=dict, description="training jobs: per-round metrics ('history'), "
+                                                             "the final evaluation ('final')")
 
 
 # --- the app ----------------------------------------------------------------------------------
@@ -235,7 +241,8 @@ def create_app(settings: Settings) -> FastAPI:
               dependencies=[Depends(require_admin)])
     def submit_job(body: JobCreate, db=Depends(get_db)):
         if body.kind != "predict":
-            raise HTTPException(422, f"unknown job kind {body.kind!r}; this coordinator runs 'predict' jobs")
+            raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "
+                                     "training jobs go to POST /jobs/train")
         if len(body.sites) < 2:
             raise HTTPException(422, "a job needs at least two sites")
         if len(set(body.sites)) != len(body.sites):
@@ -274,7 +281,8 @@ def create_app(settings: Settings) -> FastAPI:
                          sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
                          dropped=job.dropped, attempts=job.attempts, params=job.params, progress=_progress(db, job), timings=job.timings,
                          failure=job.failure, created_at=job.created_at.isoformat() + "Z",
-                         finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z")
+                         finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
+                         round=job.round or 0, parent=job.parent, training=_training_view(job))
 
     @app.get("/work", tags=["sites"])
     def work(site: str = Depends(require_site), db=Depends(get_db)):
@@ -355,11 +363,23 @@ def create_app(settings: Settings) -> FastAPI:
             raise HTTPException(404, f"no message {topic!r} from {sender} to {site}")
         return _BlobResponse(path, media_type="application/octet-stream")
 
+    app.include_router(make_training_router(
+        Session, job_engine, require_admin, caller, load_job,
+        lambda db, names: set(db.scalars(select(Site.name).where(Site.name.in_(names))))))
     return app
+
+
+def _training_view(job: Job) -> dict:
+    """Child predict jobs show which features they run on; training jobs their history and result."""
+    if job.kind != "train":
+        return {k: v for k, v in (job.state or {}).items() if k in ("features", "model_round")}
+    return {k: (job.state or {}).get(k) for k in ("history", "final", "features", "labelled", "strikes")}
 
 
 def _progress(db, job: Job) -> dict:
     """How far the current phase is: parts received out of parts expected."""
+    if job.kind == "train":
+        return train_progress(job, db)
     expected = {"setup": len(job.live), "seed": len(job.live) * (len(job.live) - 1), "counts": len(job.live),
                 "hamming": len(job.live) + 2 * len(pair_list(job.live)), "row_sums": len(job.live)}.get(job.phase, 0)
     prefix = {"setup": "announce", "seed": "seed", "counts": f"counts/{job.attempt}", "hamming": None,
@@ -383,6 +403,11 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> 
         raise HTTPException(409, f"job {job.id} is {job.status}")
     if site not in job.live:
         raise HTTPException(409, f"site {site!r} was dropped from job {job.id} in phase {job.dropped.get(site)}")
+    if job.kind == "train":
+        refused = check_train_upload(db, job, site, to, topic, body)
+        if refused:
+            raise HTTPException(int(refused[:3]), refused[4:])
+        return
     parts = topic.split("/")
     kind = parts[0]
     phase_of = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",

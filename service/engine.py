@@ -107,24 +107,38 @@ class JobEngine:
                 self._prune(job_id)
 
     def _prune(self, job_id: str) -> None:
-        """Once a job has finished, its relayed pair traffic (sealed; for OT n_a·n_b·L values per
-        pair) has served its purpose: keep the shares and results, free the disk. Done in its own
-        transaction after the job's last step, so it never delays a phase. Blob files go after the
-        rows' deletion has committed (a file no row names is never needed again; one left by a crash
-        in between is swept at the next start)."""
+        """Delete the messages no later step of the job reads (`obsolete_messages`), in a transaction
+        of their own after the job's step, so that pruning never delays a phase. Blob files go after
+        the rows' deletion has committed (a file no row names is never needed again; one left by a
+        crash in between is swept at the next start)."""
         with self.sessionmaker() as db:
             job = db.get(Job, job_id)
-            if job is None or job.status == "running":
+            if job is None:
                 return
-            pruned = (Message.job_id == job_id) & Message.topic.startswith("pair/")
-            keys = set(db.scalars(select(Message.blob).where(pruned, Message.blob.is_not(None))))
-            db.execute(delete(Message).where(pruned))
+            ids = obsolete_messages(db, job)
+            if not ids:
+                return
+            keys = set(db.scalars(select(Message.blob).where(Message.id.in_(ids), Message.blob.is_not(None))))
+            db.execute(delete(Message).where(Message.id.in_(ids)))
             db.commit()
             store = db.info.get("blobs")
             if keys and store is not None:
                 still = set(db.scalars(select(Message.blob).where(Message.blob.in_(keys))))
                 for key in keys - still:
                     store.delete(key)
+
+
+def obsolete_messages(db, job: Job) -> list[int]:
+    """Ids of the messages a job no longer needs. A finished predict job's relayed pair traffic
+    (sealed; for OT n_a·n_b·L values per pair) has served its purpose once the shares and results
+    are in; a training job's are listed by its own engine, round by round."""
+    if job.kind == "train":
+        from service.training_engine import obsolete_round_messages
+
+        return obsolete_round_messages(db, job)
+    if job.status == "running":
+        return []
+    return list(db.scalars(select(Message.id).where(Message.job_id == job.id, Message.topic.startswith("pair/"))))
 
 
 def fail(job: Job, reason: str) -> None:
@@ -150,20 +164,25 @@ def _drop(job: Job, sites: set[str]) -> None:
     log.info(json.dumps({"event": "dropped", "job": job.id, "phase": job.phase, "sites": sorted(sites)}))
 
 
-def _expired(job: Job) -> bool:
+def _expired(job: Job, since=None) -> bool:
+    """True once the current phase has run past its deadline, counted from `since` (default: the
+    phase's start). A job's deadlines are stored whole at submission; the table is the fallback."""
     limit = float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
-    return (utcnow() - job.phase_started_at).total_seconds() > limit
+    start = job.phase_started_at if since is None else max(since, job.phase_started_at)
+    return (utcnow() - start).total_seconds() > limit
 
 
 def advance(db, job: Job) -> bool:
     """Take the step the job's messages allow now, if any. Returns True if anything changed."""
     if job.status != "running":
         return False
-    before = (job.phase, job.attempt, tuple(job.live))
-    PHASE_STEPS[job.phase](db, job)
+    before = (job.phase, job.attempt, job.round, tuple(job.live))
+    from service.training_engine import TRAIN_STEPS  # training jobs: rounds instead of XCLP phases
+
+    (TRAIN_STEPS if job.kind == "train" else PHASE_STEPS)[job.phase](db, job)
     if len(job.live) < 2 and job.status == "running":
         fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
-    return (job.phase, job.attempt, tuple(job.live)) != before or job.status != "running"
+    return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
 
 
 # --- phases -----------------------------------------------------------------------------------

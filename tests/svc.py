@@ -40,3 +40,18 @@ def _app_client(tmp_path):
 
 def admin_headers():
     return {"Authorization": f"Bearer {ADMIN}"}
+
+
+def add(client, name):
+    r = client.post("/sites", json={"name": name}, headers=admin_headers())
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def message_count(client):
+    from sqlalchemy import func, select
+
+    from service.db import Message
+
+    with client.app.state.sessionmaker() as db:
+        return db.scalar(select(func.count()).select_from(Message))

@@ -140,6 +140,12 @@ def _print_table(out: dict) -> None:
     print(f"bytes sent: {out['bytes']['total']:,}")
 
 
+def cmd_plot(args) -> int:
+    from xclp.training.runner import cmd_plot as run  # matplotlib and torch only when plotting
+
+    return run(args)
+
+
 def cmd_simulate_train(args) -> int:
     from xclp.training.runner import cmd_simulate_train as run
 
@@ -197,8 +203,8 @@ def cmd_agent_run(args) -> int:
 
     setup_logging("INFO")
     logging.getLogger("xclp.agent").info("agent %s starting on %s", args.site, args.coordinator)
-    Agent(CoordinatorClient(args.coordinator, args.token), args.site, args.data, args.out, args.poll).run(
-        once=args.once)
+    Agent(CoordinatorClient(args.coordinator, args.token), args.site, args.data, args.out, args.poll,
+          public=args.public).run(once=args.once)
     return 0
 
 
@@ -211,12 +217,46 @@ def cmd_job_submit(args) -> int:
     return 0
 
 
+def cmd_job_submit_train(args) -> int:
+    sites = [s for s in args.sites.split(",") if s]
+    body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
+                                           "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
+                                           "alpha", "key_bits", "seed", "max_missed_rounds")}
+    body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
+    if args.model:
+        names = [m for m in args.model.split(",") if m]
+        body["model"] = names[0] if len(names) == 1 else [names[i % len(names)] for i in range(len(sites))]
+    if args.public:
+        from xclp.training.fedct import PublicSet
+
+        a = np.load(args.public, allow_pickle=False)
+        X = a["X"] if isinstance(a, np.lib.npyio.NpzFile) else a
+        pub = PublicSet.create(np.asarray(X))
+        body.update(public_sha256=pub.digest, public_size=len(pub.X))
+    elif args.public_sha256:
+        body.update(public_sha256=args.public_sha256, public_size=args.public_size)
+    job = _admin(args).submit_train(sites=sites, deadlines=_deadlines(args.deadline), **body)
+    print(json.dumps({"job": job}) if args.json else job)
+    return 0
+
+
 def cmd_job_status(args) -> int:
     st = _admin(args).job(args.job)
     if args.json:
         print(json.dumps(st, indent=2))
     else:
         p = st["progress"]
+        if st["kind"] == "train":
+            hist = st["training"].get("history") or []
+            last = hist[-1] if hist else {}
+            final = st["training"].get("final") or {}
+            print(f"job {st['job']} ({st['params']['algorithm']}): {st['status']}, phase {st['phase']}, "
+                  f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
+                  + (f"; last round: accuracy {last.get('accuracy')}, left out {last.get('left_out')}" if last else "")
+                  + (f"; final accuracy {final.get('accuracy')}" if final else "")
+                  + (f"; dropped {st['dropped']}" if st["dropped"] else "")
+                  + (f"; failure: {st['failure']}" if st["failure"] else ""))
+            return 0
         print(f"job {st['job']}: {st['status']}, phase {st['phase']} (attempt {st['attempt']}), "
               f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
               + (f"; dropped {st['dropped']}" if st["dropped"] else "")
@@ -258,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_args(tr)
     tr.set_defaults(func=cmd_simulate_train)
+
+    pl = sub.add_parser("plot", help="accuracy curves of training runs (simulation or job status JSON files)")
+    pl.add_argument("runs", nargs="+", help="JSON of `xclp simulate train --json` or `xclp job status ID --json`")
+    pl.add_argument("--out", required=True, help="PNG to write")
+    pl.add_argument("--title", default=None)
+    pl.set_defaults(func=cmd_plot)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     bh = bench.add_parser("hamming", help="secure Hamming distance between two sites")
@@ -305,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
     ar.add_argument("--poll", type=float, default=0.1, help="seconds between polls when idle")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
+    ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the job")
     ar.set_defaults(func=cmd_agent_run)
 
     job = sub.add_parser("job", help="jobs (operator)").add_subparsers(dest="what", required=True)
@@ -321,6 +368,38 @@ def build_parser() -> argparse.ArgumentParser:
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS")
     jp.add_argument("--json", action="store_true")
     jp.set_defaults(func=cmd_job_submit)
+    jt = js.add_parser("train", help="semi-supervised training rounds (FedAvg/FedCT, ± XCLP) with the sites training at home")
+    coord_args(jt)
+    jt.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
+    from xclp.training.options import ALGORITHMS, TIE_RULES
+
+    jt.add_argument("--algorithm", choices=ALGORITHMS, default="fedavg-xclp")
+    jt.add_argument("--rounds", type=int, default=10, help="rounds (FedAvg, after the warm-up) or label exchanges (FedCT)")
+    jt.add_argument("--sites-per-round", type=int, default=None, help="FedAvg: sites sampled per round (default min(5, N))")
+    jt.add_argument("--local-epochs", type=int, default=5)
+    jt.add_argument("--model", default=None, help="FedAvg: mlp|cnn; FedCT: tree|forest|boosting|logreg|mlp|cnn "
+                                                  "(a comma list is cycled over the sites)")
+    jt.add_argument("--lr", type=float, default=None)
+    jt.add_argument("--warmup-rounds", type=int, default=0, help="FedAvg: labelled-only stage-1 rounds")
+    jt.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds")
+    jt.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
+    jt.add_argument("--public", default=None, help="FedCT: the public set U (.npz with X or .npy); its SHA-256 is pinned")
+    jt.add_argument("--public-sha256", default=None, help="FedCT: pin U by digest instead of --public")
+    jt.add_argument("--public-size", type=int, default=None)
+    jt.add_argument("--tie", choices=TIE_RULES, default="lowest")
+    jt.add_argument("--quorum", type=float, default=None)
+    jt.add_argument("--mix", type=float, default=None)
+    jt.add_argument("--crypto", choices=["ot", "paillier", "paillier-naive", "plaintext"], default="ot")
+    jt.add_argument("--bits", type=int, default=1024)
+    jt.add_argument("--k", type=int, default=10)
+    jt.add_argument("--alpha", type=float, default=0.99)
+    jt.add_argument("--classes", type=int, default=10)
+    jt.add_argument("--key-bits", type=int, default=2048)
+    jt.add_argument("--seed", type=int, default=0)
+    jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
+    jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS", help="setup, round or evaluate")
+    jt.add_argument("--json", action="store_true")
+    jt.set_defaults(func=cmd_job_submit_train)
     jst = job.add_parser("status", help="a job's phase, progress, dropouts")
     jst.add_argument("job")
     coord_args(jst)

@@ -1,26 +1,11 @@
 """Every endpoint refuses bad input with a clear 4xx, stores nothing and loses nothing."""
 
 import numpy as np
-from svc import ADMIN, admin_headers
+from svc import ADMIN, add, admin_headers, message_count
 
 from crypto.keys import SiteKeyPair
 from xclp.protocol import encode_announce
 from xclp.wire import dump_array
-
-
-def add(client, name):
-    r = client.post("/sites", json={"name": name}, headers=admin_headers())
-    assert r.status_code == 201, r.text
-    return {"Authorization": f"Bearer {r.json()['token']}"}
-
-
-def message_count(client):
-    from sqlalchemy import func, select
-
-    from service.db import Message
-
-    with client.app.state.sessionmaker() as db:
-        return db.scalar(select(func.count()).select_from(Message))
 
 
 def test_health_metrics_and_docs(app_client):

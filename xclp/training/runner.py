@@ -226,6 +226,18 @@ def run_label(run: dict) -> str:
     return f"{run['algorithm']}{extra} ({c.get('split', '?')})"
 
 
+def as_run(obj: dict) -> dict:
+    """A simulation's result as is; a training job's status (`xclp job status ID --json`) as a run."""
+    if "history" in obj and "algorithm" in obj:
+        return obj
+    if obj.get("kind") == "train" and "training" in obj:
+        params = obj["params"]
+        cfg = {**params.get("config", {}), "split": f"service job {obj['job']}"}
+        return {"algorithm": params["algorithm"], "config": cfg, "history": obj["training"].get("history") or []}
+    raise ValueError("not a training run: expected the JSON of `xclp simulate train --json` "
+                     "or of `xclp job status ID --json` for a training job")
+
+
 def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
     """Test accuracy per round, one line per run (results or paths of their JSON files)."""
     import matplotlib
@@ -233,7 +245,7 @@ def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    loaded = [json.loads(Path(r).read_text()) if isinstance(r, (str, Path)) else r for r in runs]
+    loaded = [as_run(json.loads(Path(r).read_text()) if isinstance(r, (str, Path)) else r) for r in runs]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in loaded:
         pts = [(h["round"], h["accuracy"]) for h in run["history"] if h.get("accuracy") is not None]
@@ -253,6 +265,16 @@ def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
 
 
 # --- CLI hooks -------------------------------------------------------------------------------------
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    try:
+        out = plot_runs(args.runs, args.out, title=args.title)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
 
 def cmd_simulate_train(args: argparse.Namespace) -> int:
     names = {f.name for f in fields(TrainConfig)}

@@ -1,0 +1,325 @@
+"""A site's side of training jobs: local training at home, only weights (FedAvg) or hard labels on the
+public set (FedCT) leave the site.
+
+The per-round work is the simulation's own code: `client_update` (FedAvg's ClientUpdate),
+`site_exchange` (FedCT's local update and vote) and the pseudo-labellers; XCLP pseudo-labels come
+from the ordinary predict job the coordinator starts for the round (a child job this same agent
+runs, on the embeddings φ(X) of the round's model, or on the raw features for FedCT+XCLP).
+
+Randomness is (seed, round, site) only, so an agent restarted mid-round repeats its update byte for
+byte. What it keeps on disk per job, in its private state folder: the pseudo-labels it last adopted
+(FedAvg with R > 1 reuses them) and its FedCT learner after each exchange. What it writes to its
+output folder when the job is done: `<job>.npz` (labels and confidence for its own points, from the
+final model) and the model itself (`<job>.model.npz`: FedAvg weights; `<job>.model.pkl`: the site's
+own FedCT learner, a pickle meant for this site only).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from clients.api import ApiError
+from crypto.errors import ProtocolError
+from xclp.data import DataError, load_npz
+from xclp.training.fedavg import (
+    FedAvgConfig,
+    NetworkLabeller,
+    PerSiteLPLabeller,
+    PseudoLabels,
+    Site,
+    client_update,
+    labelled_only,
+    site_rng,
+)
+from xclp.training.fedct import FedCTConfig, PublicSet, new_site_state, site_exchange
+from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
+from xclp.training.models import build_network, predict_proba_array, torch_threads
+from xclp.training.options import FEDAVG_ALGORITHMS
+from xclp.wire import load_array
+
+log = logging.getLogger("xclp.agent")
+
+
+def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Trainer:
+    def __init__(self, agent, data: str | os.PathLike, public: str | os.PathLike | None = None):
+        self.agent, self.api, self.site = agent, agent.api, agent.site
+        y_true = load_npz(data, require_site=False).get("y_true")
+        if y_true is not None and np.shape(y_true) != agent.y.shape:
+            raise DataError(f"{data}: y_true must have one entry per row of X")
+        self.y_true = None if y_true is None else np.asarray(y_true, dtype=np.int64)
+        self.public = None
+        if public is not None:
+            pub = load_npz(public, require_site=False) if str(public).endswith(".npz") else None
+            X = pub["X"] if pub is not None else np.load(public, allow_pickle=False)
+            self.public = PublicSet.create(np.asarray(X))
+
+    # --- shared helpers ----------------------------------------------------------------------------
+    def site_data(self) -> Site:
+        return Site(self.site, self.agent.X.astype(np.float32), self.agent.y, self.y_true)
+
+    def _scoring(self) -> np.ndarray:
+        """Points this site scores a model on: those with known truth, else its labelled points."""
+        return self.y_true if self.y_true is not None else self.agent.y
+
+    def _eval(self, predict) -> dict:
+        truth = self._scoring()
+        m = truth >= 0
+        if not m.any():
+            return {"eval_n": 0, "eval_correct": 0}
+        return {"eval_n": int(m.sum()), "eval_correct": int((predict(self.agent.X[m].astype(np.float32)) == truth[m]).sum())}
+
+    def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
+        out = {"n_labelled": int((self.agent.y >= 0).sum())}
+        if labels is None:
+            return {**out, "n_pseudo": 0}
+        use = (self.agent.y < 0) & (labels >= 0) & (weights > 0)
+        out["n_pseudo"] = int(use.sum())
+        if self.y_true is not None:
+            m = use & (self.y_true >= 0)
+            out.update(pseudo_n=int(m.sum()), pseudo_correct=int((labels[m] == self.y_true[m]).sum()))
+        return out
+
+    def _put(self, st, job_id: str, topic: str, body: bytes) -> bool:
+        key = f"sent:coordinator:{topic}"
+        if st[key]:
+            return False
+        try:
+            self.api.put(job_id, topic, body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # The round closed without this site (its deadline passed) or the body was stored
+            # before a restart: either way there is nothing more to send for it.
+            log.warning("job %s: %s not taken: %s", job_id, topic, exc.detail)
+        st[key] = True
+        return True
+
+    def _child_result(self, child: str | None) -> tuple[str, PseudoLabels | None]:
+        """('ready', labels) | ('wait', None) | ('none', None): the XCLP child job's labels for this site."""
+        if child is None:
+            return "none", None
+        path = self.agent.result_path(child)
+        if path.exists():
+            with np.load(path, allow_pickle=False) as f:
+                return "ready", PseudoLabels(f["labels"].astype(np.int64), f["confidence"].astype(np.float64))
+        status = self.api.job(child)
+        if status["status"] == "failed" or self.site not in status["live"]:
+            return "none", None  # the protocol went on without this site: train on its labels alone
+        return "wait", None
+
+    # --- features for a child predict job ----------------------------------------------------------
+    def features(self, status: dict) -> np.ndarray:
+        """The rows a child XCLP job propagates over: raw X (FedCT+XCLP) or φ_{t−1}(X) (FedAvg+XCLP)."""
+        view = status.get("training") or {}
+        if view.get("features") != "embedding":
+            return self.agent.X
+        parent = self.api.job(status["parent"])
+        model = self._model(status["parent"], parent, int(view["model_round"]))
+        if model is None:
+            raise DataError(f"job {status['job']}: the model of round {view['model_round']} is gone")
+        from xclp.training.models import embed_array
+
+        with torch_threads(1):
+            return embed_array(model, self.agent.X.astype(np.float32))
+
+    def _model(self, job_id: str, status: dict, r: int):
+        cfg = FedAvgConfig(**status["params"]["config"])
+        body = self.api.shared(job_id, f"model/{r}")
+        if body is None:
+            return None
+        net = build_network(cfg.model, self.agent.X.shape[1], int(status["params"]["classes"]), seed=cfg.seed)
+        state, _ = load_state(body, net.state_dict(), what=f"model/{r}")
+        net.load_state_dict(state)
+        return net
+
+    # --- the job -------------------------------------------------------------------------------------
+    def step(self, job_id: str, status: dict) -> bool:
+        if status["status"] == "failed" or self.site not in status["live"]:
+            return False
+        st = self.agent.state(job_id)
+        fedavg = status["params"]["algorithm"] in FEDAVG_ALGORITHMS
+        phase = "done" if status["status"] == "done" else status["phase"]
+        if phase == "setup":
+            hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
+                     "labelled": int((self.agent.y >= 0).sum())}
+            if not fedavg:
+                hello["public_sha256"] = self._check_public(status)
+            if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
+                raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
+                                f"{status['params']['classes']} classes")
+            return self._put(st, job_id, "hello", dump_json(hello))
+        if phase == "round":
+            return self._fedavg_round(job_id, status, st) if fedavg else self._fedct_round(job_id, status, st)
+        if phase == "evaluate":
+            if st["sent:coordinator:eval"]:
+                return False
+            model = self._model(job_id, status, int(status["round"]))
+            if model is None:
+                return False
+            with torch_threads(1):
+                metrics = self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1))
+            return self._put(st, job_id, "eval", dump_json(metrics))
+        if phase == "done":
+            return self._finish(job_id, status, fedavg)
+        return False
+
+    def _check_public(self, status: dict) -> str:
+        if self.public is None:
+            raise DataError(f"job {status['job']} is FedCT: start the agent with --public U.npz (the public set)")
+        self.public.verify(status["params"]["public_sha256"])
+        if len(self.public.X) != int(status["params"]["public_size"]):
+            raise DataError("public set U has the pinned digest but not the job's size")
+        return self.public.digest
+
+    def _fedavg_round(self, job_id: str, status: dict, st) -> bool:
+        t = int(status["round"])
+        if st[f"sent:coordinator:update/{t}"]:
+            return False
+        plan_body = self.api.shared(job_id, f"plan/{t}")
+        if plan_body is None:
+            return False
+        plan = load_json(plan_body, what="plan")
+        if self.site not in plan["sites"]:
+            return False
+        cfg = FedAvgConfig(**status["params"]["config"])
+        n_classes = int(status["params"]["classes"])
+        model = self._model(job_id, status, t - 1)
+        if model is None:
+            return False
+        site = self.site_data()
+        with torch_threads(cfg.threads):
+            pl, source = self._pseudo_labels(job_id, cfg, plan, model, site, n_classes)
+            if pl is None:
+                return False  # the round's XCLP job is still running
+            metrics = {"pseudo": source, **self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)),
+                       **self._pseudo_metrics(pl.labels if source != "none" else None, pl.weights)}
+            r = client_update(model, site, pl, n_classes, cfg.local_epochs, plan["lr"], cfg.momentum,
+                              cfg.weight_decay, site_rng(cfg.seed, t, self.site), cfg.max_labelled_batch)
+        state, n = (r if r is not None else (model.state_dict(), 0))
+        return self._put(st, job_id, f"update/{t}", dump_state(state, {"n": int(n), **metrics}))
+
+    def _pseudo_labels(self, job_id, cfg: FedAvgConfig, plan: dict, model, site: Site, n_classes: int):
+        if plan["stage"] == 1 or cfg.algorithm == "fedavg":
+            return labelled_only(site), "none"
+        cache = self.agent.state_dir / f"{job_id}.pseudo.npz"
+        if self.site not in plan["adopt"]:
+            if cache.exists():
+                with np.load(cache, allow_pickle=False) as f:
+                    return PseudoLabels(f["labels"], f["weights"]), "cached"
+            log.warning("job %s: no cached pseudo-labels (state folder lost?): labels only this round", job_id)
+            return labelled_only(site), "none"
+        if cfg.algorithm == "fedavg-xclp":
+            state, pl = self._child_result(plan.get("xclp_job"))
+            if state == "wait":
+                return None, None
+            if pl is None:
+                return labelled_only(site), "none"
+        elif cfg.algorithm == "fedavg-per-site-lp":
+            pl = PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha)(model, [site], plan["round"])[self.site]
+        else:
+            pl = NetworkLabeller()(model, [site], plan["round"])[self.site]
+        buf = io.BytesIO()
+        np.savez(buf, labels=pl.labels, weights=pl.weights)
+        _atomic_write(cache, buf.getvalue())
+        return pl, "fresh"
+
+    # --- FedCT ---------------------------------------------------------------------------------------
+    def _fedct_state(self, job_id: str, status: dict, cfg: FedCTConfig):
+        path = self.agent.state_dir / f"{job_id}.learner.pkl"
+        if path.exists():
+            with open(path, "rb") as f:  # written by this agent into its private folder only
+                saved = pickle.load(f)
+            saved["state"].site = self.site_data()
+            return saved["state"], int(saved["exchange"])
+        idx = status["sites"].index(self.site)
+        name = cfg.learner_names(len(status["sites"]))[idx]
+        return new_site_state(self.site_data(), name, idx, int(status["params"]["classes"]),
+                              status["params"]["public_sha256"], cfg), 0
+
+    def _save_fedct_state(self, job_id: str, state, exchange: int) -> None:
+        site, state.site = state.site, None  # the data stay in the data file; the pickle holds the model
+        try:
+            _atomic_write(self.agent.state_dir / f"{job_id}.learner.pkl",
+                          pickle.dumps({"state": state, "exchange": exchange}))
+        finally:
+            state.site = site
+
+    def _fedct_round(self, job_id: str, status: dict, st) -> bool:
+        t = int(status["round"])
+        if st[f"sent:coordinator:votes/{t}"]:
+            return False
+        plan_body = self.api.shared(job_id, f"plan/{t}")
+        if plan_body is None:
+            return False
+        plan = load_json(plan_body, what="plan")
+        if self.site not in plan["sites"]:
+            return False
+        cfg = FedCTConfig(**status["params"]["config"])
+        self._check_public(status)
+        state, done_exchange = self._fedct_state(job_id, status, cfg)
+        if cfg.xclp and state.xclp_labels is None:
+            if plan.get("xclp_job"):
+                st["xclp_job"] = plan["xclp_job"]
+            ready, pl = self._child_result(st["xclp_job"])
+            if ready == "wait":
+                return False
+            if pl is not None:
+                state.xclp_labels, state.xclp_weights = pl.labels, pl.weights
+        with torch_threads(cfg.threads):
+            if done_exchange == t:  # trained and saved before a restart; only the upload was lost
+                votes = np.asarray(state.learner.predict(self.public.X), dtype=np.int64)
+                mix = None
+            else:
+                P = None
+                if t > 1:
+                    body = self.api.shared(job_id, f"consensus/{t - 1}")
+                    if body is None:
+                        return False
+                    P = load_array(body, dtype="int64", shape=(len(self.public.X),), what="consensus")
+                votes, mix = site_exchange(state, self.public, P, cfg, t)
+                self._save_fedct_state(job_id, state, t)
+            metrics = {"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
+                       **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)}
+        return self._put(st, job_id, f"votes/{t}", dump_votes(votes, metrics))
+
+    # --- results -------------------------------------------------------------------------------------
+    def _finish(self, job_id: str, status: dict, fedavg: bool) -> bool:
+        path = self.agent.result_path(job_id)
+        X = self.agent.X.astype(np.float32)
+        if fedavg:
+            total = len((status.get("training") or {}).get("history") or [])
+            model = self._model(job_id, status, total)
+            if model is None:
+                raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")
+            with torch_threads(1):
+                proba = predict_proba_array(model, X)
+            _atomic_write(self.agent.out / f"{job_id}.model.npz", dump_state(model.state_dict()), 0o644)
+        else:
+            state, _ = self._fedct_state(job_id, status, FedCTConfig(**status["params"]["config"]))
+            learner = state.learner
+            proba = learner.predict_proba(X) if hasattr(learner, "predict_proba") else None
+            if proba is None:
+                labels = np.asarray(learner.predict(X), dtype=np.int64)
+                proba = np.eye(int(status["params"]["classes"]))[labels]
+            _atomic_write(self.agent.out / f"{job_id}.model.pkl", pickle.dumps(learner))
+        tmp = path.with_name(path.stem + ".partial.npz")
+        np.savez(tmp, labels=proba.argmax(axis=1), confidence=proba.max(axis=1))
+        os.replace(tmp, path)
+        log.info("job %s: trained model and labels for %d points written to %s", job_id, len(X), path)
+        return True

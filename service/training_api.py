@@ -1,0 +1,140 @@
+"""The coordinator's endpoints for training jobs: submit one, read what it broadcasts, fetch the model.
+
+Mounted by service.app.create_app; the dependencies (who is calling, the database session) are the
+app's own, passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+
+from fastapi import APIRouter, Depends, HTTPException, Response
+from pydantic import BaseModel, Field
+
+from service.db import COORDINATOR, Job, message_body
+from service.training_engine import BROADCAST, TRAIN_DEADLINES
+from xclp.protocol import CRYPTO_CHOICES, JobParams
+from xclp.training.fedavg import FedAvgConfig
+from xclp.training.fedct import FedCTConfig
+from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, LEARNERS, TIE_RULES
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class TrainJobCreate(BaseModel):
+    algorithm: str = Field(description=f"one of {ALGORITHMS}")
+    sites: list[str] = Field(description="participating sites, in roster order")
+    classes: int = Field(10, description="number of classes C; labels are 0..C−1 at every site")
+    rounds: int = Field(10, description="FedAvg rounds (after the warm-up) or FedCT label exchanges")
+    sites_per_round: int = Field(5, description="FedAvg: sites sampled per round")
+    local_epochs: int = 5
+    model: str | list[str] | None = Field(None, description="FedAvg: mlp|cnn; FedCT: a learner or one per site")
+    lr: float | None = None
+    warmup_rounds: int = Field(0, description="FedAvg: labelled-only stage-1 rounds")
+    refresh: int = Field(1, description="recompute XCLP pseudo-labels every R rounds")
+    period: int = Field(10, description="FedCT: local optimiser steps between exchanges (torch learners)")
+    public_sha256: str | None = Field(None, description="FedCT: SHA-256 pinning the public set U (xclp.training.fedct.public_digest)")
+    public_size: int | None = Field(None, description="FedCT: number of points in U")
+    tie: str = Field("lowest", description=f"FedCT vote tie rule, one of {TIE_RULES}")
+    quorum: float | None = None
+    mix: float | None = None
+    crypto: str = Field("ot", description=f"XCLP protocol, one of {CRYPTO_CHOICES}; 'plaintext' has no security")
+    bits: int = 1024
+    k: int = 10
+    alpha: float = 0.99
+    key_bits: int = 2048
+    seed: int = 0
+    max_missed_rounds: int = Field(3, description="a site left out of this many planned rounds in a row is dropped")
+    deadlines: dict[str, float] = Field(default_factory=dict, description="setup / round / evaluate -> seconds")
+    xclp_deadlines: dict[str, float] = Field(default_factory=dict, description="phase deadlines of XCLP child jobs")
+
+
+def training_params(body: TrainJobCreate, job_id: str) -> dict:
+    """The job's params, validated by the training loops' own config classes (422 on any error)."""
+    if body.algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}")
+    JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
+              crypto=body.crypto, key_bits=body.key_bits).validate()
+    common = dict(rounds=body.rounds, refresh=body.refresh, bits=body.bits, k=body.k, alpha=body.alpha,
+                  crypto=body.crypto, key_bits=body.key_bits, seed=body.seed)
+    params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,
+              "xclp_deadlines": body.xclp_deadlines}
+    if body.algorithm in FEDAVG_ALGORITHMS:
+        model = body.model or "mlp"
+        if not isinstance(model, str):
+            raise ValueError("FedAvg averages one network: model must be 'mlp' or 'cnn'")
+        cfg = FedAvgConfig(algorithm=body.algorithm, sites_per_round=body.sites_per_round,
+                           local_epochs=body.local_epochs, model=model, lr=0.1 if body.lr is None else body.lr,
+                           warmup_rounds=body.warmup_rounds, **common).validate()
+    else:
+        if body.public_sha256 is None or not HEX64.match(body.public_sha256) or not body.public_size:
+            raise ValueError("FedCT needs the public set U pinned: public_sha256 (64 hex digits) and public_size")
+        learners = body.model or "tree"
+        for name in [learners] if isinstance(learners, str) else learners:
+            if name not in LEARNERS:
+                raise ValueError(f"unknown learner {name!r}; choose from {LEARNERS}")
+        kw = {n: {"lr": body.lr} for n in ("mlp", "cnn")} if body.lr is not None else {}
+        cfg = FedCTConfig(period=body.period, learners=learners, xclp=body.algorithm == "fedct-xclp", tie=body.tie,
+                          quorum=body.quorum, mix=body.mix, learner_kw=kw, **common).validate(len(body.sites))
+        params.update(public_sha256=body.public_sha256, public_size=int(body.public_size))
+    params["config"] = dataclasses.asdict(cfg)
+    return params
+
+
+def make_training_router(Session, engine, require_admin, caller, load_job, known_sites) -> APIRouter:
+    r = APIRouter(tags=["training"])
+
+    def get_db():
+        with Session() as db:
+            yield db
+
+    @r.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)])
+    def submit_train(body: TrainJobCreate, db=Depends(get_db)):
+        """A training job: FedAvg(+XCLP) or FedCT(+XCLP) rounds with the sites training at home."""
+        if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):
+            raise HTTPException(422, "a training job needs at least two distinct sites")
+        unknown = [s for s in body.sites if s not in known_sites(db, body.sites)]
+        if unknown:
+            raise HTTPException(404, f"unknown site(s): {unknown}")
+        bad = set(body.deadlines) - set(TRAIN_DEADLINES)
+        if bad or any(v <= 0 for v in [*body.deadlines.values(), *body.xclp_deadlines.values()]):
+            raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(TRAIN_DEADLINES)}")
+        job_id = uuid.uuid4().hex[:16]
+        try:
+            params = training_params(body, job_id)
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(422, str(exc)) from None
+        db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
+                   deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
+        db.commit()
+        engine.wakeup.set()
+        return {"job": job_id}
+
+    @r.get("/jobs/{job_id}/shared/{topic:path}")
+    def shared(job_id: str, topic: str, who: str = Depends(caller), db=Depends(get_db)):
+        """What the coordinator broadcast to every site of a training job (plans, models, consensus)."""
+        job = load_job(db, job_id)
+        if who != "admin" and who not in job.sites:
+            raise HTTPException(403, f"site {who!r} is not in job {job_id}")
+        body = message_body(db, job_id, COORDINATOR, BROADCAST, topic)
+        if body is None:
+            raise HTTPException(404, f"no shared message {topic!r} in job {job_id} (yet, or pruned)")
+        return Response(content=body, media_type="application/octet-stream")
+
+    @r.get("/jobs/{job_id}/model")
+    def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
+        """The FedAvg global model of the last completed round (.npz of the state dict)."""
+        job = load_job(db, job_id)
+        if who != "admin" and who not in job.sites:
+            raise HTTPException(403, f"site {who!r} is not in job {job_id}")
+        if job.kind != "train" or job.params["algorithm"] not in FEDAVG_ALGORITHMS:
+            raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
+        done = len(job.state.get("history", []))
+        body = message_body(db, job_id, COORDINATOR, BROADCAST, f"model/{done}")
+        if body is None:
+            raise HTTPException(404, f"job {job_id} has no model yet")
+        return Response(content=body, media_type="application/octet-stream", headers={"X-XCLP-Round": str(done)})
+
+    return r

@@ -1,0 +1,156 @@
+"""Training jobs through the coordinator's API, in process: every bad submission or upload is a 4xx
+that stores nothing; good uploads close rounds with the loop's own aggregation; what later rounds no
+longer read is pruned."""
+
+import time
+
+import numpy as np
+import torch
+from svc import add, admin_headers, message_count
+
+from service.db import COORDINATOR, Message
+from service.training_engine import BROADCAST
+from xclp.training.fedavg import average_states
+from xclp.training.fedct import public_digest
+from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
+from xclp.training.models import build_network
+
+D, C = 6, 3  # features and classes of the toy jobs
+
+
+def submit(client, **body):
+    return client.post("/jobs/train", json=body, headers=admin_headers())
+
+
+def wait_for(client, job, pred, what):
+    for _ in range(400):
+        st = client.get(f"/jobs/{job}", headers=admin_headers()).json()
+        if pred(st):
+            return st
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}: {st}")
+
+
+def topics(client, job):
+    from sqlalchemy import select
+
+    with client.app.state.sessionmaker() as db:
+        return set(db.scalars(select(Message.topic).where(Message.job_id == job)))
+
+
+def hello(n=20, labelled=4, **kw):
+    return dump_json({"n": n, "features": D, "labelled": labelled, **kw})
+
+
+def test_training_submission_errors_store_nothing(app_client):
+    add(app_client, "a")
+    add(app_client, "b")
+    ok = dict(sites=["a", "b"], classes=C, crypto="plaintext")
+    assert submit(app_client, algorithm="fedsgd", **ok).status_code == 422
+    r = submit(app_client, algorithm="fedavg", **{**ok, "sites": ["a", "nobody"]})
+    assert r.status_code == 404 and "nobody" in r.json()["detail"]
+    assert submit(app_client, algorithm="fedavg", **{**ok, "sites": ["a"]}).status_code == 422
+    assert submit(app_client, algorithm="fedavg", **{**ok, "sites": ["a", "a"]}).status_code == 422
+    assert submit(app_client, algorithm="fedavg", model=["mlp", "cnn"], **ok).status_code == 422  # one network
+    assert submit(app_client, algorithm="fedavg", model="tree", **ok).status_code == 422
+    assert submit(app_client, algorithm="fedavg", rounds=0, **ok).status_code == 422
+    assert submit(app_client, algorithm="fedavg", deadlines={"lunch": 3}, **ok).status_code == 422
+    assert submit(app_client, algorithm="fedavg", deadlines={"round": -1}, **ok).status_code == 422
+    assert submit(app_client, algorithm="fedavg-xclp", crypto="rot13", sites=["a", "b"]).status_code == 422
+    r = submit(app_client, algorithm="fedct", **ok)  # U not pinned
+    assert r.status_code == 422 and "public" in r.json()["detail"]
+    assert submit(app_client, algorithm="fedct", public_sha256="xyz", public_size=5, **ok).status_code == 422
+    assert submit(app_client, algorithm="fedct", public_sha256="0" * 64, public_size=5, model="oracle",
+                  **ok).status_code == 422
+    assert submit(app_client, algorithm="fedct", public_sha256="0" * 64, public_size=5, tie="coin",
+                  **ok).status_code == 422
+    assert app_client.get("/jobs", headers=admin_headers()).json() == {"jobs": []}
+    assert submit(app_client, algorithm="fedavg", model=["mlp"], **ok).status_code == 422  # a list is FedCT's
+    assert submit(app_client, algorithm="fedavg", **ok).status_code == 201
+
+
+def test_fedavg_round_uploads_are_checked_and_the_round_closes_with_the_average(app_client):
+    ha, hb, hc = add(app_client, "a"), add(app_client, "b"), add(app_client, "c")
+    job = submit(app_client, algorithm="fedavg", sites=["a", "b"], classes=C, rounds=2, sites_per_round=2,
+                 crypto="plaintext", seed=4).json()["job"]
+    url = f"/jobs/{job}/messages"
+    put = lambda topic, body, h: app_client.put(f"{url}/{topic}", content=body, headers=h)  # noqa: E731
+
+    # setup: malformed hellos are refused; a site outside the job may not speak or read
+    assert put("hello", b"not json", ha).status_code == 422
+    assert put("hello", dump_json({"n": -1, "features": D, "labelled": 0}), ha).status_code == 422
+    assert put("hello", hello(), hc).status_code == 403
+    assert put("update/1", dump_json({}), ha).status_code == 409  # not in a round yet
+    assert put("hello?to=b", hello(), ha).status_code == 422
+    assert message_count(app_client) == 0
+    assert put("hello", hello(), ha).status_code == 200 and put("hello", hello(), hb).status_code == 200
+    wait_for(app_client, job, lambda st: st["phase"] == "round", "round 1")
+    assert app_client.get(f"/jobs/{job}/shared/model/0", headers=hc).status_code == 403
+    plan = load_json(app_client.get(f"/jobs/{job}/shared/plan/1", headers=ha).content)
+    assert plan["sites"] == ["a", "b"] and plan["stage"] == 2
+
+    net = build_network("mlp", D, C, seed=4)
+    template, _ = load_state(app_client.get(f"/jobs/{job}/shared/model/0", headers=ha).content, net.state_dict())
+    assert all(torch.equal(template[k], v) for k, v in net.state_dict().items())  # model/0 is the seeded init
+    first = next(iter(template))
+    nan = {**template, first: template[first].clone().fill_(float("nan"))}
+    reshaped = {**template, first: torch.zeros(1)}
+    missing = {k: v for k, v in template.items() if k != first}
+    n_before = message_count(app_client)
+    for bad, why in ((nan, "NaN"), (reshaped, "expected"), (missing, first)):
+        r = put("update/1", dump_state(bad, {"n": 20}), ha)
+        assert r.status_code == 422 and why in r.json()["detail"], r.text
+    assert put("update/2", dump_state(template, {"n": 20}), ha).status_code == 409  # round 2 is not open
+    assert put("votes/1", dump_votes(np.zeros(3), {}), ha).status_code == 422  # not part of FedAvg
+    assert message_count(app_client) == n_before
+
+    states = []
+    for i, h in enumerate((ha, hb)):
+        st = {k: v + (i + 1) for k, v in template.items()}
+        states.append(st)
+        body = dump_state(st, {"n": 20, "eval_n": 10, "eval_correct": 5 + i})
+        assert put("update/1", body, h).json()["stored"] is True
+        if h is ha:  # the round is still open: an identical replay is taken and stores nothing
+            assert put("update/1", body, h).json()["stored"] is False
+    st = wait_for(app_client, job, lambda st: st["round"] == 2, "round 2")
+    late = put("update/1", body, hb)  # the round has closed: too late, stores nothing either
+    assert late.status_code == 409 and "round in progress is 2" in late.json()["detail"]
+    row = st["training"]["history"][0]
+    assert row["round"] == 1 and row["left_out"] == [] and row["accuracy"] == (5 + 6) / 20
+    got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=hb).content, template)
+    want = average_states(states)
+    assert all(torch.equal(got[k], want[k]) for k in want)  # ServerUpdate: the plain average
+    # round 1's updates are read by nothing any more: pruned once the checkpoint model/1 is stored
+    wait_for(app_client, job, lambda _st: not any(t.startswith("update/") for t in topics(app_client, job)),
+             "pruning")
+    assert {"model/0", "model/1", "plan/1", "plan/2"} <= topics(app_client, job)
+
+
+def test_fedct_uploads_are_checked_against_the_pinned_public_set(app_client):
+    ha, hb = add(app_client, "a"), add(app_client, "b")
+    U = np.random.default_rng(0).random((7, D)).astype(np.float32)
+    pin = public_digest(U)
+    job = submit(app_client, algorithm="fedct", sites=["a", "b"], classes=C, rounds=1, model="tree",
+                 public_sha256=pin, public_size=len(U)).json()["job"]
+    url = f"/jobs/{job}/messages"
+    put = lambda topic, body, h: app_client.put(f"{url}/{topic}", content=body, headers=h)  # noqa: E731
+    r = put("hello", hello(public_sha256="0" * 64), ha)
+    assert r.status_code == 422 and "pinned" in r.json()["detail"]
+    assert put("hello", hello(public_sha256=pin), ha).status_code == 200
+    assert put("hello", hello(public_sha256=pin), hb).status_code == 200
+    wait_for(app_client, job, lambda st: st["phase"] == "round", "round 1")
+    for bad in (np.zeros(6), np.full(7, C), np.full(7, -2)):  # wrong length, a class ≥ C, below abstain
+        assert put("votes/1", dump_votes(bad, {}), ha).status_code == 422
+    assert put("update/1", b"x", ha).status_code == 422  # not part of FedCT
+    assert app_client.get(f"/jobs/{job}/model", headers=admin_headers()).status_code == 404  # no global model
+    assert put("votes/1", dump_votes(np.array([0, 1, 2, -1, 0, 1, 2]), {}), ha).status_code == 200
+    assert put("votes/1", dump_votes(np.array([0, 1, 1, -1, 2, 2, 2]), {}), hb).status_code == 200
+    st = wait_for(app_client, job, lambda st: st["status"] == "done", "done")
+    row = st["training"]["history"][0]
+    assert row["voted"] == ["a", "b"] and row["public_coverage"] == round(6 / 7, 6)  # one point no site labelled
+    with app_client.app.state.sessionmaker() as db:
+        from service.db import message_body
+        from xclp.wire import load_array
+
+        P = load_array(message_body(db, job, COORDINATOR, BROADCAST, "consensus/1"), dtype="int64")
+    assert P.tolist() == [0, 1, 1, -1, 0, 1, 2]  # ties (2 vs 1, 0 vs 2) go to the lowest class

@@ -1,0 +1,235 @@
+"""Training jobs end to end: a real coordinator process and real agent processes training at home.
+
+The service runs the simulation's own round functions with randomness fixed by (seed, round, site),
+so the same job in process and through the service must give the same model, bit for bit — also
+when the coordinator is killed with SIGKILL between rounds and restarted on the same database.
+"""
+
+import pickle
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from svc import ADMIN, _db_url
+
+from clients.api import CoordinatorClient
+from clients.demo import free_port, start_agent, start_coordinator, wait_healthy
+from xclp.data import load_arrays
+from xclp.splits import simulate_sites
+from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
+from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
+from xclp.training.messages import load_state
+from xclp.training.models import build_network
+
+pytestmark = pytest.mark.slow
+
+
+class TrainCluster:
+    def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, n_points: int = 600, public: int = 0):
+        self.tmp, self.db_url = tmp, db_url
+        X, y = load_arrays("digits", limit=n_points + public, seed=3)
+        X = (X / 16.0).astype(np.float32)
+        self.public = X[:public] if public else None
+        self.ds = simulate_sites(X[public:], y[public:], n_sites, "iid", 0.1, seed=3)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start_coordinator()
+        self.admin = CoordinatorClient(self.url, ADMIN, retries=20)
+        self.tokens, self.agents = {}, {}
+        if public:
+            np.savez(tmp / "public.npz", X=self.public, y=np.full(public, -1))
+        for s in self.ds.sites:
+            idx = np.flatnonzero(self.ds.site == s)
+            np.savez(tmp / f"{s}.npz", X=self.ds.X[idx], y=self.ds.y[idx], y_true=self.ds.y_true[idx])
+            self.tokens[s] = self.admin.add_site(s)["token"]
+
+    def sites(self) -> list[Site]:
+        out = []
+        for s in self.ds.sites:
+            idx = np.flatnonzero(self.ds.site == s)
+            out.append(Site(s, self.ds.X[idx].astype(np.float32), self.ds.y[idx], self.ds.y_true[idx]))
+        return out
+
+    def start_coordinator(self):
+        self.coordinator = start_coordinator(self.tmp, self.port, ADMIN, self.db_url)
+        wait_healthy(self.url, 120)
+
+    def kill_coordinator(self):
+        self.coordinator.send_signal(signal.SIGKILL)
+        self.coordinator.wait()
+
+    def start_agents(self):
+        for s in self.ds.sites:
+            self.start_agent(s)
+
+    def start_agent(self, s):
+        pub = self.tmp / "public.npz" if self.public is not None else None
+        self.agents[s] = start_agent(self.tmp, self.url, s, self.tokens[s], self.tmp / f"{s}.npz", self.out(s), pub)
+
+    def out(self, s) -> Path:
+        return self.tmp / f"out-{s}"
+
+    def wait(self, job, pred, timeout=300, what="condition"):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self.admin.job(job)
+            if pred(st):
+                return st
+            if st["status"] == "failed":
+                raise AssertionError(f"job failed: {st['failure']}\n{self.logs()}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}: {self.admin.job(job)}\n{self.logs()}")
+
+    def result(self, job, s, suffix=".npz", timeout=60):
+        path = self.out(s) / f"{job}{suffix}"
+        end = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > end:
+                raise AssertionError(f"no {path.name} for {s}\n{self.logs()}")
+            time.sleep(0.05)
+        return path
+
+    def logs(self):
+        return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(self.tmp.glob("*.log")))
+
+    def close(self):
+        for p in [*self.agents.values(), self.coordinator]:
+            if p.poll() is None:
+                p.terminate()
+        for p in [*self.agents.values(), self.coordinator]:
+            try:
+                p.wait(timeout=10)
+            except Exception:
+                p.kill()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path, db_url):
+    made = []
+
+    def make(**kw):
+        c = TrainCluster(tmp_path, db_url, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    return _db_url(request, tmp_path)
+
+
+sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+FEDAVG = dict(rounds=3, sites_per_round=2, local_epochs=1, lr=0.1, seed=5)
+
+
+def _sim_fedavg(c: TrainCluster, algorithm: str, **kw) -> dict:
+    cfg = FedAvgConfig(algorithm=algorithm, **{**FEDAVG, **kw})
+    test = (c.ds.X[:10].astype(np.float32), c.ds.y_true[:10])
+    return run_fedavg(c.sites(), test, 10, cfg)
+
+
+def _service_weights(c: TrainCluster, job: str) -> dict:
+    net = build_network("mlp", 64, 10)
+    state, _ = load_state(c.admin.model(job), net.state_dict())
+    return state
+
+
+def test_fedavg_job_survives_a_coordinator_kill_and_equals_the_simulation(cluster_factory):
+    c = cluster_factory()
+    c.start_agents()
+    job = c.admin.submit_train(algorithm="fedavg", sites=c.ds.sites, classes=10, crypto="plaintext", **FEDAVG)
+    c.wait(job, lambda st: len(st["training"].get("history") or []) >= 1, what="round 1")
+    c.kill_coordinator()  # between (or inside) rounds: the checkpoint of the last closed round survives
+    c.start_coordinator()
+    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
+    hist = st["training"]["history"]
+    assert [r["round"] for r in hist] == [1, 2, 3]
+    assert st["training"]["final"]["accuracy"] is not None and st["training"]["final"]["accuracy"] > 0.3
+    sim = _sim_fedavg(c, "fedavg")
+    got = _service_weights(c, job)
+    want = sim["model"].state_dict()
+    assert set(got) == set(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k  # bit for bit: same plan, same batches, same average
+    assert [r["sites"] for r in hist] == [r["sites"] for r in sim["history"]]
+    for s in c.ds.sites:  # each site keeps the final model and its own predictions
+        res = np.load(c.result(job, s))
+        assert res["labels"].shape == res["confidence"].shape == ((c.ds.site == s).sum(),)
+        assert c.result(job, s, ".model.npz").stat().st_size > 0
+
+
+@sqlite_only
+def test_fedavg_xclp_job_runs_secure_xclp_children_and_a_dropped_site_is_left_out(cluster_factory):
+    c = cluster_factory()
+    c.start_agents()
+    sites = c.ds.sites
+    job = c.admin.submit_train(algorithm="fedavg-xclp", sites=sites, classes=10, crypto="ot", bits=128, k=8,
+                               rounds=3, sites_per_round=3, local_epochs=1, seed=1, max_missed_rounds=5,
+                               deadlines={"round": 25, "evaluate": 15}, xclp_deadlines={"setup": 20})
+    st = c.wait(job, lambda st: len(st["training"].get("history") or []) >= 1, what="round 1")
+    first = st["training"]["history"][0]
+    child = first["xclp_job"]
+    assert child and c.admin.job(child)["status"] == "done" and c.admin.job(child)["parent"] == job
+    assert first["left_out"] == [] and sorted(first["trained"]) == sorted(sites)
+    assert first["pseudo_label_accuracy"] is not None and first["pseudo_label_accuracy"] > 0.5
+    assert all(m["pseudo"] == "fresh" for m in first["site_metrics"].values())
+    gone = sites[-1]
+    c.agents[gone].send_signal(signal.SIGKILL)  # vanishes: its rounds close at the deadline without it
+    c.agents[gone].wait()
+    st = c.wait(job, lambda st: st["status"] == "done", timeout=400, what="job done")
+    hist = st["training"]["history"]
+    assert len(hist) == 3
+    assert any(gone in r["left_out"] for r in hist[1:])
+    assert all(gone not in r["trained"] for r in hist[1:])
+    assert gone not in st["dropped"]  # left out of rounds, not dropped from the job (max_missed_rounds=5)
+    for s in sites[:-1]:
+        assert np.load(c.result(job, s))["labels"].size == (c.ds.site == s).sum()
+
+
+@sqlite_only
+def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
+    c = cluster_factory(public=200)
+    c.start_agents()
+    cfg = dict(rounds=3, seed=2, bits=256, k=8)
+    pin = dict(public_sha256=public_digest(c.public), public_size=len(c.public))
+    job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", **pin, **cfg)
+    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
+    hist = st["training"]["history"]
+    assert [r["round"] for r in hist] == [1, 2, 3] and all(r["left_out"] == [] for r in hist)
+    sim = run_fedct(c.sites(), c.public, (c.public[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", **cfg))
+    for i, s in enumerate(c.ds.sites):  # the same consensus rounds give the same local models
+        with open(c.result(job, s, ".model.pkl"), "rb") as f:
+            learner = pickle.load(f)
+        assert np.array_equal(learner.predict(c.public), sim["models"][i].predict(c.public)), s
+    assert [h["public_coverage"] for h in hist] == pytest.approx([h["public_coverage"] for h in sim["history"]])
+
+    job2 = c.admin.submit_train(algorithm="fedct-xclp", sites=c.ds.sites, classes=10, model="tree",
+                                crypto="plaintext", **pin, **cfg)
+    st = c.wait(job2, lambda st: st["status"] == "done", what="job done")
+    first = st["training"]["history"][0]
+    assert first["xclp_job"] is not None and c.admin.job(first["xclp_job"])["status"] == "done"
+    assert first["xclp_pseudo_label_accuracy"] > 0.5
+    assert all(m["n_pseudo"] > 0 for m in first["site_metrics"].values())
+
+
+@sqlite_only
+def test_fedct_job_refuses_a_site_whose_public_set_differs(cluster_factory):
+    c = cluster_factory(public=50)
+    forged = c.public.copy()
+    forged[0, 0] += 1.0
+    np.savez(c.tmp / "public.npz", X=forged)  # every agent now holds a U that is not the pinned one
+    c.start_agents()
+    job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", rounds=1,
+                               public_sha256=public_digest(c.public), public_size=len(c.public),
+                               deadlines={"setup": 3})
+    st = c.wait(job, lambda st: st["status"] != "running", timeout=60, what="job ended")
+    assert st["status"] == "failed" and set(st["dropped"]) == set(c.ds.sites)
