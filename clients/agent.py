@@ -36,10 +36,16 @@ QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and 
 LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
 
 
-def load_site_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+def load_site_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(X, y, y_true or None): y_true, where the file has it, is for scoring training jobs only."""
     a = load_npz(path, require_site=False)
     X = validate_features(a["X"])
-    return X, validate_labels(a["y"], X.shape[0])
+    y_true = a.get("y_true")
+    if y_true is not None:
+        if np.shape(y_true) != (X.shape[0],):
+            raise DataError(f"{path}: y_true must have one entry per row of X")
+        y_true = np.asarray(y_true, dtype=np.int64)
+    return X, validate_labels(a["y"], X.shape[0]), y_true
 
 
 class JobState:
@@ -70,7 +76,7 @@ class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
                  poll: float = 0.1, public: str | os.PathLike | None = None):
         self.api, self.site, self.poll = client, site, poll
-        self.X, self.y = load_site_data(data)
+        self.X, self.y, self.y_true = load_site_data(data)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.out / ".agent-state"
@@ -81,9 +87,20 @@ class Agent:
         self._quiet_until: dict[str, tuple[float, dict]] = {}  # job -> (until, its status), see _quiet
         self._last_work: dict | None = None
         self.rows: dict[str, tuple[int, bytes]] = {}  # job -> (attempt, its masked rows), computed once
-        from clients.trainer import Trainer  # torch is imported only by agents that train
+        self.public = public
+        self._trainer = None
+        if public is not None:  # a bad --public file is an error at start, not at the first FedCT round
+            self.trainer  # noqa: B018
 
-        self.trainer = Trainer(self, data, public)
+    @property
+    def trainer(self):
+        """The training side (clients.trainer), made on first use: torch is imported only by agents
+        that take part in a training job."""
+        if self._trainer is None:
+            from clients.trainer import Trainer
+
+            self._trainer = Trainer(self, self.public)
+        return self._trainer
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from clients.api import ApiError
 from crypto.errors import ProtocolError
-from xclp.data import DataError, load_npz
+from xclp.data import DataError
 from xclp.training.fedavg import (
     FedAvgConfig,
     NetworkLabeller,
@@ -57,17 +57,10 @@ def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 class Trainer:
-    def __init__(self, agent, data: str | os.PathLike, public: str | os.PathLike | None = None):
+    def __init__(self, agent, public: str | os.PathLike | None = None):
         self.agent, self.api, self.site = agent, agent.api, agent.site
-        y_true = load_npz(data, require_site=False).get("y_true")
-        if y_true is not None and np.shape(y_true) != agent.y.shape:
-            raise DataError(f"{data}: y_true must have one entry per row of X")
-        self.y_true = None if y_true is None else np.asarray(y_true, dtype=np.int64)
-        self.public = None
-        if public is not None:
-            pub = load_npz(public, require_site=False) if str(public).endswith(".npz") else None
-            X = pub["X"] if pub is not None else np.load(public, allow_pickle=False)
-            self.public = PublicSet.create(np.asarray(X))
+        self.y_true = agent.y_true  # scoring only: never sent, never trained on
+        self.public = None if public is None else PublicSet.load(public)
 
     # --- shared helpers ----------------------------------------------------------------------------
     def site_data(self) -> Site:

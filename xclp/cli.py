@@ -229,9 +229,7 @@ def cmd_job_submit_train(args) -> int:
     if args.public:
         from xclp.training.fedct import PublicSet
 
-        a = np.load(args.public, allow_pickle=False)
-        X = a["X"] if isinstance(a, np.lib.npyio.NpzFile) else a
-        pub = PublicSet.create(np.asarray(X))
+        pub = PublicSet.load(args.public)
         body.update(public_sha256=pub.digest, public_size=len(pub.X))
     elif args.public_sha256:
         body.update(public_sha256=args.public_sha256, public_size=args.public_size)

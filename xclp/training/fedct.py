@@ -67,6 +67,26 @@ class PublicSet:
         X = np.ascontiguousarray(X)
         return cls(X, public_digest(X))
 
+    @classmethod
+    def load(cls, path) -> PublicSet:
+        """U from a file: an .npz with X (any other arrays, such as y, are ignored) or an .npy. The
+        values are taken as stored (no conversion): the digest pins the file's own array, so the
+        operator who pins it and every site that loads the same file agree."""
+        from xclp.data import DataError, validate_features
+
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                if isinstance(f, np.lib.npyio.NpzFile):
+                    if "X" not in f.files:
+                        raise DataError(f"{path}: the public set U needs an array X (points × features)")
+                    X = f["X"]
+                else:
+                    X = f
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: not a readable .npz or .npy file ({exc})") from None
+        validate_features(X, what=f"{path}: U")
+        return cls.create(X)
+
     def verify(self, pinned: str) -> None:
         """A site's check before it labels U: the set must be the one it pinned."""
         if public_digest(self.X) != pinned:
