@@ -180,15 +180,18 @@ class Trainer:
             raise DataError("public set U has the pinned digest but not the job's size")
         return self.public.digest
 
+    def _round_plan(self, job_id: str, t: int, st, topic: str) -> dict | None:
+        """Round t's plan if this site is in it and has not sent its `topic`/t yet, else None."""
+        if st[f"sent:coordinator:{topic}/{t}"]:
+            return None
+        body = self.api.shared(job_id, f"plan/{t}")
+        plan = None if body is None else load_json(body, what="plan")
+        return plan if plan is not None and self.site in plan["sites"] else None
+
     def _fedavg_round(self, job_id: str, status: dict, st) -> bool:
         t = int(status["round"])
-        if st[f"sent:coordinator:update/{t}"]:
-            return False
-        plan_body = self.api.shared(job_id, f"plan/{t}")
-        if plan_body is None:
-            return False
-        plan = load_json(plan_body, what="plan")
-        if self.site not in plan["sites"]:
+        plan = self._round_plan(job_id, t, st, "update")
+        if plan is None:
             return False
         cfg = FedAvgConfig(**status["params"]["config"])
         n_classes = int(status["params"]["classes"])
@@ -255,13 +258,8 @@ class Trainer:
 
     def _fedct_round(self, job_id: str, status: dict, st) -> bool:
         t = int(status["round"])
-        if st[f"sent:coordinator:votes/{t}"]:
-            return False
-        plan_body = self.api.shared(job_id, f"plan/{t}")
-        if plan_body is None:
-            return False
-        plan = load_json(plan_body, what="plan")
-        if self.site not in plan["sites"]:
+        plan = self._round_plan(job_id, t, st, "votes")
+        if plan is None:
             return False
         cfg = FedCTConfig(**status["params"]["config"])
         self._check_public(status)

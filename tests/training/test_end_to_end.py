@@ -43,3 +43,24 @@ def test_fixed_seed_repeats_exactly(runs):
     strip = lambda r: [{k: v for k, v in h.items() if k != "seconds"} for h in r["history"]]  # noqa: E731
     assert strip(again) == strip(runs["fedavg-xclp"])
     assert strip(run_training(TrainConfig(algorithm="fedct-xclp", **FEDCT))) == strip(runs["fedct-xclp"])
+
+
+def test_xclp_plot_compares_runs_and_job_status_files(runs, tmp_path):
+    import json
+
+    from xclp.cli import main
+
+    files = []
+    for alg in ("fedavg", "fedavg-xclp"):
+        files.append(tmp_path / f"{alg}.json")
+        files[-1].write_text(json.dumps({k: v for k, v in runs[alg].items() if k != "model"}, default=str))
+    status = tmp_path / "job.json"  # what `xclp job status ID --json` prints for a training job
+    status.write_text(json.dumps({"job": "abc", "kind": "train", "params": {"algorithm": "fedct", "config": {}},
+                                  "training": {"history": [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": 0.6}]}}))
+    out = tmp_path / "runs.png"
+    assert main(["plot", *map(str, files), str(status), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"job": "abc", "kind": "predict"}))
+    assert main(["plot", str(bad), "--out", str(tmp_path / "x.png")]) == 2
+    assert not (tmp_path / "x.png").exists()
