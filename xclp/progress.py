@@ -14,14 +14,16 @@ def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, inter
 
     if not quiet and not sys.stderr.isatty():
         return _wait_plain(client, job_id, timeout, interval)
-    bar = None if quiet else tqdm(total=len(PHASE_ORDER) - 1, desc=f"job {job_id}", file=sys.stderr,
-                                  bar_format="{desc}: {n_fmt}/{total_fmt} phases |{bar}| {postfix}")
+    bar = None
     end = time.monotonic() + timeout
     try:
         while time.monotonic() < end:
             st = client.job(job_id)
-            if bar is not None:
-                done = PHASE_ORDER.index(st["phase"]) if st["status"] != "done" else len(PHASE_ORDER) - 1
+            if not quiet:
+                done, total, unit = _steps(st)
+                if bar is None:
+                    bar = tqdm(total=total, desc=f"job {job_id}", file=sys.stderr,
+                               bar_format="{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar}| {postfix}")
                 bar.n = done
                 p = st["progress"]
                 bar.set_postfix_str(f"{st['phase']} {p['received']}/{p['expected']}", refresh=True)
@@ -34,15 +36,24 @@ def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, inter
             bar.close()
 
 
+def _steps(st: dict) -> tuple[int, int, str]:
+    """(done, total, unit): a training job counts rounds, a prediction job its phases."""
+    if st.get("kind") == "train":
+        p = st["progress"]
+        return int(p.get("rounds_done", 0)), int(p.get("rounds") or 1), "rounds"
+    done = PHASE_ORDER.index(st["phase"]) if st["status"] != "done" else len(PHASE_ORDER) - 1
+    return done, len(PHASE_ORDER) - 1, "phases"
+
+
 def _wait_plain(client, job_id: str, timeout: float, interval: float):
     """Not a terminal: one line per phase change instead of a redrawn bar."""
     end, last = time.monotonic() + timeout, None
     while time.monotonic() < end:
         st = client.job(job_id)
-        now = (st["status"], st["phase"], st["attempt"])
+        now = (st["status"], st["phase"], st["attempt"], st.get("round"))
         if now != last:
-            print(f"job {job_id}: {st['status']}, phase {st['phase']} (attempt {st['attempt']})", file=sys.stderr,
-                  flush=True)
+            where = f"round {st['round']}" if st.get("kind") == "train" else f"attempt {st['attempt']}"
+            print(f"job {job_id}: {st['status']}, phase {st['phase']} ({where})", file=sys.stderr, flush=True)
             last = now
         if st["status"] in ("done", "failed"):
             return st
