@@ -61,6 +61,10 @@ class TrainCluster:
         self.coordinator.send_signal(signal.SIGKILL)
         self.coordinator.wait()
 
+    def kill_agent(self, s):
+        self.agents[s].send_signal(signal.SIGKILL)
+        self.agents[s].wait()
+
     def start_agents(self):
         for s in self.ds.sites:
             self.start_agent(s)
@@ -143,13 +147,15 @@ def _service_weights(c: TrainCluster, job: str) -> dict:
     return state
 
 
-def test_fedavg_job_survives_a_coordinator_kill_and_equals_the_simulation(cluster_factory):
+def test_fedavg_job_survives_coordinator_and_agent_kills_and_equals_the_simulation(cluster_factory):
     c = cluster_factory()
     c.start_agents()
     job = c.admin.submit_train(algorithm="fedavg", sites=c.ds.sites, classes=10, crypto="plaintext", **FEDAVG)
     c.wait(job, lambda st: len(st["training"].get("history") or []) >= 1, what="round 1")
     c.kill_coordinator()  # between (or inside) rounds: the checkpoint of the last closed round survives
+    c.kill_agent(c.ds.sites[0])  # and a site: restarted, it repeats its update byte for byte
     c.start_coordinator()
+    c.start_agent(c.ds.sites[0])
     st = c.wait(job, lambda st: st["status"] == "done", what="job done")
     hist = st["training"]["history"]
     assert [r["round"] for r in hist] == [1, 2, 3]
@@ -183,8 +189,7 @@ def test_fedavg_xclp_job_runs_secure_xclp_children_and_a_dropped_site_is_left_ou
     assert first["pseudo_label_accuracy"] is not None and first["pseudo_label_accuracy"] > 0.5
     assert all(m["pseudo"] == "fresh" for m in first["site_metrics"].values())
     gone = sites[-1]
-    c.agents[gone].send_signal(signal.SIGKILL)  # vanishes: its rounds close at the deadline without it
-    c.agents[gone].wait()
+    c.kill_agent(gone)  # vanishes: its rounds close at the deadline without it
     st = c.wait(job, lambda st: st["status"] == "done", timeout=400, what="job done")
     hist = st["training"]["history"]
     assert len(hist) == 3
@@ -202,6 +207,9 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     cfg = dict(rounds=3, seed=2, bits=256, k=8)
     pin = dict(public_sha256=public_digest(c.public), public_size=len(c.public))
     job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", **pin, **cfg)
+    c.wait(job, lambda st: len(st["training"].get("history") or []) >= 1, what="exchange 1")
+    c.kill_agent(c.ds.sites[1])  # its learner is on disk after every exchange: restarted, it goes on
+    c.start_agent(c.ds.sites[1])
     st = c.wait(job, lambda st: st["status"] == "done", what="job done")
     hist = st["training"]["history"]
     assert [r["round"] for r in hist] == [1, 2, 3] and all(r["left_out"] == [] for r in hist)
