@@ -287,7 +287,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/work", tags=["sites"])
     def work(site: str = Depends(require_site), db=Depends(get_db)):
         """The running jobs this site still takes part in, and the finished ones that have its results."""
-        jobs = db.scalars(select(Job).where(Job.status != "failed")).all()
+        # Only the columns it needs: a training job's state (its round history) grows with every round.
+        jobs = db.execute(select(Job.id, Job.status, Job.live).where(Job.status != "failed")).all()
         return {"jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
                 "done": [j.id for j in jobs if site in j.live and j.status == "done"]}
 
