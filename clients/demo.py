@@ -1,6 +1,7 @@
 """`xclp demo`: the real system on one machine — a coordinator and N site agents as separate
 processes on 127.0.0.1, a secure one-shot prediction job over the digits data, and the accuracy of
-XCLP against per-site and centralized label propagation.
+XCLP against per-site and centralized label propagation. `xclp demo --train ALGORITHM`: a FedAvg
+training job instead, the agents training at home, against labelled-only FedAvg.
 
 The demo keeps the true labels aside (they never reach the agents or the coordinator) and scores
 each site's output file against them.
@@ -69,9 +70,61 @@ def wait_healthy(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"coordinator at {url} did not become healthy in {timeout} s")
 
 
+class LocalCluster:
+    """A coordinator (SQLite in `work`) and one agent process per site on 127.0.0.1, for the demos.
+    Each site's file holds only X and y (no truth, no site column), as a real site's would."""
+
+    def __init__(self, work: Path, sites: dict[str, tuple[np.ndarray, np.ndarray]]):
+        from clients.api import CoordinatorClient
+
+        self.work, self.sites = work, sites
+        self.admin_token = secrets.token_urlsafe(16)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.procs = [start_coordinator(work, int(self.url.rsplit(":", 1)[1]), self.admin_token)]
+        try:
+            wait_healthy(self.url)
+            self.admin = CoordinatorClient(self.url, self.admin_token)
+            for s, (X, y) in sites.items():
+                np.savez(work / f"{s}.npz", X=X, y=y)
+                token = self.admin.add_site(s)["token"]
+                self.procs.append(start_agent(work, self.url, s, token, work / f"{s}.npz", work / f"out-{s}"))
+        except BaseException:
+            self.close()
+            raise
+
+    def result(self, job: str, site: str, timeout: float = 60.0) -> Path:
+        """The site's output file for the job (it writes it right after the job is done)."""
+        path = self.work / f"out-{site}" / f"{job}.npz"
+        end = time.monotonic() + timeout
+        while not path.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        return path
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _workdir(workdir: str | None) -> Path:
+    work = Path(workdir or tempfile.mkdtemp(prefix="xclp-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def _cleanup(work: Path, workdir: str | None) -> None:
+    if os.environ.get("XCLP_DEMO_KEEP") is None and workdir is None:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024, sites: int = 3, seed: int = 0,
              workdir: str | None = None) -> int:
-    from clients.api import CoordinatorClient
     from xclp.baselines import centralized_lp, per_site_lp
     from xclp.data import load_arrays
     from xclp.progress import wait_for_job
@@ -79,38 +132,24 @@ def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024,
     from xclp.splits import simulate_sites
 
     t0 = time.perf_counter()
-    work = Path(workdir or tempfile.mkdtemp(prefix="xclp-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = _workdir(workdir)
     X, y = load_arrays("digits")
     ds = simulate_sites(X, y, sites, "dirichlet:0.5", 0.1, seed=seed)
     names = ds.sites
-    admin = secrets.token_urlsafe(16)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     print(f"xclp demo: {ds.n} digits over {sites} sites (Dirichlet β=0.5, 10% labelled), crypto={crypto}, "
           f"L={bits}; working in {work}", file=sys.stderr)
-    procs = [start_coordinator(work, port, admin)]
+    cluster = None
     try:
-        wait_healthy(url)
-        admin_client = CoordinatorClient(url, admin)
-        for s in names:
-            idx = np.flatnonzero(ds.site == s)
-            np.savez(work / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])  # the site's own file: no truth, no site column
-            token = admin_client.add_site(s)["token"]
-            procs.append(start_agent(work, url, s, token, work / f"{s}.npz", work / f"out-{s}"))
-        job = admin_client.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits, k=10, alpha=0.99,
-                                      classes=ds.n_classes)
-        st = wait_for_job(admin_client, job, timeout=600)
+        cluster = LocalCluster(work, {s: (ds.X[ds.site == s], ds.y[ds.site == s]) for s in names})
+        job = cluster.admin.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits, k=10, alpha=0.99,
+                                       classes=ds.n_classes)
+        st = wait_for_job(cluster.admin, job, timeout=600)
         if st is None or st["status"] != "done":
             print(f"job {job} did not finish: {st and st['failure']}", file=sys.stderr)
             return 1
         labels = np.full(ds.n, -1)
         for s in names:
-            path = work / f"out-{s}" / f"{job}.npz"
-            end = time.monotonic() + 60
-            while not path.exists() and time.monotonic() < end:
-                time.sleep(0.05)
-            labels[np.flatnonzero(ds.site == s)] = np.load(path)["labels"]
+            labels[np.flatnonzero(ds.site == s)] = np.load(cluster.result(job, s))["labels"]
         seconds = time.perf_counter() - t0
         base = {"per_site": per_site_lp(ds, k=10), "centralized": centralized_lp(ds, k=10)}
         acc = {"xclp": unlabelled_accuracy(ds, labels)} | {k: unlabelled_accuracy(ds, v) for k, v in base.items()}
@@ -131,14 +170,84 @@ def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024,
                                                   "seconds": round(seconds, 3), "timings": st["timings"]}, indent=2))
         return 0
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if os.environ.get("XCLP_DEMO_KEEP") is None and workdir is None:
-            import shutil
+        if cluster is not None:
+            cluster.close()
+        _cleanup(work, workdir)
 
-            shutil.rmtree(work, ignore_errors=True)
+
+def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "ot", json_out: Path | None = None, bits: int = 256,
+                   sites: int = 3, rounds: int = 5, seed: int = 0, workdir: str | None = None) -> int:
+    """A FedAvg training job through the coordinator, the agents training at home, its final model scored on
+    held-out digits against labelled-only FedAvg simulated in process with the same data, rounds and seed."""
+    from sklearn.model_selection import train_test_split
+
+    from xclp.data import load_arrays
+    from xclp.progress import wait_for_job
+    from xclp.splits import simulate_sites
+    from xclp.training.fedavg import FedAvgConfig, Site, accuracy, run_fedavg
+    from xclp.training.messages import load_state
+    from xclp.training.models import build_network
+
+    t0 = time.perf_counter()
+    work = _workdir(workdir)
+    X, y = load_arrays("digits")
+    X = (X / 16.0).astype(np.float32)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, stratify=y, random_state=seed)
+    ds = simulate_sites(Xtr, ytr, sites, "iid", 0.05, seed=seed)
+    names = ds.sites
+    knobs = dict(rounds=rounds, sites_per_round=sites, local_epochs=2, lr=0.1, bits=bits, k=10, alpha=0.99, seed=seed)
+    print(f"xclp demo --train {algorithm}: {ds.n} digits over {sites} sites (iid, 5% labelled), {rounds} rounds, "
+          f"crypto={crypto}, L={bits}; {len(yte)} held-out digits for testing; working in {work}", file=sys.stderr)
+    cluster = None
+    try:
+        cluster = LocalCluster(work, {s: (ds.X[ds.site == s], ds.y[ds.site == s]) for s in names})
+        job = cluster.admin.submit_train(algorithm=algorithm, sites=names, classes=ds.n_classes, crypto=crypto,
+                                         **knobs)
+        st = wait_for_job(cluster.admin, job, timeout=1200)
+        if st is None or st["status"] != "done":
+            print(f"job {job} did not finish: {st and st['failure']}", file=sys.stderr)
+            return 1
+        net = build_network("mlp", X.shape[1], ds.n_classes, seed=seed)
+        state, _ = load_state(cluster.admin.model(job), net.state_dict())
+        net.load_state_dict(state)
+        seconds = time.perf_counter() - t0
+        site_data = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s]) for s in names]
+        base = run_fedavg(site_data, (Xte, yte), ds.n_classes, FedAvgConfig(algorithm="fedavg", **knobs))
+        acc = {algorithm: accuracy(net, Xte, yte), "fedavg": base["final_accuracy"]}
+        hist = st["training"]["history"]
+        print(f"\ntraining job {job} ({algorithm}, {crypto}), {len(hist)} rounds, {seconds:.1f} s")
+        print(f"{'round':>5}{'sites':>7}{'left out':>10}{'pseudo-label acc %':>20}{'seconds':>9}")
+        for r in hist:
+            # The agents never saw the truth: the demo scores the pseudo-labels each site kept at home.
+            r["pseudo_label_accuracy"] = _pseudo_label_accuracy(cluster, ds, r.get("xclp_job"))
+            pl = r["pseudo_label_accuracy"]
+            print(f"{r['round']:>5}{len(r['sites']):>7}{len(r['left_out']):>10}"
+                  f"{'–' if pl is None else f'{100 * pl:.2f}':>20}{r['seconds']:>9.1f}")
+        print(f"test accuracy of the final model: {100 * acc[algorithm]:.2f} % (service, {algorithm}) vs "
+              f"{100 * acc['fedavg']:.2f} % (labelled-only FedAvg, same data, rounds and seed, in process)")
+        if json_out:
+            Path(json_out).write_text(json.dumps({"algorithm": algorithm, "crypto": crypto, "sites": sites,
+                                                  "job": job, "bits": bits, "rounds": rounds, "accuracy": acc,
+                                                  "history": hist, "seconds": round(seconds, 3)}, indent=2))
+        return 0
+    finally:
+        if cluster is not None:
+            cluster.close()
+        _cleanup(work, workdir)
+
+
+def _pseudo_label_accuracy(cluster: LocalCluster, ds, child: str | None) -> float | None:
+    """Accuracy of a round's XCLP pseudo-labels on the sites' unlabelled points (from each site's own
+    output file of the round's child job), or None where the round had none."""
+    if child is None:
+        return None
+    hit = tot = 0
+    for s in ds.sites:
+        path = cluster.result(child, s, timeout=0)
+        if not path.exists():
+            continue
+        m = ds.site == s
+        labels, unl = np.load(path)["labels"], ds.y[m] < 0
+        hit += int((labels[unl] == ds.y_true[m][unl]).sum())
+        tot += int(unl.sum())
+    return hit / tot if tot else None

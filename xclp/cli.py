@@ -279,7 +279,12 @@ def cmd_job_wait(args) -> int:
 def cmd_demo(args) -> int:
     from clients.demo import run_demo
 
-    return run_demo(crypto=args.crypto, json_out=args.json, bits=args.bits, sites=args.sites, seed=args.seed)
+    if args.train:
+        from clients.demo import run_train_demo
+
+        return run_train_demo(args.train, crypto=args.crypto, json_out=args.json, bits=args.bits or 256,
+                              sites=args.sites, rounds=args.rounds, seed=args.seed)
+    return run_demo(crypto=args.crypto, json_out=args.json, bits=args.bits or 1024, sites=args.sites, seed=args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -412,7 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
     demo.add_argument("--crypto", choices=["ot", "paillier", "plaintext"], default="ot")
-    demo.add_argument("--bits", type=int, default=1024)
+    demo.add_argument("--bits", type=int, default=None, help="LSH bits (default 1024; 256 with --train)")
+    demo.add_argument("--train", choices=["fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fedavg"],
+                      default=None, help="run a FedAvg training job instead of a prediction job")
+    demo.add_argument("--rounds", type=int, default=5, help="with --train: training rounds")
     demo.add_argument("--sites", type=int, default=3)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--json", type=Path)
