@@ -282,7 +282,7 @@ def create_app(settings: Settings) -> FastAPI:
                          dropped=job.dropped, attempts=job.attempts, params=job.params, progress=_progress(db, job), timings=job.timings,
                          failure=job.failure, created_at=job.created_at.isoformat() + "Z",
                          finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
-                         round=job.round or 0, parent=job.parent, training=_training_view(job))
+                         round=job.round or 0, parent=job.parent, training=_training_view(job, who))
 
     @app.get("/work", tags=["sites"])
     def work(site: str = Depends(require_site), db=Depends(get_db)):
@@ -370,11 +370,25 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _training_view(job: Job) -> dict:
-    """Child predict jobs show which features they run on; training jobs their history and result."""
+def _training_view(job: Job, who: str) -> dict:
+    """Child predict jobs show which features they run on; training jobs their history and result.
+    The operator sees every site's metrics; a site sees the aggregates and only its own metrics (how
+    many labels another site holds, or how well its model does, is that site's business)."""
+    state = job.state or {}
     if job.kind != "train":
-        return {k: v for k, v in (job.state or {}).items() if k in ("features", "model_round")}
-    return {k: (job.state or {}).get(k) for k in ("history", "final", "features", "labelled", "strikes")}
+        return {k: v for k, v in state.items() if k in ("features", "model_round")}
+    view = {k: state.get(k) for k in ("history", "final", "features", "labelled", "strikes")}
+    if who == "admin":
+        return view
+
+    def own(row: dict | None) -> dict | None:
+        if row is None:
+            return None
+        return {k: ({s: v for s, v in x.items() if s == who} if k in ("site_metrics", "site_accuracy") else x)
+                for k, x in row.items()}
+
+    return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),
+            "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)}}
 
 
 def _progress(db, job: Job) -> dict:
@@ -407,7 +421,7 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> 
     if job.kind == "train":
         refused = check_train_upload(db, job, site, to, topic, body)
         if refused:
-            raise HTTPException(int(refused[:3]), refused[4:])
+            raise HTTPException(*refused)
         return
     parts = topic.split("/")
     kind = parts[0]

@@ -291,37 +291,37 @@ TRAIN_STEPS = {"setup": _setup, "round": _round, "evaluate": _evaluate}
 # --- uploads -------------------------------------------------------------------------------------
 
 
-def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> str | None:
-    """None if the upload is acceptable now, else (status code, reason) as 'CODE reason'."""
+def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> tuple[int, str] | None:
+    """None if the upload is acceptable now, else (HTTP status code, reason)."""
     if to != COORDINATOR:
-        return "422 training messages go to the coordinator"
+        return 422, "training messages go to the coordinator"
     parts = topic.split("/")
     kind = parts[0]
     phase_of = {"hello": "setup", "update": "round", "votes": "round", "eval": "evaluate"}
     if kind not in phase_of or len(parts) != (2 if kind in ("update", "votes") else 1):
-        return f"422 unknown message topic {topic!r} for a training job"
+        return 422, f"unknown message topic {topic!r} for a training job"
     fedavg = job.params["algorithm"] in FEDAVG_ALGORITHMS
-    if (kind == "update" and not fedavg) or (kind in ("votes",) and fedavg) or (kind == "eval" and not fedavg):
-        return f"422 {kind!r} is not part of a {job.params['algorithm']} job"
+    if (kind == "update" and not fedavg) or (kind == "votes" and fedavg) or (kind == "eval" and not fedavg):
+        return 422, f"{kind!r} is not part of a {job.params['algorithm']} job"
     if phase_of[kind] != job.phase:
-        return f"409 {kind!r} belongs to phase {phase_of[kind]}; job {job.id} is in phase {job.phase}"
+        return 409, f"{kind!r} belongs to phase {phase_of[kind]}; job {job.id} is in phase {job.phase}"
     try:
         if kind == "hello":
             h = load_json(body, what="hello")
             for key in ("n", "features", "labelled"):
                 if not isinstance(h.get(key), int) or h[key] < 0:
-                    return f"422 hello: {key!r} must be a non-negative integer"
+                    return 422, f"hello: {key!r} must be a non-negative integer"
             if job.params["algorithm"] in FEDCT_ALGORITHMS and h.get("public_sha256") != job.params["public_sha256"]:
-                return "422 hello: this site's public set U does not match the job's pinned SHA-256"
+                return 422, "hello: this site's public set U does not match the job's pinned SHA-256"
             return None
         if kind == "eval":
             load_json(body, what="eval")
             return None
         if not parts[1].isdigit() or int(parts[1]) != job.round:
-            return f"409 {topic!r}: the round in progress is {job.round}"
+            return 409, f"{topic!r}: the round in progress is {job.round}"
         plan = message_body(db, job.id, COORDINATOR, BROADCAST, f"plan/{job.round}")
         if plan is None or site not in load_json(plan, what="plan")["sites"]:
-            return f"409 site {site!r} is not in round {job.round}"
+            return 409, f"site {site!r} is not in round {job.round}"
         if kind == "update":
             template, _ = load_state(message_body(db, job.id, COORDINATOR, BROADCAST, f"model/{job.round - 1}"),
                                      _network(job).state_dict())
@@ -329,7 +329,7 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
         else:
             load_votes(body, int(job.params["public_size"]), int(job.params["classes"]))
     except ProtocolError as exc:
-        return f"422 {exc}"
+        return 422, f"{exc}"
     return None
 
 
