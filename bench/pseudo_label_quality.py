@@ -1,7 +1,7 @@
 """Are graph pseudo-labels more accurate than the model they would train? (FedAvg+XCLP's premise)
 
     .venv/bin/python -m bench.pseudo_label_quality [--split iid|dirichlet:0.5] [--rounds T] [--seed S]
-        [--json bench/results/pseudo_label_quality.json]
+        [--model mlp|cnn] [--json bench/results/pseudo_label_quality.json]
 
 FedAvg+XCLP can only beat labelled-only FedAvg by a wide margin if the pseudo-labels it trains on
 are more accurate than the model's own predictions. This benchmark trains labelled-only FedAvg with
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="iid")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     p.add_argument("--json", default=str(RESULTS / "pseudo_label_quality.json"))
     a = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                      train_size=20_000, seed=a.seed)
     sites, _, test, n_classes = prepare(tc)
     fed = run_fedavg(sites, test, n_classes, FedAvgConfig(algorithm="fedavg", rounds=a.rounds, sites_per_round=5,
-                                                          local_epochs=5, seed=a.seed))
+                                                          local_epochs=5, model=a.model, seed=a.seed))
     model = fed["model"]
     X = np.concatenate([s.X for s in sites])
     y = np.concatenate([s.y for s in sites])
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{graph:9s} {view:16s} model {r['model_accuracy']:.4f}  LP {r['lp_accuracy']:.4f}   "
                   f"top half: model {r['model_accuracy_top_half']:.4f}  LP {r['lp_accuracy_top_half']:.4f}",
                   flush=True)
-    out = {"split": a.split, "rounds": a.rounds, "seed": a.seed, "model_test_accuracy": fed["final_accuracy"],
+    out = {"split": a.split, "model": a.model, "rounds": a.rounds, "seed": a.seed, "model_test_accuracy": fed["final_accuracy"],
            "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
