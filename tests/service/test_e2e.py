@@ -7,18 +7,14 @@ their labels; an agent killed and restarted before that continues with its persi
 """
 
 import json
-import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from svc import ADMIN
+from svc import ProcessCluster, cluster_fixture
 
-from clients.api import CoordinatorClient
-from clients.demo import free_port, start_agent, start_coordinator, wait_healthy
 from xclp.data import load_arrays
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp, unlabelled_accuracy
@@ -27,41 +23,12 @@ from xclp.splits import simulate_sites
 pytestmark = pytest.mark.slow
 
 
-class Cluster:
+class Cluster(ProcessCluster):
     def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, n_points: int = 450, deadlines=None):
-        self.tmp, self.db_url, self.deadlines = tmp, db_url, deadlines or {}
         X, y = load_arrays("digits", limit=n_points, seed=7)
         self.ds = simulate_sites(X, y, n_sites, "dirichlet:1.0", 0.15, seed=7)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.coordinator = None
-        self.agents: dict[str, subprocess.Popen] = {}
-        self.tokens: dict[str, str] = {}
-        self.start_coordinator()
-        self.admin = CoordinatorClient(self.url, ADMIN, retries=20)
-        for s in self.ds.sites:
-            idx = np.flatnonzero(self.ds.site == s)
-            np.savez(tmp / f"{s}.npz", X=self.ds.X[idx], y=self.ds.y[idx])
-            self.tokens[s] = self.admin.add_site(s)["token"]
-
-    def start_coordinator(self):
-        self.coordinator = start_coordinator(self.tmp, self.port, ADMIN, self.db_url, self.deadlines)
-        wait_healthy(self.url, 120)
-
-    def kill_coordinator(self):
-        self.coordinator.send_signal(signal.SIGKILL)
-        self.coordinator.wait()
-
-    def start_agent(self, s):
-        self.agents[s] = start_agent(self.tmp, self.url, s, self.tokens[s], self.tmp / f"{s}.npz", self.out(s))
-
-    def out(self, s) -> Path:
-        return self.tmp / f"out-{s}"
-
-    def signal(self, s, sig):
-        self.agents[s].send_signal(sig)
-        if sig == signal.SIGKILL:
-            self.agents[s].wait()
+        sites = {s: {"X": self.ds.X[self.ds.site == s], "y": self.ds.y[self.ds.site == s]} for s in self.ds.sites}
+        super().__init__(tmp, db_url, sites, deadlines)
 
     def submit(self, crypto="ot", bits=256, **kw) -> str:
         return self.admin.submit_job(kind="predict", sites=self.ds.sites, crypto=crypto, bits=bits, k=8,
@@ -70,28 +37,8 @@ class Cluster:
     def status(self, job):
         return self.admin.job(job)
 
-    def wait(self, job, pred, timeout=240, what="condition"):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            st = self.status(job)
-            if pred(st):
-                return st
-            if st["status"] == "failed":
-                raise AssertionError(f"job failed: {st['failure']}\n{self.logs()}")
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}: {self.status(job)}\n{self.logs()}")
-
-    def wait_done(self, job, timeout=300):
-        return self.wait(job, lambda st: st["status"] == "done", timeout, "job done")
-
     def labels(self, job, s, timeout=60):
-        path = self.out(s) / f"{job}.npz"
-        end = time.monotonic() + timeout
-        while not path.exists():
-            if time.monotonic() > end:
-                raise AssertionError(f"no result file for {s}\n{self.logs()}")
-            time.sleep(0.05)
-        return np.load(path)
+        return np.load(self.result(job, s, timeout=timeout))
 
     def contributions(self, job):
         return {s: bytes.fromhex(json.loads((self.out(s) / ".agent-state" / f"{job}.json").read_text())["contribution"])
@@ -101,32 +48,8 @@ class Cluster:
         params = JobParams(job_id=job, n_classes=10, bits=bits, k=8, crypto=crypto)
         return run_xclp(self.ds, params, contributions=self.contributions(job), drops=drops)
 
-    def logs(self):
-        out = []
-        for f in sorted(self.tmp.glob("*.log")):
-            out.append(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:])
-        return "\n".join(out)
 
-    def close(self):
-        for p in list(self.agents.values()) + [self.coordinator]:
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-                p.wait()
-
-
-@pytest.fixture
-def cluster_factory(tmp_path, db_url):
-    made = []
-
-    def make(**kw):
-        c = Cluster(tmp_path, db_url, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
+cluster_factory = cluster_fixture(Cluster)
 
 
 def test_service_job_equals_in_process_run(cluster_factory):

@@ -6,17 +6,13 @@ when the coordinator is killed with SIGKILL between rounds and restarted on the 
 """
 
 import pickle
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from svc import ADMIN, _db_url
+from svc import ProcessCluster, cluster_fixture
 
-from clients.api import CoordinatorClient
-from clients.demo import free_port, start_agent, start_coordinator, wait_healthy
 from xclp.data import load_arrays
 from xclp.splits import simulate_sites
 from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
@@ -27,107 +23,28 @@ from xclp.training.models import build_network
 pytestmark = pytest.mark.slow
 
 
-class TrainCluster:
+class TrainCluster(ProcessCluster):
     def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, n_points: int = 600, public: int = 0):
-        self.tmp, self.db_url = tmp, db_url
         X, y = load_arrays("digits", limit=n_points + public, seed=3)
         X = (X / 16.0).astype(np.float32)
-        self.public = X[:public] if public else None
+        self.public_X = X[:public] if public else None
         self.ds = simulate_sites(X[public:], y[public:], n_sites, "iid", 0.1, seed=3)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.start_coordinator()
-        self.admin = CoordinatorClient(self.url, ADMIN, retries=20)
-        self.tokens, self.agents = {}, {}
         if public:
-            np.savez(tmp / "public.npz", X=self.public, y=np.full(public, -1))
-        for s in self.ds.sites:
-            idx = np.flatnonzero(self.ds.site == s)
-            np.savez(tmp / f"{s}.npz", X=self.ds.X[idx], y=self.ds.y[idx], y_true=self.ds.y_true[idx])
-            self.tokens[s] = self.admin.add_site(s)["token"]
+            np.savez(tmp / "public.npz", X=self.public_X)
+        sites = {s: {"X": self.ds.X[self.ds.site == s], "y": self.ds.y[self.ds.site == s],
+                     "y_true": self.ds.y_true[self.ds.site == s]} for s in self.ds.sites}
+        super().__init__(tmp, db_url, sites, public=tmp / "public.npz" if public else None)
 
     def sites(self) -> list[Site]:
-        out = []
-        for s in self.ds.sites:
-            idx = np.flatnonzero(self.ds.site == s)
-            out.append(Site(s, self.ds.X[idx].astype(np.float32), self.ds.y[idx], self.ds.y_true[idx]))
-        return out
-
-    def start_coordinator(self):
-        self.coordinator = start_coordinator(self.tmp, self.port, ADMIN, self.db_url)
-        wait_healthy(self.url, 120)
-
-    def kill_coordinator(self):
-        self.coordinator.send_signal(signal.SIGKILL)
-        self.coordinator.wait()
-
-    def kill_agent(self, s):
-        self.agents[s].send_signal(signal.SIGKILL)
-        self.agents[s].wait()
+        return [Site(s, self.ds.X[self.ds.site == s].astype(np.float32), self.ds.y[self.ds.site == s],
+                     self.ds.y_true[self.ds.site == s]) for s in self.ds.sites]
 
     def start_agents(self):
         for s in self.ds.sites:
             self.start_agent(s)
 
-    def start_agent(self, s):
-        pub = self.tmp / "public.npz" if self.public is not None else None
-        self.agents[s] = start_agent(self.tmp, self.url, s, self.tokens[s], self.tmp / f"{s}.npz", self.out(s), pub)
 
-    def out(self, s) -> Path:
-        return self.tmp / f"out-{s}"
-
-    def wait(self, job, pred, timeout=300, what="condition"):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            st = self.admin.job(job)
-            if pred(st):
-                return st
-            if st["status"] == "failed":
-                raise AssertionError(f"job failed: {st['failure']}\n{self.logs()}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}: {self.admin.job(job)}\n{self.logs()}")
-
-    def result(self, job, s, suffix=".npz", timeout=60):
-        path = self.out(s) / f"{job}{suffix}"
-        end = time.monotonic() + timeout
-        while not path.exists():
-            if time.monotonic() > end:
-                raise AssertionError(f"no {path.name} for {s}\n{self.logs()}")
-            time.sleep(0.05)
-        return path
-
-    def logs(self):
-        return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(self.tmp.glob("*.log")))
-
-    def close(self):
-        for p in [*self.agents.values(), self.coordinator]:
-            if p.poll() is None:
-                p.terminate()
-        for p in [*self.agents.values(), self.coordinator]:
-            try:
-                p.wait(timeout=10)
-            except Exception:
-                p.kill()
-
-
-@pytest.fixture
-def cluster_factory(tmp_path, db_url):
-    made = []
-
-    def make(**kw):
-        c = TrainCluster(tmp_path, db_url, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request, tmp_path):
-    return _db_url(request, tmp_path)
-
+cluster_factory = cluster_fixture(TrainCluster)
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
@@ -205,7 +122,7 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     c = cluster_factory(public=200)
     c.start_agents()
     cfg = dict(rounds=3, seed=2, bits=256, k=8)
-    pin = dict(public_sha256=public_digest(c.public), public_size=len(c.public))
+    pin = dict(public_sha256=public_digest(c.public_X), public_size=len(c.public_X))
     job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", **pin, **cfg)
     c.wait(job, lambda st: len(st["training"].get("history") or []) >= 1, what="exchange 1")
     c.kill_agent(c.ds.sites[1])  # its learner is on disk after every exchange: restarted, it goes on
@@ -213,11 +130,11 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     st = c.wait(job, lambda st: st["status"] == "done", what="job done")
     hist = st["training"]["history"]
     assert [r["round"] for r in hist] == [1, 2, 3] and all(r["left_out"] == [] for r in hist)
-    sim = run_fedct(c.sites(), c.public, (c.public[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", **cfg))
+    sim = run_fedct(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", **cfg))
     for i, s in enumerate(c.ds.sites):  # the same consensus rounds give the same local models
         with open(c.result(job, s, ".model.pkl"), "rb") as f:
             learner = pickle.load(f)
-        assert np.array_equal(learner.predict(c.public), sim["models"][i].predict(c.public)), s
+        assert np.array_equal(learner.predict(c.public_X), sim["models"][i].predict(c.public_X)), s
     assert [h["public_coverage"] for h in hist] == pytest.approx([h["public_coverage"] for h in sim["history"]])
 
     job2 = c.admin.submit_train(algorithm="fedct-xclp", sites=c.ds.sites, classes=10, model="tree",
@@ -232,12 +149,12 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
 @sqlite_only
 def test_fedct_job_refuses_a_site_whose_public_set_differs(cluster_factory):
     c = cluster_factory(public=50)
-    forged = c.public.copy()
+    forged = c.public_X.copy()
     forged[0, 0] += 1.0
     np.savez(c.tmp / "public.npz", X=forged)  # every agent now holds a U that is not the pinned one
     c.start_agents()
     job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", rounds=1,
-                               public_sha256=public_digest(c.public), public_size=len(c.public),
+                               public_sha256=public_digest(c.public_X), public_size=len(c.public_X),
                                deadlines={"setup": 3})
     st = c.wait(job, lambda st: st["status"] != "running", timeout=60, what="job ended")
     assert st["status"] == "failed" and set(st["dropped"]) == set(c.ds.sites)
