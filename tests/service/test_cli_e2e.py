@@ -1,0 +1,67 @@
+"""The operator's command line against a real coordinator and real agents: `xclp site add`,
+`xclp job submit predict|train`, `xclp job wait`, `xclp job status` (the contract outside checks use)."""
+
+import json
+
+import numpy as np
+import pytest
+from svc import ADMIN, ProcessCluster
+
+from xclp.cli import main
+from xclp.data import load_arrays
+from xclp.splits import simulate_sites
+from xclp.training.fedct import public_digest
+
+pytestmark = pytest.mark.slow
+
+
+def cli(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
+    X, y = load_arrays("digits", limit=500, seed=1)
+    X = (X / 16.0).astype(np.float32)
+    public, ds = X[:100], simulate_sites(X[100:], y[100:], 3, "iid", 0.2, seed=1)
+    np.savez(tmp_path / "U.npz", X=public)
+    sites = {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in ds.sites[:2]}
+    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites, public=tmp_path / "U.npz")
+    try:
+        coord = ["--coordinator", c.url, f"--admin-token={ADMIN}"]
+        last = ds.sites[2]  # registered through the CLI, which prints its token once
+        np.savez(tmp_path / f"{last}.npz", X=ds.X[ds.site == last], y=ds.y[ds.site == last])
+        code, out = cli(capsys, "site", "add", last, *coord, "--json")
+        assert code == 0 and json.loads(out)["site"] == last
+        c.tokens[last] = json.loads(out)["token"]
+        for s in ds.sites:
+            c.start_agent(s)
+        names = ",".join(ds.sites)
+
+        code, out = cli(capsys, "job", "submit", "predict", *coord, "--sites", names, "--crypto", "plaintext",
+                        "--bits", "128", "--k", "8", "--json")
+        job = json.loads(out)["job"]
+        assert code == 0 and cli(capsys, "job", "wait", job, *coord, "--timeout", "120")[0] == 0
+        code, out = cli(capsys, "job", "status", job, *coord, "--json")
+        assert code == 0 and json.loads(out)["status"] == "done"
+        assert np.load(c.result(job, last))["labels"].shape == ((ds.site == last).sum(),)
+
+        code, out = cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--algorithm", "fedct",
+                        "--model", "tree,logreg", "--public", str(tmp_path / "U.npz"), "--rounds", "2", "--json")
+        job = json.loads(out)["job"]
+        assert code == 0 and cli(capsys, "job", "wait", job, *coord, "--timeout", "120")[0] == 0
+        st = json.loads(cli(capsys, "job", "status", job, *coord, "--json")[1])
+        assert st["params"]["public_sha256"] == public_digest(public)  # pinned from the file
+        assert st["params"]["config"]["learners"] == ["tree", "logreg", "tree"]  # the list cycles over the sites
+        assert [r["round"] for r in st["training"]["history"]] == [1, 2]
+        code, out = cli(capsys, "job", "status", job, *coord)
+        assert code == 0 and "round 2/2 done" in out and "final accuracy" in out
+        assert c.result(job, last, ".model.pkl").stat().st_size > 0
+
+        # an unknown site or a bad U is refused before anything is stored
+        assert cli(capsys, "job", "submit", "train", *coord, "--sites", "site0,nobody", "--algorithm", "fedavg")[0] == 2
+        (tmp_path / "bad.npz").write_bytes(b"not an npz")
+        assert cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--algorithm", "fedct",
+                   "--public", str(tmp_path / "bad.npz"))[0] == 2
+    finally:
+        c.close()
