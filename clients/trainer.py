@@ -26,7 +26,9 @@ import numpy as np
 
 from clients.api import ApiError
 from crypto.errors import ProtocolError
+from crypto.keys import SiteKeyPair
 from xclp.data import DataError
+from xclp.training import secure_aggregation as secagg
 from xclp.training.fedavg import (
     FedAvgConfig,
     NetworkLabeller,
@@ -38,7 +40,7 @@ from xclp.training.fedavg import (
     site_rng,
 )
 from xclp.training.fedct import FedCTConfig, PublicSet, new_site_state, site_exchange
-from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
+from xclp.training.messages import dump_json, dump_masked, dump_state, dump_votes, load_json, load_state
 from xclp.training.models import build_network, predict_proba_array, torch_threads
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.wire import load_array
@@ -153,6 +155,10 @@ class Trainer:
                      "labelled": int((self.agent.y >= 0).sum())}
             if not fedavg:
                 hello["public_sha256"] = self._check_public(status)
+            elif status["params"]["config"].get("secure_aggregation"):
+                if st["key"] is None:  # this job's X25519 key pair, for the pairwise masks of its sums
+                    st["key"] = SiteKeyPair.generate().private_bytes().hex()
+                hello["public_key"] = SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])).public_bytes().hex()
             if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
                 raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
                                 f"{status['params']['classes']} classes")
@@ -181,8 +187,8 @@ class Trainer:
         return self.public.digest
 
     def _round_plan(self, job_id: str, t: int, st, topic: str) -> dict | None:
-        """Round t's plan if this site is in it and has not sent its `topic`/t yet, else None."""
-        if st[f"sent:coordinator:{topic}/{t}"]:
+        """Round t's plan if this site is in it and has not sent `topic` yet, else None."""
+        if st[f"sent:coordinator:{topic}"]:
             return None
         body = self.api.shared(job_id, f"plan/{t}")
         plan = None if body is None else load_json(body, what="plan")
@@ -190,25 +196,63 @@ class Trainer:
 
     def _fedavg_round(self, job_id: str, status: dict, st) -> bool:
         t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, "update")
+        cfg = FedAvgConfig(**status["params"]["config"])
+        topic = f"update/{t}/{status['attempt']}" if cfg.secure_aggregation else f"update/{t}"
+        plan = self._round_plan(job_id, t, st, topic)
         if plan is None:
             return False
-        cfg = FedAvgConfig(**status["params"]["config"])
-        n_classes = int(status["params"]["classes"])
+        if cfg.secure_aggregation and self.site not in ((status.get("training") or {}).get("participants") or []):
+            return False  # left out of this attempt of the round's sum
         model = self._model(job_id, status, t - 1)
         if model is None:
             return False
+        template = {k: v.clone() for k, v in model.state_dict().items()}
+        trained = self._trained(job_id, t, template)
+        if trained is None:
+            trained = self._train(job_id, cfg, plan, model, int(status["params"]["classes"]))
+            if trained is None:
+                return False  # the round's XCLP job is still running
+            state, meta = trained
+            _atomic_write(self._update_path(job_id),  # a restarted sum re-masks it instead of retraining
+                          dump_state(template if state is None else state, {**meta, "round": t}))
+        state, meta = trained
+        if not cfg.secure_aggregation:
+            return self._put(st, job_id, topic, dump_state(template if state is None else state, meta))
+        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
+        masked = secagg.masked_update(state, template, me=self.site, job=job_id, t=t, attempt=int(status["attempt"]),
+                                      private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
+                                      public_keys={s: bytes.fromhex(k) for s, k in keys.items()},
+                                      participants=status["training"]["participants"])
+        return self._put(st, job_id, topic, dump_masked(masked, meta))
+
+    def _update_path(self, job_id: str) -> Path:
+        return self.agent.state_dir / f"{job_id}.update.npz"
+
+    def _trained(self, job_id: str, t: int, template: dict):
+        """(weights or None, meta) of this site's update for round t if it has trained it already."""
+        path = self._update_path(job_id)
+        if not path.exists():
+            return None
+        state, meta = load_state(path.read_bytes(), template, what="saved update")
+        if meta.pop("round", None) != t:
+            return None
+        return (state if int(meta.get("n", 0)) > 0 else None), meta
+
+    def _train(self, job_id: str, cfg: FedAvgConfig, plan: dict, model, n_classes: int):
+        """ClientUpdate from the round's model: (weights or None if nothing to learn, meta), or None while
+        the round's pseudo-labels are not ready."""
         site = self.site_data()
+        t = plan["round"]
         with torch_threads(cfg.threads):
             pl, source = self._pseudo_labels(job_id, cfg, plan, model, site, n_classes)
             if pl is None:
-                return False  # the round's XCLP job is still running
+                return None
             metrics = {"pseudo": source, **self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)),
                        **self._pseudo_metrics(pl.labels if source != "none" else None, pl.weights)}
             r = client_update(model, site, pl, n_classes, cfg.local_epochs, plan["lr"], cfg.momentum,
                               cfg.weight_decay, site_rng(cfg.seed, t, self.site), cfg.max_labelled_batch)
-        state, n = (r if r is not None else (model.state_dict(), 0))
-        return self._put(st, job_id, f"update/{t}", dump_state(state, {"n": int(n), **metrics}))
+        state, n = r if r is not None else (None, 0)
+        return state, {"n": int(n), **metrics}
 
     def _pseudo_labels(self, job_id, cfg: FedAvgConfig, plan: dict, model, site: Site, n_classes: int):
         if plan["stage"] == 1 or cfg.algorithm == "fedavg":
@@ -258,7 +302,7 @@ class Trainer:
 
     def _fedct_round(self, job_id: str, status: dict, st) -> bool:
         t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, "votes")
+        plan = self._round_plan(job_id, t, st, f"votes/{t}")
         if plan is None:
             return False
         cfg = FedCTConfig(**status["params"]["config"])

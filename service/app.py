@@ -377,7 +377,7 @@ def _training_view(job: Job, who: str) -> dict:
     state = job.state or {}
     if job.kind != "train":
         return {k: v for k, v in state.items() if k in ("features", "model_round")}
-    view = {k: state.get(k) for k in ("history", "final", "features", "labelled", "strikes")}
+    view = {k: state.get(k) for k in ("history", "final", "features", "labelled", "strikes", "participants")}
     if who == "admin":
         return view
 
@@ -388,7 +388,8 @@ def _training_view(job: Job, who: str) -> dict:
                 for k, x in row.items()}
 
     return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),
-            "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)}}
+            "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)},
+            "participants": view["participants"]}  # who is in the current attempt of a round's masked sum
 
 
 def _progress(db, job: Job) -> dict:

@@ -46,6 +46,8 @@ class TrainJobCreate(BaseModel):
     alpha: float = 0.99
     key_bits: int = 2048
     seed: int = 0
+    secure_aggregation: bool = Field(True, description="FedAvg: the coordinator sees only the sum of each round's "
+                                                        "updates (pairwise masks); false sends them in the clear")
     max_missed_rounds: int = Field(3, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[str, float] = Field(default_factory=dict, description="setup / round / evaluate -> seconds")
     xclp_deadlines: dict[str, float] = Field(default_factory=dict, description="phase deadlines of XCLP child jobs")
@@ -67,7 +69,8 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             raise ValueError("FedAvg averages one network: model must be 'mlp' or 'cnn'")
         cfg = FedAvgConfig(algorithm=body.algorithm, sites_per_round=body.sites_per_round,
                            local_epochs=body.local_epochs, model=model, lr=0.1 if body.lr is None else body.lr,
-                           warmup_rounds=body.warmup_rounds, **common).validate()
+                           warmup_rounds=body.warmup_rounds, secure_aggregation=body.secure_aggregation,
+                           **common).validate()
     else:
         if body.public_sha256 is None or not HEX64.match(body.public_sha256) or not body.public_size:
             raise ValueError("FedCT needs the public set U pinned: public_sha256 (64 hex digits) and public_size")

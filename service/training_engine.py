@@ -18,6 +18,12 @@ Phases of a training job:
             (they stay in the job).                                           → model/t | consensus/t
   evaluate  (FedAvg) every live site scores the final model on its own points → done
 
+With secure aggregation (FedAvg, the default) each site's hello carries a fresh X25519 public key,
+the coordinator broadcasts them all (`keys`), and a round's updates are masked
+(`update/t/attempt`, xclp.training.secure_aggregation): the coordinator only ever sees their sum.
+At the deadline the sum restarts without the participants that have not sent theirs (attempt + 1,
+fresh masks) — the ones that have re-send the same weights masked anew.
+
 Messages the coordinator writes for all sites of the job go to the recipient "*" (BROADCAST).
 """
 
@@ -32,13 +38,16 @@ import numpy as np
 from sqlalchemy import select
 
 from crypto.errors import ProtocolError
+from crypto.keys import check_peer_public
+from crypto.secure_sum import server_sum
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
 from service.engine import _drop, _expired, put_message
 from service.engine import _next_phase as _phase
 from xclp.protocol import JobParams
+from xclp.training import secure_aggregation as secagg
 from xclp.training.fedavg import FedAvgConfig, aggregate, plan_round
 from xclp.training.fedct import FedCTConfig, server_consensus
-from xclp.training.messages import dump_json, dump_state, load_json, load_state, load_votes
+from xclp.training.messages import dump_json, dump_state, load_json, load_masked, load_state, load_votes
 from xclp.training.options import FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS
 from xclp.wire import dump_array
 
@@ -65,6 +74,16 @@ def _network(job: Job):
 
 def _put(db, job: Job, recipient: str, topic: str, body: bytes) -> None:
     put_message(db, job.id, COORDINATOR, recipient, topic, body)  # a model of 1 MiB or more goes to a blob file
+
+
+def _secure(job: Job) -> bool:
+    return job.params["algorithm"] in FEDAVG_ALGORITHMS and bool(job.params["config"].get("secure_aggregation"))
+
+
+def _update_topic(job: Job, t: int) -> str:
+    if job.params["algorithm"] not in FEDAVG_ALGORITHMS:
+        return f"votes/{t}"
+    return f"update/{t}/{job.attempt}" if _secure(job) else f"update/{t}"
 
 
 def _set_state(job: Job, **kw) -> None:
@@ -96,6 +115,8 @@ def _setup(db, job: Job) -> None:
                unlabelled=[s for s in order if s not in labelled], cached=[], history=[], strikes={})
     if job.params["algorithm"] in FEDAVG_ALGORITHMS:
         _put(db, job, BROADCAST, "model/0", dump_state(_network(job).state_dict()))
+    if _secure(job):
+        _put(db, job, BROADCAST, "keys", dump_json({s: facts[s]["public_key"] for s in order}))
     job.round = 1
     _phase(job, "round")
 
@@ -135,8 +156,11 @@ def _round(db, job: Job) -> None:
     t = job.round
     body = message_body(db, job.id, COORDINATOR, BROADCAST, f"plan/{t}")
     if body is None:
-        _put(db, job, BROADCAST, f"plan/{t}", dump_json(_plan(db, job, t)))
+        plan = _plan(db, job, t)
+        _put(db, job, BROADCAST, f"plan/{t}", dump_json(plan))
         job.phase_started_at = utcnow()  # the round's deadline counts from its plan
+        job.attempt = 0
+        _set_state(job, participants=plan["sites"], round_left_out=[])
         return
     plan = load_json(body, what="plan")
     # The round's sites train once its XCLP job has labelled their points. That job has deadlines of
@@ -148,11 +172,23 @@ def _round(db, job: Job) -> None:
         if child is not None and child.status == "running":
             return
         since = None if child is None else child.finished_at
-    topic = ("update" if job.params["algorithm"] in FEDAVG_ALGORITHMS else "votes") + f"/{t}"
+    topic = _update_topic(job, t)
     got = has_messages(db, job.id, COORDINATOR, topic)
-    missing = [s for s in plan["sites"] if s not in got and s in job.live]
+    expected = job.state["participants"] if _secure(job) else plan["sites"]
+    missing = [s for s in expected if s not in got and s in job.live]
     if missing and not _expired(job, since):
         return
+    if missing and _secure(job):
+        # A masked sum needs every mask in it: restart it without the missing sites.
+        left = [s for s in expected if s in got and s in job.live]
+        _set_state(job, participants=left, round_left_out=sorted({*job.state["round_left_out"], *missing}))
+        log.info(json.dumps({"event": "sum_restart", "job": job.id, "round": t, "attempt": job.attempt + 1,
+                             "without": missing}))
+        job.attempt += 1
+        job.phase_started_at = utcnow()
+        if left:
+            return
+        missing = []  # nobody left to sum: the round closes with the previous model
     t0 = time.perf_counter()
     if job.params["algorithm"] in FEDAVG_ALGORITHMS:
         row = _close_fedavg_round(db, job, plan, topic, missing)
@@ -177,6 +213,7 @@ def _round(db, job: Job) -> None:
         return
     job.round = t + 1
     job.phase_started_at = utcnow()
+    job.attempt = 0
 
 
 def _total_rounds(job: Job) -> int:
@@ -194,6 +231,8 @@ def _close_fedavg_round(db, job: Job, plan: dict, topic: str, missing: list[str]
     cfg = train_config(job)
     template, _ = load_state(message_body(db, job.id, COORDINATOR, BROADCAST, f"model/{t - 1}"),
                              _network(job).state_dict(), what=f"model/{t - 1}")
+    if _secure(job):
+        return _close_secure_round(db, job, plan, topic, template)
     results, metrics, bad = [], {}, []
     for s in plan["sites"]:
         if s in missing or s not in job.live:
@@ -209,14 +248,32 @@ def _close_fedavg_round(db, job: Job, plan: dict, topic: str, missing: list[str]
             results.append((state, int(meta["n"])))
     new = aggregate(results, cfg.aggregate) if results else template
     _put(db, job, BROADCAST, f"model/{t}", dump_state(new))
+    return _fedavg_row(job, plan, metrics, sorted(set(missing) | set(bad)))
+
+
+def _fedavg_row(job: Job, plan: dict, metrics: dict[str, dict], left_out: list[str]) -> dict:
     fresh = [s for s, m in metrics.items() if m.get("pseudo") == "fresh"]
     _set_state(job, cached=sorted(set(job.state["cached"]) | set(fresh)))
-    return {"round": t, "stage": plan["stage"], "sites": plan["sites"], "trained": [s for s, _ in metrics.items()
-                                                                                    if int(metrics[s].get("n", 0))],
-            "left_out": sorted(set(missing) | set(bad)), "lr": plan["lr"], "xclp_job": plan.get("xclp_job"),
+    return {"round": plan["round"], "stage": plan["stage"], "sites": plan["sites"],
+            "trained": [s for s, m in metrics.items() if int(m.get("n", 0))], "left_out": left_out,
+            "lr": plan["lr"], "xclp_job": plan.get("xclp_job"), "attempts": job.attempt + 1,
             "accuracy": _weighted(metrics, "eval_correct", "eval_n"),
             "pseudo_label_accuracy": _weighted(metrics, "pseudo_correct", "pseudo_n"),
             "site_metrics": metrics}
+
+
+def _close_secure_round(db, job: Job, plan: dict, topic: str, template: dict) -> dict:
+    """model/t = dec(Σ masked updates) / (participants that trained): the masks cancel in the sum."""
+    t = plan["round"]
+    parts, metrics = [], {}
+    for s in job.state["participants"]:
+        masked, meta = load_masked(message_body(db, job.id, s, COORDINATOR, topic), secagg.n_values(template))
+        parts.append(masked)
+        metrics[s] = meta
+    trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
+    new = secagg.mean_from_total(server_sum(parts), trained, template) if parts and trained else template
+    _put(db, job, BROADCAST, f"model/{t}", dump_state(new))
+    return _fedavg_row(job, plan, metrics, list(job.state["round_left_out"]))
 
 
 def _close_fedct_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> dict:
@@ -265,7 +322,7 @@ def obsolete_round_messages(db, job: Job) -> list[int]:
         Message.job_id == job.id, Message.topic.startswith("update/") | Message.topic.startswith("model/"))).all()
     out = []
     for mid, topic in rows:
-        kind, _, r = topic.partition("/")
+        kind, r = (topic.split("/") + [""])[:2]  # update/t, update/t/attempt, model/t
         if r.isdigit() and ((kind == "update" and int(r) <= done) or (kind == "model" and int(r) < done - 1)):
             out.append(mid)
     return out
@@ -298,8 +355,10 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
     parts = topic.split("/")
     kind = parts[0]
     phase_of = {"hello": "setup", "update": "round", "votes": "round", "eval": "evaluate"}
-    if kind not in phase_of or len(parts) != (2 if kind in ("update", "votes") else 1):
-        return 422, f"unknown message topic {topic!r} for a training job"
+    n_parts = {"update": 3 if _secure(job) else 2, "votes": 2}.get(kind, 1)
+    if kind not in phase_of or len(parts) != n_parts:
+        return 422, f"unknown message topic {topic!r} for a training job" + (
+            " (secure aggregation: update/ROUND/ATTEMPT)" if kind == "update" and _secure(job) else "")
     fedavg = job.params["algorithm"] in FEDAVG_ALGORITHMS
     if (kind == "update" and not fedavg) or (kind == "votes" and fedavg) or (kind == "eval" and not fedavg):
         return 422, f"{kind!r} is not part of a {job.params['algorithm']} job"
@@ -313,6 +372,15 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
                     return 422, f"hello: {key!r} must be a non-negative integer"
             if job.params["algorithm"] in FEDCT_ALGORITHMS and h.get("public_sha256") != job.params["public_sha256"]:
                 return 422, "hello: this site's public set U does not match the job's pinned SHA-256"
+            if _secure(job):
+                key = h.get("public_key")
+                if not isinstance(key, str) or len(key) != 64:
+                    return 422, "hello: secure aggregation needs 'public_key', the site's X25519 key as 64 hex digits"
+                try:
+                    raw = bytes.fromhex(key)
+                except ValueError:
+                    return 422, "hello: 'public_key' is not hexadecimal"
+                check_peer_public(raw, what="hello")  # a ProtocolError: 422 below
             return None
         if kind == "eval":
             load_json(body, what="eval")
@@ -322,7 +390,13 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
         plan = message_body(db, job.id, COORDINATOR, BROADCAST, f"plan/{job.round}")
         if plan is None or site not in load_json(plan, what="plan")["sites"]:
             return 409, f"site {site!r} is not in round {job.round}"
-        if kind == "update":
+        if kind == "update" and _secure(job):
+            if parts[2] != str(job.attempt) or site not in job.state.get("participants", []):
+                return 409, (f"{topic!r}: the sum of round {job.round} is at attempt {job.attempt}, over "
+                             f"{job.state.get('participants')}")
+            template = _network(job).state_dict()
+            load_masked(body, secagg.n_values(template))
+        elif kind == "update":
             template, _ = load_state(message_body(db, job.id, COORDINATOR, BROADCAST, f"model/{job.round - 1}"),
                                      _network(job).state_dict())
             load_state(body, template, what="update")
@@ -342,9 +416,9 @@ def train_progress(job: Job, db) -> dict:
         body = message_body(db, job.id, COORDINATOR, BROADCAST, f"plan/{job.round}")
         if body is not None:
             plan = load_json(body, what="plan")
-            topic = ("update" if job.params["algorithm"] in FEDAVG_ALGORITHMS else "votes") + f"/{job.round}"
-            expected = len(plan["sites"])
-            got = len(has_messages(db, job.id, COORDINATOR, topic) & set(plan["sites"]))
+            sites = job.state.get("participants", plan["sites"]) if _secure(job) else plan["sites"]
+            expected = len(sites)
+            got = len(has_messages(db, job.id, COORDINATOR, _update_topic(job, job.round)) & set(sites))
     elif job.phase in ("setup", "evaluate"):
         expected = len(job.live)
         got = len(has_messages(db, job.id, COORDINATOR, "hello" if job.phase == "setup" else "eval") & set(job.live))

@@ -221,7 +221,7 @@ def cmd_job_submit_train(args) -> int:
     sites = [s for s in args.sites.split(",") if s]
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
                                            "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
-                                           "alpha", "key_bits", "seed", "max_missed_rounds")}
+                                           "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation")}
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
         names = [m for m in args.model.split(",") if m]
@@ -400,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--key-bits", type=int, default=2048)
     jt.add_argument("--seed", type=int, default=0)
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
+    jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
+                    help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
+                         "the coordinator sees only their sum)")
     jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS", help="setup, round or evaluate")
     jt.add_argument("--json", action="store_true")
     jt.set_defaults(func=cmd_job_submit_train)

@@ -36,7 +36,7 @@ from crypto.channel import Channel
 from crypto.errors import ProtocolError
 from crypto.fixedpoint import decode, encode
 from crypto.hamming_api import HammingParty, HammingProtocol, Outgoing
-from crypto.keys import SiteKeyPair, pairwise_key
+from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import prg_uint64, shared_mask_key, site_mask
 from crypto.seed import derive_seed
 from xclp import graph as graphs
@@ -140,9 +140,7 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
         raise ProtocolError("announce: labelled rows repeat")
     if b["public_key"].dtype != np.uint8 or b["public_key"].size != 32:
         raise ProtocolError("announce: the public key must be 32 bytes (X25519)")
-    # A low-order key would make every peer's key agreement fail later: refuse it now. (One
-    # exchange with a throwaway key costs ~30 µs.)
-    SiteKeyPair.generate().exchange(b["public_key"].tobytes())
+    check_peer_public(b["public_key"].tobytes(), what="announce")
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled)
 
 

@@ -72,7 +72,7 @@ def test_training_submission_errors_store_nothing(app_client):
 def test_fedavg_round_uploads_are_checked_and_the_round_closes_with_the_average(app_client):
     ha, hb, hc = add(app_client, "a"), add(app_client, "b"), add(app_client, "c")
     job = submit(app_client, algorithm="fedavg", sites=["a", "b"], classes=C, rounds=2, sites_per_round=2,
-                 crypto="plaintext", seed=4).json()["job"]
+                 crypto="plaintext", seed=4, secure_aggregation=False).json()["job"]
     url = f"/jobs/{job}/messages"
     put = lambda topic, body, h: app_client.put(f"{url}/{topic}", content=body, headers=h)  # noqa: E731
 
@@ -158,3 +158,55 @@ def test_fedct_uploads_are_checked_against_the_pinned_public_set(app_client):
 
         P = load_array(message_body(db, job, COORDINATOR, BROADCAST, "consensus/1"), dtype="int64")
     assert P.tolist() == [0, 1, 1, -1, 0, 1, 2]  # ties (2 vs 1, 0 vs 2) go to the lowest class
+
+
+def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_silent_site(app_client):
+    from crypto.keys import SiteKeyPair
+    from xclp.training import secure_aggregation as secagg
+    from xclp.training.fedavg import aggregate
+    from xclp.training.messages import dump_masked
+
+    heads = {s: add(app_client, s) for s in ("a", "b", "c")}
+    job = submit(app_client, algorithm="fedavg", sites=["a", "b", "c"], classes=C, rounds=2, sites_per_round=3,
+                 crypto="plaintext", seed=4, deadlines={"round": 1.5}).json()["job"]
+    url = f"/jobs/{job}/messages"
+    put = lambda topic, body, s: app_client.put(f"{url}/{topic}", content=body, headers=heads[s])  # noqa: E731
+    assert put("hello", hello(), "a").status_code == 422  # secure aggregation needs the site's key
+    r = put("hello", hello(public_key=bytes(32).hex()), "a")
+    assert r.status_code == 422 and "low order" in r.json()["detail"]
+    keys = {s: SiteKeyPair.generate() for s in heads}
+    for s, k in keys.items():
+        assert put("hello", hello(public_key=k.public_bytes().hex()), s).status_code == 200
+    wait_for(app_client, job, lambda st: st["phase"] == "round", "round 1")
+    shared = load_json(app_client.get(f"/jobs/{job}/shared/keys", headers=heads["a"]).content)
+    assert shared == {s: k.public_bytes().hex() for s, k in keys.items()}
+    template, _ = load_state(app_client.get(f"/jobs/{job}/shared/model/0", headers=heads["a"]).content,
+                             build_network("mlp", D, C, seed=4).state_dict())
+    states = {s: {k: v + i + 1 for k, v in template.items()} for i, s in enumerate(heads)}
+
+    def masked(s, participants, attempt):
+        return dump_masked(secagg.masked_update(
+            states[s], template, me=s, private=keys[s], public_keys={n: k.public_bytes() for n, k in keys.items()},
+            participants=participants, job=job, t=1, attempt=attempt), {"n": 20})
+
+    assert put("update/1", dump_state(template, {"n": 20}), "a").status_code == 422  # the clear is not taken
+    bad = put("update/1/0", dump_masked(np.zeros(5, np.uint64), {"n": 20}), "a")
+    assert bad.status_code == 422 and "one value per weight" in bad.json()["detail"]
+    assert put("update/1/0", masked("a", ["a", "b", "c"], 0), "a").status_code == 200
+    assert put("update/1/0", masked("b", ["a", "b", "c"], 0), "b").status_code == 200
+    # c stays silent: at the deadline the sum restarts without it, with fresh masks
+    st = wait_for(app_client, job, lambda st: st["attempt"] == 1, "attempt 1")
+    assert st["training"]["participants"] == ["a", "b"]
+    seen_by_c = app_client.get(f"/jobs/{job}", headers=heads["c"]).json()["training"]
+    assert seen_by_c["participants"] == ["a", "b"]
+    late = put("update/1/0", masked("c", ["a", "b", "c"], 0), "c")
+    assert late.status_code == 409 and "attempt 1" in late.json()["detail"]
+    assert put("update/1/1", masked("a", ["a", "b"], 1), "a").status_code == 200
+    assert put("update/1/1", masked("b", ["a", "b"], 1), "b").status_code == 200
+    st = wait_for(app_client, job, lambda st: st["round"] == 2, "round 2")
+    row = st["training"]["history"][0]
+    assert row["left_out"] == ["c"] and row["attempts"] == 2 and sorted(row["trained"]) == ["a", "b"]
+    got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=admin_headers()).content, template)
+    want = aggregate([(states["a"], 20), (states["b"], 20)], secure=True)
+    assert all(torch.equal(got[k], want[k]) for k in want)  # the mean of a and b, and nothing else
+    assert st["attempt"] == 0 and st["training"]["participants"] == ["a", "b", "c"]  # round 2 starts afresh

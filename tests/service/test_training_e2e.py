@@ -49,11 +49,11 @@ cluster_factory = cluster_fixture(TrainCluster)
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
-FEDAVG = dict(rounds=3, sites_per_round=2, local_epochs=1, lr=0.1, seed=5)
+FEDAVG = dict(rounds=3, sites_per_round=2, local_epochs=1, lr=0.1, seed=5)  # secure aggregation: the default
 
 
 def _sim_fedavg(c: TrainCluster, algorithm: str, **kw) -> dict:
-    cfg = FedAvgConfig(algorithm=algorithm, **{**FEDAVG, **kw})
+    cfg = FedAvgConfig(algorithm=algorithm, secure_aggregation=True, **{**FEDAVG, **kw})
     test = (c.ds.X[:10].astype(np.float32), c.ds.y_true[:10])
     return run_fedavg(c.sites(), test, 10, cfg)
 
@@ -111,6 +111,8 @@ def test_fedavg_xclp_job_runs_secure_xclp_children_and_a_dropped_site_is_left_ou
     hist = st["training"]["history"]
     assert len(hist) == 3
     assert any(gone in r["left_out"] for r in hist[1:])
+    # secure aggregation: its round's masked sum restarted without it (fresh masks), not waited for forever
+    assert all(r["attempts"] == 2 for r in hist[1:] if gone in r["left_out"])
     assert all(gone not in r["trained"] for r in hist[1:])
     assert gone not in st["dropped"]  # left out of rounds, not dropped from the job (max_missed_rounds=5)
     for s in sites[:-1]:

@@ -76,6 +76,9 @@ class FedAvgConfig:
     warmup_rounds: int = 0  # stage 1: labelled-only FedAvg rounds before the main loop
     refresh: int = 1  # recompute pseudo-labels every R rounds (1 = the paper); else reuse a site's last
     aggregate: str = "mean"  # "mean" (the paper) or "weighted" (by site size)
+    # the mean as secure aggregation computes it (fixed point; xclp.training.secure_aggregation): a
+    # service job masks the updates, the simulation averages the same way without masks
+    secure_aggregation: bool = False
     max_labelled_batch: int = MAX_LABELLED_BATCH
     # XCLP / label spreading
     bits: int = 1024
@@ -99,6 +102,8 @@ class FedAvgConfig:
             raise ValueError(f"warmup_rounds must be ≥ 0, got {self.warmup_rounds}")
         if self.aggregate not in ("mean", "weighted"):
             raise ValueError(f"aggregate must be 'mean' or 'weighted', got {self.aggregate!r}")
+        if self.secure_aggregation and self.aggregate != "mean":
+            raise ValueError("secure aggregation computes the plain mean: aggregate must be 'mean'")
         if self.algorithm == "fedavg-xclp" and self.sites_per_round < 2:
             raise ValueError("fedavg-xclp needs at least 2 sites per round (XCLP is a protocol between sites)")
         return self
@@ -135,8 +140,13 @@ def average_states(states: list[dict], weights: list[float] | None = None) -> di
     return out
 
 
-def aggregate(results: list[tuple[dict, int]], how: str = "mean") -> dict:
-    """ServerUpdate: the plain mean of the site models (the paper), or weighted by site size."""
+def aggregate(results: list[tuple[dict, int]], how: str = "mean", secure: bool = False) -> dict:
+    """ServerUpdate: the plain mean of the site models (the paper), or weighted by site size; `secure`:
+    the plain mean in the fixed-point arithmetic of secure aggregation."""
+    if secure:
+        from xclp.training.secure_aggregation import quantized_mean
+
+        return quantized_mean([st for st, _ in results])
     return average_states([st for st, _ in results], [n for _, n in results] if how == "weighted" else None)
 
 
@@ -358,7 +368,7 @@ def _run_fedavg(sites, test, n_classes, cfg: FedAvgConfig, progress) -> dict:
             comm["model_bytes"] += 4 * n_params * (2 if r is not None else 1)
             if r is not None:
                 results.append(r)
-        model.load_state_dict(aggregate(results, cfg.aggregate) if results else global_state)
+        model.load_state_dict(aggregate(results, cfg.aggregate, cfg.secure_aggregation) if results else global_state)
         row = {"round": t, "stage": 1 if warm else 2, "sites": chosen, "lr": lr,
                "pseudo_label_accuracy": _pseudo_accuracy([by_name[s] for s in chosen], pls)}
         if t % cfg.eval_every == 0 or t == total:

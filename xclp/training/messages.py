@@ -3,6 +3,8 @@
 - model weights (FedAvg's θ and the site updates): a .npz bundle of the state dict's float arrays,
   checked against the receiver's own network (same names, shapes, dtypes, all finite);
 - an update: the weights, the number of points behind them, and the site's metrics (JSON);
+- a masked update (FedAvg with secure aggregation): the fixed-point weights plus the site's pairwise
+  masks, uint64, and the site's metrics (JSON);
 - votes (FedCT): hard labels on the public set U, int16, −1 for an abstention;
 - small control bodies (a site's hello, the round plan, metrics): JSON.
 """
@@ -77,3 +79,19 @@ def load_votes(body: bytes, n_public: int, n_classes: int, max_bytes: int = 1 <<
     meta = load_json(b[_META].tobytes(), what="votes metadata") if _META in b else {}
     return v.astype(np.int64), meta
 
+
+def dump_masked(masked: np.ndarray, meta: dict) -> bytes:
+    return dump_bundle({"masked": np.asarray(masked, dtype=np.uint64),
+                        _META: np.frombuffer(dump_json(meta), np.uint8)})
+
+
+def load_masked(body: bytes, n_values: int, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[np.ndarray, dict]:
+    """(masked uint64 vector of the network's size, meta) — any other shape or type is refused."""
+    b = load_bundle(body, ("masked",), max_bytes=max_bytes, what="masked update")
+    v = b["masked"]
+    if v.dtype != np.uint64 or v.shape != (n_values,):
+        raise ProtocolError(f"masked update: {v.dtype}{v.shape}, expected uint64 ({n_values},) — one value per weight")
+    meta = load_json(b[_META].tobytes(), what="masked update metadata") if _META in b else {}
+    if not isinstance(meta.get("n", 0), int) or meta.get("n", 0) < 0:
+        raise ProtocolError("masked update: 'n' must be a non-negative integer")
+    return v, meta

@@ -1,0 +1,93 @@
+"""Secure aggregation of FedAvg updates: the coordinator learns the round's average model, not the
+sites' own models.
+
+Participant j of round t, attempt a, flattens its weights w_j (float64, in the order of the state
+dict), encodes them in fixed point (FRAC_BITS fractional bits, mod 2^64; crypto.fixedpoint) and adds
+its pairwise mask M^(j) = crypto.secure_sum.site_mask over the attempt's participants, with
+K_jk = crypto.keys.pairwise_key(purpose=f"fedavg-update/{t}", attempt=a): the masks cancel in the
+sum, so the coordinator's total is Σ_j enc(w_j) and every single upload is uniformly random to it.
+A participant that has not uploaded by the round's deadline makes the sum restart without it
+(attempt a + 1: fresh keys, fresh masks; the others send the same weights masked anew): a masked
+sum cannot be completed without every mask in it. The mean is dec(Σ_j enc(w_j)) / m over the m
+participants that trained (a site with nothing to learn sends zeros and n = 0 in the clear).
+
+The simulation averages with `quantized_mean`, the same arithmetic without the masks (they cancel
+exactly mod 2^64), so a secure service job and the simulation give the same model bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from crypto.errors import ProtocolError
+from crypto.fixedpoint import check_bound, decode, encode
+from crypto.keys import SiteKeyPair, pairwise_keys
+from crypto.secure_sum import site_mask
+
+FRAC_BITS = 32  # 2^-32 ≈ 2.3e-10 per weight, far below float32's resolution near the weights' scale
+MAX_ABS_WEIGHT = 1.0e4  # larger weights mean a diverged model: refused rather than risk a wrapped sum
+MAX_SITES = 1 << 16  # with MAX_ABS_WEIGHT and FRAC_BITS, a sum of this many terms cannot wrap
+
+
+def purpose(t: int) -> str:
+    return f"fedavg-update/{t}"
+
+
+def flatten(state: dict[str, torch.Tensor]) -> np.ndarray:
+    return np.concatenate([v.detach().cpu().numpy().astype(np.float64).ravel() for v in state.values()])
+
+
+def unflatten(vec: np.ndarray, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out, at = {}, 0
+    for k, ref in template.items():
+        n = ref.numel()
+        out[k] = torch.from_numpy(np.ascontiguousarray(vec[at:at + n]).reshape(tuple(ref.shape))).to(ref.dtype)
+        at += n
+    if at != vec.size:
+        raise ProtocolError(f"a model of {vec.size} values does not fit the network's {at} weights")
+    return out
+
+
+def n_values(template: dict[str, torch.Tensor]) -> int:
+    return int(sum(v.numel() for v in template.values()))
+
+
+def encode_update(state: dict[str, torch.Tensor] | None, template: dict[str, torch.Tensor]) -> np.ndarray:
+    """enc(w) ∈ Z_{2^64}^P, or zeros for a site that did not train (state None)."""
+    if state is None:
+        return np.zeros(n_values(template), dtype=np.uint64)
+    w = flatten(state)
+    if w.size != n_values(template):
+        raise ProtocolError(f"an update of {w.size} values does not fit the network's {n_values(template)}")
+    big = float(np.max(np.abs(w))) if w.size else 0.0
+    if not np.isfinite(big) or big > MAX_ABS_WEIGHT:
+        raise ProtocolError(f"weights of magnitude {big:.3g} exceed {MAX_ABS_WEIGHT:g}: the model diverged "
+                            "(lower the learning rate); refusing to aggregate it")
+    return encode(w, FRAC_BITS)
+
+
+def mean_from_total(total: np.ndarray, m: int, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """dec(Σ enc(w_j)) / m as a state dict shaped like `template`."""
+    if not 1 <= m <= MAX_SITES:
+        raise ProtocolError(f"cannot average over {m} sites")
+    check_bound(MAX_ABS_WEIGHT, FRAC_BITS, m)
+    return unflatten(decode(total, FRAC_BITS) / m, template)
+
+
+def quantized_mean(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The plain mean of the states, computed exactly as the secure sum computes it (no masks)."""
+    template = states[0]
+    total = np.zeros(n_values(template), dtype=np.uint64)
+    for s in states:
+        total += encode_update(s, template)  # uint64 arithmetic wraps mod 2^64, as the masked sum does
+    return mean_from_total(total, len(states), template)
+
+
+def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, torch.Tensor], *, me: str,
+                  private: SiteKeyPair, public_keys: dict[str, bytes], participants: list[str], job: str,
+                  t: int, attempt: int) -> np.ndarray:
+    """enc(w_me) + M^(me) over this attempt's participants (in the job's site order)."""
+    keys = pairwise_keys(private, public_keys, job=job, purpose=purpose(t), attempt=attempt, me=me,
+                         peers=[p for p in participants if p != me])
+    return encode_update(state, template) + site_mask(me, keys, participants, (n_values(template),))
