@@ -218,6 +218,9 @@ class Trainer:
         state, meta = trained
         if not cfg.secure_aggregation:
             return self._put(st, job_id, topic, dump_state(template if state is None else state, meta))
+        if st["key"] is None:
+            raise DataError(f"job {job_id}: this site's key for the job is gone (state folder lost?): it cannot "
+                            "take part in the masked sums; the round restarts without it")
         keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
         masked = secagg.masked_update(state, template, me=self.site, job=job_id, t=t, attempt=int(status["attempt"]),
                                       private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),

@@ -72,7 +72,14 @@ def mean_from_total(total: np.ndarray, m: int, template: dict[str, torch.Tensor]
     if not 1 <= m <= MAX_SITES:
         raise ProtocolError(f"cannot average over {m} sites")
     check_bound(MAX_ABS_WEIGHT, FRAC_BITS, m)
-    return unflatten(decode(total, FRAC_BITS) / m, template)
+    mean = decode(total, FRAC_BITS) / m
+    # Every honest term is within ±MAX_ABS_WEIGHT, so is their mean; masks that did not cancel (a site
+    # that masked with another key than the one it announced, or for another attempt) leave values
+    # spread over ±2^31: refuse them rather than hand every site a random model.
+    if mean.size and float(np.max(np.abs(mean))) > MAX_ABS_WEIGHT:
+        raise ProtocolError("the masked updates did not cancel: a participant masked with a key or attempt "
+                            "other than the round's")
+    return unflatten(mean, template)
 
 
 def quantized_mean(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
