@@ -42,4 +42,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quorum", type=float, default=None, help="FedCT: qualified majority, e.g. 0.9")
     p.add_argument("--mix", type=float, default=None, help="FedCT: pseudo-labelled points per private labelled point")
     p.add_argument("--public-in-graph", action="store_true", help="FedCT+XCLP: U with consensus labels joins the graph")
+    p.add_argument("--secure-aggregation", action="store_true",
+                   help="FedAvg: average in the fixed-point arithmetic of the service's secure aggregation "
+                        "(a service job's model, bit for bit)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

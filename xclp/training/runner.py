@@ -65,6 +65,7 @@ class TrainConfig:
     quorum: float | None = None
     mix: float | None = None
     public_in_graph: bool = False
+    secure_aggregation: bool = False
     eval_every: int = 1
     threads: int | None = 1
     quiet: bool = False
@@ -181,7 +182,7 @@ def run_training(config: TrainConfig | dict) -> dict:
                           model=cfg.model_names()[0], lr=cfg.lr if cfg.lr is not None else 0.1,
                           warmup_rounds=cfg.warmup_rounds, refresh=cfg.refresh, bits=cfg.bits, k=cfg.k,
                           alpha=cfg.alpha, crypto=cfg.crypto, seed=cfg.seed, eval_every=cfg.eval_every,
-                          threads=cfg.threads)
+                          threads=cfg.threads, secure_aggregation=cfg.secure_aggregation)
         out = run_fedavg(sites, test, n_classes, fc, progress=say)
         out.pop("model")
     else:
