@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -71,43 +72,66 @@ def wait_healthy(url: str, timeout: float = 60.0) -> None:
 
 
 class LocalCluster:
-    """A coordinator (SQLite in `work`) and one agent process per site on 127.0.0.1, for the demos.
-    Each site's file holds only X and y (no truth, no site column), as a real site's would."""
+    """A coordinator and one agent process per site on 127.0.0.1, for the demos, the benchmarks and the
+    end-to-end tests. `sites` maps each name to the arrays of its data file (X, y; the demos give no
+    truth and no site column, as a real site's file would have). `database`: default SQLite in `work`;
+    `public`: the file of FedCT's public set U the agents are started with; `start_agents=False`
+    leaves starting them to the caller."""
 
-    def __init__(self, work: Path, sites: dict[str, tuple[np.ndarray, np.ndarray]]):
+    def __init__(self, work: Path, sites: dict[str, dict[str, np.ndarray]], *, database: str | None = None,
+                 admin_token: str | None = None, deadlines: dict | None = None, public: Path | None = None,
+                 start_agents: bool = True):
         from clients.api import CoordinatorClient
 
-        self.work, self.sites = work, sites
-        self.admin_token = secrets.token_urlsafe(16)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.procs = [start_coordinator(work, int(self.url.rsplit(":", 1)[1]), self.admin_token)]
+        self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
+        self.admin_token = admin_token or secrets.token_urlsafe(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.coordinator: subprocess.Popen | None = None
+        self.agents: dict[str, subprocess.Popen] = {}
+        self.tokens: dict[str, str] = {}
         try:
-            wait_healthy(self.url)
-            self.admin = CoordinatorClient(self.url, self.admin_token)
-            for s, (X, y) in sites.items():
-                np.savez(work / f"{s}.npz", X=X, y=y)
-                token = self.admin.add_site(s)["token"]
-                self.procs.append(start_agent(work, self.url, s, token, work / f"{s}.npz", work / f"out-{s}"))
+            self.start_coordinator()
+            self.admin = CoordinatorClient(self.url, self.admin_token, retries=20)
+            for s, arrays in sites.items():
+                np.savez(work / f"{s}.npz", **arrays)
+                self.tokens[s] = self.admin.add_site(s)["token"]
+                if start_agents:
+                    self.start_agent(s)
         except BaseException:
             self.close()
             raise
 
+    def start_coordinator(self) -> None:
+        self.coordinator = start_coordinator(self.work, self.port, self.admin_token, self.database, self.deadlines)
+        wait_healthy(self.url, 120)
+
+    def start_agent(self, s: str) -> None:
+        self.agents[s] = start_agent(self.work, self.url, s, self.tokens[s], self.work / f"{s}.npz", self.out(s),
+                                     self.public)
+
+    def out(self, s: str) -> Path:
+        return self.work / f"out-{s}"
+
     def result(self, job: str, site: str, timeout: float = 60.0) -> Path:
         """The site's output file for the job (it writes it right after the job is done)."""
-        path = self.work / f"out-{site}" / f"{job}.npz"
+        path = self.out(site) / f"{job}.npz"
         end = time.monotonic() + timeout
         while not path.exists() and time.monotonic() < end:
             time.sleep(0.05)
         return path
 
     def close(self) -> None:
-        for p in self.procs:
+        procs = [p for p in [*self.agents.values(), self.coordinator] if p is not None and p.poll() is None]
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)  # a stopped process must run to end
             p.terminate()
-        for p in self.procs:
+        for p in procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
 
 
 def _workdir(workdir: str | None) -> Path:
@@ -140,7 +164,7 @@ def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024,
           f"L={bits}; working in {work}", file=sys.stderr)
     cluster = None
     try:
-        cluster = LocalCluster(work, {s: (ds.X[ds.site == s], ds.y[ds.site == s]) for s in names})
+        cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names})
         job = cluster.admin.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits, k=10, alpha=0.99,
                                        classes=ds.n_classes)
         st = wait_for_job(cluster.admin, job, timeout=600)
@@ -200,7 +224,7 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "ot", json_out:
           f"crypto={crypto}, L={bits}; {len(yte)} held-out digits for testing; working in {work}", file=sys.stderr)
     cluster = None
     try:
-        cluster = LocalCluster(work, {s: (ds.X[ds.site == s], ds.y[ds.site == s]) for s in names})
+        cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names})
         job = cluster.admin.submit_train(algorithm=algorithm, sites=names, classes=ds.n_classes, crypto=crypto,
                                          **knobs)
         st = wait_for_job(cluster.admin, job, timeout=1200)

@@ -4,10 +4,10 @@ import os
 import signal
 import time
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from clients.demo import LocalCluster
 from service.app import Settings, create_app
 
 ADMIN = "admin-token-for-tests"
@@ -60,41 +60,19 @@ def message_count(client):
         return db.scalar(select(func.count()).select_from(Message))
 
 
-class ProcessCluster:
-    """A coordinator process and one agent process per site on 127.0.0.1, talking real HTTP, for the
-    end-to-end tests. `sites` maps each name to the arrays of its data file (X, y, optionally y_true);
-    `public`: the file of FedCT's public set U that every agent is started with."""
+class ProcessCluster(LocalCluster):
+    """The demos' LocalCluster on a chosen database, with the test admin token, agents started by the
+    test, and what the end-to-end tests do to it: kill and restart the coordinator, signal agents,
+    wait for a job, and fail with every process's log when something does not happen."""
 
     def __init__(self, tmp, db_url: str, sites: dict, deadlines: dict | None = None, public=None):
-        from clients.api import CoordinatorClient
-        from clients.demo import free_port
-
-        self.tmp, self.db_url, self.deadlines, self.public = tmp, db_url, deadlines or {}, public
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.coordinator = None
-        self.agents, self.tokens = {}, {}
-        self.start_coordinator()
-        self.admin = CoordinatorClient(self.url, ADMIN, retries=20)
-        for s, arrays in sites.items():
-            np.savez(tmp / f"{s}.npz", **arrays)
-            self.tokens[s] = self.admin.add_site(s)["token"]
-
-    def start_coordinator(self):
-        from clients.demo import start_coordinator, wait_healthy
-
-        self.coordinator = start_coordinator(self.tmp, self.port, ADMIN, self.db_url, self.deadlines)
-        wait_healthy(self.url, 120)
+        super().__init__(tmp, sites, database=db_url, admin_token=ADMIN, deadlines=deadlines, public=public,
+                         start_agents=False)
+        self.tmp = tmp
 
     def kill_coordinator(self):
         self.coordinator.send_signal(signal.SIGKILL)
         self.coordinator.wait()
-
-    def start_agent(self, s):
-        from clients.demo import start_agent
-
-        self.agents[s] = start_agent(self.tmp, self.url, s, self.tokens[s], self.tmp / f"{s}.npz", self.out(s),
-                                     self.public)
 
     def signal(self, s, sig):
         self.agents[s].send_signal(sig)
@@ -103,9 +81,6 @@ class ProcessCluster:
 
     def kill_agent(self, s):
         self.signal(s, signal.SIGKILL)
-
-    def out(self, s):
-        return self.tmp / f"out-{s}"
 
     def wait(self, job, pred, timeout=300, what="condition"):
         end = time.monotonic() + timeout
@@ -133,13 +108,6 @@ class ProcessCluster:
 
     def logs(self):
         return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(self.tmp.glob("*.log")))
-
-    def close(self):
-        for p in [*self.agents.values(), self.coordinator]:
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)  # a stopped process must run to die
-                p.kill()
-                p.wait()
 
 
 def cluster_fixture(cls):
