@@ -1,0 +1,468 @@
+"""SecureHamming, lattice variant: additively homomorphic Ring-LWE (crypto.rlwe) with the sums done
+as dense matrix products. Implements :class:`crypto.hamming_api.HammingProtocol` (name ``"lattice"``).
+
+A holds bit vectors x_1..x_{n_a}, B holds y_1..y_{n_b}, all of L bits; the coordinator ends with
+H[p, b] = h(x_p, y_b) and nothing else. With h = |x| + |y| − 2⟨x, y⟩:
+
+1. A (the key owner) packs its points into blocks of N = 4096 (coefficient p of a plaintext is
+   point p of the block) and encrypts, per block, the L bit columns m_l = Σ_p x_{p,l} X^p and the
+   weights m_S = Σ_p |x_p| X^p under its secret key: ct_l = (a_l, b_l), a_l expanded from a public
+   seed, so only the b parts travel (and only the coefficients of real points). It also sends its
+   public key (p0; p1 from the seed).
+2. B, for each of its vectors y (a chunk of them at a time), computes
+
+       ct_y = ct_S − 2·Σ_l y_l ct_l + (0, Δ·(|y| + ρ_y)) + Enc_pk(0) + (0, f_y)
+
+   which encrypts h(x_p, y) + ρ_{p,y} mod t in coefficient p. The sum over l for ALL of B's
+   vectors at once is one dense product Y (c × L, 0/1) · [a-words | b-words] (L × 2(N + n_blk)) in
+   float64 BLAS, exact because every word is below 2^43 and at most 1024 terms are summed at a time
+   (2^53). ρ_{p,y} is uniform in Z_t (t = 2^w > L), from a key only B and the coordinator know.
+   Enc_pk(0) (fresh u, e1, e2) re-randomises the ciphertext: without it A, who knows every a_l,
+   would read y off the a part. f_y is flooding noise, uniform in [−2^F, 2^F) on every coefficient
+   A decrypts, with 2^(F+1) ≥ 2^40 · N · 4Lη: the part of the noise that depends on y,
+   −2 Σ_l y_l e_l (|·| ≤ 2Lη), then changes the distribution of a whole ciphertext's noise by a
+   statistical distance of at most N · 4Lη / 2^(F+1) ≤ 2^−40 (two y's differ by at most 4Lη per
+   coefficient). B then switches both parts down to q' = 2^k (k = 24 at L = 1024) and sends them.
+3. A decrypts u_{p,y} = h + ρ mod t and sends all u to the coordinator; B sends its 32-byte ρ key.
+   The coordinator expands ρ and outputs h = (u − ρ) mod t, refusing anything above L.
+
+What each party sees. The coordinator: ρ (uniform, independent of the data) and u = h + ρ: h and
+nothing else, perfectly. A: ciphertexts whose a part is pseudorandom (RLWE with B's secret u),
+whose decrypted noise is within 2^−40 of a distribution independent of y, and messages u that are
+uniform in Z_t for any h: nothing about y. B: RLWE ciphertexts under A's key (128-bit by the HE
+standard): nothing about x. A coalition of the coordinator with either site learns H (which the
+coordinator has anyway) and that site's own data. Semi-honest parties, as the threat model says:
+A is trusted to sample its errors from CBD(η) as specified; B's flooding bound relies on it.
+
+Parameters (:func:`lattice_params`): N = 4096, q = 2^86 (≤ 109 bits: HE standard, 128-bit),
+ternary secrets, CBD(21) errors, t = 2^(bit length of L), F from the flooding bound above, and k
+the smallest multiple of 8 with E·2^(k−86) + (N + 1)/2 < 2^(k−w−1), where E bounds the noise at q
+(flooding + 2Lη + 2Nη + 2η) and (N + 1)/2 the rounding of the switch with a ternary s. Both
+sides check the parameters; a HELLO with parameters below the standard is refused.
+
+Messages (``b"XLAT" | version | type``, then fixed little-endian fields; lengths are checked against
+the header before anything is parsed; any violation raises ProtocolError):
+
+    A→B  HELLO  L n_a N log_q log_t eta blocks seed[32] p0[N·11]  ‖ COLS of block 0
+    A→B  COLS   block n_blk  b-words[(L+1) · n_blk · 11]              (columns, then the weights)
+    B→A  RES    block first count n_b  a'[count · N · k/8]  b'[count · n_blk · k/8]
+    A→B  ACK    block next                                           (A is ready for the next chunk)
+    A→S  SHARE_A  n_a n_b log_t  u[n_a · n_b] (u16)
+    B→S  SHARE_B  n_a n_b log_t  key[32]
+
+B answers A's block with RES messages of about ``target_message_bytes`` each; A acknowledges each
+one, and after the last chunk of a block sends the next block's COLS. Bytes per pair at L = 1024
+and large sites: about 11·(L+1)/n_b (A→B) + 3·(N + n_blk)/n_blk (B→A) + 2 (A's share).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from crypto import rlwe
+from crypto.errors import ProtocolError
+from crypto.hamming_api import Outgoing, check_bits
+from crypto.secure_sum import prg_uint64
+
+MAGIC = b"XLAT"
+VERSION = 1
+HELLO, COLS, RES, ACK, SHARE_A, SHARE_B = 1, 2, 3, 4, 5, 6
+_HDR = struct.Struct("<4sBB")
+_HELLO = struct.Struct("<IIIBBBI32s")
+_COLS = struct.Struct("<II")
+_RES = struct.Struct("<IIII")  # block, first, count, n_b
+_ACK = struct.Struct("<II")
+_SHARE = struct.Struct("<IIB")
+SIGMA = 40  # statistical security of the flooding
+MAX_SUM_TERMS = 1024  # 43-bit words × 1024 terms < 2^53: exact in float64
+MAX_BITS = 8192
+MAX_MESSAGES = 512  # a pair never takes more; B makes its chunks large enough
+SUB_BATCH = 64  # B's vectors per step of its computation: the arrays stay in cache
+
+
+@dataclass(frozen=True)
+class LatticeParams:
+    n_bits: int
+    ring: rlwe.RLWEParams
+    flood_bits: int  # F: flooding noise uniform in [−2^F, 2^F)
+    log_q_out: int  # k: results travel modulo 2^k
+
+    @property
+    def log_t(self) -> int:
+        return self.ring.log_t
+
+
+def lattice_params(n_bits: int, n: int = rlwe.N_DEFAULT, eta: int = rlwe.ETA) -> LatticeParams:
+    """The parameters for L = n_bits, with the security and correctness conditions checked."""
+    if not isinstance(n_bits, (int, np.integer)) or not 1 <= n_bits <= MAX_BITS:
+        raise ProtocolError(f"the lattice protocol takes 1 ≤ L ≤ {MAX_BITS}, got {n_bits!r}")
+    L = int(n_bits)
+    ring = rlwe.RLWEParams(n=n, log_t=L.bit_length(), eta=eta)  # checks the HE standard
+    # 2^(F+1) ≥ 2^σ · N · 4Lη  (statistical distance of a whole ciphertext's noise ≤ 2^−σ)
+    flood = math.ceil(SIGMA + math.log2(n * 4 * L * eta)) - 1
+    noise_at_q = 2**flood + 2 * L * eta + 2 * n * eta + 2 * eta
+    w = ring.log_t
+    for k in range(8, rlwe.WORD, 8):
+        if noise_at_q * 2.0 ** (k - rlwe.LOG_Q) + (n + 1) / 2 < 2.0 ** (k - w - 1):
+            return LatticeParams(L, ring, flood, k)
+    raise ProtocolError(f"no result modulus fits L = {L} at N = {n}: the noise would not decrypt")
+
+
+def _header(mtype: int) -> bytes:
+    return _HDR.pack(MAGIC, VERSION, mtype)
+
+
+def _open(message, expected: tuple[int, ...], max_bytes: int) -> tuple[int, memoryview]:
+    if message is None:
+        raise ProtocolError("lattice: expected a message, got none")
+    mv = memoryview(message)
+    if len(mv) > max_bytes:
+        raise ProtocolError(f"lattice: message of {len(mv)} bytes exceeds the limit of {max_bytes}")
+    if len(mv) < _HDR.size:
+        raise ProtocolError("lattice: message too short")
+    magic, version, mtype = _HDR.unpack_from(mv)
+    if magic != MAGIC or version != VERSION:
+        raise ProtocolError("lattice: not a lattice-protocol message (magic or version)")
+    if mtype not in expected:
+        raise ProtocolError(f"lattice: unexpected message type {mtype}, expected {expected}")
+    return mtype, mv[_HDR.size :]
+
+
+def _need(body: memoryview, n: int, what: str) -> None:
+    if len(body) != n:
+        raise ProtocolError(f"lattice: {what} has {len(body)} bytes, its header says {n}")
+
+
+def _blocks(n_points: int, n: int) -> list[tuple[int, int]]:
+    return [(s, min(s + n, n_points)) for s in range(0, n_points, n)]
+
+
+def _parallel(fn, items: list, threads: int) -> list:
+    """fn over items on `threads` threads (numpy, BLAS, the FFT and AES release the GIL), with BLAS
+    itself held to one thread meanwhile so that the cores are not oversubscribed."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(i) for i in items]
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(fn, items))
+
+
+def rho(key: bytes, group: int, n_a: int, log_t: int) -> np.ndarray:
+    """B's masks ρ for its vectors SUB_BATCH·group … SUB_BATCH·(group + 1) − 1 against all of A's
+    points, (SUB_BATCH, n_a): stream `group` of AES-256-CTR under B's key, as uint16 values mod t."""
+    words = prg_uint64(key, SUB_BATCH * ((n_a + 3) // 4), stream=group)
+    values = words.view("<u2").reshape(SUB_BATCH, -1)[:, :n_a]
+    return (values & np.uint16((1 << log_t) - 1)).astype(np.int64)
+
+
+class LatticeHamming:
+    """The lattice Hamming protocol. One object per job: A's key and encrypted columns are made
+    once per site and reused for every peer (each peer's results are re-randomised and flooded
+    afresh, so sharing A's ciphertexts between peers reveals nothing more)."""
+
+    name = "lattice"
+
+    def __init__(self, *, n: int = rlwe.N_DEFAULT, target_message_bytes: int = 16 << 20,
+                 max_message_bytes: int = 1 << 31, threads: int | None = None):
+        self.n = n
+        self.threads = max(1, int(threads or os.cpu_count() or 1))
+        self.target_message_bytes = int(target_message_bytes)
+        self.max_message_bytes = int(max_message_bytes)
+        self._key: rlwe.SecretKey | None = None
+        self._seed: bytes | None = None
+        self._public: dict[int, bytes] = {}  # L → p0 bytes
+        self._columns: dict[tuple[bytes, int], dict[int, bytes]] = {}  # (digest, L) → block → COLS body
+
+    def party_a(self, bits: np.ndarray, n_bits: int) -> LatticePartyA:
+        return LatticePartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits))
+
+    def party_b(self, bits: np.ndarray, n_bits: int) -> LatticePartyB:
+        return LatticePartyB(self, check_bits(bits, n_bits, "B's bits"), int(n_bits))
+
+    def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
+        """The coordinator's step: h = (u − ρ) mod t, checked to lie in [0, L]."""
+        p = lattice_params(n_bits, self.n)
+        _, body_a = _open(share_a, (SHARE_A,), self.max_message_bytes)
+        _, body_b = _open(share_b, (SHARE_B,), 1 << 16)
+        for who, body in (("A", body_a), ("B", body_b)):
+            if len(body) < _SHARE.size:
+                raise ProtocolError(f"lattice: {who}'s share is too short")
+            sa, sb, lt = _SHARE.unpack_from(body)
+            if (sa, sb, lt) != (n_a, n_b, p.log_t):
+                raise ProtocolError(f"lattice: {who}'s share is for {sa} × {sb} points and log t = {lt}, "
+                                    f"expected {n_a} × {n_b} and {p.log_t}")
+        _need(body_a, _SHARE.size + 2 * n_a * n_b, "A's share")
+        _need(body_b, _SHARE.size + 32, "B's share")
+        u = np.frombuffer(body_a[_SHARE.size :], dtype="<u2").reshape(n_a, n_b).astype(np.int64)
+        key = bytes(body_b[_SHARE.size :])
+        t = 1 << p.log_t
+        h = np.empty((n_a, n_b), dtype=np.int32)
+        for g, b0 in enumerate(range(0, n_b, SUB_BATCH)):
+            b1 = min(b0 + SUB_BATCH, n_b)
+            h[:, b0:b1] = (u[:, b0:b1] - rho(key, g, n_a, p.log_t)[: b1 - b0].T) & (t - 1)
+        if h.max(initial=0) > n_bits:
+            raise ProtocolError("lattice: the shares do not combine into distances (a value exceeds L)")
+        return h
+
+    # -- A's per-job state, shared by all its pairs ------------------------------------------------
+    def _secret(self, params: LatticeParams) -> tuple[rlwe.SecretKey, bytes, bytes]:
+        if self._key is None:
+            self._seed = os.urandom(32)
+            self._key = rlwe.SecretKey.generate(params.ring)
+        if self._key.params.log_t != params.log_t:  # t follows L: same s, a key per t
+            self._key = rlwe.SecretKey(params.ring, self._key.s)
+        if params.n_bits not in self._public:
+            pk = self._key.public_key(self._seed, stream=_pk_stream(params.n_bits))
+            self._public[params.n_bits] = rlwe.words_to_bytes(pk.p0)
+        return self._key, self._seed, self._public[params.n_bits]
+
+    def _cols(self, params: LatticeParams, bits: np.ndarray, block: int, start: int, stop: int) -> bytes:
+        digest = hashlib.sha256(bits.tobytes()).digest()
+        store = self._columns.setdefault((digest, params.n_bits), {})
+        if block not in store:
+            key, seed, _ = self._secret(params)
+            L = params.n_bits
+            x = np.unpackbits(bits[start:stop], axis=1, count=L).astype(np.int64)  # (n_blk, L)
+            m = np.zeros((L + 1, self.n), dtype=np.int64)
+            m[:L, : stop - start] = x.T
+            m[L, : stop - start] = x.sum(axis=1)
+            a = rlwe.uniform_poly(seed, L + 1, self.n, stream=block)
+            rows = [(r, min(r + SUB_BATCH, L + 1)) for r in range(0, L + 1, SUB_BATCH)]
+            parts = _parallel(lambda r: key.encrypt(a[:, r[0] : r[1]], m[r[0] : r[1]])[:, :, : stop - start],
+                              rows, self.threads)
+            b = np.concatenate(parts, axis=1)
+            store[block] = _header(COLS) + _COLS.pack(block, stop - start) + rlwe.words_to_bytes(b)
+        return store[block]
+
+
+def _pk_stream(n_bits: int) -> int:
+    return (1 << 62) + n_bits  # never a block's stream
+
+
+class _Party:
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int):
+        self.proto = proto
+        self.bits = bits
+        self.params = lattice_params(n_bits, proto.n)
+        self.failed = False
+        self.finished = False
+        self.messages = 0
+
+    def receive(self, message: bytes | None) -> Outgoing:
+        if self.failed:
+            raise ProtocolError("lattice: this party has already failed")
+        if self.finished:
+            raise ProtocolError("lattice: this party has already finished")
+        self.messages += 1
+        if self.messages > MAX_MESSAGES:
+            self.failed = True
+            raise ProtocolError("lattice: too many messages for one pair")
+        try:
+            return self._step(message)
+        except Exception:
+            self.failed = True
+            raise
+
+
+class LatticePartyA(_Party):
+    """A: the key owner (encrypted side)."""
+
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int):
+        super().__init__(proto, bits, n_bits)
+        self.n_a = bits.shape[0]
+        self.blocks = _blocks(self.n_a, proto.n)
+        self.block = 0
+        self.next = 0  # B's next vector in the current block
+        self.n_b: int | None = None
+        self.share: np.ndarray | None = None
+
+    def _step(self, message):
+        p = self.params
+        if message is None:
+            if self.share is not None or self.block:
+                raise ProtocolError("lattice: A has already started")
+            _, seed, p0 = self.proto._secret(p)
+            hello = _header(HELLO) + _HELLO.pack(p.n_bits, self.n_a, self.proto.n, p.ring.log_q, p.log_t, p.ring.eta,
+                                                 len(self.blocks), seed) + p0
+            return Outgoing(to_peer=hello + self._cols(0))
+        _, body = _open(message, (RES,), self.proto.max_message_bytes)
+        if len(body) < _RES.size:
+            raise ProtocolError("lattice: RES too short")
+        block, first, count, n_b = _RES.unpack_from(body)
+        if self.n_b is None:
+            if first != 0 or block != 0 or n_b < 1:
+                raise ProtocolError("lattice: the first RES must start block 0 at vector 0")
+            self.n_b = n_b
+            self.share = np.zeros((self.n_a, n_b), dtype=np.uint16)
+        elif (block, first, n_b) != (self.block, self.next, self.n_b):
+            raise ProtocolError(f"lattice: RES for block {block} from vector {first}; expected block {self.block} "
+                                f"from vector {self.next}")
+        start, stop = self.blocks[block]
+        if not 1 <= count <= self.n_b - first:
+            raise ProtocolError("lattice: RES count out of range")
+        qb = p.log_q_out // 8
+        n = self.proto.n
+        _need(body, _RES.size + count * (n + stop - start) * qb, "RES")
+        off = _RES.size
+        a = rlwe.small_from_bytes(body[off : off + count * n * qb], count * n, p.log_q_out, "RES a").reshape(count, n)
+        off += count * n * qb
+        b = rlwe.small_from_bytes(body[off:], count * (stop - start), p.log_q_out, "RES b").reshape(count, stop - start)
+        key, _, _ = self.proto._secret(p)
+
+        def decrypt(r):
+            m, _ = key.decrypt_switched(a[r : r + SUB_BATCH], b[r : r + SUB_BATCH], p.log_q_out)
+            self.share[start:stop, first + r : first + r + m.shape[0]] = m.T
+
+        _parallel(decrypt, list(range(0, count, SUB_BATCH)), self.proto.threads)
+        self.next = first + count
+        if self.next < self.n_b:
+            return Outgoing(to_peer=_header(ACK) + _ACK.pack(self.block, self.next))
+        self.block += 1
+        self.next = 0
+        if self.block < len(self.blocks):
+            return Outgoing(to_peer=self._cols(self.block))
+        self.finished = True
+        out = _header(SHARE_A) + _SHARE.pack(self.n_a, self.n_b, p.log_t) + self.share.astype("<u2").tobytes()
+        return Outgoing(to_server=out, done=True)
+
+    def _cols(self, block: int) -> bytes:
+        start, stop = self.blocks[block]
+        return self.proto._cols(self.params, self.bits, block, start, stop)
+
+
+
+class LatticePartyB(_Party):
+    """B: the evaluating side. It never decrypts; it re-randomises, floods and switches every result."""
+
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int):
+        super().__init__(proto, bits, n_bits)
+        self.n_b = bits.shape[0]
+        self.rho_key = os.urandom(32)
+        self.public: rlwe.PublicKey | None = None
+        self.seed: bytes | None = None
+        self.n_a = 0
+        self.blocks: list[tuple[int, int]] = []
+        self.block = -1
+        self.next = 0
+        self.matrix: np.ndarray | None = None  # (L, 2N + 2 n_blk) float64 words of the block's columns
+        self.weights_ct: np.ndarray | None = None  # (a words (2, N), b words (2, n_blk)) of Enc(|x|)
+
+    def _step(self, message):
+        p, n = self.params, self.proto.n
+        if message is None:
+            raise ProtocolError("lattice: B speaks only after A's HELLO")
+        mtype, body = _open(message, (HELLO,) if self.public is None else (ACK, COLS), self.proto.max_message_bytes)
+        share = None
+        if mtype == HELLO:
+            body = self._hello(body)
+            share = _header(SHARE_B) + _SHARE.pack(self.n_a, self.n_b, p.log_t) + self.rho_key
+            mtype, body = _open(body, (COLS,), self.proto.max_message_bytes)
+        if mtype == COLS:
+            self._columns(body)
+        else:
+            if len(body) != _ACK.size or _ACK.unpack_from(body) != (self.block, self.next):
+                raise ProtocolError(f"lattice: ACK out of order (expected block {self.block}, vector {self.next})")
+        start, stop = self.blocks[self.block]
+        qb = p.log_q_out // 8
+        per_vector = (n + stop - start) * qb
+        count = max(self.proto.target_message_bytes // per_vector, -(-self.n_b // 64), 1)
+        count = min(-(-count // SUB_BATCH) * SUB_BATCH, self.n_b - self.next)  # whole groups of ρ
+        out = self._results(self.next, count)
+        self.next += count
+        done = self.next == self.n_b and self.block == len(self.blocks) - 1
+        self.finished = done
+        return Outgoing(to_peer=out, to_server=share, done=done)
+
+    def _hello(self, body: memoryview) -> memoryview:
+        p, n = self.params, self.proto.n
+        if len(body) < _HELLO.size:
+            raise ProtocolError("lattice: HELLO too short")
+        L, n_a, ring_n, log_q, log_t, eta, blocks, seed = _HELLO.unpack_from(body)
+        try:  # refuses anything below the HE security standard before comparing with ours
+            ring = rlwe.RLWEParams(n=ring_n, log_t=log_t, eta=eta, log_q=log_q)
+        except ProtocolError as exc:
+            raise ProtocolError(f"lattice: A's parameters are refused: {exc}") from None
+        if (L, ring) != (p.n_bits, p.ring):
+            raise ProtocolError(f"lattice: A uses L = {L}, N = {ring_n}, log q = {log_q}, log t = {log_t}, η = {eta}; "
+                                f"this side expects L = {p.n_bits}, N = {n}, log q = {p.ring.log_q}, "
+                                f"log t = {p.log_t}, η = {p.ring.eta}")
+        if n_a < 1 or blocks != len(_blocks(n_a, n)):
+            raise ProtocolError(f"lattice: HELLO declares {n_a} points in {blocks} blocks")
+        p0_end = _HELLO.size + n * rlwe.COEFF_BYTES
+        if len(body) < p0_end:
+            raise ProtocolError("lattice: HELLO too short for its public key")
+        p0 = rlwe.words_from_bytes(body[_HELLO.size : p0_end], n, "public key")
+        p1 = rlwe.uniform_poly(seed, 1, n, stream=_pk_stream(L))[:, 0]
+        self.public = rlwe.PublicKey(ring, p0, p1)
+        self.seed, self.n_a, self.blocks = seed, n_a, _blocks(n_a, n)
+        return body[p0_end:]
+
+    def _columns(self, body: memoryview) -> None:
+        p, n, L = self.params, self.proto.n, self.params.n_bits
+        if self.block >= 0 and self.next != self.n_b:
+            raise ProtocolError("lattice: COLS before the previous block's results were through")
+        if len(body) < _COLS.size:
+            raise ProtocolError("lattice: COLS too short")
+        block, width = _COLS.unpack_from(body)
+        if block != self.block + 1 or block >= len(self.blocks):
+            raise ProtocolError(f"lattice: COLS for block {block}, expected {self.block + 1}")
+        start, stop = self.blocks[block]
+        if width != stop - start:
+            raise ProtocolError(f"lattice: COLS of block {block} has {width} points, expected {stop - start}")
+        _need(body, _COLS.size + (L + 1) * width * rlwe.COEFF_BYTES, "COLS")
+        b = rlwe.words_from_bytes(body[_COLS.size :], (L + 1) * width, "COLS").reshape(2, L + 1, width)
+        a = rlwe.uniform_poly(self.seed, L + 1, n, stream=block)
+        self.matrix = None  # free the previous block's matrix first
+        self.matrix = np.concatenate([a[0, :L], a[1, :L], b[0, :L], b[1, :L]], axis=1).astype(np.float64)
+        self.weights_ct = (a[:, L], b[:, L])
+        self.block, self.next = block, 0
+
+    def _results(self, first: int, count: int) -> bytes:
+        """RES for B's vectors first … first + count − 1 (first is a multiple of SUB_BATCH)."""
+        p, L = self.params, self.params.n_bits
+        y = np.unpackbits(self.bits[first : first + count], axis=1, count=L)
+        yf = y.astype(np.float64)
+        # Σ_l y_l ct_l for every vector at once: one dense product, in pieces of ≤ 1024 terms so that
+        # every partial sum of 43-bit words stays below 2^53 (exact in float64).
+        sums = yf[:, :MAX_SUM_TERMS] @ self.matrix[:MAX_SUM_TERMS]
+        for l0 in range(MAX_SUM_TERMS, L, MAX_SUM_TERMS):
+            sums = sums.astype(np.int64) if sums.dtype != np.int64 else sums
+            sums += (yf[:, l0 : l0 + MAX_SUM_TERMS] @ self.matrix[l0 : l0 + MAX_SUM_TERMS]).astype(np.int64)
+        weights = y.sum(axis=1, dtype=np.int64)
+        k = p.log_q_out
+
+        def batch(s):  # the rest in small batches, on all cores
+            e = min(s + SUB_BATCH, count)
+            a, b = self._finish(sums[s:e], weights[s:e], (first + s) // SUB_BATCH)
+            return rlwe.small_to_bytes(rlwe.mod_switch(a, k), k), rlwe.small_to_bytes(rlwe.mod_switch(b, k), k)
+
+        parts = _parallel(batch, list(range(0, count, SUB_BATCH)), self.proto.threads)
+        return (_header(RES) + _RES.pack(self.block, first, count, self.n_b)
+                + b"".join(x for x, _ in parts) + b"".join(x for _, x in parts))
+
+    def _finish(self, sums: np.ndarray, weights: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """From Σ_l y_l ct_l (words as exact float64 or int64) to ciphertexts at q of h + ρ: add the
+        weights and the masks, re-randomise with a fresh encryption of zero, flood."""
+        p, n = self.params, self.proto.n
+        count = sums.shape[0]
+        start, stop = self.blocks[self.block]
+        width = stop - start
+        acc = sums.astype(np.int64, copy=False)
+        (sa, sb), cut = self.weights_ct, (n, 2 * n, 2 * n + width)
+        # −2·Σ_l y_l ct_l + ct_S + Δ·(|y| + ρ): encrypts |x| + |y| − 2⟨x, y⟩ + ρ = h + ρ (mod t)
+        a = rlwe.normalise(-2 * acc[:, : cut[0]] + sa[0], -2 * acc[:, cut[0] : cut[1]] + sa[1])
+        masks = rho(self.rho_key, group, self.n_a, p.log_t)[:count, start:stop]
+        shifted = (weights[:, None] + masks) << (p.ring.delta_shift - rlwe.WORD)
+        b = rlwe.normalise(-2 * acc[:, cut[1] : cut[2]] + sb[0], -2 * acc[:, cut[2] :] + sb[1] + shifted)
+        za, zb = self.public.encrypt_zero(count)  # re-randomise: a fresh encryption of zero
+        a = rlwe.add(a, za)
+        b = rlwe.add(rlwe.add(b, zb[:, :, :width]), rlwe.sample_flood((count, width), p.flood_bits))
+        return a, b
