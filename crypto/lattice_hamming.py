@@ -61,9 +61,8 @@ import hashlib
 import math
 import os
 import struct
-from dataclasses import dataclass
-
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -283,16 +282,20 @@ class LatticePartyA(_Party):
         self.next = 0  # B's next vector in the current block
         self.n_b: int | None = None
         self.share: np.ndarray | None = None
+        self.started = False
 
     def _step(self, message):
         p = self.params
         if message is None:
-            if self.share is not None or self.block:
+            if self.started:
                 raise ProtocolError("lattice: A has already started")
+            self.started = True
             _, seed, p0 = self.proto._secret(p)
             hello = _header(HELLO) + _HELLO.pack(p.n_bits, self.n_a, self.proto.n, p.ring.log_q, p.log_t, p.ring.eta,
                                                  len(self.blocks), seed) + p0
             return Outgoing(to_peer=hello + self._cols(0))
+        if not self.started:
+            raise ProtocolError("lattice: A speaks first (HELLO) and then takes only RES messages")
         _, body = _open(message, (RES,), self.proto.max_message_bytes)
         if len(body) < _RES.size:
             raise ProtocolError("lattice: RES too short")
@@ -406,7 +409,7 @@ class LatticePartyB(_Party):
         return body[p0_end:]
 
     def _columns(self, body: memoryview) -> None:
-        p, n, L = self.params, self.proto.n, self.params.n_bits
+        n, L = self.proto.n, self.params.n_bits
         if self.block >= 0 and self.next != self.n_b:
             raise ProtocolError("lattice: COLS before the previous block's results were through")
         if len(body) < _COLS.size:

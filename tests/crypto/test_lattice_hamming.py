@@ -1,0 +1,175 @@
+"""The lattice Hamming protocol: exact against the plaintext matrix, uniform shares, flooding that
+hides y in the decrypted noise, refused parameters and malformed messages."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from crypto import lattice_hamming as lh
+from crypto import rlwe
+from crypto.errors import ProtocolError
+from crypto.hamming_api import PairTranscript, exchange, plaintext_hamming, run_pair
+
+
+def packed(rng, n, L, p=0.5):
+    return np.packbits((rng.random((n, L)) < p).astype(np.uint8), axis=1)
+
+
+@pytest.mark.parametrize("L, na, nb", [(1, 3, 2), (7, 1, 1), (64, 1, 9), (100, 13, 1), (255, 37, 70),
+                                       (1024, 5, 3), (4096, 3, 4)])
+def test_exact_for_random_sizes(L, na, nb):
+    rng = np.random.default_rng(L * 1000 + na)
+    a, b = packed(rng, na, L), packed(rng, nb, L)
+    assert np.array_equal(run_pair(lh.LatticeHamming(), a, b, L), plaintext_hamming(a, b, L))
+
+
+def test_exact_across_blocks_and_chunks_with_extreme_distances():
+    # n_a > N: two blocks of A's points; tiny messages: many RES/ACK rounds per block.
+    rng = np.random.default_rng(7)
+    L = 40
+    a = packed(rng, lh.rlwe.N_DEFAULT + 70, L)
+    b = packed(rng, 150, L)
+    b[0] = a[0]  # h = 0
+    b[1] = ~a[1]  # h = L
+    proto = lh.LatticeHamming(target_message_bytes=200_000)
+    t = PairTranscript()
+    h = run_pair(proto, a, b, L, t)
+    ref = plaintext_hamming(a, b, L)
+    assert np.array_equal(h, ref) and h[0, 0] == 0 and h[1, 1] == L
+    assert sum(1 for d, _ in t.messages if d == "b_to_a") > 4  # really chunked
+    # A's encrypted columns are reused for the next peer (one key and one encryption per job).
+    c = packed(rng, 3, L)
+    assert np.array_equal(run_pair(proto, a, c, L), plaintext_hamming(a, c, L))
+    assert len(proto._columns) == 1
+
+
+def test_bytes_per_pair_at_scale_are_small():
+    # The a part of a result is N coefficients whatever the block's width: measure at full blocks.
+    rng = np.random.default_rng(3)
+    L, n = 256, 600
+    a, b = packed(rng, n, L), packed(rng, n, L)
+    t = PairTranscript()
+    run_pair(lh.LatticeHamming(), a, b, L, t)
+    p = lh.lattice_params(L)
+    expected_b_to_a = n * (lh.rlwe.N_DEFAULT + n) * p.log_q_out // 8
+    assert abs(t.b_to_a - expected_b_to_a) < 64 * 10  # headers only
+    assert t.b_to_server < 100  # B's share is a 32-byte key
+    assert t.a_to_server == lh._HDR.size + lh._SHARE.size + 2 * n * n  # u16 per pair
+
+
+def _start(L, a_bits, b_bits, proto=None):
+    proto = proto or lh.LatticeHamming()
+    pa, pb = proto.party_a(a_bits, L), proto.party_b(b_bits, L)
+    hello = pa.receive(None).to_peer
+    return proto, pa, pb, hello
+
+
+def test_what_the_coordinator_and_the_key_owner_see_is_uniform():
+    # All distances 0: without the masks A would decrypt, and the coordinator would receive, only 0s.
+    L, n = 64, 700
+    bits = np.zeros((n, L // 8), dtype=np.uint8)
+    proto = lh.LatticeHamming()
+    share_a, share_b = exchange(proto.party_a(bits, L), proto.party_b(bits[:3], L))
+    body = memoryview(share_a)[lh._HDR.size + lh._SHARE.size :]
+    u = np.frombuffer(body, dtype="<u2").astype(np.int64)  # what A decrypted and sends on
+    t = 1 << lh.lattice_params(L).log_t
+    assert u.max() < t
+    assert stats.chisquare(np.bincount(u, minlength=t)).pvalue > 1e-6
+    assert len(share_b) == lh._HDR.size + lh._SHARE.size + 32  # B: only its mask key
+    assert np.array_equal(proto.combine(share_a, share_b, n, 3, L), np.zeros((n, 3)))
+
+
+def _noise_at_q(L, y_row, flood=True, monkeypatch=None):
+    """The exact decrypted noise of one result ciphertext (before switching), as A would compute it."""
+    rng = np.random.default_rng(11)
+    n_a = 2048
+    x = packed(rng, n_a, L)
+    y = np.packbits(np.full((1, L), y_row, dtype=np.uint8), axis=1)
+    proto, pa, pb, hello = _start(L, x, y)
+    if not flood:
+        monkeypatch.setattr(lh.rlwe, "sample_flood", lambda shape, bits: np.zeros((2, *shape), dtype=np.int64))
+    pb.receive(hello)
+    sums = np.unpackbits(y, axis=1, count=L).astype(np.float64) @ pb.matrix
+    a, b = pb._finish(sums, np.array([int(y_row) * L]), 0)
+    _, noise = proto._key.decrypt_noise(a, b)
+    return np.array(noise, dtype=float)
+
+
+@pytest.mark.parametrize("flood", [True, False])
+def test_flooding_makes_the_decrypted_noise_independent_of_y(flood, monkeypatch):
+    L = 1024
+    ones = _noise_at_q(L, 1, flood, monkeypatch)  # y = all ones: noise −2 Σ_l e_l + …
+    zeros = _noise_at_q(L, 0, flood, monkeypatch)  # y = 0: none of the columns' noise
+    # y = 1…1 adds −2 Σ_l e_l to the noise: a larger variance, which Levene's test sees at once
+    p_shape = stats.ks_2samp(ones, zeros).pvalue
+    p_spread = stats.levene(ones, zeros).pvalue
+    if flood:  # same distribution: uniform on [−2^F, 2^F) up to 2^−40
+        F = lh.lattice_params(L).flood_bits
+        assert p_shape > 1e-4 and p_spread > 1e-4
+        assert np.abs(ones).max() <= 2.0**F * 1.001
+        assert stats.kstest(ones / 2.0**F, stats.uniform(-1, 2).cdf).pvalue > 1e-4
+    else:  # the test can fail: without flooding A tells the two y apart
+        assert p_spread < 1e-6
+
+
+def test_parameters_below_the_standard_are_refused_by_the_evaluator():
+    rng = np.random.default_rng(5)
+    L = 16
+    _, _, pb, hello = _start(L, packed(rng, 4, L), packed(rng, 2, L))
+    weak = bytearray(hello)
+    off = lh._HDR.size + 8  # L, n_a, then N
+    weak[off : off + 4] = (2048).to_bytes(4, "little")
+    with pytest.raises(ProtocolError, match="refused.*exceeds 54"):
+        pb.receive(bytes(weak))
+    with pytest.raises(ProtocolError, match="lattice protocol takes"):
+        lh.lattice_params(10_000)
+    with pytest.raises(ProtocolError, match="HE security standard"):
+        lh.LatticeHamming(n=2048).party_a(packed(rng, 2, L), L)
+
+
+def test_malformed_and_out_of_order_messages_are_refused():
+    rng = np.random.default_rng(6)
+    L = 16
+    a_bits, b_bits = packed(rng, 5, L), packed(rng, 4, L)
+    proto, pa, pb, hello = _start(L, a_bits, b_bits)
+    with pytest.raises(ProtocolError, match="HELLO|COLS|short|bytes"):
+        proto.party_b(b_bits, L).receive(hello[:-7])
+    with pytest.raises(ProtocolError, match="magic"):
+        proto.party_b(b_bits, L).receive(b"XXXX" + hello[4:])
+    res = pb.receive(hello).to_peer
+    with pytest.raises(ProtocolError, match="speaks first"):
+        proto.party_a(a_bits, L).receive(res)  # a RES before this A said HELLO
+    with pytest.raises(ProtocolError):
+        pb.receive(hello)  # a replayed HELLO
+    other = proto.party_a(a_bits, L)
+    other.receive(None)
+    with pytest.raises(ProtocolError, match="bytes"):
+        other.receive(res[:-1])
+    with pytest.raises(ProtocolError, match="already failed"):
+        other.receive(res)
+
+
+def test_combine_refuses_shares_that_do_not_fit():
+    rng = np.random.default_rng(8)
+    L = 32
+    a, b = packed(rng, 6, L), packed(rng, 5, L)
+    proto = lh.LatticeHamming()
+    share_a, share_b = exchange(proto.party_a(a, L), proto.party_b(b, L))
+    assert np.array_equal(proto.combine(share_a, share_b, 6, 5, L), plaintext_hamming(a, b, L))
+    with pytest.raises(ProtocolError, match="6 × 5"):
+        proto.combine(share_a, share_b, 5, 6, L)
+    forged = bytearray(share_a)
+    forged[-2:] = (int.from_bytes(forged[-2:], "little") ^ 0x20).to_bytes(2, "little")  # u off by 32 > L
+    with pytest.raises(ProtocolError, match="exceeds L"):
+        proto.combine(bytes(forged), share_b, 6, 5, L)
+    with pytest.raises(ProtocolError):
+        proto.combine(share_b, share_a, 6, 5, L)
+
+
+def test_mask_streams_are_shared_by_evaluator_and_coordinator_only_through_the_key():
+    key = b"k" * 32
+    r = lh.rho(key, 2, 1000, 11)
+    assert r.shape == (lh.SUB_BATCH, 1000) and r.max() < 2048
+    assert np.array_equal(r, lh.rho(key, 2, 1000, 11))
+    assert not np.array_equal(r, lh.rho(key, 3, 1000, 11))
+    assert rlwe.LOG_Q == 86
