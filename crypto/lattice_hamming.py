@@ -85,7 +85,7 @@ SIGMA = 40  # statistical security of the flooding
 MAX_SUM_TERMS = 1024  # 43-bit words × 1024 terms < 2^53: exact in float64
 MAX_BITS = 8192
 MAX_MESSAGES = 512  # a pair never takes more; B makes its chunks large enough
-SUB_BATCH = 64  # B's vectors per step of its computation: the arrays stay in cache
+SUB_BATCH = 32  # B's vectors per step of its computation: the arrays stay in cache
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ class LatticeHamming:
             m[:L, : stop - start] = x.T
             m[L, : stop - start] = x.sum(axis=1)
             a = rlwe.uniform_poly(seed, L + 1, self.n, stream=block)
-            rows = [(r, min(r + SUB_BATCH, L + 1)) for r in range(0, L + 1, SUB_BATCH)]
+            rows = [(r, min(r + 64, L + 1)) for r in range(0, L + 1, 64)]
             parts = _parallel(lambda r: key.encrypt(a[:, r[0] : r[1]], m[r[0] : r[1]])[:, :, : stop - start],
                               rows, self.threads)
             b = np.concatenate(parts, axis=1)
