@@ -334,6 +334,7 @@ class LatticePartyA(_Party):
             return Outgoing(to_peer=self._cols(self.block))
         self.finished = True
         out = _header(SHARE_A) + _SHARE.pack(self.n_a, self.n_b, p.log_t) + self.share.astype("<u2").tobytes()
+        self.share = None
         return Outgoing(to_server=out, done=True)
 
     def _cols(self, block: int) -> bytes:
@@ -381,7 +382,8 @@ class LatticePartyB(_Party):
         out = self._results(self.next, count)
         self.next += count
         done = self.next == self.n_b and self.block == len(self.blocks) - 1
-        self.finished = done
+        if done:  # a site is B for many peers at once: free the block's matrix as soon as possible
+            self.finished, self.matrix, self.weights_ct = True, None, None
         return Outgoing(to_peer=out, to_server=share, done=done)
 
     def _hello(self, body: memoryview) -> memoryview:

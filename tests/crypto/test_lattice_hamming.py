@@ -88,7 +88,9 @@ def _noise_at_q(L, y_row, flood=True, monkeypatch=None):
     proto, pa, pb, hello = _start(L, x, y)
     if not flood:
         monkeypatch.setattr(lh.rlwe, "sample_flood", lambda shape, bits: np.zeros((2, *shape), dtype=np.int64))
-    pb.receive(hello)
+    _, body = lh._open(hello, (lh.HELLO,), 1 << 30)  # B's first step, stopped before its results
+    _, cols = lh._open(pb._hello(body), (lh.COLS,), 1 << 30)
+    pb._columns(cols)
     sums = np.unpackbits(y, axis=1, count=L).astype(np.float64) @ pb.matrix
     a, b = pb._finish(sums, np.array([int(y_row) * L]), 0)
     _, noise = proto._key.decrypt_noise(a, b)
