@@ -166,3 +166,35 @@ def test_class_balanced_label_matrix_and_class_weights():
     assert np.allclose(Y, [[0.25, 0, 0], [0.25, 0, 0], [0, 0.5, 0]])
     w = class_weights(np.array([0, 0, 0, 1, -1]), 3)
     assert np.allclose(w, [(4 / 3) / 3, 4 / 3, 0])
+
+
+def test_indefinite_system_is_solved_by_minres_and_matches_the_dense_inverse():
+    # Signed weights (cos³ < 0 between points more than 90° apart) make I − α𝒲 indefinite. Beyond
+    # the dense fallback's size this used to raise SolverError ("CG did not converge"); MINRES needs
+    # only symmetry, and the labels must be those of the authors' dense inverse.
+    n = 2000
+    B = sp.random(n, n, density=0.005, random_state=3, format="csr")
+    B.data = B.data - 0.3
+    W = graphs.normalised_adjacency(B)
+    cols = np.arange(0, n, 5)
+    S, info = influence_columns(W, cols, method="auto", dense_max_n=100, dense_fallback_max_n=0)
+    assert info.method == "minres" and info.max_relative_residual < 1e-8
+    S_inv = dense_inverse_columns(W, cols)
+    assert np.abs(S - S_inv).max() < 1e-6 * np.abs(S_inv).max()
+    y = np.random.default_rng(0).integers(0, 4, cols.size)
+    Y = label_matrix(y, np.bincount(y, minlength=4))
+    assert np.array_equal((S @ Y).argmax(1), (S_inv @ Y).argmax(1))
+    S_m, info_m = influence_columns(W, cols, method="minres")
+    assert info_m.method == "minres" and np.allclose(S_m, S, atol=1e-7)
+
+
+def test_a_singular_system_raises_a_clear_solver_error():
+    from xclp.influence import SolverError
+
+    # 𝒲 = the adjacency of one edge: eigenvalues ±1; with α → 1 the matrix is nearly singular and
+    # no iterative solver reaches 1e-14 within 5 iterations: a clear error, not a wrong answer.
+    B = sp.csr_matrix(np.array([[0.0, 1.0], [1.0, 0.0]]))
+    W = graphs.normalised_adjacency(B)
+    with pytest.raises(SolverError, match="did not converge.*too large for the dense fallback"):
+        influence_columns(W, np.arange(2), alpha=0.999999, method="minres", tol=1e-300, max_iter=1,
+                          dense_fallback_max_n=0)
