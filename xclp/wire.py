@@ -8,6 +8,7 @@ clear error and never a wrong answer.
 from __future__ import annotations
 
 import io
+import zipfile
 
 import numpy as np
 
@@ -60,14 +61,39 @@ def dump_bundle(arrays: dict[str, np.ndarray | int | float | str | bytes]) -> by
     return buf.getvalue()
 
 
+MAX_BUNDLE_MEMBERS = 4096
+
+
+def _check_stored(data: bytes, what: str) -> None:
+    """A bundle's members must be stored, not compressed (dump_bundle writes them so): then what
+    np.load unpacks is no larger than the body, whose size is already bounded. A deflated member
+    could expand a small upload a thousandfold (a decompression bomb), so it is refused before
+    anything is decompressed, whatever sizes its headers declare."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise ProtocolError(f"{what}: not a valid bundle ({exc})") from None
+    if len(members) > MAX_BUNDLE_MEMBERS:
+        raise ProtocolError(f"{what}: {len(members)} members, at most {MAX_BUNDLE_MEMBERS}")
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size:
+            raise ProtocolError(f"{what}: member {m.filename!r} is compressed; bundles must be stored "
+                                "uncompressed (numpy.savez, not savez_compressed)")
+    if sum(m.file_size for m in members) > len(data):
+        raise ProtocolError(f"{what}: members declare more bytes than the body holds")
+
+
 def load_bundle(data: bytes, required: tuple[str, ...], max_bytes: int = DEFAULT_MAX_BYTES,
                 what: str = "message") -> dict[str, np.ndarray]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ProtocolError(f"{what}: expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
         raise ProtocolError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}")
+    data = bytes(data)
+    _check_stored(data, what)
     try:
-        with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as f:
+        with np.load(io.BytesIO(data), allow_pickle=False) as f:
             out = {k: f[k] for k in f.files}
     except Exception as exc:
         raise ProtocolError(f"{what}: not a valid bundle ({exc})") from exc
