@@ -201,8 +201,9 @@ class Trainer:
         plan = self._round_plan(job_id, t, st, topic)
         if plan is None:
             return False
-        if cfg.secure_aggregation and self.site not in ((status.get("training") or {}).get("participants") or []):
-            return False  # left out of this attempt of the round's sum
+        participants = (status.get("training") or {}).get("participants") or []
+        if cfg.secure_aggregation and (self.site not in participants or len(participants) < secagg.MIN_CONTRIBUTORS):
+            return False  # left out of this attempt of the round's sum, or a "sum" of this site alone: never sent
         model = self._model(job_id, status, t - 1)
         if model is None:
             return False

@@ -176,6 +176,11 @@ def _round(db, job: Job) -> None:
     got = has_messages(db, job.id, COORDINATOR, topic)
     expected = job.state["participants"] if _secure(job) else plan["sites"]
     missing = [s for s in expected if s not in got and s in job.live]
+    if _secure(job) and len([s for s in expected if s in job.live]) < secagg.MIN_CONTRIBUTORS:
+        # A masked sum of one site is that site's weights (no peer, no mask): the sites refuse to send
+        # one, so close the round now with the previous model instead of waiting for the deadline.
+        _set_state(job, participants=[], round_left_out=sorted({*job.state["round_left_out"], *expected}))
+        missing = []
     if missing and not _expired(job, since):
         return
     if missing and _secure(job):
@@ -186,9 +191,10 @@ def _round(db, job: Job) -> None:
                              "without": missing}))
         job.attempt += 1
         job.phase_started_at = utcnow()
-        if left:
+        if len(left) >= secagg.MIN_CONTRIBUTORS:
             return
-        missing = []  # nobody left to sum: the round closes with the previous model
+        _set_state(job, participants=[])  # fewer than two left: the round closes with the previous model
+        missing = []
     t0 = time.perf_counter()
     if job.params["algorithm"] in FEDAVG_ALGORITHMS:
         row = _close_fedavg_round(db, job, plan, topic, missing)
@@ -271,7 +277,12 @@ def _close_secure_round(db, job: Job, plan: dict, topic: str, template: dict) ->
         parts.append(masked)
         metrics[s] = meta
     trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
-    new = secagg.mean_from_total(server_sum(parts), trained, template) if parts and trained else template
+    # Fewer than two trained sites: the decoded "average" would be one site's own weights. Never
+    # decode it; the round keeps the previous model (as the simulation does).
+    enough = trained >= secagg.MIN_CONTRIBUTORS
+    if parts and not enough:
+        log.info(json.dumps({"event": "sum_not_decoded", "job": job.id, "round": t, "trained": trained}))
+    new = secagg.mean_from_total(server_sum(parts), trained, template) if parts and enough else template
     _put(db, job, BROADCAST, f"model/{t}", dump_state(new))
     return _fedavg_row(job, plan, metrics, list(job.state["round_left_out"]))
 

@@ -210,3 +210,43 @@ def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_sil
     want = aggregate([(states["a"], 20), (states["b"], 20)], secure=True)
     assert all(torch.equal(got[k], want[k]) for k in want)  # the mean of a and b, and nothing else
     assert st["attempt"] == 0 and st["training"]["participants"] == ["a", "b", "c"]  # round 2 starts afresh
+
+
+def test_secure_aggregation_never_decodes_a_sum_of_one_site(app_client):
+    """A round where only one site trained: its masked "sum" decodes to that site's own weights. The
+    coordinator keeps the previous model instead; a site refuses to mask over itself alone; a
+    submission with one site per round under secure aggregation is refused."""
+    import pytest
+
+    from crypto.errors import ProtocolError
+    from crypto.keys import SiteKeyPair
+    from xclp.training import secure_aggregation as secagg
+    from xclp.training.messages import dump_masked
+
+    heads = {s: add(app_client, s) for s in ("a", "b")}
+    r = submit(app_client, algorithm="fedavg", sites=["a", "b"], classes=C, rounds=2, sites_per_round=1,
+               crypto="plaintext")
+    assert r.status_code == 422 and "at least 2 sites per round" in r.json()["detail"]
+    job = submit(app_client, algorithm="fedavg", sites=["a", "b"], classes=C, rounds=2, sites_per_round=2,
+                 crypto="plaintext", seed=5).json()["job"]
+    url = f"/jobs/{job}/messages"
+    put = lambda topic, body, s: app_client.put(f"{url}/{topic}", content=body, headers=heads[s])  # noqa: E731
+    keys = {s: SiteKeyPair.generate() for s in heads}
+    for s, k in keys.items():
+        assert put("hello", hello(public_key=k.public_bytes().hex()), s).status_code == 200
+    wait_for(app_client, job, lambda st: st["phase"] == "round", "round 1")
+    template, _ = load_state(app_client.get(f"/jobs/{job}/shared/model/0", headers=heads["a"]).content,
+                             build_network("mlp", D, C, seed=5).state_dict())
+    public = {n: k.public_bytes() for n, k in keys.items()}
+    trained = {k: v + 1 for k, v in template.items()}
+    with pytest.raises(ProtocolError, match="at least 2 participants"):
+        secagg.masked_update(trained, template, me="a", private=keys["a"], public_keys=public,
+                             participants=["a"], job=job, t=1, attempt=0)
+    for s, state, n in (("a", trained, 20), ("b", None, 0)):  # b has nothing to learn this round
+        body = dump_masked(secagg.masked_update(state, template, me=s, private=keys[s], public_keys=public,
+                                                participants=["a", "b"], job=job, t=1, attempt=0), {"n": n})
+        assert put("update/1/0", body, s).status_code == 200
+    st = wait_for(app_client, job, lambda st: st["round"] == 2, "round 2")
+    assert st["training"]["history"][0]["trained"] == ["a"]
+    got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=admin_headers()).content, template)
+    assert all(torch.equal(got[k], template[k]) for k in template)  # not a's weights: the previous model

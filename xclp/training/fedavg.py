@@ -40,6 +40,7 @@ from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
+from xclp.training.secure_aggregation import MIN_CONTRIBUTORS
 
 MAX_LABELLED_BATCH = 50
 
@@ -104,6 +105,9 @@ class FedAvgConfig:
             raise ValueError(f"aggregate must be 'mean' or 'weighted', got {self.aggregate!r}")
         if self.secure_aggregation and self.aggregate != "mean":
             raise ValueError("secure aggregation computes the plain mean: aggregate must be 'mean'")
+        if self.secure_aggregation and self.sites_per_round < 2:
+            raise ValueError("secure aggregation needs at least 2 sites per round: the 'sum' of one site's "
+                             "update is that update, in the clear")
         if self.algorithm == "fedavg-xclp" and self.sites_per_round < 2:
             raise ValueError("fedavg-xclp needs at least 2 sites per round (XCLP is a protocol between sites)")
         return self
@@ -368,7 +372,10 @@ def _run_fedavg(sites, test, n_classes, cfg: FedAvgConfig, progress) -> dict:
             comm["model_bytes"] += 4 * n_params * (2 if r is not None else 1)
             if r is not None:
                 results.append(r)
-        model.load_state_dict(aggregate(results, cfg.aggregate, cfg.secure_aggregation) if results else global_state)
+        # Under secure aggregation a round with fewer than two trained sites keeps the previous model:
+        # its "average" would be one site's own weights (the service refuses to decode such a sum).
+        enough = len(results) >= (MIN_CONTRIBUTORS if cfg.secure_aggregation else 1)
+        model.load_state_dict(aggregate(results, cfg.aggregate, cfg.secure_aggregation) if enough else global_state)
         row = {"round": t, "stage": 1 if warm else 2, "sites": chosen, "lr": lr,
                "pseudo_label_accuracy": _pseudo_accuracy([by_name[s] for s in chosen], pls)}
         if t % cfg.eval_every == 0 or t == total:

@@ -28,6 +28,7 @@ from crypto.secure_sum import site_mask
 FRAC_BITS = 32  # 2^-32 ≈ 2.3e-10 per weight, far below float32's resolution near the weights' scale
 MAX_ABS_WEIGHT = 1.0e4  # larger weights mean a diverged model: refused rather than risk a wrapped sum
 MAX_SITES = 1 << 16  # with MAX_ABS_WEIGHT and FRAC_BITS, a sum of this many terms cannot wrap
+MIN_CONTRIBUTORS = 2  # a masked "sum" of one update is that update: never masked, sent or decoded
 
 
 def purpose(t: int) -> str:
@@ -94,7 +95,13 @@ def quantized_mean(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
 def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, torch.Tensor], *, me: str,
                   private: SiteKeyPair, public_keys: dict[str, bytes], participants: list[str], job: str,
                   t: int, attempt: int) -> np.ndarray:
-    """enc(w_me) + M^(me) over this attempt's participants (in the job's site order)."""
+    """enc(w_me) + M^(me) over this attempt's participants (in the job's site order).
+
+    Refused with fewer than MIN_CONTRIBUTORS participants: with no peer there is no mask, and the
+    upload would be the site's weights in the clear (a site's own check, whatever the coordinator asks)."""
+    if len(set(participants)) < MIN_CONTRIBUTORS or me not in participants:
+        raise ProtocolError(f"secure aggregation over {sorted(set(participants))}: a site masks its update only "
+                            f"in a sum of at least {MIN_CONTRIBUTORS} participants that includes it")
     keys = pairwise_keys(private, public_keys, job=job, purpose=purpose(t), attempt=attempt, me=me,
                          peers=[p for p in participants if p != me])
     return encode_update(state, template) + site_mask(me, keys, participants, (n_values(template),))
