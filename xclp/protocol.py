@@ -322,8 +322,13 @@ class SiteSession:
         if self.params.secure:
             t = t - self._shared_mask("counts", attempt, C)
         counts = decode(t, 0)
-        if np.any(counts < 0) or np.any(counts != np.round(counts)):
-            raise ProtocolError(f"{self.site}: the label-count total is not a vector of counts (masks disagree?)")
+        # Masks that do not cancel leave uniform values: checking only the sign would accept them with
+        # probability 2^-C (a quarter of the time with two classes). No count can exceed the points in
+        # the roster, which a uniform 64-bit value does with probability below 2^-40 per class.
+        most = sum(e.n for e in self.roster.values())
+        if np.any(counts < 0) or np.any(counts != np.round(counts)) or counts.sum() > most:
+            raise ProtocolError(f"{self.site}: the label-count total is not a vector of counts of at most {most} "
+                                "points (masks disagree?)")
         self.global_counts = counts.astype(np.int64)
 
     # --- hamming ---------------------------------------------------------------------------------

@@ -215,3 +215,33 @@ def test_the_roster_sites_receive_hides_labelled_positions():
     roster = decode_roster(encode_roster(announces))
     assert [e.site for e in roster] == ["a", "b"] and all(e.n == 5 for e in roster)
     assert all(e.labelled.size == 0 for e in roster)
+
+
+def test_a_label_count_total_whose_masks_do_not_cancel_is_always_refused():
+    # A total masked for another attempt decodes to uniform 64-bit values. Checking only their sign
+    # let one in four through with two classes; no count can exceed the roster's points.
+    from crypto.errors import ProtocolError
+    from xclp.protocol import CoordinatorSession, JobParams, SiteSession
+
+    rng = np.random.default_rng(0)
+    refused = 0
+    for trial in range(40):
+        params = JobParams(job_id=f"counts-{trial}", n_classes=2, bits=64, crypto="ot")
+        sites = {s: SiteSession(params, s, rng.random((5, 3)), np.array([0, 1, -1, 1, 0])) for s in ("a", "b")}
+        coord = CoordinatorSession(params)
+        for s, sess in sites.items():
+            coord.register(s, sess.announce())
+        for sess in sites.values():
+            sess.set_roster(coord.roster_entries())
+        msgs = {s: sess.seed_messages() for s, sess in sites.items()}
+        for s, sess in sites.items():
+            sess.receive_seed({p: m[s] for p, m in msgs.items() if p != s}, ["a", "b"])
+        for s, sess in sites.items():
+            coord.receive_counts(s, sess.counts_message(["a", "b"], attempt=0))
+        total = coord.counts_total(["a", "b"])
+        sites["a"].receive_counts(total, attempt=0)
+        assert sites["a"].global_counts.tolist() == [4, 4]
+        with pytest.raises(ProtocolError, match="not a vector of counts"):
+            sites["b"].receive_counts(total, attempt=1)  # the shared mask of another attempt
+        refused += 1
+    assert refused == 40
