@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -33,6 +34,15 @@ from xclp.wire import load_bundle
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # what the coordinator issues; never a path
+
+
+def job_file(folder: Path, job_id: str, suffix: str) -> Path:
+    """folder/<job_id><suffix>, for a job id that is a plain name: an id from the coordinator such as
+    "../x" must never place a file (or a pickle to load) outside the site's folders."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise ProtocolError(f"refusing the job id {job_id!r} from the coordinator: not a plain name")
+    return folder / f"{job_id}{suffix}"
 LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
 
 
@@ -132,10 +142,10 @@ class Agent:
                 time.sleep(self.poll)
 
     def result_path(self, job_id: str) -> Path:
-        return self.out / f"{job_id}.npz"
+        return job_file(self.out, job_id, ".npz")
 
     def state(self, job_id: str) -> JobState:
-        return JobState(self.state_dir / f"{job_id}.json")
+        return JobState(job_file(self.state_dir, job_id, ".json"))
 
     def session(self, job_id: str, status: dict) -> SiteSession:
         sess = self.sessions.get(job_id)
@@ -234,7 +244,15 @@ class Agent:
         last = self._last_work
         if last is not None and last["jobs"] and not last["done"] and all(self._quiet(j) for j in last["jobs"]):
             return last
-        self._last_work = self.api.work()
+        work = self.api.work()
+        for kind in ("jobs", "done"):
+            bad = [j for j in work.get(kind, []) if not (isinstance(j, str) and JOB_ID.fullmatch(j))]
+            for j in bad:
+                if j not in self.given_up:
+                    log.error("coordinator: ignoring the job id %r, which is not a plain name", j)
+                    self.given_up.add(j)
+            work[kind] = [j for j in work.get(kind, []) if j not in bad]
+        self._last_work = work
         return self._last_work
 
     def _status(self, job_id: str) -> dict:

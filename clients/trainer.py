@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.agent import job_file
 from clients.api import ApiError
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
@@ -230,7 +231,7 @@ class Trainer:
         return self._put(st, job_id, topic, dump_masked(masked, meta))
 
     def _update_path(self, job_id: str) -> Path:
-        return self.agent.state_dir / f"{job_id}.update.npz"
+        return job_file(self.agent.state_dir, job_id, ".update.npz")
 
     def _trained(self, job_id: str, t: int, template: dict):
         """(weights or None, meta) of this site's update for round t if it has trained it already."""
@@ -261,7 +262,7 @@ class Trainer:
     def _pseudo_labels(self, job_id, cfg: FedAvgConfig, plan: dict, model, site: Site, n_classes: int):
         if plan["stage"] == 1 or cfg.algorithm == "fedavg":
             return labelled_only(site), "none"
-        cache = self.agent.state_dir / f"{job_id}.pseudo.npz"
+        cache = job_file(self.agent.state_dir, job_id, ".pseudo.npz")
         if self.site not in plan["adopt"]:
             if cache.exists():
                 with np.load(cache, allow_pickle=False) as f:
@@ -285,7 +286,7 @@ class Trainer:
 
     # --- FedCT ---------------------------------------------------------------------------------------
     def _fedct_state(self, job_id: str, status: dict, cfg: FedCTConfig):
-        path = self.agent.state_dir / f"{job_id}.learner.pkl"
+        path = job_file(self.agent.state_dir, job_id, ".learner.pkl")
         if path.exists():
             with open(path, "rb") as f:  # written by this agent into its private folder only
                 saved = pickle.load(f)
@@ -299,7 +300,7 @@ class Trainer:
     def _save_fedct_state(self, job_id: str, state, exchange: int) -> None:
         site, state.site = state.site, None  # the data stay in the data file; the pickle holds the model
         try:
-            _atomic_write(self.agent.state_dir / f"{job_id}.learner.pkl",
+            _atomic_write(job_file(self.agent.state_dir, job_id, ".learner.pkl"),
                           pickle.dumps({"state": state, "exchange": exchange}))
         finally:
             state.site = site
@@ -348,7 +349,7 @@ class Trainer:
                 raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
-            _atomic_write(self.agent.out / f"{job_id}.model.npz", dump_state(model.state_dict()), 0o644)
+            _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
         else:
             state, _ = self._fedct_state(job_id, status, FedCTConfig(**status["params"]["config"]))
             learner = state.learner
@@ -356,7 +357,7 @@ class Trainer:
             if proba is None:
                 labels = np.asarray(learner.predict(X), dtype=np.int64)
                 proba = np.eye(int(status["params"]["classes"]))[labels]
-            _atomic_write(self.agent.out / f"{job_id}.model.pkl", pickle.dumps(learner))
+            _atomic_write(job_file(self.agent.out, job_id, ".model.pkl"), pickle.dumps(learner))
         tmp = path.with_name(path.stem + ".partial.npz")
         np.savez(tmp, labels=proba.argmax(axis=1), confidence=proba.max(axis=1))
         os.replace(tmp, path)

@@ -101,3 +101,28 @@ def test_a_long_poll_returns_the_message_or_404(app_client):
         assert app_client.put(f"{url}/announce", content=body, headers=heads[s]).status_code == 200
     r = app_client.get(f"{url}/roster?wait=10", headers=heads["a"])  # the engine writes it within the wait
     assert r.status_code == 200 and r.content
+
+
+def test_job_ids_that_are_not_plain_names_are_refused_and_never_become_paths(tmp_path):
+    """A coordinator that names a job '../x' must not make the agent write (or load) outside its folders."""
+    from crypto.errors import ProtocolError
+
+    class Evil:
+        def work(self):
+            return {"jobs": ["../../escape", "ok_job-1"], "done": ["/etc/passwd"]}
+
+        def job(self, job_id):
+            raise AssertionError(f"asked for {job_id}")
+
+    X = np.random.default_rng(0).random((6, 3))
+    np.savez(tmp_path / "d.npz", X=X, y=np.array([0, 1, -1, -1, 0, 1]))
+    agent = Agent(Evil(), "s", tmp_path / "d.npz", tmp_path / "out")
+    assert agent._work() == {"jobs": ["ok_job-1"], "done": []}
+    assert {"../../escape", "/etc/passwd"} <= agent.given_up
+    for bad in ("../../escape", "a/b", "", ".hidden", "x" * 65):
+        with pytest.raises(ProtocolError, match="not a plain name"):
+            agent.result_path(bad)
+        with pytest.raises(ProtocolError, match="not a plain name"):
+            agent.state(bad)
+    assert agent.result_path("ok_job-1") == tmp_path / "out" / "ok_job-1.npz"
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path.parent / "escape.json").exists()
