@@ -34,6 +34,7 @@ from xclp.wire import load_bundle
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
+SWEEP_SECONDS = 30.0  # how often the agent looks for keys of jobs that failed or dropped it
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # what the coordinator issues; never a path
 
 
@@ -115,10 +116,14 @@ class Agent:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
         idle_since = time.monotonic()
+        next_sweep = 0.0
         while True:
             busy = False
             try:
                 work = self._work()
+                if time.monotonic() >= next_sweep:  # keys of jobs that failed or dropped this site
+                    self.sweep_keys()
+                    next_sweep = time.monotonic() + SWEEP_SECONDS
                 for job_id in work["jobs"] + [j for j in work["done"] if not self.result_path(j).exists()]:
                     if job_id in self.given_up:
                         continue
@@ -141,6 +146,46 @@ class Agent:
             if not busy:
                 time.sleep(self.poll)
 
+    def wipe_keys(self, job_id: str, reason: str) -> bool:
+        """Forget a job's private key (X25519) once the job cannot need it: finished, failed, or this
+        site dropped from it. A later theft of the state folder then opens none of the sealed messages
+        the coordinator keeps. (The seed contribution stays: it reproduces the job's LSH seed for an
+        audit or a replay in process, and opens nothing.) Returns True if there was a key to wipe."""
+        st = self.state(job_id)
+        if st["key"] is None:
+            return False
+        st.data.pop("key", None)
+        st["wiped"] = reason
+        self.sessions.pop(job_id, None)
+        self.pairs.pop(job_id, None)
+        self.rows.pop(job_id, None)
+        log.info("job %s: %s here; its private keys are wiped", job_id, reason)
+        return True
+
+    def sweep_keys(self) -> list[str]:
+        """Wipe the keys of jobs that left /work without finishing here (failed, or this site dropped):
+        /work lists only running jobs and finished ones, so ask for each such job's status."""
+        listed = set((self._last_work or {}).get("jobs", [])) | set((self._last_work or {}).get("done", []))
+        wiped = []
+        for path in sorted(self.state_dir.glob("*.json")):
+            job_id = path.stem
+            if job_id in listed or not JOB_ID.fullmatch(job_id):
+                continue
+            if JobState(path)["key"] is None:
+                continue
+            try:
+                status = self.api.job(job_id)
+            except ApiError as exc:
+                if getattr(exc, "status", None) != 404:
+                    continue  # the coordinator is away: try again on the next sweep
+                status = {"status": "failed", "live": []}  # the coordinator no longer knows the job
+            if status["status"] in ("failed", "done") or self.site not in status.get("live", []):
+                reason = "failed" if status["status"] == "failed" else ("finished" if status["status"] == "done"
+                                                                        else "dropped")
+                if self.wipe_keys(job_id, reason):
+                    wiped.append(job_id)
+        return wiped
+
     def result_path(self, job_id: str) -> Path:
         return job_file(self.out, job_id, ".npz")
 
@@ -155,6 +200,8 @@ class Agent:
         if st["done"]:
             raise DataError(f"job {job_id}: finished here, and its key was wiped; {self.result_path(job_id)} "
                             "holds the results")
+        if st["wiped"]:
+            raise DataError(f"job {job_id}: this site's keys were wiped ({st['wiped']}); it cannot take part again")
         if st["key"] is None:
             st.data["contribution"] = os.urandom(32).hex()
             st["key"] = SiteKeyPair.generate().private_bytes().hex()
@@ -177,9 +224,11 @@ class Agent:
         coordinator holds for this site), then does its own part once.
         """
         if self.result_path(job_id).exists():
+            self.wipe_keys(job_id, "finished")  # (a training job's key is wiped here once its results are out)
             return False  # finished here
         status = self._status(job_id)
         if status["status"] == "failed" or self.site not in status["live"]:
+            self.wipe_keys(job_id, "failed" if status["status"] == "failed" else "dropped")
             return False
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
@@ -355,9 +404,6 @@ class Agent:
         # The job's private key has served its purpose: forget it, so that a later theft of this
         # folder cannot open the sealed messages the coordinator keeps (the seed contributions).
         st = self.state(job_id)
-        st.data.pop("key", None)
         st["done"] = True
-        self.sessions.pop(job_id, None)
-        self.pairs.pop(job_id, None)
-        self.rows.pop(job_id, None)
+        self.wipe_keys(job_id, "finished")
         return True

@@ -126,3 +126,43 @@ def test_job_ids_that_are_not_plain_names_are_refused_and_never_become_paths(tmp
             agent.state(bad)
     assert agent.result_path("ok_job-1") == tmp_path / "out" / "ok_job-1.npz"
     assert not (tmp_path / "escape.json").exists() and not (tmp_path.parent / "escape.json").exists()
+
+
+def test_keys_of_failed_and_dropped_jobs_are_wiped(tmp_path):
+    """/work lists only running and finished jobs: the agent asks about the others it holds keys for
+    and wipes the private key of every job that failed, dropped this site, or that the coordinator forgot."""
+    from clients.agent import JobState
+    from clients.api import ApiError
+
+    statuses = {"failedjob": {"status": "failed", "live": ["s", "t"]},
+                "dropped": {"status": "running", "live": ["t"]},
+                "running": {"status": "running", "live": ["s", "t"]}}
+
+    class Api:
+        def work(self):
+            return {"jobs": [], "done": []}
+
+        def job(self, job_id):
+            if job_id == "forgotten":
+                raise ApiError(404, "no such job")
+            if job_id == "unreachable":
+                raise ApiError(503, "down")
+            return statuses[job_id]
+
+    np.savez(tmp_path / "d.npz", X=np.random.default_rng(0).random((4, 2)), y=np.array([0, 1, -1, -1]))
+    agent = Agent(Api(), "s", tmp_path / "d.npz", tmp_path / "out")
+    names = ("failedjob", "dropped", "running", "forgotten", "unreachable")
+    for job in names:
+        st = agent.state(job)
+        st.data["contribution"] = "11" * 32
+        st["key"] = "22" * 32
+    agent._work()
+    assert sorted(agent.sweep_keys()) == ["dropped", "failedjob", "forgotten"]
+    for job in names:
+        data = JobState(agent.state_dir / f"{job}.json").data
+        kept = job in ("running", "unreachable")
+        assert ("key" in data) == kept and "contribution" in data, job
+        assert ("22" * 32 in (agent.state_dir / f"{job}.json").read_text()) == kept
+    assert JobState(agent.state_dir / "dropped.json")["wiped"] == "dropped"
+    with pytest.raises(Exception, match="wiped"):
+        agent.session("dropped", {"params": {}})
