@@ -91,14 +91,10 @@ def wait_agents_ready(work: Path, sites: list[str], procs: list[subprocess.Popen
 
 
 def start_agent(work: Path, url: str, site: str, token: str, data: Path, out: Path) -> subprocess.Popen:
-    """clients.demo.start_agent, except that the token goes as `--token=VALUE`: a token_urlsafe token
-    starts with '-' one time in 64, and argparse then refuses `--token VALUE`."""
-    from clients.demo import xclp_command
+    """clients.demo.start_agent (token in the environment); these sites accept the plaintext reference."""
+    from clients.demo import start_agent as launch
 
-    log_file = open(work / f"agent-{site}.log", "ab")
-    return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site, f"--token={token}",
-                                              "--data", str(data), "--out", str(out), "--poll", str(AGENT_POLL)],
-                            stdout=log_file, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[1]))
+    return launch(work, url, site, token, data, out, options=["--allow-plaintext"])
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

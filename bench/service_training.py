@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s]) for s in ds.sites]
         knobs = {**KNOBS, "rounds": a.rounds}
         with tempfile.TemporaryDirectory(prefix="xclp-bench-") as work:
-            cluster = LocalCluster(Path(work), {s.name: {"X": s.X, "y": s.y} for s in sites})
+            cluster = LocalCluster(Path(work), {s.name: {"X": s.X, "y": s.y} for s in sites},
+                                   agent_options=["--allow-plaintext"])  # XCLP children in plaintext, opted in
             try:
                 _run(cluster, ds, {**knobs, "rounds": 1}, "fedavg")  # warm-up: the agents import torch once
                 for algorithm in ("fedavg", "fedavg-xclp"):

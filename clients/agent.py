@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.api import ApiError, CoordinatorClient
+from clients.policy import SitePolicy
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, load_npz, validate_features, validate_labels
@@ -85,8 +86,9 @@ class JobState:
 
 class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
-                 poll: float = 0.1, public: str | os.PathLike | None = None):
+                 poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None):
         self.api, self.site, self.poll = client, site, poll
+        self.policy = policy or SitePolicy()
         self.X, self.y, self.y_true = load_site_data(data)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -230,6 +232,7 @@ class Agent:
         if status["status"] == "failed" or self.site not in status["live"]:
             self.wipe_keys(job_id, "failed" if status["status"] == "failed" else "dropped")
             return False
+        self.policy.check(job_id, status)  # before this site sends anything for the job
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
         sess = self.session(job_id, status)

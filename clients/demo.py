@@ -36,21 +36,25 @@ def xclp_command() -> list[str]:
 def start_coordinator(workdir: Path, port: int, admin: str, database: str | None = None,
                       deadlines: dict | None = None, log_name: str = "coordinator.log") -> subprocess.Popen:
     db = database or f"sqlite:///{workdir / 'coordinator.db'}"
-    cmd = xclp_command() + ["coordinator", "serve", "--host", "127.0.0.1", "--port", str(port), "--database", db,
-                            f"--admin-token={admin}"]
+    cmd = xclp_command() + ["coordinator", "serve", "--host", "127.0.0.1", "--port", str(port), "--database", db]
     for phase, secs in (deadlines or {}).items():
         cmd += ["--deadline", f"{phase}={secs}"]
     log = open(workdir / log_name, "ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root())
+    # Tokens travel in the environment, not on the command line, where every user sees them (ps).
+    env = {**os.environ, "XCLP_ADMIN_TOKEN": admin}
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root(), env=env)
 
 
 def start_agent(workdir: Path, url: str, site: str, token: str, data: Path, out: Path,
-                public: Path | None = None) -> subprocess.Popen:
+                public: Path | None = None, options: list[str] | None = None) -> subprocess.Popen:
+    """An agent process; `options` are extra `xclp agent run` flags (its policy, e.g. --allow-plaintext)."""
     log = open(workdir / f"agent-{site}.log", "ab")
     extra = ["--public", str(public)] if public is not None else []
-    return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site, f"--token={token}",
-                                              "--data", str(data), "--out", str(out), "--poll", "0.05", *extra],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root())
+    return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site,
+                                              "--data", str(data), "--out", str(out), "--poll", "0.05", *extra,
+                                              *(options or [])],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root(),
+                            env={**os.environ, "XCLP_TOKEN": token})
 
 
 def _repo_root() -> str:
@@ -80,10 +84,11 @@ class LocalCluster:
 
     def __init__(self, work: Path, sites: dict[str, dict[str, np.ndarray]], *, database: str | None = None,
                  admin_token: str | None = None, deadlines: dict | None = None, public: Path | None = None,
-                 start_agents: bool = True):
+                 start_agents: bool = True, agent_options: list[str] | None = None):
         from clients.api import CoordinatorClient
 
         self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
+        self.agent_options = list(agent_options or [])
         self.admin_token = admin_token or secrets.token_urlsafe(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -108,7 +113,7 @@ class LocalCluster:
 
     def start_agent(self, s: str) -> None:
         self.agents[s] = start_agent(self.work, self.url, s, self.tokens[s], self.work / f"{s}.npz", self.out(s),
-                                     self.public)
+                                     self.public, self.agent_options)
 
     def out(self, s: str) -> Path:
         return self.work / f"out-{s}"
@@ -147,7 +152,7 @@ def _cleanup(work: Path, workdir: str | None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024, sites: int = 3, seed: int = 0,
+def run_demo(crypto: str = "lattice", json_out: Path | None = None, bits: int = 1024, sites: int = 3, seed: int = 0,
              workdir: str | None = None) -> int:
     from xclp.baselines import centralized_lp, per_site_lp
     from xclp.data import load_arrays
@@ -164,7 +169,9 @@ def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024,
           f"L={bits}; working in {work}", file=sys.stderr)
     cluster = None
     try:
-        cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names})
+        # The demo's user runs every site: asking for plaintext is also each site's opt-in to it.
+        cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names},
+                               agent_options=["--allow-plaintext"] if crypto == "plaintext" else None)
         job = cluster.admin.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits, k=10, alpha=0.99,
                                        classes=ds.n_classes)
         st = wait_for_job(cluster.admin, job, timeout=600)
@@ -199,7 +206,7 @@ def run_demo(crypto: str = "ot", json_out: Path | None = None, bits: int = 1024,
         _cleanup(work, workdir)
 
 
-def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "ot", json_out: Path | None = None, bits: int = 256,
+def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json_out: Path | None = None, bits: int = 256,
                    sites: int = 3, rounds: int = 5, seed: int = 0, workdir: str | None = None) -> int:
     """A FedAvg training job through the coordinator, the agents training at home, its final model scored on
     held-out digits against labelled-only FedAvg simulated in process with the same data, rounds and seed."""
@@ -224,7 +231,8 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "ot", json_out:
           f"crypto={crypto}, L={bits}; {len(yte)} held-out digits for testing; working in {work}", file=sys.stderr)
     cluster = None
     try:
-        cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names})
+        cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names},
+                               agent_options=["--allow-plaintext"] if crypto == "plaintext" else None)
         job = cluster.admin.submit_train(algorithm=algorithm, sites=names, classes=ds.n_classes, crypto=crypto,
                                          **knobs)
         st = wait_for_job(cluster.admin, job, timeout=1200)

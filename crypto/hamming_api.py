@@ -29,6 +29,11 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 
+# Every protocol's name, once: the command line, the service's schemas and the protocol core take them
+# from here. "plaintext" is the reference with NO security; "lattice" is the fastest secure one.
+PROTOCOLS = ("plaintext", "lattice", "paillier", "paillier-naive", "ot")
+DEFAULT_SECURE = "lattice"
+
 
 @dataclass
 class Outgoing:

@@ -45,7 +45,7 @@ from service.db import (
 from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
 from service.training_api import make_training_router
 from service.training_engine import check_train_upload, train_progress
-from xclp.protocol import CRYPTO_CHOICES, CoordinatorSession, JobParams, decode_announce
+from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, CoordinatorSession, JobParams, decode_announce
 from xclp.wire import load_array
 
 log = logging.getLogger("xclp.service")
@@ -92,7 +92,7 @@ class SiteCreated(BaseModel):
 class JobCreate(BaseModel):
     kind: str = Field("predict", description="'predict': one-shot transductive prediction")
     sites: list[str] = Field(description="participating sites, in roster order")
-    crypto: str = Field("ot", description=f"one of {CRYPTO_CHOICES}; 'plaintext' has no security")
+    crypto: str = Field(DEFAULT_SECURE_CRYPTO, description=f"one of {CRYPTO_CHOICES}; 'plaintext' has no security")
     bits: int = 1024
     k: int = 10
     alpha: float = 0.99

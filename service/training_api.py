@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from service.db import COORDINATOR, Job, message_body
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
-from xclp.protocol import CRYPTO_CHOICES, JobParams
+from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.fedavg import FedAvgConfig
 from xclp.training.fedct import FedCTConfig
 from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, LEARNERS, TIE_RULES
@@ -40,7 +40,7 @@ class TrainJobCreate(BaseModel):
     tie: str = Field("lowest", description=f"FedCT vote tie rule, one of {TIE_RULES}")
     quorum: float | None = None
     mix: float | None = None
-    crypto: str = Field("ot", description=f"XCLP protocol, one of {CRYPTO_CHOICES}; 'plaintext' has no security")
+    crypto: str = Field(DEFAULT_SECURE_CRYPTO, description=f"XCLP protocol, one of {CRYPTO_CHOICES}; 'plaintext' has no security")
     bits: int = 1024
     k: int = 10
     alpha: float = 0.99

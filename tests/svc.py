@@ -65,9 +65,11 @@ class ProcessCluster(LocalCluster):
     test, and what the end-to-end tests do to it: kill and restart the coordinator, signal agents,
     wait for a job, and fail with every process's log when something does not happen."""
 
-    def __init__(self, tmp, db_url: str, sites: dict, deadlines: dict | None = None, public=None):
+    def __init__(self, tmp, db_url: str, sites: dict, deadlines: dict | None = None, public=None,
+                 agent_options=("--allow-plaintext", "--allow-unmasked-training")):
+        # The tests compare with the plaintext reference: these sites opt in to it (agents refuse it by default).
         super().__init__(tmp, sites, database=db_url, admin_token=ADMIN, deadlines=deadlines, public=public,
-                         start_agents=False)
+                         start_agents=False, agent_options=list(agent_options))
         self.tmp = tmp
 
     def kill_coordinator(self):

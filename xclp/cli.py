@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from crypto.hamming_api import DEFAULT_SECURE as DEFAULT_SECURE_CRYPTO
+from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 from xclp.data import DataError
 
 
@@ -30,10 +33,10 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--power", type=float, default=3.0, help="edge weight power (default 3)")
     p.add_argument("--similarity", choices=["lsh", "exact"], default="lsh",
                    help="lsh (private) or exact cosine (plaintext reference only)")
-    p.add_argument("--crypto", choices=["plaintext", "paillier", "paillier-naive", "ot"], default="plaintext",
+    p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext",
                    help="secure protocol for Hamming distances and row sums; plaintext = no security (reference)")
     p.add_argument("--key-bits", type=int, default=2048, help="Paillier modulus size (default 2048)")
-    p.add_argument("--solver", choices=["auto", "cg", "dense"], default="auto")
+    p.add_argument("--solver", choices=["auto", "cg", "minres", "dense"], default="auto")
     p.add_argument("--no-baselines", action="store_true", help="skip per-site and centralized LP")
     p.add_argument("--seed", type=int, default=0, help="fixes the split and the LSH hyperplanes")
     p.add_argument("--json", type=Path, help="write the results as JSON")
@@ -60,6 +63,13 @@ def load_dataset(args):
         raise DataError("--unlabelled-sites must leave at least one site with labels")
     return simulate_sites(X, y, args.sites, args.split, args.labeled_fraction, args.seed, unl,
                           n_classes=int(y.max()) + 1), name
+
+
+def _peak_memory() -> int:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def cmd_simulate_predict(args) -> int:
@@ -105,6 +115,7 @@ def cmd_simulate_predict(args) -> int:
         "baseline_seconds": round(baseline_seconds, 4),
         "bytes": res.bytes,
         "solver": res.solver,
+        "peak_memory_bytes": _peak_memory(),
     }
     _print_table(out)
     if args.json:
@@ -174,18 +185,36 @@ def _deadlines(items: list[str] | None) -> dict:
     return out
 
 
+def _secret(args, name: str, env: str, required: bool = True) -> str | None:
+    """A token from --NAME=VALUE, else --NAME-file FILE (first line), else $ENV. A value on the command
+    line is visible to every user of the machine (ps, /proc): prefer the file or the environment."""
+    value = getattr(args, name)
+    path = getattr(args, f"{name}_file", None)
+    if value is None and path is not None:
+        try:
+            value = Path(path).read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError) as exc:
+            raise DataError(f"--{name.replace('_', '-')}-file {path}: cannot read a token from it ({exc})") from None
+    if value is None:
+        value = os.environ.get(env)
+    if required and not value:
+        raise DataError(f"no {name.replace('_', ' ')}: give --{name.replace('_', '-')}-file FILE or set ${env} "
+                        f"(or --{name.replace('_', '-')}=VALUE, which other users can see in the process list)")
+    return value
+
+
 def cmd_coordinator_serve(args) -> int:
     from service.cli import serve
 
-    serve(args.host, args.port, args.database, args.admin_token, args.max_body_mb, _deadlines(args.deadline),
-          blob_dir=args.blob_dir)
+    serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
+          args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir)
     return 0
 
 
 def _admin(args):
     from clients.api import CoordinatorClient
 
-    return CoordinatorClient(args.coordinator, args.admin_token)
+    return CoordinatorClient(args.coordinator, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN"))
 
 
 def cmd_site_add(args) -> int:
@@ -203,8 +232,12 @@ def cmd_agent_run(args) -> int:
 
     setup_logging("INFO")
     logging.getLogger("xclp.agent").info("agent %s starting on %s", args.site, args.coordinator)
-    Agent(CoordinatorClient(args.coordinator, args.token), args.site, args.data, args.out, args.poll,
-          public=args.public).run(once=args.once)
+    from clients.policy import SitePolicy
+
+    policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
+                        min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites)
+    Agent(CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN")), args.site, args.data, args.out, args.poll,
+          public=args.public, policy=policy).run(once=args.once)
     return 0
 
 
@@ -310,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     bh = bench.add_parser("hamming", help="secure Hamming distance between two sites")
-    bh.add_argument("--protocol", choices=["plaintext", "paillier-naive", "paillier", "ot"], required=True)
+    bh.add_argument("--protocol", choices=CRYPTO_CHOICES, required=True)
     bh.add_argument("--sizes", type=int, nargs=2, metavar=("NA", "NB"), default=[100, 100])
     bh.add_argument("--bits", type=int, default=1024)
     bh.add_argument("--key-bits", type=int, default=2048)
@@ -321,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     def coord_args(p, admin=True):
         p.add_argument("--coordinator", required=True, help="coordinator URL, e.g. http://127.0.0.1:8000")
         if admin:
-            p.add_argument("--admin-token", required=True)
+            p.add_argument("--admin-token", default=None, help="operator token (visible in ps: prefer the next two)")
+            p.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
 
     co = sub.add_parser("coordinator", help="the coordinator service").add_subparsers(dest="what", required=True)
     cs = co.add_parser("serve", help="run the coordinator (FastAPI + uvicorn)")
@@ -329,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--port", type=int, default=8000)
     cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
                     help="SQLAlchemy URL: sqlite:///FILE (default) or postgresql+psycopg2://USER:PW@HOST/DB")
-    cs.add_argument("--admin-token", default=None, help="operator token (or $XCLP_ADMIN_TOKEN)")
+    cs.add_argument("--admin-token", default=None, help="operator token (or --admin-token-file, or $XCLP_ADMIN_TOKEN)")
+    cs.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
     cs.add_argument("--max-body-mb", type=int, default=1024, help="largest upload accepted (MiB)")
     cs.add_argument("--blob-dir", default=None,
                     help="folder for message bodies of 1 MiB or more (default: <database file>.blobs for SQLite; "
@@ -349,7 +384,15 @@ def build_parser() -> argparse.ArgumentParser:
     ar = agent.add_parser("run", help="run this site's agent until stopped")
     coord_args(ar, admin=False)
     ar.add_argument("--site", required=True)
-    ar.add_argument("--token", required=True)
+    ar.add_argument("--token", default=None, help="the site's token (visible in ps: prefer --token-file or $XCLP_TOKEN)")
+    ar.add_argument("--token-file", default=None, help="file whose first line is the site's token")
+    ar.add_argument("--allow-plaintext", action="store_true",
+                    help="take part in predict jobs with crypto=plaintext (LSH bits and sums in the clear)")
+    ar.add_argument("--allow-unmasked-training", action="store_true",
+                    help="take part in FedAvg jobs without secure aggregation (weights in the clear)")
+    ar.add_argument("--min-key-bits", type=int, default=2048, help="refuse Paillier keys below this size")
+    ar.add_argument("--min-bits", type=int, default=1, help="refuse jobs with an LSH length L below this")
+    ar.add_argument("--min-sites", type=int, default=2, help="refuse jobs with fewer participants")
     ar.add_argument("--data", required=True, help=".npz with X (n×d) and y (−1 = unlabelled)")
     ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
     ar.add_argument("--poll", type=float, default=0.1, help="seconds between polls when idle")
@@ -362,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     jp = js.add_parser("predict", help="one-shot transductive prediction")
     coord_args(jp)
     jp.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
-    jp.add_argument("--crypto", choices=["ot", "paillier", "paillier-naive", "plaintext"], default="ot")
+    jp.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
     jp.add_argument("--bits", type=int, default=1024)
     jp.add_argument("--k", type=int, default=10)
     jp.add_argument("--alpha", type=float, default=0.99)
@@ -392,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--tie", choices=TIE_RULES, default="lowest")
     jt.add_argument("--quorum", type=float, default=None)
     jt.add_argument("--mix", type=float, default=None)
-    jt.add_argument("--crypto", choices=["ot", "paillier", "paillier-naive", "plaintext"], default="ot")
+    jt.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
     jt.add_argument("--bits", type=int, default=1024)
     jt.add_argument("--k", type=int, default=10)
     jt.add_argument("--alpha", type=float, default=0.99)
@@ -419,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     jw.set_defaults(func=cmd_job_wait)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
-    demo.add_argument("--crypto", choices=["ot", "paillier", "plaintext"], default="ot")
+    demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
     demo.add_argument("--bits", type=int, default=None, help="LSH bits (default 1024; 256 with --train)")
     demo.add_argument("--train", choices=["fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fedavg"],
                       default=None, help="run a FedAvg training job instead of a prediction job")

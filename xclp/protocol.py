@@ -35,7 +35,7 @@ import numpy as np
 from crypto.channel import Channel
 from crypto.errors import ProtocolError
 from crypto.fixedpoint import decode, encode
-from crypto.hamming_api import HammingParty, HammingProtocol, Outgoing
+from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import prg_uint64, shared_mask_key, site_mask
 from crypto.seed import derive_seed
@@ -46,7 +46,8 @@ from xclp.influence import influence_columns
 from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
 from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
 
-CRYPTO_CHOICES = ("plaintext", "paillier", "paillier-naive", "ot")
+CRYPTO_CHOICES = PROTOCOLS
+DEFAULT_SECURE_CRYPTO = DEFAULT_SECURE  # the fastest secure protocol: the default of jobs, training jobs and the demo
 SECURE_ROW_SUMS_FRAC_BITS = 40
 
 
@@ -111,6 +112,10 @@ def hamming_protocol(params: JobParams) -> HammingProtocol:
         from crypto.paillier_hamming import PaillierNaiveHamming
 
         return PaillierNaiveHamming(key_bits=params.key_bits)
+    if params.crypto == "lattice":
+        from crypto.lattice_hamming import LatticeHamming
+
+        return LatticeHamming()
     from crypto.ot_hamming import OTHamming
 
     return OTHamming()

@@ -11,9 +11,12 @@ from svc import ADMIN
 import clients.agent as agent_mod
 from clients.agent import Agent
 from clients.api import CoordinatorClient
+from clients.policy import SitePolicy
 from service.app import Settings, create_app
 from xclp.data import load_arrays
 from xclp.splits import simulate_sites
+
+REFERENCE_OK = SitePolicy(allow_plaintext=True)  # these sites opt in to the plaintext reference
 
 
 class Counting:
@@ -44,7 +47,7 @@ def rig(tmp_path, monkeypatch):
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             agents[s] = Agent(Counting(CoordinatorClient("http://testserver", token, transport=tc._transport)), s,
-                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
         yield ds, admin, agents
 
 

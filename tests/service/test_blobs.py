@@ -12,6 +12,7 @@ from svc import ADMIN, admin_headers
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
+from clients.policy import SitePolicy
 from crypto.keys import SiteKeyPair
 from service.app import Settings, create_app
 from service.blobs import BlobStore, blob_key, default_blob_dir
@@ -20,6 +21,8 @@ from xclp.data import load_arrays
 from xclp.protocol import JobParams, encode_announce
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
+
+REFERENCE_OK = SitePolicy(allow_plaintext=True)  # these sites opt in to the plaintext reference
 
 
 def test_blob_store_put_read_delete_sweep(tmp_path):
@@ -123,7 +126,7 @@ def rig(db_url, tmp_path):
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", token, transport=tc._transport)
-            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
         yield ds, admin, agents, tc, store, store_puts
 
 

@@ -65,3 +65,28 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
                    "--public", str(tmp_path / "bad.npz"))[0] == 2
     finally:
         c.close()
+
+
+def test_tokens_come_from_a_file_or_the_environment(tmp_path, capsys, monkeypatch):
+    """A token on the command line is visible to every user (ps, /proc/*/cmdline): the operator's and
+    the sites' tokens can come from a file or the environment instead, and their absence is a clear error."""
+    sites = {"p": {"X": np.zeros((4, 2)), "y": np.array([0, 1, -1, -1])}}
+    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites)
+    try:
+        with open(f"/proc/{c.coordinator.pid}/cmdline", "rb") as f:
+            assert ADMIN.encode() not in f.read()  # the launcher passes it in the environment
+        monkeypatch.delenv("XCLP_ADMIN_TOKEN", raising=False)
+        code = main(["site", "add", "q", "--coordinator", c.url])
+        assert code == 2 and "--admin-token-file" in capsys.readouterr().err
+        (tmp_path / "admin.txt").write_text(ADMIN + "\n")
+        code, out = cli(capsys, "site", "add", "q", "--coordinator", c.url, "--admin-token-file",
+                        str(tmp_path / "admin.txt"), "--json")
+        assert code == 0 and json.loads(out)["site"] == "q"
+        monkeypatch.setenv("XCLP_ADMIN_TOKEN", ADMIN)
+        code, out = cli(capsys, "site", "add", "r", "--coordinator", c.url, "--json")
+        assert code == 0 and json.loads(out)["site"] == "r"
+        c.start_agent("p")
+        with open(f"/proc/{c.agents['p'].pid}/cmdline", "rb") as f:
+            assert c.tokens["p"].encode() not in f.read()
+    finally:
+        c.close()

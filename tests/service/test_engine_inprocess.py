@@ -10,11 +10,14 @@ from svc import ADMIN
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
+from clients.policy import SitePolicy
 from service.app import Settings, create_app
 from xclp.data import load_arrays
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
+
+REFERENCE_OK = SitePolicy(allow_plaintext=True)  # these sites opt in to the plaintext reference
 
 
 @pytest.fixture
@@ -30,7 +33,7 @@ def rig(tmp_path):
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", token, transport=tc._transport)
-            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
         yield ds, admin, agents
 
 
@@ -110,3 +113,38 @@ def test_shares_that_do_not_combine_drop_a_site_not_the_job(rig):
     for s in ds.sites[:-1]:
         agents[s].step(job)
         assert agents[s].result_path(job).exists()
+
+
+def test_a_site_refuses_jobs_that_ask_for_less_security_than_its_policy(rig):
+    """An operator who submits crypto="plaintext" would receive every site's LSH bits, counts and scores.
+    A site started without the opt-in sends nothing for such a job; one that opted in takes part."""
+    from clients.policy import PolicyError, SitePolicy
+
+    ds, admin, agents = rig
+    strict = {s: Agent(a.api, s, a.out.parent / f"{s}.npz", a.out.parent / f"strict-{s}") for s, a in agents.items()}
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10)
+    for a in strict.values():
+        with pytest.raises(PolicyError, match="crypto='plaintext'.*--allow-plaintext"):
+            a.step(job)
+    assert admin.job(job)["phase"] == "setup"  # nobody announced: the job cannot move on
+    # The run loop gives such a job up with that message instead of crashing.
+    loop = Agent(agents[ds.sites[0]].api, ds.sites[0], agents[ds.sites[0]].out.parent / f"{ds.sites[0]}.npz",
+                 agents[ds.sites[0]].out.parent / "loop")
+    loop.run(once=True)
+    assert job in loop.given_up
+    # Paillier keys below the site's minimum, too few participants, FedAvg weights in the clear:
+    policy = SitePolicy(min_sites=3, min_bits=128)
+    base = {"kind": "predict", "sites": ["a", "b", "c"], "params": {"crypto": "paillier", "key_bits": 1024, "bits": 256}}
+    with pytest.raises(PolicyError, match="Paillier key of 1024 bits"):
+        policy.check("j", base)
+    with pytest.raises(PolicyError, match="2 participants"):
+        policy.check("j", {**base, "sites": ["a", "b"]})
+    with pytest.raises(PolicyError, match="L = 64"):
+        policy.check("j", {**base, "params": {"crypto": "lattice", "bits": 64}})
+    policy.check("j", {**base, "params": {"crypto": "lattice", "bits": 1024}})
+    train = {"kind": "train", "sites": ["a", "b", "c"],
+             "params": {"algorithm": "fedavg", "config": {"secure_aggregation": False}}}
+    with pytest.raises(PolicyError, match="without secure aggregation"):
+        policy.check("j", train)
+    SitePolicy(allow_unmasked=True, min_sites=3).check("j", train)
+    SitePolicy().check("j", {**train, "params": {"algorithm": "fedct", "config": {}}})  # hard labels: FedCT's design

@@ -23,7 +23,7 @@ def params(crypto, **kw):
     return JobParams(job_id="sec", n_classes=10, bits=96, k=5, crypto=crypto, key_bits=1024, **kw)
 
 
-@pytest.mark.parametrize("crypto", ["ot", "paillier"])
+@pytest.mark.parametrize("crypto", ["ot", "paillier", "lattice"])
 def test_secure_runs_equal_the_plaintext_run(ds, crypto, monkeypatch):
     if crypto == "paillier":  # 1024-bit keys keep the test quick; the protocol allows it only when asked
         import crypto.paillier_hamming as ph
@@ -85,3 +85,15 @@ def test_masked_rows_reveal_scores_only_in_combination(ds):
     assert np.abs(summed).max() > 1e3
     # ... while the site itself, adding its kept share, got valid scores: labels for every point
     assert (res.predictions[site].labels >= 0).mean() > 0.9
+
+
+def test_lattice_labels_equal_plaintext_across_seeds_and_lengths():
+    # The default protocol: identical labels and confidences at several L (one site of one point too).
+    X, y = load_arrays("digits", limit=150, seed=3)
+    lone = simulate_sites(X, y, 3, "dirichlet:0.3", 0.2, seed=3)
+    lone.site[np.flatnonzero(lone.site == lone.sites[0])[1:]] = lone.sites[1]  # the first site keeps one point
+    for bits, seed in ((16, 1), (300, 2), (1024, 3)):
+        p = dict(job_id="lat", n_classes=10, bits=bits, k=5)
+        plain = run_xclp(lone, JobParams(crypto="plaintext", **p), seed=seed)
+        secure = run_xclp(lone, JobParams(crypto="lattice", **p), seed=seed)
+        assert np.array_equal(plain.labels, secure.labels) and np.array_equal(plain.confidence, secure.confidence)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
+
 FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 FEDCT_ALGORITHMS = ("fedct", "fedct-xclp")
 ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS
@@ -28,7 +30,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "a comma list is a mixture, cycled over the sites)")
     p.add_argument("--public-size", type=int, default=500, help="FedCT: size of the public unlabelled set U")
     p.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
-    p.add_argument("--crypto", choices=["plaintext", "paillier", "paillier-naive", "ot"], default="plaintext")
+    p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext")
     p.add_argument("--bits", type=int, default=1024, help="LSH length L for XCLP (default 1024)")
     p.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds (default 1)")
     p.add_argument("--seed", type=int, default=0)
