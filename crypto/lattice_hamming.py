@@ -426,8 +426,11 @@ class LatticePartyB(_Party):
         b = rlwe.words_from_bytes(body[_COLS.size :], (L + 1) * width, "COLS").reshape(2, L + 1, width)
         a = rlwe.uniform_poly(self.seed, L + 1, n, stream=block)
         self.matrix = None  # free the previous block's matrix first
-        self.matrix = np.concatenate([a[0, :L], a[1, :L], b[0, :L], b[1, :L]], axis=1).astype(np.float64)
-        self.weights_ct = (a[:, L], b[:, L])
+        m = np.empty((L, 2 * n + 2 * width), dtype=np.float64)  # filled in place: one pass per part
+        m[:, :n], m[:, n : 2 * n] = a[0, :L], a[1, :L]
+        m[:, 2 * n : 2 * n + width], m[:, 2 * n + width :] = b[0, :L], b[1, :L]
+        self.matrix = m
+        self.weights_ct = (a[:, L].copy(), b[:, L].copy())
         self.block, self.next = block, 0
 
     def _results(self, first: int, count: int) -> bytes:
