@@ -8,9 +8,11 @@ timed in the same call):
 
 - L = 1024, 2,000 × 2,000: lattice — pairs/s (target ≥ 1,000,000), × the plaintext matrix at the same
   size (target ≤ 10), bytes per pair in all (both directions and both shares; target ≤ 32);
-- L = 1024, 500 × 500: lattice, ot and paillier — the issue's targets compare lattice at 2,000 × 2,000
-  with ot and paillier at 500 × 500 (≥ 30× and ≥ 60× in pairs/s); lattice at 500 × 500 is shown too
-  (a 500-point site fills an eighth of a ciphertext, and its key setup is a larger share of the time);
+- L = 1024, 500 × 500: lattice, ot and paillier — targets: lattice ≥ 30× ot and ≥ 60× paillier in
+  pairs/s, all three at 500 × 500; lattice at 2,000 × 2,000 over ot and paillier at 500 × 500 is
+  reported too (no target: the secure protocols' rates are not size-independent — a 500-point site
+  fills an eighth of a lattice ciphertext, and the encryption of A's columns, which a job does once
+  per site but each call here does afresh, is a larger share of its time);
 - L = 4096, 500 × 500 and L = 1024, 1 × 1: lattice, exactness (and what small sites cost).
 
 Timings are wall clock on a shared 2-core machine; the ratios are taken within this one run.
@@ -62,12 +64,12 @@ def run(cfg: dict) -> dict:
         "lattice_pairs_per_second": pps["lattice_big"],
         "lattice_to_plaintext": runs["lattice_big"]["ratio_to_plaintext"],
         "bytes_per_pair": runs["lattice_big"]["bytes_per_pair"],
-        "lattice_over_ot": pps["lattice_big"] / pps["ot_small"],
-        "lattice_over_paillier": pps["lattice_big"] / pps["paillier_small"],
+        "lattice_over_ot": pps["lattice_small"] / pps["ot_small"],
+        "lattice_over_paillier": pps["lattice_small"] / pps["paillier_small"],
     }
     extra = {
-        "lattice_small_over_ot_small": pps["lattice_small"] / pps["ot_small"],
-        "lattice_small_over_paillier_small": pps["lattice_small"] / pps["paillier_small"],
+        "lattice_big_over_ot_small": pps["lattice_big"] / pps["ot_small"],
+        "lattice_big_over_paillier_small": pps["lattice_big"] / pps["paillier_small"],
         "lattice_small_to_plaintext": runs["lattice_small"]["ratio_to_plaintext"],
         "ot_small_to_plaintext": runs["ot_small"]["ratio_to_plaintext"],
     }
@@ -105,12 +107,16 @@ def table(out: dict) -> str:
         f"| lattice × the plaintext matrix at the same size | {m['lattice_to_plaintext']}× | ≤ 10× | "
         f"**{verdict('lattice_to_plaintext')}** |",
         f"| bytes per pair in all (both directions and shares) | {m['bytes_per_pair']} | ≤ 32 | **{verdict('bytes_per_pair')}** |",
-        f"| lattice ({cfg['big'][0]:,}²) / ot ({cfg['small'][0]}²), pairs/s | {m['lattice_over_ot']:.0f}× | ≥ 30× | "
+        f"| lattice / ot, pairs/s, both at {cfg['small'][0]} × {cfg['small'][1]} | {m['lattice_over_ot']:.1f}× | ≥ 30× | "
         f"**{verdict('lattice_over_ot')}** |",
-        f"| lattice ({cfg['big'][0]:,}²) / paillier ({cfg['small'][0]}²), pairs/s | {m['lattice_over_paillier']:.0f}× | "
-        f"≥ 60× | **{verdict('lattice_over_paillier')}** |",
-        f"| (lattice / ot, lattice / paillier, all at {cfg['small'][0]}²) | "
-        f"{x['lattice_small_over_ot_small']:.0f}× / {x['lattice_small_over_paillier_small']:.0f}× | – | – |",
+        f"| lattice / paillier, pairs/s, both at {cfg['small'][0]} × {cfg['small'][1]} | "
+        f"{m['lattice_over_paillier']:.1f}× | ≥ 60× | **{verdict('lattice_over_paillier')}** |",
+        f"| lattice at {cfg['big'][0]:,} × {cfg['big'][1]:,} / ot at {cfg['small'][0]} × {cfg['small'][1]}, pairs/s | "
+        f"{x['lattice_big_over_ot_small']:.1f}× | (reported) | – |",
+        f"| lattice at {cfg['big'][0]:,} × {cfg['big'][1]:,} / paillier at {cfg['small'][0]} × {cfg['small'][1]}, "
+        f"pairs/s | {x['lattice_big_over_paillier_small']:.1f}× | (reported) | – |",
+        f"| all distances exact (every run above) | {'yes' if out['all_exact'] else 'NO'} | yes | "
+        f"**{'PASS' if out['all_exact'] else 'FAIL'}** |",
     ]
     return "\n".join(lines)
 

@@ -359,7 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="600 points, 2 repeats (a smoke test)")
     ap.add_argument("--bits", type=int, default=None, help="LSH length L (default 256)")
-    ap.add_argument("--crypto", choices=["ot", "paillier", "plaintext"], default="ot")
+    from xclp.protocol import CRYPTO_CHOICES
+
+    ap.add_argument("--crypto", choices=CRYPTO_CHOICES, default="ot",
+                    help="the job's protocol (default ot: the results in docs/benchmarks_service.md)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None,
                     help="default bench/results/service.json (service_CRYPTO.json for other protocols)")

@@ -1,6 +1,7 @@
 """Cost of one secure XCLP refresh inside FedAvg+XCLP, and the accuracy effect of refreshing every R rounds.
 
     .venv/bin/python -m bench.training_refresh [--quick] [--part 1|2|all] [--json OUT]
+    .venv/bin/python -m bench.training_refresh --crypto lattice [--quick] [--per-site 500] [--rounds 10] [--json OUT]
 
 Part 1. Fashion-MNIST, 20 sites × 1,000 points (seeded 20k subset), 1,000 labels; the MLP is trained
 for a few labelled-only FedAvg rounds, then the server samples 5 sites (as a FedAvg+XCLP round does)
@@ -16,6 +17,17 @@ Part 2. FedAvg+XCLP (plaintext) with refresh R = 1, 2, 5: same seed, data, sites
 final / best accuracy, pseudo-label accuracy, how many XCLP runs actually happened (a round also
 refreshes when a sampled site has no cached labels yet) and their seconds; combines the refresh
 count with part 1's per-refresh costs into an implied secure cost per round.
+
+`--crypto C` (e.g. lattice; replaces parts 1 and 2, default output bench/results/training_refresh_C.json).
+A protocol fast enough to run at a round's real size, measured, not extrapolated:
+(a) one refresh: part 1's round data (5 sampled sites' 128-d embeddings after 3 labelled-only FedAvg
+rounds), --per-site points a site (default 500: 2,500 points), L = 1024; run_xclp timed with plaintext
+and with C on exactly the same data and seed, alternately, --repeats times each (labels compared);
+target: C's median ≤ 5× plaintext's median. (b) The R = 1 training run end to end: FedAvg+XCLP on
+Fashion-MNIST, 10 sites × --per-site points (50 labels a site), 5 sites a round, 5 local epochs,
+--rounds rounds (default 10), one XCLP run every round (5 sites: 2,500 points at the default), timed
+with crypto = C and with plaintext (same seed; an exact protocol gives the same pseudo-labels, hence
+the same accuracy curve).
 """
 
 from __future__ import annotations
@@ -238,6 +250,113 @@ def implied_costs(p1: dict | None, p2: dict | None) -> list[dict]:
     return rows
 
 
+# --- --crypto C: one measured secure refresh and the R = 1 training run ------------------------------
+
+def secure_refresh(quick: bool, crypto: str, per_site: int, repeats: int, bits: int = 1024,
+                   key_bits: int = 2048) -> dict:
+    """(a): plaintext and `crypto` alternately on the same subsample of one round's data."""
+    data, n_classes, info = round_data(quick)
+    say(f"{crypto} refresh: round data {info}")
+    ds, sizes, P = subsample(data, per_site, seed=per_site)
+    runs: dict[str, list[dict]] = {"plaintext": [], crypto: []}
+    for i in range(repeats):
+        for c in ("plaintext", crypto):
+            r = time_xclp(ds, c, bits, key_bits)
+            runs[c].append(r)
+            say(f"  {c} #{i + 1} ({ds.n} points, P = {P:,}): {r['seconds']:.2f} s "
+                f"(hamming {r['timings']['hamming']:.2f} s), {r['bytes']['total']:,} B")
+    ref = runs["plaintext"][0]
+    out = {"round": info, "bits": bits, "per_site": per_site, "n": int(ds.n), "sizes": sizes, "P": P,
+           "repeats": repeats, "runs": {}}
+    for c, rs in runs.items():
+        secs = [r["seconds"] for r in rs]
+        out["runs"][c] = {
+            "seconds": secs, "median_seconds": float(np.median(secs)), "min_seconds": float(min(secs)),
+            "hamming_seconds": [r["timings"]["hamming"] for r in rs],
+            "timings_median_run": {k: v for k, v in sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2]["timings"].items()},
+            "bytes": rs[0]["bytes"], "pseudo_label_accuracy": rs[0]["pseudo_label_accuracy"],
+            "labels_identical_to_plaintext": all(np.array_equal(r["_labels"], ref["_labels"]) for r in rs),
+            "max_confidence_diff": float(max(np.max(np.abs(r["_conf"] - ref["_conf"])) for r in rs))}
+    pt, sc = out["runs"]["plaintext"], out["runs"][crypto]
+    out["ratio_median"] = sc["median_seconds"] / pt["median_seconds"]
+    out["ratio_min"] = sc["min_seconds"] / pt["min_seconds"]
+    out["target_ratio"] = 5.0
+    out["pass"] = out["ratio_median"] <= out["target_ratio"]
+    say(f"{crypto} refresh: median {sc['median_seconds']:.2f} s vs plaintext {pt['median_seconds']:.2f} s "
+        f"({out['ratio_median']:.1f}×; min/min {out['ratio_min']:.1f}×)")
+    return out
+
+
+def secure_training(quick: bool, crypto: str, per_site: int, rounds: int, seed: int = 0) -> dict:
+    """(b): the R = 1 FedAvg+XCLP run end to end with `crypto`, and with plaintext (same seed)."""
+    sites = 10
+    base = dict(algorithm="fedavg-xclp", dataset="fashion-mnist", sites=sites, split="iid", labels=50 * sites,
+                train_size=per_site * sites, test_size=2000, rounds=rounds, sites_per_round=5, local_epochs=5,
+                refresh=1, bits=1024, seed=seed, quiet=True, threads=1)
+    if quick:
+        base.update(rounds=2, local_epochs=1, test_size=500)
+    out = {"config": base, "runs": {}}
+    for c in (crypto, "plaintext"):
+        with _Counter() as cnt:
+            t0 = time.perf_counter()
+            res = run_training(TrainConfig(crypto=c, **base))
+            wall = time.perf_counter() - t0
+        h = res["history"]
+        accs = [x["accuracy"] for x in h if x.get("accuracy") is not None]
+        pseudo = [x["pseudo_label_accuracy"] for x in h if x.get("pseudo_label_accuracy") is not None]
+        out["runs"][c] = {"seconds": wall, "rounds": len(h), "xclp_runs": cnt.calls, "xclp_seconds": cnt.seconds,
+                          "seconds_without_xclp": wall - cnt.seconds, "final_accuracy": res["final_accuracy"],
+                          "accuracy_curve": accs, "pseudo_curve": pseudo,
+                          "xclp_bytes": res["communication_bytes"]["xclp_bytes"]}
+        say(f"R = 1 training, {c}: {wall:.1f} s end to end ({cnt.calls} XCLP runs, {cnt.seconds:.1f} s), "
+            f"final accuracy {res['final_accuracy']:.4f}")
+    a, b = out["runs"][crypto], out["runs"]["plaintext"]
+    out["ratio"] = a["seconds"] / b["seconds"]
+    out["same_accuracy_curve"] = a["accuracy_curve"] == b["accuracy_curve"]
+    return out
+
+
+def secure_table(out: dict) -> str:
+    c, r, t = out["crypto"], out["refresh"], out["training"]
+    pt, sc = r["runs"]["plaintext"], r["runs"][c]
+    ta, tb = t["runs"][c], t["runs"]["plaintext"]
+    return "\n".join([
+        f"| measurement | plaintext | {c} | {c} / plaintext |",
+        "|---|---:|---:|---:|",
+        f"| one refresh, {r['n']:,} points (5 sites × {r['per_site']}), L = {r['bits']}: seconds, median of "
+        f"{r['repeats']} | {pt['median_seconds']:.2f} | {sc['median_seconds']:.2f} | **{r['ratio_median']:.2f}×** "
+        f"(target ≤ {r['target_ratio']:g}×: **{'PASS' if r['pass'] else 'FAIL'}**) |",
+        f"| same, fastest of {r['repeats']} | {pt['min_seconds']:.2f} | {sc['min_seconds']:.2f} | {r['ratio_min']:.2f}× |",
+        f"| same, hamming phase (median run) | {pt['timings_median_run']['hamming']:.2f} | "
+        f"{sc['timings_median_run']['hamming']:.2f} | – |",
+        f"| same, bytes | {pt['bytes']['total']:,} | {sc['bytes']['total']:,} | "
+        f"{sc['bytes']['total'] / pt['bytes']['total']:.1f}× |",
+        f"| same, labels identical to plaintext | – | {'yes' if sc['labels_identical_to_plaintext'] else 'NO'} | – |",
+        f"| R = 1 training ({t['config']['sites']} sites × {r['per_site']}, 5 a round, {ta['rounds']} rounds): "
+        f"seconds end to end | {tb['seconds']:.1f} | {ta['seconds']:.1f} | {t['ratio']:.2f}× |",
+        f"| same, of which XCLP ({ta['xclp_runs']} runs) | {tb['xclp_seconds']:.1f} | {ta['xclp_seconds']:.1f} | "
+        f"{ta['xclp_seconds'] / tb['xclp_seconds']:.2f}× |",
+        f"| same, final test accuracy | {tb['final_accuracy']:.4f} | {ta['final_accuracy']:.4f} | "
+        f"same curve: {'yes' if t['same_accuracy_curve'] else 'no'} |",
+    ])
+
+
+def run_secure(args) -> int:
+    t0 = time.perf_counter()
+    per_site = 100 if args.quick else args.per_site
+    flags = [f"--crypto {args.crypto}"] + (["--quick"] if args.quick else []) + \
+        [f"--{k.replace('_', '-')} {v}" for k, v, d in (("per_site", args.per_site, 500), ("repeats", args.repeats, 3),
+                                                       ("rounds", args.rounds, None), ("seed", args.seed, 0)) if v != d]
+    out = {"crypto": args.crypto, "command": "python -m bench.training_refresh " + " ".join(flags)}
+    _save_partial(out)
+    _save_partial({"refresh": secure_refresh(args.quick, args.crypto, per_site, args.repeats)})
+    _save_partial({"training": secure_training(args.quick, args.crypto, per_site, args.rounds or 10, args.seed)})
+    _save_partial({"seconds": time.perf_counter() - t0})
+    print(secure_table(_STATE))
+    say(f"wrote {_OUT[0]}")
+    return 0
+
+
 # --- main ------------------------------------------------------------------------------------------
 
 _STATE: dict = {}
@@ -257,12 +376,26 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sizes", default=None, help="per-site subsample sizes for the secure runs, e.g. 100,200")
     ap.add_argument("--protocols", default="ot,paillier")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=None, help="training rounds (default 20; 10 with --crypto)")
     ap.add_argument("--sites", type=int, default=10)
     ap.add_argument("--refresh", default="1,2,5")
     ap.add_argument("--seed", type=int, default=0, help="part 2 seed")
     ap.add_argument("--merge", nargs="*", default=[], help="JSON files of separate parts to merge into --json")
+    ap.add_argument("--crypto", default=None, help="instead of parts 1 and 2: one measured refresh with this protocol "
+                                                   "(e.g. lattice) against plaintext, and the R = 1 training run with it")
+    ap.add_argument("--per-site", type=int, default=500, help="with --crypto: points a site (default 500)")
+    ap.add_argument("--repeats", type=int, default=3, help="with --crypto: timed refreshes per protocol")
     args = ap.parse_args(argv)
+    if args.crypto is not None:
+        from xclp.protocol import CRYPTO_CHOICES
+
+        if args.crypto not in CRYPTO_CHOICES or args.crypto == "plaintext":
+            ap.error(f"--crypto must be a secure protocol, one of {[c for c in CRYPTO_CHOICES if c != 'plaintext']}")
+        default = Path(f"/tmp/training_refresh_{args.crypto}_quick.json") if args.quick else \
+            RESULTS.with_name(f"training_refresh_{args.crypto}.json")
+        _OUT[0] = Path(args.json) if args.json else default
+        return run_secure(args)
+    args.rounds = 20 if args.rounds is None else args.rounds
     _OUT[0] = Path(args.json) if args.json else (Path("/tmp/training_refresh_quick.json") if args.quick else RESULTS)
     if args.merge:
         for f in args.merge:  # a later part 1 replaces an earlier one (kept aside); further part 2 runs (other seeds) are kept

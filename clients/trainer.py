@@ -91,7 +91,9 @@ class Trainer:
             out.update(pseudo_n=int(m.sum()), pseudo_correct=int((labels[m] == self.y_true[m]).sum()))
         return out
 
-    def _put(self, st, job_id: str, topic: str, body: bytes) -> bool:
+    def _put(self, st, job_id: str, topic: str, body: bytes, made_for: tuple | None = None) -> bool:
+        """Send `topic` once. `made_for` = (round, attempt, participants) of a masked update: refused
+        because the sum moved on while it was made, it is not marked sent, and the next step masks anew."""
         key = f"sent:coordinator:{topic}"
         if st[key]:
             return False
@@ -100,6 +102,11 @@ class Trainer:
         except ApiError as exc:
             if exc.status != 409:
                 raise
+            if made_for is not None:
+                now = self.api.job(job_id)
+                if (now["round"], now["attempt"], (now.get("training") or {}).get("participants")) != made_for:
+                    log.info("job %s: %s not taken (%s); the sum moved on, masking again", job_id, topic, exc.detail)
+                    return True
             # The round closed without this site (its deadline passed) or the body was stored
             # before a restart: either way there is nothing more to send for it.
             log.warning("job %s: %s not taken: %s", job_id, topic, exc.detail)
@@ -227,8 +234,9 @@ class Trainer:
         masked = secagg.masked_update(state, template, me=self.site, job=job_id, t=t, attempt=int(status["attempt"]),
                                       private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                                       public_keys={s: bytes.fromhex(k) for s, k in keys.items()},
-                                      participants=status["training"]["participants"])
-        return self._put(st, job_id, topic, dump_masked(masked, meta))
+                                      participants=participants)
+        return self._put(st, job_id, topic, dump_masked(masked, {**meta, "participants": participants}),
+                         made_for=(t, int(status["attempt"]), participants))
 
     def _update_path(self, job_id: str) -> Path:
         return job_file(self.agent.state_dir, job_id, ".update.npz")

@@ -1,7 +1,15 @@
-"""Agreement on the shared LSH seed, which the coordinator must not learn (protocols.md, Setup).
+"""Agreement on the shared LSH seed, which the coordinator must not learn.
 
-Every site draws a fresh 32-byte contribution, sends it to every peer end-to-end encrypted
-(crypto.channel, phase "lsh-seed"), and derives
+Commit, then reveal. Every site draws a fresh 32-byte contribution c and first publishes only its
+commitment (in its announce, relayed to every site with the roster)
+
+    commit(c) = SHA-256("xclp/lsh-seed-commit/v1" ‖ job ‖ site ‖ c)
+
+— hiding, because c is 256 uniform bits; binding, because SHA-256 resists collisions. Only once every
+commitment is fixed (the job's setup phase is over) does a site send c to every peer end-to-end
+encrypted (crypto.channel, phase "lsh-seed"), and each peer checks c against the commitment before
+using it. Without the commitment, a site that read the others' contributions first could choose its
+own to steer the seed (and so the LSH hyperplanes) wherever it liked. Then every site derives
 
     seed = SHA-256("xclp/lsh-seed/v1" ‖ job ‖ Σ_{site in order, with a contribution} (site ‖ c_site))
 
@@ -15,13 +23,15 @@ seeds (a contribution reaching some sites and not others): after deriving, each 
 otherwise tells the sites the final participant set to derive over (pass only those contributions).
 The fingerprint is a domain-separated hash of the seed and reveals nothing usable about it.
 
-`SeedAgreement` is the sans-I/O driver for one site: `outgoing()` gives the sealed messages for the
-peers, `receive(peer, message)` takes theirs, `seed()` derives the result from what arrived.
+`SeedAgreement` is the sans-I/O driver for one site (xclp.protocol.SiteSession runs it in every
+job): `outgoing()` gives the sealed messages for the peers, `receive(peer, message)` takes theirs and
+checks them against the peers' commitments, `seed()` derives the result from what arrived.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import struct
 
@@ -33,6 +43,8 @@ SEED_BYTES = 32
 PHASE = "lsh-seed"
 _DOMAIN = b"xclp/lsh-seed/v1"
 _FINGERPRINT_DOMAIN = b"xclp/lsh-seed-fingerprint/v1"
+_COMMIT_DOMAIN = b"xclp/lsh-seed-commit/v1"
+COMMITMENT_BYTES = 32
 
 
 def _lp(data: bytes) -> bytes:
@@ -76,6 +88,12 @@ def derive_seed(contributions: dict[str, bytes], order: list[str], job: str) -> 
     return h.digest()
 
 
+def commitment(contribution: bytes, job: str, site: str) -> bytes:
+    """commit(c): what a site publishes before anyone reveals a contribution (see the top)."""
+    c = _check_contribution(contribution, site)
+    return hashlib.sha256(_COMMIT_DOMAIN + _lp(job.encode("utf-8")) + _lp(site.encode("utf-8")) + _lp(c)).digest()
+
+
 def seed_fingerprint(seed: bytes, job: str) -> bytes:
     """A 16-byte public check value that sites send to the coordinator to confirm they agree."""
     if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
@@ -93,8 +111,10 @@ class SeedAgreement:
         job: str,
         channels: dict[str, Channel],
         *,
+        commitments: dict[str, bytes],
         contribution: bytes | None = None,
     ):
+        """`commitments`: every peer's published commit(c), fixed before any contribution is sent."""
         if me not in order:
             raise ProtocolError(f"site {me!r} is not in the site order")
         if len(set(order)) != len(order):
@@ -107,7 +127,11 @@ class SeedAgreement:
             ch = channels[p]
             if ch.me != me or ch.peer != p or ch.job != job:
                 raise ProtocolError(f"channel for {p!r} is not a {me!r}↔{p!r} channel of job {job!r}")
+        bad = [p for p in peers if not isinstance(commitments.get(p), bytes) or len(commitments[p]) != COMMITMENT_BYTES]
+        if bad:
+            raise ProtocolError(f"no {COMMITMENT_BYTES}-byte seed commitment from {bad!r}")
         self.me, self.order, self.job = me, list(order), job
+        self._commitments = {p: commitments[p] for p in peers}
         self._channels = channels
         self._peers = peers
         self._contributions: dict[str, bytes] = {me: new_contribution(contribution)}
@@ -129,8 +153,10 @@ class SeedAgreement:
             raise ProtocolError(f"{peer!r} is not a peer in this seed agreement")
         if peer in self._contributions:
             raise ProtocolError(f"a second seed contribution from {peer!r}")
-        payload = self._channels[peer].open(PHASE, message)
-        self._contributions[peer] = _check_contribution(payload, peer)
+        payload = _check_contribution(self._channels[peer].open(PHASE, message), peer)
+        if not hmac.compare_digest(commitment(payload, self.job, peer), self._commitments[peer]):
+            raise ProtocolError(f"the seed contribution of {peer!r} does not match the commitment it published")
+        self._contributions[peer] = payload
 
     @property
     def received_from(self) -> list[str]:

@@ -220,6 +220,9 @@ def _round(db, job: Job) -> None:
     job.round = t + 1
     job.phase_started_at = utcnow()
     job.attempt = 0
+    # Round t + 1 has no sum yet: its participants are set with its plan (next step). Left as round
+    # t's, a site reading the job between the two steps would mask round t + 1 over the wrong sites.
+    _set_state(job, participants=[])
 
 
 def _total_rounds(job: Job) -> int:
@@ -406,7 +409,13 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
                 return 409, (f"{topic!r}: the sum of round {job.round} is at attempt {job.attempt}, over "
                              f"{job.state.get('participants')}")
             template = _network(job).state_dict()
-            load_masked(body, secagg.n_values(template))
+            _, meta = load_masked(body, secagg.n_values(template))
+            # The masks cancel only if every site masked over the attempt's participants: an update
+            # masked over another set (a site that read the job as it changed) is refused here, and
+            # sent again, instead of spoiling the sum.
+            if meta.get("participants") != job.state["participants"]:
+                return 409, (f"{topic!r}: masked over {meta.get('participants')}, but the sum of round {job.round} "
+                             f"attempt {job.attempt} is over {job.state['participants']}")
         elif kind == "update":
             template, _ = load_state(message_body(db, job.id, COORDINATOR, BROADCAST, f"model/{job.round - 1}"),
                                      _network(job).state_dict())

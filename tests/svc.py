@@ -41,6 +41,20 @@ def _app_client(tmp_path):
         yield client
 
 
+def expire_deadline(sessionmaker, job_id: str) -> None:
+    """Let the job's current phase run past its deadline now, as if its silent sites had been away
+    for a day: a test waits for what it needs (the other sites' messages), then expires the phase,
+    instead of betting on a deadline of a second or two that a loaded machine can miss."""
+    import datetime as dt
+
+    from service.db import Job
+
+    with sessionmaker() as db:
+        job = db.get(Job, job_id)
+        job.phase_started_at = job.phase_started_at - dt.timedelta(days=1)
+        db.commit()
+
+
 def admin_headers():
     return {"Authorization": f"Bearer {ADMIN}"}
 
@@ -71,6 +85,27 @@ class ProcessCluster(LocalCluster):
         super().__init__(tmp, sites, database=db_url, admin_token=ADMIN, deadlines=deadlines, public=public,
                          start_agents=False, agent_options=list(agent_options))
         self.tmp = tmp
+
+    def _sessionmaker(self):
+        from service.db import make_engine, make_sessionmaker
+
+        if getattr(self, "_sm", None) is None:
+            self._sm = make_sessionmaker(make_engine(self.database))
+        return self._sm
+
+    def expire(self, job):
+        """The job's current phase runs past its deadline now (see expire_deadline)."""
+        expire_deadline(self._sessionmaker(), job)
+
+    def received(self, job) -> set[tuple[str, str]]:
+        """(sender, topic) of every message the coordinator holds for itself in the job."""
+        from sqlalchemy import select
+
+        from service.db import COORDINATOR, Message
+
+        with self._sessionmaker()() as db:
+            return set(db.execute(select(Message.sender, Message.topic).where(
+                Message.job_id == job, Message.recipient == COORDINATOR)).all())
 
     def kill_coordinator(self):
         self.coordinator.send_signal(signal.SIGKILL)

@@ -8,10 +8,12 @@ messages and records who dropped where.
 
 Phases (Algorithm 1 of the paper, with the numerics of the authors' code):
 
-  setup     site → coordinator: announce (X25519 public key, n_j, which local rows are labelled)
-            coordinator → sites: the roster (site order, public keys, sizes)
-  seed      site → each peer (relayed, end-to-end encrypted): a fresh 32-byte contribution;
-            the coordinator says whose contributions count; seed = SHA-256 of them in site order
+  setup     site → coordinator: announce (X25519 public key, n_j, which local rows are labelled,
+            the commitment to its seed contribution)
+            coordinator → sites: the roster (site order, public keys, sizes, commitments)
+  seed      site → each peer (relayed, end-to-end encrypted): its fresh 32-byte contribution,
+            checked against the commitment (crypto.seed: commit, then reveal); the coordinator
+            says whose contributions count; seed = SHA-256 of them in site order
   counts    site → coordinator: its per-class label counts, masked (secure sum; the sites, not
             the coordinator, learn the total — needed for the class-balanced label matrix)
   hamming   site → coordinator: distances within the site (allowed: the coordinator learns them
@@ -38,7 +40,7 @@ from crypto.fixedpoint import decode, encode
 from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import prg_uint64, shared_mask_key, site_mask
-from crypto.seed import derive_seed
+from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
 from xclp import graph as graphs
 from xclp import lsh
 from xclp.data import validate_features, validate_labels
@@ -127,14 +129,16 @@ class RosterEntry:
     public_key: bytes
     n: int
     labelled: np.ndarray  # local row indices of the labelled points (the coordinator may know them)
+    commitment: bytes  # to the site's seed contribution (crypto.seed.commitment)
 
 
-def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray) -> bytes:
-    return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64)})
+def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray, commitment: bytes) -> bytes:
+    return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64),
+                        "seed_commitment": commitment})
 
 
 def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
-    b = load_bundle(data, ("site", "public_key", "n", "labelled"), max_bytes, what="announce")
+    b = load_bundle(data, ("site", "public_key", "n", "labelled", "seed_commitment"), max_bytes, what="announce")
     n = int(b["n"])
     labelled = b["labelled"]
     if n < 1:
@@ -146,14 +150,17 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
     if b["public_key"].dtype != np.uint8 or b["public_key"].size != 32:
         raise ProtocolError("announce: the public key must be 32 bytes (X25519)")
     check_peer_public(b["public_key"].tobytes(), what="announce")
-    return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled)
+    if b["seed_commitment"].dtype != np.uint8 or b["seed_commitment"].size != COMMITMENT_BYTES:
+        raise ProtocolError(f"announce: the seed commitment must be {COMMITMENT_BYTES} bytes")
+    return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled,
+                       commitment=b["seed_commitment"].tobytes())
 
 
 def encode_roster(announces: list[bytes]) -> bytes:
     """The roster the coordinator hands to the sites: each participant's name, public key and size,
     in site order. Which points are labelled is for the coordinator alone: it is stripped here."""
     entries = [decode_announce(a) for a in announces]
-    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64)) for e in entries]
+    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment) for e in entries]
     return dump_bundle({"count": len(public), **{f"a{i}": a for i, a in enumerate(public)}})
 
 
@@ -231,7 +238,8 @@ class SiteSession:
         if self.y.size and self.y.max() >= params.n_classes:
             raise ValueError(f"{site}: label {int(self.y.max())} is out of range for {params.n_classes} classes")
         self.keys = keypair or SiteKeyPair.generate()
-        self._contribution = contribution
+        self._contribution = new_contribution(contribution)  # drawn now: its commitment goes in the announce
+        self._seed: SeedAgreement | None = None
         self.roster: dict[str, RosterEntry] = {}
         self.order: list[str] = []
         self.channels: dict[str, Channel] = {}
@@ -251,7 +259,8 @@ class SiteSession:
 
     # --- setup -----------------------------------------------------------------------------------
     def announce(self) -> bytes:
-        return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows)
+        return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows,
+                               commitment(self._contribution, self.params.job_id, self.site))
 
     def set_roster(self, entries: list[RosterEntry]) -> None:
         names = [e.site for e in entries]
@@ -265,6 +274,8 @@ class SiteSession:
             e.site: Channel(self._pair_key(e.site, "channel", 0), job=self.params.job_id, me=self.site, peer=e.site)
             for e in entries if e.site != self.site
         }
+        self._seed = SeedAgreement(self.site, names, self.params.job_id, self.channels, contribution=self._contribution,
+                                   commitments={e.site: e.commitment for e in entries if e.site != self.site})
 
     def _pair_key(self, peer: str, purpose: str, attempt: int) -> bytes:
         return pairwise_key(self.keys, self.roster[peer].public_key, job=self.params.job_id, purpose=purpose,
@@ -272,28 +283,30 @@ class SiteSession:
 
     # --- seed ------------------------------------------------------------------------------------
     def my_contribution(self) -> bytes:
-        if self._contribution is None:
-            import secrets
-
-            self._contribution = secrets.token_bytes(32)
         return self._contribution
 
+    def _agreement(self) -> SeedAgreement:
+        if self._seed is None:
+            raise ProtocolError(f"{self.site}: the roster has not arrived")
+        return self._seed
+
     def seed_messages(self) -> dict[str, bytes]:
-        c = self.my_contribution()
-        return {peer: ch.seal("seed", c) for peer, ch in self.channels.items()}
+        """The contribution sealed for every peer: sent only once the roster has fixed every commitment."""
+        return self._agreement().outgoing()
 
     def receive_seed(self, messages: dict[str, bytes], participants: list[str]) -> None:
-        """Derive the LSH seed from the contributions of `participants` (the coordinator's list)."""
+        """Derive the LSH seed from the contributions of `participants` (the coordinator's list),
+        each checked against the commitment its site published in the roster."""
+        agreement = self._agreement()
         if self.site not in participants:
             raise ProtocolError(f"{self.site}: excluded from the seed participants")
-        contributions = {self.site: self.my_contribution()}
         for peer in participants:
-            if peer == self.site:
+            if peer == self.site or peer in agreement.received_from:
                 continue
             if peer not in messages:
                 raise ProtocolError(f"{self.site}: no seed contribution from {peer}")
-            contributions[peer] = self.channels[peer].open("seed", messages[peer])
-        self.seed = derive_seed(contributions, [s for s in self.order if s in contributions], self.params.job_id)
+            agreement.receive(peer, messages[peer])
+        self.seed = agreement.seed(participants)
 
     # --- counts (secure sum that only the sites learn) ------------------------------------------
     def _shared_mask(self, purpose: str, attempt: int, count: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 from crypto.channel import Channel
 from crypto.errors import IntegrityError, ProtocolError
 from crypto.keys import SiteKeyPair, pairwise_key
-from crypto.seed import SeedAgreement, derive_seed, new_contribution, seed_fingerprint
+from crypto.seed import SeedAgreement, commitment, derive_seed, new_contribution, seed_fingerprint
 
 SITES = ["s1", "s2", "s3", "s4"]
 JOB = "job-seed"
@@ -32,8 +32,17 @@ def _contribution(name, salt=b""):
     return hashlib.sha256(b"contrib/" + name.encode() + salt).digest()
 
 
+def _commitments(contributions, me):
+    return {s: commitment(c, JOB, s) for s, c in contributions.items() if s != me}
+
+
+def _agent(me, contributions, **kw):
+    return SeedAgreement(me, SITES, JOB, _channels(me), commitments=_commitments(contributions, me),
+                         contribution=contributions[me], **kw)
+
+
 def _run(contributions, drop=()):
-    agents = {s: SeedAgreement(s, SITES, JOB, _channels(s), contribution=contributions[s]) for s in SITES}
+    agents = {s: _agent(s, contributions) for s in SITES}
     mail = {s: agents[s].outgoing() for s in SITES}
     for sender in SITES:
         if sender in drop:
@@ -86,8 +95,9 @@ def test_missing_peer_is_excluded():
 def test_fresh_contributions_are_random():
     assert new_contribution() != new_contribution()
     assert len(new_contribution()) == 32
-    a = SeedAgreement("s1", SITES, JOB, _channels("s1"))
-    b = SeedAgreement("s1", SITES, JOB, _channels("s1"))
+    anything = {s: bytes(32) for s in SITES}
+    a = SeedAgreement("s1", SITES, JOB, _channels("s1"), commitments=anything)
+    b = SeedAgreement("s1", SITES, JOB, _channels("s1"), commitments=anything)
     assert a.contribution != b.contribution
 
 
@@ -101,19 +111,21 @@ def test_contribution_length_validated():
     with pytest.raises(ProtocolError):
         derive_seed({}, SITES, JOB)
     with pytest.raises(ProtocolError):
-        SeedAgreement("s1", SITES, JOB, _channels("s1"), contribution=bytes(16))
+        SeedAgreement("s1", SITES, JOB, _channels("s1"), commitments={s: bytes(32) for s in SITES},
+                      contribution=bytes(16))
 
 
 def test_peer_sending_wrong_length_is_rejected():
     ch1, ch2 = _channels("s1"), _channels("s2")
-    agent = SeedAgreement("s1", SITES, JOB, ch1, contribution=_contribution("s1"))
+    agent = SeedAgreement("s1", SITES, JOB, ch1, commitments={s: bytes(32) for s in SITES},
+                          contribution=_contribution("s1"))
     with pytest.raises(ProtocolError, match="expected 32"):
         agent.receive("s2", ch2["s1"].seal("lsh-seed", b"x" * 31))
 
 
 def test_relay_cannot_tamper_or_replay():
     contributions = {s: _contribution(s) for s in SITES}
-    agents = {s: SeedAgreement(s, SITES, JOB, _channels(s), contribution=contributions[s]) for s in SITES}
+    agents = {s: _agent(s, contributions) for s in SITES}
     m = agents["s2"].outgoing()["s1"]
     bad = bytearray(m)
     bad[-1] ^= 1
@@ -124,3 +136,26 @@ def test_relay_cannot_tamper_or_replay():
         agents["s1"].receive("s2", m)
     with pytest.raises(ProtocolError):
         agents["s1"].outgoing(), agents["s1"].outgoing()
+
+
+def test_a_site_cannot_steer_the_seed_after_seeing_the_others():
+    """Commit, then reveal: s4 committed to one contribution, read the others', and sends another
+    one chosen to steer the seed. Every peer refuses it; the committed one is taken."""
+    contributions = {s: _contribution(s) for s in SITES}
+    agents = {s: _agent(s, contributions) for s in SITES}
+    steered = SeedAgreement("s4", SITES, JOB, _channels("s4"), commitments=_commitments(contributions, "s4"),
+                            contribution=_contribution("s4", b"chosen after reading the others"))
+    with pytest.raises(ProtocolError, match="does not match the commitment"):
+        agents["s1"].receive("s4", steered.outgoing()["s1"])
+    assert agents["s1"].received_from == []
+    fresh = _agent("s1", contributions)  # (a channel opens each sequence number once)
+    fresh.receive("s4", agents["s4"].outgoing()["s1"])
+    assert fresh.received_from == ["s4"]
+
+
+def test_commitments_are_bound_to_job_and_site_and_required():
+    c = _contribution("s1")
+    assert commitment(c, JOB, "s1") != commitment(c, JOB, "s2") != commitment(c, "other-job", "s1")
+    assert commitment(c, JOB, "s1") == commitment(c, JOB, "s1") and len(commitment(c, JOB, "s1")) == 32
+    with pytest.raises(ProtocolError, match="commitment"):
+        SeedAgreement("s1", SITES, JOB, _channels("s1"), commitments={"s2": bytes(32)})

@@ -100,7 +100,7 @@ def test_a_long_poll_returns_the_message_or_404(app_client):
     url = f"/jobs/{job}/messages"
     assert app_client.get(f"{url}/roster?wait=0.2", headers=heads["a"]).status_code == 404  # not there in time
     for s in ("a", "b"):
-        body = encode_announce(s, SiteKeyPair.generate().public_bytes(), 4, np.array([0]))
+        body = encode_announce(s, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
         assert app_client.put(f"{url}/announce", content=body, headers=heads[s]).status_code == 200
     r = app_client.get(f"{url}/roster?wait=10", headers=heads["a"])  # the engine writes it within the wait
     assert r.status_code == 200 and r.content

@@ -63,7 +63,7 @@ def test_messages_are_checked_before_storing(app_client):
     job = app_client.post("/jobs", json={"sites": ["a", "b"], "crypto": "plaintext", "classes": 3},
                           headers=admin_headers()).json()["job"]
     url = f"/jobs/{job}/messages"
-    good = encode_announce("a", SiteKeyPair.generate().public_bytes(), 5, np.array([0, 2]))
+    good = encode_announce("a", SiteKeyPair.generate().public_bytes(), 5, np.array([0, 2]), bytes(32))
     # who: a site outside the job, a missing token, an unknown job
     assert app_client.put(f"{url}/announce", content=good, headers=hc).status_code == 403
     assert app_client.put(f"{url}/announce", content=good).status_code == 401
@@ -80,7 +80,7 @@ def test_messages_are_checked_before_storing(app_client):
     # a good upload is stored once; an identical replay stores nothing; a different one is refused
     assert app_client.put(f"{url}/announce", content=good, headers=ha).json()["stored"] is True
     assert app_client.put(f"{url}/announce", content=good, headers=ha).json()["stored"] is False
-    other = encode_announce("a", SiteKeyPair.generate().public_bytes(), 5, np.array([0, 2]))
+    other = encode_announce("a", SiteKeyPair.generate().public_bytes(), 5, np.array([0, 2]), bytes(32))
     assert app_client.put(f"{url}/announce", content=other, headers=ha).status_code == 409
     assert message_count(app_client) == 1
     # reading: only what is addressed to the caller
@@ -99,7 +99,7 @@ def test_a_site_reads_only_its_own_messages(app_client):
                           headers=admin_headers()).json()["job"]
     url = f"/jobs/{job}/messages"
     for name, h in (("a", ha), ("b", hb), ("c", hc)):
-        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]))
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
         assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
     for _ in range(100):
         if app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
@@ -153,7 +153,7 @@ def test_bad_distances_are_refused_at_upload_not_later(app_client):
     url = f"/jobs/{job}/messages"
     # drive the job to the Hamming phase by hand: announce, seed, counts
     for name, h in (("p", ha), ("q", hb)):
-        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 3, np.array([0]))
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 3, np.array([0]), bytes(32))
         assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
 
     def wait(phase):
@@ -183,7 +183,7 @@ def test_a_low_order_public_key_is_refused_at_announce(app_client):
     add(app_client, "hi")
     job = app_client.post("/jobs", json={"sites": ["lo", "hi"], "crypto": "plaintext", "classes": 2},
                           headers=admin_headers()).json()["job"]
-    body = encode_announce("lo", bytes(32), 3, np.array([0]))  # the all-zero point has order 1
+    body = encode_announce("lo", bytes(32), 3, np.array([0]), bytes(32))  # the all-zero point has order 1
     r = app_client.put(f"/jobs/{job}/messages/announce", content=body, headers=ha)
     assert r.status_code == 422 and "low order" in r.json()["detail"]
     assert message_count(app_client) == 0

@@ -73,7 +73,7 @@ def test_relayed_blobs_survive_a_restart_and_replays(db_url, tmp_path):
                      headers=admin_headers()).json()["job"]
         url = f"/jobs/{job}/messages"
         for name, h in (("a", ha), ("b", hb)):
-            body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]))
+            body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
             assert c.put(f"{url}/announce", content=body, headers=h).status_code == 200
         for _ in range(200):
             if c.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":

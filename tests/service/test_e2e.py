@@ -97,7 +97,7 @@ def test_coordinator_killed_mid_phase_resumes(cluster_factory):
 
 
 def test_agent_killed_inside_hamming_is_removed_from_the_graph(cluster_factory):
-    c = cluster_factory(deadlines={"hamming": 8})
+    c = cluster_factory()
     for s in c.ds.sites:
         c.start_agent(s)
     gone = c.ds.sites[-1]
@@ -114,6 +114,13 @@ def test_agent_killed_inside_hamming_is_removed_from_the_graph(cluster_factory):
         time.sleep(0.01)
     c.signal(gone, signal.SIGKILL)
     c.start_agent(gone)  # it comes back, but its half of the pair protocols is lost
+    a, b = c.ds.sites[:2]
+    others = {(a, "intra"), (b, "intra"), (a, f"share/{a}/{b}"), (b, f"share/{a}/{b}")}
+    end = time.monotonic() + 300
+    while not others <= c.received(job):  # the pair without it is through: only its pairs are open
+        assert time.monotonic() < end, c.logs()
+        time.sleep(0.05)
+    c.expire(job)  # its pairs' deadline passes
     st = c.wait_done(job)
     assert st["dropped"] == {gone: "hamming"}
     assert st["graph_sites"] == c.ds.sites[:-1]

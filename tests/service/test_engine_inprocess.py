@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from svc import ADMIN
+from svc import ADMIN, expire_deadline
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
@@ -27,6 +27,7 @@ def rig(tmp_path):
         X, y = load_arrays("digits", limit=300, seed=4)
         ds = simulate_sites(X, y, 3, "iid", 0.2, seed=4)
         admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
+        admin.expire = lambda job: expire_deadline(tc.app.state.sessionmaker, job)  # noqa: B023
         agents = {}
         for s in ds.sites:
             token = admin.add_site(s)["token"]
@@ -55,12 +56,13 @@ def drive(admin, job, agents, until, timeout=120):
 def test_site_gone_inside_row_sums_restarts_the_sums_without_it(rig):
     ds, admin, agents = rig
     gone = ds.sites[-1]
-    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10,
-                           deadlines={"row_sums": 1.0})
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10)
     # `gone` does everything but send its masked rows: it vanishes inside SecureRowSums
     send = agents[gone]._put_once
     agents[gone]._put_once = lambda st, j, topic, body, to="coordinator": (
         False if topic.startswith("rows/") else send(st, j, topic, body, to))
+    drive(admin, job, agents.values(), lambda st: st["phase"] == "row_sums" and st["progress"]["received"] == 2)
+    admin.expire(job)  # the others' rows are in; gone's never come
     st = drive(admin, job, agents.values(), lambda st: st["status"] == "done")
     assert st["dropped"] == {gone: "row_sums"} and st["attempts"]["row_sums"] == 1
     for s, a in agents.items():
@@ -79,9 +81,11 @@ def test_site_gone_inside_row_sums_restarts_the_sums_without_it(rig):
 def test_site_that_never_announces_is_as_if_never_there(rig):
     ds, admin, agents = rig
     silent = ds.sites[0]
-    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=6, classes=10,
-                           deadlines={"setup": 0.5})
-    st = drive(admin, job, [a for s, a in agents.items() if s != silent], lambda st: st["status"] == "done")
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=6, classes=10)
+    others = [a for s, a in agents.items() if s != silent]
+    drive(admin, job, others, lambda st: st["progress"]["received"] == 2)
+    admin.expire(job)
+    st = drive(admin, job, others, lambda st: st["status"] == "done")
     assert st["dropped"] == {silent: "setup"} and st["graph_sites"] == ds.sites[1:]
     for s in ds.sites[1:]:
         agents[s].step(job)
@@ -92,8 +96,9 @@ def test_site_that_never_announces_is_as_if_never_there(rig):
 
 def test_all_but_one_gone_fails_with_a_reason(rig):
     ds, admin, agents = rig
-    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10,
-                           deadlines={"setup": 0.3})
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10)
+    drive(admin, job, [agents[ds.sites[0]]], lambda st: st["progress"]["received"] == 1)
+    admin.expire(job)
     with pytest.raises(AssertionError, match="fewer than two sites"):
         drive(admin, job, [agents[ds.sites[0]]], lambda st: False, timeout=30)
     st = admin.job(job)

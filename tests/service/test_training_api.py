@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import torch
-from svc import add, admin_headers, message_count
+from svc import add, admin_headers, expire_deadline, message_count
 
 from service.db import COORDINATOR, Message
 from service.training_engine import BROADCAST
@@ -22,13 +22,15 @@ def submit(client, **body):
     return client.post("/jobs/train", json=body, headers=admin_headers())
 
 
-def wait_for(client, job, pred, what):
-    for _ in range(400):
+def wait_for(client, job, pred, what, timeout=120):
+    end = time.monotonic() + timeout  # generous: the engine thread may be slow on a loaded machine
+    while True:
         st = client.get(f"/jobs/{job}", headers=admin_headers()).json()
         if pred(st):
             return st
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}: {st}")
         time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}: {st}")
 
 
 def topics(client, job):
@@ -168,7 +170,7 @@ def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_sil
 
     heads = {s: add(app_client, s) for s in ("a", "b", "c")}
     job = submit(app_client, algorithm="fedavg", sites=["a", "b", "c"], classes=C, rounds=2, sites_per_round=3,
-                 crypto="plaintext", seed=4, deadlines={"round": 1.5}).json()["job"]
+                 crypto="plaintext", seed=4).json()["job"]
     url = f"/jobs/{job}/messages"
     put = lambda topic, body, s: app_client.put(f"{url}/{topic}", content=body, headers=heads[s])  # noqa: E731
     assert put("hello", hello(), "a").status_code == 422  # secure aggregation needs the site's key
@@ -187,14 +189,19 @@ def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_sil
     def masked(s, participants, attempt):
         return dump_masked(secagg.masked_update(
             states[s], template, me=s, private=keys[s], public_keys={n: k.public_bytes() for n, k in keys.items()},
-            participants=participants, job=job, t=1, attempt=attempt), {"n": 20})
+            participants=participants, job=job, t=1, attempt=attempt), {"n": 20, "participants": participants})
 
     assert put("update/1", dump_state(template, {"n": 20}), "a").status_code == 422  # the clear is not taken
     bad = put("update/1/0", dump_masked(np.zeros(5, np.uint64), {"n": 20}), "a")
     assert bad.status_code == 422 and "one value per weight" in bad.json()["detail"]
     assert put("update/1/0", masked("a", ["a", "b", "c"], 0), "a").status_code == 200
     assert put("update/1/0", masked("b", ["a", "b", "c"], 0), "b").status_code == 200
+    # an update masked over other participants than the attempt's would spoil the sum: refused
+    r = put("update/1/0", masked("c", ["a", "c"], 0), "c")
+    assert r.status_code == 409 and "masked over ['a', 'c']" in r.json()["detail"]
     # c stays silent: at the deadline the sum restarts without it, with fresh masks
+    wait_for(app_client, job, lambda st: st["progress"]["received"] == 2, "a's and b's updates")
+    expire_deadline(app_client.app.state.sessionmaker, job)
     st = wait_for(app_client, job, lambda st: st["attempt"] == 1, "attempt 1")
     assert st["training"]["participants"] == ["a", "b"]
     seen_by_c = app_client.get(f"/jobs/{job}", headers=heads["c"]).json()["training"]
@@ -203,7 +210,7 @@ def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_sil
     assert late.status_code == 409 and "attempt 1" in late.json()["detail"]
     assert put("update/1/1", masked("a", ["a", "b"], 1), "a").status_code == 200
     assert put("update/1/1", masked("b", ["a", "b"], 1), "b").status_code == 200
-    st = wait_for(app_client, job, lambda st: st["round"] == 2, "round 2")
+    st = wait_for(app_client, job, lambda st: st["round"] == 2 and st["training"]["participants"], "round 2's plan")
     row = st["training"]["history"][0]
     assert row["left_out"] == ["c"] and row["attempts"] == 2 and sorted(row["trained"]) == ["a", "b"]
     got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=admin_headers()).content, template)
@@ -244,9 +251,46 @@ def test_secure_aggregation_never_decodes_a_sum_of_one_site(app_client):
                              participants=["a"], job=job, t=1, attempt=0)
     for s, state, n in (("a", trained, 20), ("b", None, 0)):  # b has nothing to learn this round
         body = dump_masked(secagg.masked_update(state, template, me=s, private=keys[s], public_keys=public,
-                                                participants=["a", "b"], job=job, t=1, attempt=0), {"n": n})
+                                                participants=["a", "b"], job=job, t=1, attempt=0),
+                           {"n": n, "participants": ["a", "b"]})
         assert put("update/1/0", body, s).status_code == 200
     st = wait_for(app_client, job, lambda st: st["round"] == 2, "round 2")
     assert st["training"]["history"][0]["trained"] == ["a"]
     got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=admin_headers()).content, template)
     assert all(torch.equal(got[k], template[k]) for k in template)  # not a's weights: the previous model
+
+
+def test_a_site_masks_again_when_the_sum_moved_on_while_it_masked(tmp_path):
+    """A site reads the job (round, attempt, participants), masks, and sends; if the coordinator
+    refuses the update because the sum changed meanwhile (a restart without a silent site, or the
+    next round's participants), the site must not count it as sent: it masks anew on its next step.
+    A 409 for the sum it masked over (the round closed without it) is final, as before."""
+    from types import SimpleNamespace
+
+    from clients.agent import JobState
+    from clients.api import ApiError
+    from clients.trainer import Trainer
+
+    class Api:
+        def __init__(self, now):
+            self.now, self.sent = now, 0
+
+        def put(self, job, topic, body):
+            self.sent += 1
+            raise ApiError(409, "the sum moved on")
+
+        def job(self, job):
+            return self.now
+
+    made_for = (2, 0, ["a", "b"])
+    for now, resent in (({"round": 2, "attempt": 1, "training": {"participants": ["a"]}}, True),
+                        ({"round": 3, "attempt": 0, "training": {"participants": ["a", "b"]}}, True),
+                        ({"round": 2, "attempt": 0, "training": {"participants": ["a", "b"]}}, False)):
+        api = Api(now)
+        trainer = Trainer(SimpleNamespace(api=api, site="a", y_true=None))
+        st = JobState(tmp_path / "j.json")
+        st.data.clear()
+        assert trainer._put(st, "j", "update/2/0", b"x", made_for=made_for) is True
+        assert bool(st["sent:coordinator:update/2/0"]) is not resent
+        trainer._put(st, "j", "update/2/0", b"x", made_for=made_for)
+        assert api.sent == (2 if resent else 1)

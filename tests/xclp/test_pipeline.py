@@ -211,7 +211,7 @@ def test_the_roster_sites_receive_hides_labelled_positions():
     from crypto.keys import SiteKeyPair
     from xclp.protocol import decode_roster, encode_announce, encode_roster
 
-    announces = [encode_announce(s, SiteKeyPair.generate().public_bytes(), 5, np.array([1, 3])) for s in ("a", "b")]
+    announces = [encode_announce(s, SiteKeyPair.generate().public_bytes(), 5, np.array([1, 3]), bytes(32)) for s in ("a", "b")]
     roster = decode_roster(encode_roster(announces))
     assert [e.site for e in roster] == ["a", "b"] and all(e.n == 5 for e in roster)
     assert all(e.labelled.size == 0 for e in roster)
@@ -245,3 +245,29 @@ def test_a_label_count_total_whose_masks_do_not_cancel_is_always_refused():
             sites["b"].receive_counts(total, attempt=1)  # the shared mask of another attempt
         refused += 1
     assert refused == 40
+
+
+def test_a_site_session_refuses_a_seed_contribution_other_than_the_committed_one():
+    """Issue 13, fault 6: the announce commits to the contribution; a site that swaps it after the
+    roster (after reading the others') is refused by every peer instead of steering the LSH seed."""
+    from crypto.errors import ProtocolError
+    from xclp.protocol import CoordinatorSession, JobParams, SiteSession
+
+    rng = np.random.default_rng(1)
+    params = JobParams(job_id="steer", n_classes=2, bits=64, crypto="ot")
+    sites = {s: SiteSession(params, s, rng.random((4, 3)), np.array([0, 1, -1, 1])) for s in ("a", "b", "c")}
+    coord = CoordinatorSession(params)
+    for s, sess in sites.items():
+        coord.register(s, sess.announce())
+    for sess in sites.values():
+        sess.set_roster(coord.roster_entries())
+    honest = {s: sess.seed_messages() for s, sess in sites.items() if s != "c"}
+    steerer = SiteSession(params, "c", rng.random((4, 3)), np.array([0, 1, -1, 1]), keypair=sites["c"].keys,
+                          contribution=bytes(range(32)))  # chosen after reading a's and b's
+    steerer.set_roster(coord.roster_entries())
+    msgs = {**honest, "c": steerer.seed_messages()}
+    with pytest.raises(ProtocolError, match="does not match the commitment"):
+        sites["a"].receive_seed({p: m["a"] for p, m in msgs.items() if p != "a"}, ["a", "b", "c"])
+    assert sites["a"].seed is None
+    sites["b"].receive_seed({p: m["b"] for p, m in msgs.items() if p not in ("b", "c")}, ["a", "b"])
+    assert sites["b"].seed is not None  # without c (dropped by the coordinator), the seed is agreed
