@@ -26,7 +26,7 @@ class PolicyError(DataError):
 class SitePolicy:
     allow_plaintext: bool = False  # predict jobs with crypto="plaintext": bits and sums in the clear
     allow_unmasked: bool = False  # FedAvg training without secure aggregation: weights in the clear
-    min_key_bits: int = 2048  # Paillier moduli (protocols.md: at least 2048 bits)
+    min_key_bits: int = 2048  # Paillier moduli (NIST SP 800-57: at least 2048 bits for 112-bit security)
     min_bits: int = 1  # LSH length L
     min_sites: int = 2  # participants of a job
 

@@ -1,6 +1,6 @@
 """End-to-end authenticated encryption between two sites, for messages the coordinator relays.
 
-Sites never talk to each other directly (protocols.md): the coordinator relays every site-to-site
+Sites never talk to each other directly (docs/security.md, "Phases and what crosses the wire"): the coordinator relays every site-to-site
 message, so each pair of sites wraps its messages in a `Channel` keyed by their pairwise key
 (crypto.keys.pairwise_key with purpose "channel"). The coordinator sees only the public header
 (job, sender, recipient, phase, sequence number — all of which it knows anyway, since it routes

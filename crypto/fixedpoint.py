@@ -1,4 +1,4 @@
-"""Fixed-point encoding of real numbers in the ring Z_{2^64} (protocols.md, SecureRowSums step 1).
+"""Fixed-point encoding of real numbers in the ring Z_{2^64} (SecureRowSums, step 1; docs/security.md).
 
     enc(z) = round(z · 2^f) mod 2^64        (two's complement for negatives; uint64 arrays)
     dec(u) = signed(u) / 2^f                signed(u) = u − 2^64 if u ≥ 2^63 else u

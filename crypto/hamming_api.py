@@ -35,6 +35,12 @@ PROTOCOLS = ("plaintext", "lattice", "paillier", "paillier-naive", "ot")
 DEFAULT_SECURE = "lattice"
 
 
+# A pair protocol's messages between its two sites, at most: far above what any protocol here sends
+# (OT: 3 + 2 per chunk of B's vectors; lattice: 2 per block and chunk), and a bound the relay enforces
+# so that a site cannot make the coordinator store messages without end.
+MAX_PAIR_MESSAGES = 4096
+
+
 @dataclass
 class Outgoing:
     to_peer: bytes | None = None
@@ -103,7 +109,7 @@ def plaintext_hamming(bits_a: np.ndarray, bits_b: np.ndarray, n_bits: int | None
 
 
 def exchange(a: HammingParty, b: HammingParty, transcript: PairTranscript | None = None,
-             max_rounds: int = 4096) -> tuple[bytes, bytes]:
+             max_rounds: int = MAX_PAIR_MESSAGES) -> tuple[bytes, bytes]:
     """Pass messages between two parties until both are done; return their server shares (A, B)."""
     t = transcript if transcript is not None else PairTranscript()
     share: dict[str, bytes] = {}
@@ -136,7 +142,7 @@ def exchange(a: HammingParty, b: HammingParty, transcript: PairTranscript | None
 
 
 def run_pair(protocol: HammingProtocol, bits_a: np.ndarray, bits_b: np.ndarray, n_bits: int,
-             transcript: PairTranscript | None = None, max_rounds: int = 4096) -> np.ndarray:
+             transcript: PairTranscript | None = None, max_rounds: int = MAX_PAIR_MESSAGES) -> np.ndarray:
     """Run one pair in-process, passing real serialised messages, and return the coordinator's H block."""
     share_a, share_b = exchange(protocol.party_a(bits_a, n_bits), protocol.party_b(bits_b, n_bits),
                                 transcript, max_rounds)

@@ -1,7 +1,7 @@
 """Per-job site key pairs (X25519) and pairwise key derivation (HKDF-SHA256).
 
 Every site makes a fresh X25519 key pair per job and registers the public key with the coordinator,
-which hands all public keys to all participants (protocols.md, Setup). Two sites j and k then derive
+which hands all public keys to all participants (the setup phase, xclp/protocol.py). Two sites j and k then derive
 the same pairwise key
 
     K_jk = HKDF-SHA256(ikm = X25519(sk_j, pk_k), salt = "xclp/pairwise-key/v1",

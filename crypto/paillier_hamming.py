@@ -3,7 +3,7 @@
 Two protocols implement :class:`crypto.hamming_api.HammingProtocol`:
 
 ``PaillierNaiveHamming`` (name ``"paillier-naive"``)
-    The paper's protocol exactly as written in the spec (protocols.md, "SecureHamming, Paillier
+    The paper's protocol exactly as the paper writes it ("SecureHamming, Paillier
     variant"), on top of ``phe``'s own API: A (the encrypted side, holding y) encrypts every bit of
     every vector with ``phe``'s default encryption and sends its public key and the ciphertexts to
     B. For every pair (y, x), B draws r uniform in Z_N and computes

@@ -1,4 +1,4 @@
-"""SecureRowSums and secure sums with pairwise-cancelling masks (protocols.md, SecureRowSums).
+"""SecureRowSums and secure sums with pairwise-cancelling masks (the XCLP paper's SecureRowSums; docs/security.md).
 
 Site j holds Z̄^(j) (n × C); the rows R_j are its own points. Every value is encoded in fixed point
 in Z_{2^64} (crypto.fixedpoint). For each pair of participating sites j < k (in `order`, the
@@ -21,7 +21,7 @@ Key rules (the caller's side):
 
 Plain secure sum (`mask_vector`, R_j = everything): every site sends enc(x_j) + M^(j); the server's
 total is Σ enc(x_j), which the SERVER learns. For a sum that the SITES learn but the server must not
-(the global per-class label counts that class-balanced Y needs, xclp.md), add a shared mask
+(the global per-class label counts that class-balanced Y needs, xclp/propagation.py), add a shared mask
 S = PRG(K_shared), K_shared = `shared_mask_key(lsh_seed, job=, purpose=, attempt=)`, a key every site
 knows but the server does not: the FIRST site in `order` passes shared_mask=S to `mask_vector`, the
 server's total is then Σ enc(x_j) + S (uniform to it), it sends that total back to every site, and

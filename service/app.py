@@ -10,6 +10,7 @@ attempt, size, shape) before anything is stored; an identical replay stores noth
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
+from crypto.hamming_api import MAX_PAIR_MESSAGES
 from service.blobs import DEFAULT_THRESHOLD, BlobStore, blob_key, default_blob_dir
 from service.db import (
     COORDINATOR,
@@ -67,6 +69,8 @@ class Settings:
     # fsync each blob file before its row commits. None: as durable as the database's own commits —
     # yes on PostgreSQL; no on SQLite, whose commits (WAL, synchronous=NORMAL) are not fsynced either.
     blob_fsync: bool | None = None
+    # Long polls (`?wait=`) a site may hold at once; more are answered at once, as without `wait`.
+    max_waits_per_site: int = 8
 
 
 class _BlobResponse(FileResponse):
@@ -146,6 +150,8 @@ def create_app(settings: Settings) -> FastAPI:
     requests_total = Counter("xclp_requests_total", "HTTP requests", ["method", "status"], registry=registry)
     bytes_in = Counter("xclp_upload_bytes_total", "bytes of accepted uploads", registry=registry)
     jobs_gauge = Gauge("xclp_jobs", "jobs by status", ["status"], registry=registry)
+    waiting_gauge = Gauge("xclp_long_polls_waiting", "long polls waiting for their message", registry=registry)
+    waiting: dict[str, int] = {}  # site -> its long polls waiting now (touched only on the event loop)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -296,14 +302,18 @@ def create_app(settings: Settings) -> FastAPI:
     @app.put("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
     async def upload(job_id: str, topic: str, request: Request, to: str = COORDINATOR,
                      site: str = Depends(require_site)):
+        # Who may send what is settled before a byte of the body is read: a site outside the job, a
+        # topic of another phase or a pair message beyond the protocol's count costs the coordinator
+        # nothing. Then the body is read up to the topic's own limit.
+        limit = min(settings.max_body_bytes, await run_in_threadpool(admit, job_id, site, to, topic))
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {settings.max_body_bytes}")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HTTPException(413, f"{topic!r}: a body of {declared} bytes exceeds its limit of {limit}")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > settings.max_body_bytes:
-                raise HTTPException(413, f"body exceeds the limit of {settings.max_body_bytes} bytes")
+            if size > limit:
+                raise HTTPException(413, f"{topic!r}: the body exceeds its limit of {limit} bytes")
             chunks.append(chunk)
         body = b"".join(chunks)
         # Checks and the database write run in a worker thread: a large body must not stall the
@@ -313,6 +323,11 @@ def create_app(settings: Settings) -> FastAPI:
             bytes_in.inc(len(body))
             job_engine.wakeup.set()
         return result
+
+    def admit(job_id: str, site: str, to: str, topic: str) -> int:
+        """The byte limit of an upload the caller may make now (else the 4xx that says why not)."""
+        with Session() as db:
+            return _check_topic(db, load_job(db, job_id), site, to, topic)
 
     def store(job_id: str, site: str, to: str, topic: str, body: bytes) -> dict:
         with Session() as db:
@@ -338,20 +353,38 @@ def create_app(settings: Settings) -> FastAPI:
                 raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
         return {"stored": True, "bytes": len(body)}
 
+    def find_message(job_id: str, site: str, sender: str, topic: str):
+        with Session() as db:
+            job = load_job(db, job_id)
+            if site not in job.sites:
+                raise HTTPException(403, f"site {site!r} is not in job {job_id}")
+            return message_ref(db, job_id, sender, site, topic)
+
+    def site_of_token(token: str = Depends(bearer)) -> str:
+        with Session() as db:  # closed at once: a long poll holds no database connection
+            return require_site(token, db)
+
     @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
-    def download(job_id: str, topic: str, sender: str = COORDINATOR, wait: float = 0.0,
-                 site: str = Depends(require_site), db=Depends(get_db)):
+    async def download(job_id: str, topic: str, sender: str = COORDINATOR, wait: float = 0.0,
+                       site: str = Depends(site_of_token)):
         """A message addressed to the caller (and only to the caller). wait: seconds (≤ 10) to wait
-        for it if it is not there yet (a long poll: one request instead of many)."""
-        job = load_job(db, job_id)
-        if site not in job.sites:
-            raise HTTPException(403, f"site {site!r} is not in job {job_id}")
-        ref = message_ref(db, job_id, sender, site, topic)
-        end = time.monotonic() + min(max(wait, 0.0), 10.0)
-        while ref is None and time.monotonic() < end:
-            time.sleep(0.05)
-            db.rollback()  # a fresh snapshot for the next look
-            ref = message_ref(db, job_id, sender, site, topic)
+        for it if it is not there yet (a long poll: one request instead of many; at most
+        `max_waits_per_site` of a site's wait at once, the others are answered at once)."""
+        ref = await run_in_threadpool(find_message, job_id, site, sender, topic)
+        wait = min(max(wait, 0.0), 10.0)
+        # A waiting poll sleeps on the event loop, not in a worker thread, and looks again with a
+        # short database read: waiting polls cannot take the threads every other request needs.
+        if ref is None and wait > 0 and waiting.get(site, 0) < settings.max_waits_per_site:
+            waiting[site] = waiting.get(site, 0) + 1
+            waiting_gauge.inc()
+            try:
+                end = time.monotonic() + wait
+                while ref is None and time.monotonic() < end:
+                    await asyncio.sleep(0.05)
+                    ref = await run_in_threadpool(find_message, job_id, site, sender, topic)
+            finally:
+                waiting[site] -= 1
+                waiting_gauge.dec()
         if ref is None:
             raise HTTPException(404, f"no message {topic!r} from {sender} to {site} (yet)")
         body, key, size = ref
@@ -411,8 +444,14 @@ def _progress(db, job: Job) -> dict:
             "fraction": round(min(1.0, (got or 0) / expected), 3) if expected else 1.0}
 
 
-def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> None:
-    """Who may send what, when, and is it well formed? Raises the 4xx that says why not."""
+SLACK = 1 << 16  # container overhead of an .npz body (names, headers) above its array bytes
+SMALL = {"seed": 1 << 12, "counts": 1 << 16}  # a sealed 32-byte contribution; a vector of class counts
+MAX_ANNOUNCE = 1 << 26  # the labelled rows, 8 bytes each: 8 M labelled points
+
+
+def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
+    """Who may send what, when (everything but the body). Returns the topic's byte limit; raises the
+    4xx that says why not."""
     if site not in job.sites:
         raise HTTPException(403, f"site {site!r} is not in job {job.id}")
     if job.status != "running":
@@ -420,10 +459,7 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> 
     if site not in job.live:
         raise HTTPException(409, f"site {site!r} was dropped from job {job.id} in phase {job.dropped.get(site)}")
     if job.kind == "train":
-        refused = check_train_upload(db, job, site, to, topic, body)
-        if refused:
-            raise HTTPException(*refused)
-        return
+        return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
     parts = topic.split("/")
     kind = parts[0]
     phase_of = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
@@ -447,8 +483,32 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> 
             raise HTTPException(422, f"{topic!r} does not name a pair of live sites that includes {site}")
         if kind == "pair" and (to not in parts[1:3] or not parts[3].isdigit()):
             raise HTTPException(422, f"{topic!r}: pair messages go to the other site of the pair, numbered")
+        if kind == "pair" and int(parts[3]) >= MAX_PAIR_MESSAGES:
+            raise HTTPException(422, f"{topic!r}: a pair protocol sends fewer than {MAX_PAIR_MESSAGES} messages")
     elif len(parts) != 1:
         raise HTTPException(422, f"unknown message topic {topic!r}")
+    if kind in SMALL:
+        return SMALL[kind]
+    if kind == "announce":
+        return MAX_ANNOUNCE
+    if kind == "intra":  # n × n uint16 distances (or n × d float64 vectors, `similarity="exact"`)
+        n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
+        return SLACK + n * max(2 * n, 8 << 16)
+    if kind == "rows":
+        return SLACK + 8 * _graph_size(db, job) * job_params(job).n_classes
+    return 1 << 62  # pair messages and shares: the service's own limit
+
+
+def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> None:
+    """Who may send what, when, and is it well formed? Raises the 4xx that says why not."""
+    if len(body) > _check_topic(db, job, site, to, topic):
+        raise HTTPException(413, f"{topic!r}: the body exceeds its limit")
+    if job.kind == "train":
+        refused = check_train_upload(db, job, site, to, topic, body)
+        if refused:
+            raise HTTPException(*refused)
+        return
+    kind = topic.split("/")[0]
     params = job_params(job)
     try:
         if kind == "announce":

@@ -5,7 +5,7 @@ messages uploaded so far and the job row), so a coordinator restarted on the sam
 up exactly where it was. The server steps themselves are `xclp.protocol.CoordinatorSession`, the
 same code the in-process simulation runs.
 
-Phases and what ends them (xclp.md, "Dropouts"):
+Phases and what ends them (the recovery rules of docs/security.md and README.md, "Robustness"):
 
   setup     every live site has announced              → roster to every site
   seed      every live site has sent its contribution to every other live site

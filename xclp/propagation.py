@@ -1,6 +1,6 @@
 """Labels in, scores out: the label matrix, the site's contribution and the final labels (steps 9–11).
 
-Numerics of the authors' code (xclp.md): class-balanced Y; Z clipped at 0 and L1-normalised per
+Numerics of the authors' code (Scott, Yeo & Lampert, TMLR 2023, and its reference implementation): class-balanced Y; Z clipped at 0 and L1-normalised per
 row; confidence ω = 1 − entropy/log C, divided by its maximum; labelled points keep their label
 with weight 1.
 """

@@ -73,7 +73,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              tap: Callable[[str, str, bytes], None] | None = None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
-    `drops` simulates sites that vanish, with the outcomes the service gives (xclp.md, Dropouts):
+    `drops` simulates sites that vanish, with the outcomes the service gives (service/engine.py, "Phases and what ends them"):
     {site: "hamming"} — gone during SecureHamming: removed from the graph (it took part in the seed
     and the label counts); {site: "row_sums"} — gone inside SecureRowSums: it shapes the graph but
     adds no labels, and the sums restart without it with fresh masks (attempt 1). A dropped site

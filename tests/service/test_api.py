@@ -113,6 +113,41 @@ def test_a_site_reads_only_its_own_messages(app_client):
     assert app_client.get(f"{url}/roster", headers=hc).status_code == 200
 
 
+def test_who_may_send_is_settled_before_the_body_is_read_and_each_topic_has_its_limit(app_client):
+    """Issue 13, fault 4: a site outside the job, or a topic of another phase, is refused before its
+    body counts (not a 413 after reading it); a topic's body is bounded by what it can hold (a seed
+    contribution: 4 KiB, not the service's 1 MiB); a pair protocol's messages are bounded in number."""
+    import time
+
+    from crypto.hamming_api import MAX_PAIR_MESSAGES
+
+    ha, hb = add(app_client, "a"), add(app_client, "b")
+    outsider = add(app_client, "c")
+    job = app_client.post("/jobs", json={"sites": ["a", "b"], "crypto": "plaintext", "classes": 2},
+                          headers=admin_headers()).json()["job"]
+    url = f"/jobs/{job}/messages"
+    huge = b"x" * ((1 << 20) + 1)  # over the service's limit
+    assert app_client.put(f"{url}/announce", content=huge, headers=outsider).status_code == 403
+    assert app_client.put("/jobs/nope/messages/announce", content=huge, headers=ha).status_code == 404
+    assert app_client.put(f"{url}/seed?to=b", content=huge, headers=ha).status_code == 409  # not the phase yet
+    for name, h in (("a", ha), ("b", hb)):
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
+        assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
+    for _ in range(400):
+        if app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
+            break
+        time.sleep(0.05)
+    before = message_count(app_client)
+    r = app_client.put(f"{url}/seed?to=b", content=b"x" * 5000, headers=ha)
+    assert r.status_code == 413 and "limit of 4096" in r.json()["detail"]
+    assert message_count(app_client) == before
+    assert app_client.put(f"{url}/seed?to=b", content=b"x" * 100, headers=ha).status_code == 200
+    # pair messages: numbered below the bound, checked before the phase's other rules
+    r = app_client.put(f"{url}/pair/a/b/{MAX_PAIR_MESSAGES}?to=b", content=b"x", headers=ha)
+    assert r.status_code in (409, 422)
+    assert app_client.put(f"{url}/pair/a/b/{MAX_PAIR_MESSAGES}?to=b", content=huge, headers=ha).status_code != 413
+
+
 def test_admin_token_must_be_long_enough(tmp_path):
     import pytest
 
@@ -187,3 +222,50 @@ def test_a_low_order_public_key_is_refused_at_announce(app_client):
     r = app_client.put(f"/jobs/{job}/messages/announce", content=body, headers=ha)
     assert r.status_code == 422 and "low order" in r.json()["detail"]
     assert message_count(app_client) == 0
+
+
+def test_long_polls_wait_off_the_worker_threads_and_are_bounded_per_site(app_client):
+    """Issue 13, fault 5: 48 long polls from one site used to hold the worker threads, and /health
+    waited behind them. Now a site's waiting polls are bounded (max_waits_per_site; the rest are
+    answered at once), they wait on the event loop, /health answers while they wait, and they
+    return the message as soon as it arrives."""
+    import threading
+    import time
+
+
+    ha, hb = add(app_client, "a"), add(app_client, "b")
+    job = app_client.post("/jobs", json={"sites": ["a", "b"], "crypto": "plaintext", "classes": 2},
+                          headers=admin_headers()).json()["job"]
+    url = f"/jobs/{job}/messages"
+    limit = app_client.app.state.settings.max_waits_per_site
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def poll():
+        r = app_client.get(f"{url}/roster?wait=10", headers=ha)
+        with lock:
+            results.append(r.status_code)
+
+    threads = [threading.Thread(target=poll) for _ in range(48)]
+    for t in threads:
+        t.start()
+
+    def waiting():
+        text = app_client.get("/metrics").text
+        return int(float(next(line.split()[-1] for line in text.splitlines()
+                              if line.startswith("xclp_long_polls_waiting "))))
+
+    end = time.monotonic() + 60
+    while not (waiting() == limit and len(results) == 48 - limit):
+        assert time.monotonic() < end, (waiting(), results)
+        time.sleep(0.02)
+    assert results == [404] * (48 - limit)  # beyond the bound: answered at once, "not yet"
+    assert app_client.get("/health").status_code == 200
+    assert len(results) == 48 - limit  # /health answered while the bounded polls still wait
+    for name, h in (("a", ha), ("b", hb)):  # the roster appears: the waiting polls get it
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
+        assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(results) == [200] * limit + [404] * (48 - limit)
+    assert waiting() == 0

@@ -79,7 +79,7 @@ def test_relayed_blobs_survive_a_restart_and_replays(db_url, tmp_path):
             if c.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
                 break
             time.sleep(0.02)
-        big, small = bytes(range(256)) * 40, b"sealed"
+        big, small = bytes(range(256)) * 12, b"sealed"  # (a seed message is at most 4 KiB)
         assert c.put(f"{url}/seed?to=b", content=big, headers=ha).json()["stored"] is True
         with c.app.state.sessionmaker() as db:
             row = db.execute(select(Message.body, Message.blob, Message.size).where(

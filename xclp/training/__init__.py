@@ -1,4 +1,4 @@
-"""Training loops that consume XCLP pseudo-labels (training.md): FedAvg+XCLP and FedCT(+XCLP).
+"""Training loops that consume XCLP pseudo-labels (docs/benchmarks_training.md has the loops' results): FedAvg+XCLP and FedCT(+XCLP).
 
 In-process simulation only: every site and the server live in one process. The loops reuse
 `xclp.simulation.run_xclp` for the pseudo-labels; they never re-implement the protocol.
