@@ -21,14 +21,18 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, Field
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
@@ -45,6 +49,8 @@ from service.db import (
     new_message,
 )
 from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
+from service.schemas import Request as RequestBody
+from service.schemas import Seconds, SiteName, errors
 from service.training_api import make_training_router
 from service.training_engine import check_train_upload, train_progress
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, CoordinatorSession, JobParams, decode_announce
@@ -84,8 +90,8 @@ def hash_token(token: str) -> str:
 # --- schemas ----------------------------------------------------------------------------------
 
 
-class SiteCreate(BaseModel):
-    name: str = Field(description="site name: letters, digits, '_', '.', '-'; at most 64")
+class SiteCreate(RequestBody):
+    name: SiteName
 
 
 class SiteCreated(BaseModel):
@@ -93,17 +99,21 @@ class SiteCreated(BaseModel):
     token: str
 
 
-class JobCreate(BaseModel):
-    kind: str = Field("predict", description="'predict': one-shot transductive prediction")
-    sites: list[str] = Field(description="participating sites, in roster order")
-    crypto: str = Field(DEFAULT_SECURE_CRYPTO, description=f"one of {CRYPTO_CHOICES}; 'plaintext' has no security")
-    bits: int = 1024
-    k: int = 10
-    alpha: float = 0.99
-    power: float = 3.0
-    classes: int = Field(10, description="number of classes C; labels are 0..C−1 at every site")
-    key_bits: int = 2048
-    deadlines: dict[str, float] = Field(default_factory=dict, description="phase -> seconds")
+class JobCreate(RequestBody):
+    kind: Literal["predict"] = Field("predict", description="'predict': one-shot transductive prediction "
+                                                            "(training jobs: POST /jobs/train)")
+    sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
+                                  description="participating sites (at least two, each once), in roster order")
+    crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="'plaintext' has no security")
+    bits: int = Field(1024, ge=1, le=65535, description="LSH length L")
+    k: int = Field(10, ge=1, le=10_000, description="neighbours per point in the kNN graph")
+    alpha: float = Field(0.99, gt=0, lt=1)
+    power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
+    classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
+    key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
+                                                              "they accept; 2048 by default)")
+    deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,
+                                                                         description="phase -> seconds")
 
 
 class JobCreated(BaseModel):
@@ -170,6 +180,27 @@ def create_app(settings: Settings) -> FastAPI:
                   description="Coordinator of privacy-preserving cross-client label propagation jobs.")
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
 
+    @app.exception_handler(RequestValidationError)
+    async def one_error_model(request: Request, exc: RequestValidationError):
+        # One error body for every error: {"detail": "<what went wrong>"}, here each field's complaint.
+        where = lambda e: ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"  # noqa: E731
+        return JSONResponse(status_code=422, content={"detail": "; ".join(f"{where(e)}: {e.get('msg')}"
+                                                                       for e in exc.errors())})
+
+    api_routes: list[APIRoute] = []  # every route of the API, the training router's too (filled at the end)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route whose path matches; a path served by
+            # several routes (GET and POST /jobs) must name them all. A literal path (/jobs/train)
+            # is its own resource, not an instance of /jobs/{job_id}.
+            hits = [r for r in api_routes if r.path_regex.match(request.url.path)]
+            literal = [r for r in hits if r.path == request.url.path]
+            headers["Allow"] = ", ".join(sorted({m for r in (literal or hits) for m in r.methods}))
+        return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
+
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
         response = await call_next(request)
@@ -225,7 +256,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     # --- sites ----------------------------------------------------------------------------------
     @app.post("/sites", response_model=SiteCreated, status_code=201, tags=["sites"],
-              dependencies=[Depends(require_admin)])
+              dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 409, 422))
     def add_site(body: SiteCreate, db=Depends(get_db)):
         if not NAME.match(body.name) or body.name in (COORDINATOR, "admin"):
             raise HTTPException(422, f"invalid site name {body.name!r}: letters, digits, '_', '.', '-' (≤ 64)")
@@ -238,13 +269,13 @@ def create_app(settings: Settings) -> FastAPI:
             raise HTTPException(409, f"site {body.name!r} already exists") from None
         return SiteCreated(site=body.name, token=token)
 
-    @app.get("/sites", tags=["sites"], dependencies=[Depends(require_admin)])
+    @app.get("/sites", tags=["sites"], dependencies=[Depends(require_admin)], responses=errors(401, 403))
     def list_sites(db=Depends(get_db)):
         return {"sites": list(db.scalars(select(Site.name).order_by(Site.name)))}
 
     # --- jobs -----------------------------------------------------------------------------------
     @app.post("/jobs", response_model=JobCreated, status_code=201, tags=["jobs"],
-              dependencies=[Depends(require_admin)])
+              dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 422))
     def submit_job(body: JobCreate, db=Depends(get_db)):
         if body.kind != "predict":
             raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "
@@ -273,12 +304,12 @@ def create_app(settings: Settings) -> FastAPI:
         log.info("job %s submitted: %s sites, crypto=%s", job_id, len(body.sites), body.crypto)
         return JobCreated(job=job_id)
 
-    @app.get("/jobs", tags=["jobs"], dependencies=[Depends(require_admin)])
+    @app.get("/jobs", tags=["jobs"], dependencies=[Depends(require_admin)], responses=errors(401, 403))
     def list_jobs(db=Depends(get_db)):
         rows = db.execute(select(Job.id, Job.status, Job.phase).order_by(Job.created_at)).all()
         return {"jobs": [{"job": i, "status": s, "phase": p} for i, s, p in rows]}
 
-    @app.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"])
+    @app.get("/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], responses=errors(401, 403, 404, 422))
     def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
         job = load_job(db, job_id)
         if who != "admin" and who not in job.sites:
@@ -290,7 +321,7 @@ def create_app(settings: Settings) -> FastAPI:
                          finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
                          round=job.round or 0, parent=job.parent, training=_training_view(job, who))
 
-    @app.get("/work", tags=["sites"])
+    @app.get("/work", tags=["sites"], responses=errors(401))
     def work(site: str = Depends(require_site), db=Depends(get_db)):
         """The running jobs this site still takes part in, and the finished ones that have its results."""
         # Only the columns it needs: a training job's state (its round history) grows with every round.
@@ -299,7 +330,9 @@ def create_app(settings: Settings) -> FastAPI:
                 "done": [j.id for j in jobs if site in j.live and j.status == "done"]}
 
     # --- messages -------------------------------------------------------------------------------
-    @app.put("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
+    @app.put("/jobs/{job_id}/messages/{topic:path}", tags=["messages"], responses=errors(401, 403, 404, 409, 413, 422),
+             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                 "schema": {"type": "string", "format": "binary"}}}}})
     async def upload(job_id: str, topic: str, request: Request, to: str = COORDINATOR,
                      site: str = Depends(require_site)):
         # Who may send what is settled before a byte of the body is read: a site outside the job, a
@@ -364,8 +397,10 @@ def create_app(settings: Settings) -> FastAPI:
         with Session() as db:  # closed at once: a long poll holds no database connection
             return require_site(token, db)
 
-    @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"])
-    async def download(job_id: str, topic: str, sender: str = COORDINATOR, wait: float = 0.0,
+    @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"], responses=errors(401, 403, 404, 422),
+             response_class=Response)
+    async def download(job_id: str, topic: str, sender: str = COORDINATOR,
+                       wait: float = Query(0.0, ge=0, allow_inf_nan=False, description="seconds to wait (≤ 10)"),
                        site: str = Depends(site_of_token)):
         """A message addressed to the caller (and only to the caller). wait: seconds (≤ 10) to wait
         for it if it is not there yet (a long poll: one request instead of many; at most
@@ -397,9 +432,10 @@ def create_app(settings: Settings) -> FastAPI:
             raise HTTPException(404, f"no message {topic!r} from {sender} to {site}")
         return _BlobResponse(path, media_type="application/octet-stream")
 
-    app.include_router(make_training_router(
-        Session, job_engine, require_admin, caller, load_job,
-        lambda db, names: set(db.scalars(select(Site.name).where(Site.name.in_(names))))))
+    training = make_training_router(Session, job_engine, require_admin, caller, load_job,
+                                    lambda db, names: set(db.scalars(select(Site.name).where(Site.name.in_(names)))))
+    app.include_router(training)
+    api_routes.extend(r for r in [*app.router.routes, *training.routes] if isinstance(r, APIRoute))
     return app
 
 

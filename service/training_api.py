@@ -9,11 +9,15 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
+from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Response
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from service.db import COORDINATOR, Job, message_body
+from service.engine import DEFAULT_DEADLINES
+from service.schemas import Request as RequestBody
+from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.fedavg import FedAvgConfig
@@ -23,34 +27,39 @@ from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, LEARNERS, TIE_R
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class TrainJobCreate(BaseModel):
-    algorithm: str = Field(description=f"one of {ALGORITHMS}")
-    sites: list[str] = Field(description="participating sites, in roster order")
-    classes: int = Field(10, description="number of classes C; labels are 0..C−1 at every site")
-    rounds: int = Field(10, description="FedAvg rounds (after the warm-up) or FedCT label exchanges")
-    sites_per_round: int = Field(5, description="FedAvg: sites sampled per round")
-    local_epochs: int = 5
-    model: str | list[str] | None = Field(None, description="FedAvg: mlp|cnn; FedCT: a learner or one per site")
-    lr: float | None = None
-    warmup_rounds: int = Field(0, description="FedAvg: labelled-only stage-1 rounds")
-    refresh: int = Field(1, description="recompute XCLP pseudo-labels every R rounds")
-    period: int = Field(10, description="FedCT: local optimiser steps between exchanges (torch learners)")
-    public_sha256: str | None = Field(None, description="FedCT: SHA-256 pinning the public set U (xclp.training.fedct.public_digest)")
-    public_size: int | None = Field(None, description="FedCT: number of points in U")
-    tie: str = Field("lowest", description=f"FedCT vote tie rule, one of {TIE_RULES}")
-    quorum: float | None = None
-    mix: float | None = None
-    crypto: str = Field(DEFAULT_SECURE_CRYPTO, description=f"XCLP protocol, one of {CRYPTO_CHOICES}; 'plaintext' has no security")
-    bits: int = 1024
-    k: int = 10
-    alpha: float = 0.99
-    key_bits: int = 2048
-    seed: int = 0
+class TrainJobCreate(RequestBody):
+    algorithm: Literal[ALGORITHMS]
+    sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
+                                  description="participating sites (at least two, each once), in roster order")
+    classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
+    rounds: int = Field(10, ge=1, le=100_000, description="FedAvg rounds (after the warm-up) or FedCT label exchanges")
+    sites_per_round: int = Field(5, ge=1, description="FedAvg: sites sampled per round (secure aggregation: ≥ 2)")
+    local_epochs: int = Field(5, ge=1, le=10_000)
+    model: str | list[str] | None = Field(None, description="FedAvg: mlp|cnn; FedCT: a learner or one per site, "
+                                                            f"of {LEARNERS}")
+    lr: float | None = Field(None, gt=0, allow_inf_nan=False)
+    warmup_rounds: int = Field(0, ge=0, le=100_000, description="FedAvg: labelled-only stage-1 rounds")
+    refresh: int = Field(1, ge=1, description="recompute XCLP pseudo-labels every R rounds")
+    period: int = Field(10, ge=1, description="FedCT: local optimiser steps between exchanges (torch learners)")
+    public_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                                      description="FedCT: SHA-256 pinning the public set U (xclp.training.fedct.public_digest)")
+    public_size: int | None = Field(None, ge=1, description="FedCT: number of points in U")
+    tie: Literal[TIE_RULES] = Field("lowest", description="FedCT vote tie rule")
+    quorum: float | None = Field(None, ge=0, le=1)
+    mix: float | None = Field(None, ge=0, le=1)
+    crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="XCLP protocol; 'plaintext' has no security")
+    bits: int = Field(1024, ge=1, le=65535)
+    k: int = Field(10, ge=1, le=10_000)
+    alpha: float = Field(0.99, gt=0, lt=1)
+    key_bits: int = Field(2048, ge=1024, le=16384)
+    seed: int = Field(0, ge=0, lt=1 << 63)
     secure_aggregation: bool = Field(True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
-    max_missed_rounds: int = Field(3, description="a site left out of this many planned rounds in a row is dropped")
-    deadlines: dict[str, float] = Field(default_factory=dict, description="setup / round / evaluate -> seconds")
-    xclp_deadlines: dict[str, float] = Field(default_factory=dict, description="phase deadlines of XCLP child jobs")
+    max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
+    deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
+                                                                      description="setup / round / evaluate -> seconds")
+    xclp_deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(
+        default_factory=dict, description="phase deadlines of XCLP child jobs")
 
 
 def training_params(body: TrainJobCreate, job_id: str) -> dict:
@@ -93,7 +102,8 @@ def make_training_router(Session, engine, require_admin, caller, load_job, known
         with Session() as db:
             yield db
 
-    @r.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)])
+    @r.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)],
+            responses=errors(400, 401, 403, 404, 422))
     def submit_train(body: TrainJobCreate, db=Depends(get_db)):
         """A training job: FedAvg(+XCLP) or FedCT(+XCLP) rounds with the sites training at home."""
         if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):
@@ -115,7 +125,7 @@ def make_training_router(Session, engine, require_admin, caller, load_job, known
         engine.wakeup.set()
         return {"job": job_id}
 
-    @r.get("/jobs/{job_id}/shared/{topic:path}")
+    @r.get("/jobs/{job_id}/shared/{topic:path}", responses=errors(401, 403, 404, 422), response_class=Response)
     def shared(job_id: str, topic: str, who: str = Depends(caller), db=Depends(get_db)):
         """What the coordinator broadcast to every site of a training job (plans, models, consensus)."""
         job = load_job(db, job_id)
@@ -126,7 +136,7 @@ def make_training_router(Session, engine, require_admin, caller, load_job, known
             raise HTTPException(404, f"no shared message {topic!r} in job {job_id} (yet, or pruned)")
         return Response(content=body, media_type="application/octet-stream")
 
-    @r.get("/jobs/{job_id}/model")
+    @r.get("/jobs/{job_id}/model", responses=errors(401, 403, 404, 422), response_class=Response)
     def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
         """The FedAvg global model of the last completed round (.npz of the state dict)."""
         job = load_job(db, job_id)

@@ -1,0 +1,45 @@
+"""What the coordinator's API takes and answers, apart from the database models (service.db): the
+one error body, the error responses each route documents, and the constrained types the request
+models share (service.app, service.training_api). The OpenAPI document is generated from these, and
+tests/service/test_openapi.py runs schemathesis against it: what it says must be what the API does."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Error(BaseModel):
+    """Every error of the API, 4xx and 5xx alike, request validation included: what went wrong, in words."""
+
+    detail: str
+
+
+_ERROR_MEANING = {
+    401: "no bearer token, or one that names no site",
+    403: "the caller may not do this (the admin token is needed, or the site is not in the job)",
+    404: "no such job, site, message or model (yet)",
+    409: "not now: the job is in another phase, attempt or round, has ended, or the upload differs from "
+         "the one already stored",
+    400: "the body is not valid JSON",
+    413: "the body exceeds the limit of its topic or of the service",
+    422: "malformed: the request does not fit the schema, or its values do not fit together or the job",
+}
+
+
+def errors(*codes: int) -> dict:
+    """The `responses` of a route: the errors it may answer, all with the one Error body."""
+    return {c: {"model": Error, "description": _ERROR_MEANING[c]} for c in codes}
+
+
+SiteName = Annotated[str, Field(pattern=r"^(?!(coordinator|admin)$)[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", max_length=64,
+                                description="letters, digits, '_', '.', '-'; at most 64; not 'coordinator' or 'admin'")]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class Request(BaseModel):
+    """A request body: fields outside the schema are refused (a misspelt option is an error, not a
+    silently ignored default)."""
+
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")  # (SiteName's pattern looks ahead)
