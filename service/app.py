@@ -338,53 +338,81 @@ def create_app(settings: Settings) -> FastAPI:
         # Who may send what is settled before a byte of the body is read: a site outside the job, a
         # topic of another phase or a pair message beyond the protocol's count costs the coordinator
         # nothing. Then the body is read up to the topic's own limit.
-        limit = min(settings.max_body_bytes, await run_in_threadpool(admit, job_id, site, to, topic))
+        limit, opaque = await run_in_threadpool(admit, job_id, site, to, topic)
+        limit = min(settings.max_body_bytes, limit)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HTTPException(413, f"{topic!r}: a body of {declared} bytes exceeds its limit of {limit}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"{topic!r}: the body exceeds its limit of {limit} bytes")
-            chunks.append(chunk)
-        body = b"".join(chunks)
-        # Checks and the database write run in a worker thread: a large body must not stall the
-        # event loop that serves every other site's polls.
-        result = await run_in_threadpool(store, job_id, site, to, topic, body)
+        # A relayed body the coordinator only passes on (pair messages, shares) goes to a file as it
+        # arrives once it reaches the blob threshold: the relay never holds a large body whole.
+        chunks, size, spill = [], 0, None
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(413, f"{topic!r}: the body exceeds its limit of {limit} bytes")
+                if spill is not None:
+                    spill.write(chunk)
+                    continue
+                chunks.append(chunk)
+                if opaque and blobs is not None and size >= blobs.threshold:
+                    spill = blobs.incoming()
+                    spill.write(b"".join(chunks))
+                    chunks = []
+            if spill is not None:
+                key, size = await run_in_threadpool(spill.finish)
+                # Checks and the database write run in a worker thread: they must not stall the
+                # event loop that serves every other site's polls.
+                result = await run_in_threadpool(store, job_id, site, to, topic, None, key, size)
+            else:
+                result = await run_in_threadpool(store, job_id, site, to, topic, b"".join(chunks))
+        finally:
+            if spill is not None:
+                spill.abort()  # (nothing left to remove once finished)
         if result["stored"]:
-            bytes_in.inc(len(body))
+            bytes_in.inc(size)
             job_engine.wakeup.set()
         return result
 
-    def admit(job_id: str, site: str, to: str, topic: str) -> int:
-        """The byte limit of an upload the caller may make now (else the 4xx that says why not)."""
-        with Session() as db:
-            return _check_topic(db, load_job(db, job_id), site, to, topic)
-
-    def store(job_id: str, site: str, to: str, topic: str, body: bytes) -> dict:
+    def admit(job_id: str, site: str, to: str, topic: str) -> tuple[int, bool]:
+        """The byte limit of an upload the caller may make now (else the 4xx that says why not), and
+        whether its body is opaque here (relayed or combined later, never parsed at upload)."""
         with Session() as db:
             job = load_job(db, job_id)
-            _check_upload(db, job, site, to, topic, body)
-            key = blob_key(body) if blobs is not None and len(body) >= blobs.threshold else None
-            existing = message_ref(db, job_id, site, to, topic)
-            if existing is not None:
-                old_body, old_key, old_size = existing
-                same = old_size == len(body) and (old_body == body if old_key is None
-                                                  else old_key == (key or blob_key(body)))
-                if same:
-                    return {"stored": False, "detail": "identical message already stored"}
-                raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded with other content")
-            msg = new_message(db, job_id, site, to, topic, body, key)  # a large body: its file first
-            db.add(msg)
-            try:
-                db.commit()
-            except IntegrityError:
-                db.rollback()
-                if msg.blob is not None and db.scalar(select(Message.id).where(Message.blob == msg.blob)) is None:
-                    blobs.delete(msg.blob)
-                raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
-        return {"stored": True, "bytes": len(body)}
+            limit = _check_topic(db, job, site, to, topic)
+            return limit, job.kind == "predict" and topic.split("/")[0] in OPAQUE
+
+    def store(job_id: str, site: str, to: str, topic: str, body: bytes | None, key: str | None = None,
+              size: int | None = None) -> dict:
+        """Check and store an upload: `body`, or (body None) the opaque body already in the blob
+        store as `key` of `size` bytes."""
+        size = len(body) if body is not None else size
+        try:
+            with Session() as db:
+                job = load_job(db, job_id)
+                _check_upload(db, job, site, to, topic, body, size)
+                if body is not None and blobs is not None and size >= blobs.threshold:
+                    key = blob_key(body)
+                existing = message_ref(db, job_id, site, to, topic)
+                if existing is not None:
+                    old_body, old_key, old_size = existing
+                    same = old_size == size and (old_key == key if old_key is not None else old_body == body)
+                    if same:
+                        return {"stored": False, "detail": "identical message already stored"}
+                    raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded with other content")
+                db.add(new_message(db, job_id, site, to, topic, body, key, size))  # a large body: its file first
+                try:
+                    db.commit()
+                except IntegrityError:
+                    db.rollback()
+                    raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
+        except HTTPException:
+            if key is not None:  # a file that no row names (this upload's, refused): removed now
+                with Session() as db:
+                    if db.scalar(select(Message.id).where(Message.blob == key)) is None:
+                        blobs.delete(key)
+            raise
+        return {"stored": True, "bytes": size}
 
     def find_message(job_id: str, site: str, sender: str, topic: str):
         with Session() as db:
@@ -535,10 +563,20 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
     return 1 << 62  # pair messages and shares: the service's own limit
 
 
-def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes) -> None:
-    """Who may send what, when, and is it well formed? Raises the 4xx that says why not."""
-    if len(body) > _check_topic(db, job, site, to, topic):
+OPAQUE = ("pair", "share")  # bodies of a predict job's topics checked only for being there
+
+
+def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | None, size: int) -> None:
+    """Who may send what, when, and is it well formed? Raises the 4xx that says why not. body None:
+    an opaque body of `size` bytes, kept in the blob store."""
+    if size > _check_topic(db, job, site, to, topic):
         raise HTTPException(413, f"{topic!r}: the body exceeds its limit")
+    if body is None:
+        if job.kind != "predict" or topic.split("/")[0] not in OPAQUE:
+            raise HTTPException(422, f"{topic!r}: its body is checked at upload and cannot come as a file")
+        if size == 0:
+            raise HTTPException(422, f"{topic!r}: empty body")
+        return
     if job.kind == "train":
         refused = check_train_upload(db, job, site, to, topic, body)
         if refused:

@@ -84,6 +84,10 @@ class BlobStore:
             _fsync_dir(path.parent)
         return key
 
+    def incoming(self) -> Incoming:
+        """A body arriving in chunks, written to a temporary file as it comes (never whole in memory)."""
+        return Incoming(self)
+
     def read(self, key: str, size: int | None = None) -> bytes:
         body = self.path(key).read_bytes()
         if size is not None and len(body) != size:
@@ -113,6 +117,46 @@ class BlobStore:
                     f.unlink(missing_ok=True)
                     removed += 1
         return removed
+
+
+class Incoming:
+    """write(chunk)… then finish() → (key, size): the file is renamed to its content's name, as `put`
+    does; abort() (or an exception inside a `with`) removes what was written."""
+
+    def __init__(self, store: BlobStore):
+        self.store, self.size, self._hash = store, 0, hashlib.sha256()
+        (store.root / "incoming").mkdir(exist_ok=True)  # (swept at start like the other folders)
+        self._tmp = store.root / "incoming" / f".{uuid.uuid4().hex}.tmp"
+        self._f = open(os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+
+    def write(self, chunk: bytes) -> None:
+        self._f.write(chunk)
+        self._hash.update(chunk)
+        self.size += len(chunk)
+
+    def finish(self) -> tuple[str, int]:
+        key = self._hash.hexdigest()
+        path = self.store.path(key)
+        if self.store.fsync:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        self._f.close()
+        path.parent.mkdir(exist_ok=True)
+        os.replace(self._tmp, path)  # the same content under the same name: replacing it changes nothing
+        if self.store.fsync:
+            _fsync_dir(path.parent)
+        return key, self.size
+
+    def abort(self) -> None:
+        self._f.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Incoming:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if not self._f.closed:
+            self.abort()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -125,11 +125,13 @@ def _blob_store(db):
     return store
 
 
-def new_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes,
-                key: str | None = None) -> Message:
+def new_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes | None,
+                key: str | None = None, size: int | None = None) -> Message:
     """A Message row for body: a body of at least the store's threshold is written to the blob store
     first (see service.blobs for durability) and the row names it; a smaller one, or any without a
-    store, goes in the row."""
+    store, goes in the row. body None: it is in the store already, as `key` of `size` bytes."""
+    if body is None:
+        return Message(job_id=job_id, sender=sender, recipient=recipient, topic=topic, size=size, body=b"", blob=key)
     store = db.info.get("blobs")
     if store is not None and len(body) >= store.threshold:
         key = store.put(body, key)

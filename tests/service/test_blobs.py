@@ -47,6 +47,23 @@ def test_blob_store_put_read_delete_sweep(tmp_path):
         store.path("../../etc/passwd")
 
 
+def test_a_body_streamed_to_the_store_gets_its_content_name_or_leaves_nothing(tmp_path):
+    store = BlobStore(tmp_path / "b", threshold=10)
+    chunks = [bytes([i]) * 1000 for i in range(50)]
+    with store.incoming() as spill:
+        for c in chunks:
+            spill.write(c)
+        key, size = spill.finish()
+    body = b"".join(chunks)
+    assert key == blob_key(body) and size == len(body) and store.read(key, size) == body
+    with pytest.raises(RuntimeError):
+        with store.incoming() as spill:
+            spill.write(b"half a message")
+            raise RuntimeError("the sender vanished")
+    assert [f.name for f in (store.root / "incoming").iterdir()] == []  # nothing half-written is left
+    assert {f.name for f in store.root.glob("??/*")} == {key}
+
+
 def test_default_blob_dir():
     assert default_blob_dir("sqlite:////var/x/coord.db") == "/var/x/coord.db.blobs"
     assert default_blob_dir("sqlite:///rel.db") == "rel.db.blobs"
@@ -110,13 +127,22 @@ def test_relayed_blobs_survive_a_restart_and_replays(db_url, tmp_path):
 
 @pytest.fixture
 def rig(db_url, tmp_path):
-    store_puts = []
+    store_puts, store_streamed = [], []
     settings = Settings(database=db_url, admin_token=ADMIN, engine_interval=0.02, blob_dir=str(tmp_path / "blobs"),
                         blob_threshold=4096)
     with TestClient(create_app(settings)) as tc:
         store = tc.app.state.sessionmaker.kw["info"]["blobs"]
         put = store.put
         store.put = lambda body, key=None: store_puts.append(len(body)) or put(body, key)
+        incoming = store.incoming
+
+        def streamed():  # a relayed body written to its file as it arrived
+            spill = incoming()
+            finish = spill.finish
+            spill.finish = lambda: store_streamed.append(spill.size) or finish()
+            return spill
+
+        store.incoming = streamed
         X, y = load_arrays("digits", limit=240, seed=5)
         ds = simulate_sites(X, y, 3, "iid", 0.2, seed=5)
         admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
@@ -127,11 +153,11 @@ def rig(db_url, tmp_path):
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", token, transport=tc._transport)
             agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
-        yield ds, admin, agents, tc, store, store_puts
+        yield ds, admin, agents, tc, store, (store_puts, store_streamed)
 
 
 def test_ot_job_through_blobs_equals_in_process_and_leaves_no_pair_files(rig):
-    ds, admin, agents, tc, store, store_puts = rig
+    ds, admin, agents, tc, store, (_, store_streamed) = rig
     job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=64, k=5, classes=10)
     end = time.monotonic() + 120
     while not all(a.result_path(job).exists() for a in agents.values()):
@@ -139,7 +165,8 @@ def test_ot_job_through_blobs_equals_in_process_and_leaves_no_pair_files(rig):
         for a in agents.values():
             a.step(job)
         time.sleep(0.01)
-    assert store_puts and max(store_puts) > 4096  # the pair messages went through files
+    # the pair messages and shares went to files as they arrived, never whole in the relay's memory
+    assert store_streamed and min(store_streamed) >= 4096
     contributions = {s: bytes.fromhex(a.state(job)["contribution"]) for s, a in agents.items()}
     ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=64, k=5, crypto="ot"), contributions=contributions)
     for s, a in agents.items():
