@@ -207,6 +207,18 @@ class _Counter:
         fedavg_mod.XCLPLabeller.__call__ = self._orig
 
 
+def timed_training(cfg: TrainConfig) -> tuple[dict, _Counter, float, list, list]:
+    """(result, its XCLP counter, wall seconds, accuracy curve, pseudo-label accuracy curve) of one run."""
+    with _Counter() as c:
+        t0 = time.perf_counter()
+        out = run_training(cfg)
+        wall = time.perf_counter() - t0
+    h = out["history"]
+    accs = [x["accuracy"] for x in h if x.get("accuracy") is not None]
+    pseudo = [x["pseudo_label_accuracy"] for x in h if x.get("pseudo_label_accuracy") is not None]
+    return out, c, wall, accs, pseudo
+
+
 def part2(quick: bool, refreshes: list[int], rounds: int, sites: int, seed: int = 0) -> dict:
     base = dict(algorithm="fedavg-xclp", dataset="fashion-mnist", sites=sites, split="iid", labels=50 * sites,
                 train_size=1000 * sites, test_size=2000, rounds=rounds, sites_per_round=5, local_epochs=5,
@@ -215,14 +227,8 @@ def part2(quick: bool, refreshes: list[int], rounds: int, sites: int, seed: int 
         base.update(sites=10, labels=200, train_size=2000, rounds=4, local_epochs=1, test_size=500)
     runs = []
     for R in refreshes:
-        with _Counter() as c:
-            t0 = time.perf_counter()
-            out = run_training(TrainConfig(refresh=R, **base))
-            wall = time.perf_counter() - t0
-        h = out["history"]
-        accs = [x["accuracy"] for x in h if x.get("accuracy") is not None]
-        pseudo = [x["pseudo_label_accuracy"] for x in h if x.get("pseudo_label_accuracy") is not None]
-        row = {"refresh": R, "rounds": len(h), "final_accuracy": out["final_accuracy"], "best_accuracy": max(accs),
+        out, c, wall, accs, pseudo = timed_training(TrainConfig(refresh=R, **base))
+        row = {"refresh": R, "rounds": len(out["history"]), "final_accuracy": out["final_accuracy"], "best_accuracy": max(accs),
                "pseudo_label_accuracy_mean": float(np.mean(pseudo)), "pseudo_label_accuracy_last": pseudo[-1],
                "xclp_runs": c.calls, "xclp_rounds": c.rounds, "xclp_seconds": c.seconds, "seconds": wall,
                "xclp_bytes": out["communication_bytes"]["xclp_bytes"],
@@ -297,14 +303,8 @@ def secure_training(quick: bool, crypto: str, per_site: int, rounds: int, seed: 
         base.update(rounds=2, local_epochs=1, test_size=500)
     out = {"config": base, "runs": {}}
     for c in (crypto, "plaintext"):
-        with _Counter() as cnt:
-            t0 = time.perf_counter()
-            res = run_training(TrainConfig(crypto=c, **base))
-            wall = time.perf_counter() - t0
-        h = res["history"]
-        accs = [x["accuracy"] for x in h if x.get("accuracy") is not None]
-        pseudo = [x["pseudo_label_accuracy"] for x in h if x.get("pseudo_label_accuracy") is not None]
-        out["runs"][c] = {"seconds": wall, "rounds": len(h), "xclp_runs": cnt.calls, "xclp_seconds": cnt.seconds,
+        res, cnt, wall, accs, pseudo = timed_training(TrainConfig(crypto=c, **base))
+        out["runs"][c] = {"seconds": wall, "rounds": len(res["history"]), "xclp_runs": cnt.calls, "xclp_seconds": cnt.seconds,
                           "seconds_without_xclp": wall - cnt.seconds, "final_accuracy": res["final_accuracy"],
                           "accuracy_curve": accs, "pseudo_curve": pseudo,
                           "xclp_bytes": res["communication_bytes"]["xclp_bytes"]}

@@ -55,6 +55,23 @@ def expire_deadline(sessionmaker, job_id: str) -> None:
         db.commit()
 
 
+def announce_all(client, job: str, heads: dict) -> None:
+    """Every site of `heads` (name -> its auth headers) announces itself (any key, 4 points, one
+    labelled); returns once the job is in its seed phase."""
+    import numpy as np
+
+    from crypto.keys import SiteKeyPair
+    from xclp.protocol import encode_announce
+
+    for name, h in heads.items():
+        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
+        assert client.put(f"/jobs/{job}/messages/announce", content=body, headers=h).status_code == 200
+    end = time.monotonic() + 120
+    while client.get(f"/jobs/{job}", headers=next(iter(heads.values()))).json()["phase"] != "seed":
+        assert time.monotonic() < end, "the job did not reach its seed phase"
+        time.sleep(0.02)
+
+
 def admin_headers():
     return {"Authorization": f"Bearer {ADMIN}"}
 

@@ -1,7 +1,7 @@
 """Every endpoint refuses bad input with a clear 4xx, stores nothing and loses nothing."""
 
 import numpy as np
-from svc import ADMIN, add, admin_headers, message_count
+from svc import ADMIN, add, admin_headers, announce_all, message_count
 
 from crypto.keys import SiteKeyPair
 from xclp.protocol import encode_announce
@@ -91,20 +91,12 @@ def test_messages_are_checked_before_storing(app_client):
 
 
 def test_a_site_reads_only_its_own_messages(app_client):
-    import time
-
     ha, hb = add(app_client, "a"), add(app_client, "b")
     hc = add(app_client, "c")
     job = app_client.post("/jobs", json={"sites": ["a", "b", "c"], "crypto": "plaintext", "classes": 2},
                           headers=admin_headers()).json()["job"]
     url = f"/jobs/{job}/messages"
-    for name, h in (("a", ha), ("b", hb), ("c", hc)):
-        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
-        assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
-    for _ in range(100):
-        if app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
-            break
-        time.sleep(0.05)
+    announce_all(app_client, job, {"a": ha, "b": hb, "c": hc})
     assert app_client.put(f"{url}/seed?to=b", content=b"sealed-for-b", headers=ha).status_code == 200
     assert app_client.put(f"{url}/seed?to=a", content=b"x", headers=ha).status_code == 422  # not to itself
     assert app_client.put(f"{url}/seed?to=zz", content=b"x", headers=ha).status_code == 422
@@ -117,7 +109,6 @@ def test_who_may_send_is_settled_before_the_body_is_read_and_each_topic_has_its_
     """Issue 13, fault 4: a site outside the job, or a topic of another phase, is refused before its
     body counts (not a 413 after reading it); a topic's body is bounded by what it can hold (a seed
     contribution: 4 KiB, not the service's 1 MiB); a pair protocol's messages are bounded in number."""
-    import time
 
     from crypto.hamming_api import MAX_PAIR_MESSAGES
 
@@ -130,13 +121,7 @@ def test_who_may_send_is_settled_before_the_body_is_read_and_each_topic_has_its_
     assert app_client.put(f"{url}/announce", content=huge, headers=outsider).status_code == 403
     assert app_client.put("/jobs/nope/messages/announce", content=huge, headers=ha).status_code == 404
     assert app_client.put(f"{url}/seed?to=b", content=huge, headers=ha).status_code == 409  # not the phase yet
-    for name, h in (("a", ha), ("b", hb)):
-        body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
-        assert app_client.put(f"{url}/announce", content=body, headers=h).status_code == 200
-    for _ in range(400):
-        if app_client.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
-            break
-        time.sleep(0.05)
+    announce_all(app_client, job, {"a": ha, "b": hb})
     before = message_count(app_client)
     r = app_client.put(f"{url}/seed?to=b", content=b"x" * 5000, headers=ha)
     assert r.status_code == 413 and "limit of 4096" in r.json()["detail"]

@@ -8,17 +8,16 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
-from svc import ADMIN, admin_headers
+from svc import ADMIN, admin_headers, announce_all
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
 from clients.policy import SitePolicy
-from crypto.keys import SiteKeyPair
 from service.app import Settings, create_app
 from service.blobs import BlobStore, blob_key, default_blob_dir
 from service.db import Message
 from xclp.data import load_arrays
-from xclp.protocol import JobParams, encode_announce
+from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
@@ -89,13 +88,7 @@ def test_relayed_blobs_survive_a_restart_and_replays(db_url, tmp_path):
         job = c.post("/jobs", json={"sites": ["a", "b"], "crypto": "plaintext", "classes": 2},
                      headers=admin_headers()).json()["job"]
         url = f"/jobs/{job}/messages"
-        for name, h in (("a", ha), ("b", hb)):
-            body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
-            assert c.put(f"{url}/announce", content=body, headers=h).status_code == 200
-        for _ in range(200):
-            if c.get(f"/jobs/{job}", headers=ha).json()["phase"] == "seed":
-                break
-            time.sleep(0.02)
+        announce_all(c, job, {"a": ha, "b": hb})
         big, small = bytes(range(256)) * 12, b"sealed"  # (a seed message is at most 4 KiB)
         assert c.put(f"{url}/seed?to=b", content=big, headers=ha).json()["stored"] is True
         with c.app.state.sessionmaker() as db:
