@@ -48,7 +48,8 @@ from service.db import (
     message_ref,
     new_message,
 )
-from service.engine import DEFAULT_DEADLINES, JobEngine, job_params, pair_list
+from service.engine import JobEngine, job_params, pair_list
+from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_api import make_training_router

@@ -30,14 +30,15 @@ import time
 from sqlalchemy import delete, select
 
 from crypto.errors import ProtocolError
-from service.db import COORDINATOR, Job, Message, has_messages, message_body, new_message, utcnow
+from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
+from service.lifecycle import drop, expired, fail, next_phase, put_message
+from service.training_engine import TRAIN_STEPS, obsolete_round_messages
 from xclp.protocol import CoordinatorSession, JobParams, Layout, encode_roster
 from xclp.wire import dump_bundle
 
 log = logging.getLogger("xclp.engine")
 
 PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
-DEFAULT_DEADLINES = {"setup": 600.0, "seed": 120.0, "counts": 120.0, "hamming": 3600.0, "row_sums": 600.0}
 
 
 def job_params(job: Job) -> JobParams:
@@ -46,10 +47,6 @@ def job_params(job: Job) -> JobParams:
 
 def pair_list(order: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for i, a in enumerate(order) for b in order[i + 1 :]]
-
-
-def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:
-    db.add(new_message(db, job_id, sender, recipient, topic, body))
 
 
 class JobEngine:
@@ -133,43 +130,10 @@ def obsolete_messages(db, job: Job) -> list[int]:
     (sealed; for OT n_a·n_b·L values per pair) has served its purpose once the shares and results
     are in; a training job's are listed by its own engine, round by round."""
     if job.kind == "train":
-        from service.training_engine import obsolete_round_messages
-
         return obsolete_round_messages(db, job)
     if job.status == "running":
         return []
     return list(db.scalars(select(Message.id).where(Message.job_id == job.id, Message.topic.startswith("pair/"))))
-
-
-def fail(job: Job, reason: str) -> None:
-    job.status, job.failure, job.finished_at = "failed", reason, utcnow()
-    log.info(json.dumps({"event": "job_failed", "job": job.id, "reason": reason}))
-
-
-def _next_phase(job: Job, phase: str) -> None:
-    now = utcnow()
-    job.timings = {**job.timings, job.phase: round((now - job.phase_started_at).total_seconds(), 3)}
-    job.attempts = {**job.attempts, job.phase: job.attempt}
-    log.info(json.dumps({"event": "phase", "job": job.id, "from": job.phase, "to": phase, "live": job.live}))
-    job.phase, job.attempt, job.phase_started_at = phase, 0, now
-    if phase == "done":
-        job.status, job.finished_at = "done", now
-
-
-def _drop(job: Job, sites: set[str]) -> None:
-    if not sites:
-        return
-    job.dropped = {**job.dropped, **{s: job.phase for s in sorted(sites)}}
-    job.live = [s for s in job.live if s not in sites]
-    log.info(json.dumps({"event": "dropped", "job": job.id, "phase": job.phase, "sites": sorted(sites)}))
-
-
-def _expired(job: Job, since=None) -> bool:
-    """True once the current phase has run past its deadline, counted from `since` (default: the
-    phase's start). A job's deadlines are stored whole at submission; the table is the fallback."""
-    limit = float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
-    start = job.phase_started_at if since is None else max(since, job.phase_started_at)
-    return (utcnow() - start).total_seconds() > limit
 
 
 def advance(db, job: Job) -> bool:
@@ -177,8 +141,6 @@ def advance(db, job: Job) -> bool:
     if job.status != "running":
         return False
     before = (job.phase, job.attempt, job.round, tuple(job.live))
-    from service.training_engine import TRAIN_STEPS  # training jobs: rounds instead of XCLP phases
-
     (TRAIN_STEPS if job.kind == "train" else PHASE_STEPS)[job.phase](db, job)
     if len(job.live) < 2 and job.status == "running":
         fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
@@ -192,16 +154,16 @@ def _setup(db, job: Job) -> None:
     have = has_messages(db, job.id, COORDINATOR, "announce")
     missing = set(job.live) - have
     if missing:
-        if not _expired(job):
+        if not expired(job):
             return
-        _drop(job, missing)  # never announced: as if it had never been in the job
+        drop(job, missing)  # never announced: as if it had never been in the job
         if len(job.live) < 2:
             return
     order = [s for s in job.sites if s in job.live]
     roster = encode_roster([message_body(db, job.id, s, COORDINATOR, "announce") for s in order])
     for s in order:
         put_message(db, job.id, COORDINATOR, s, "roster", roster)
-    _next_phase(job, "seed")
+    next_phase(job, "seed")
 
 
 def _seed(db, job: Job) -> None:
@@ -213,11 +175,11 @@ def _seed(db, job: Job) -> None:
         sent[s] = peers <= got
     incomplete = {s for s, ok in sent.items() if not ok}
     if incomplete:
-        if not _expired(job):
+        if not expired(job):
             return
-        _drop(job, incomplete)
+        drop(job, incomplete)
     job.seed_sites = [s for s in job.sites if s in job.live]
-    _next_phase(job, "counts")
+    next_phase(job, "counts")
 
 
 def _masked_sum_ready(db, job: Job, topic: str) -> bool:
@@ -227,8 +189,8 @@ def _masked_sum_ready(db, job: Job, topic: str) -> bool:
     missing = set(job.live) - has_messages(db, job.id, COORDINATOR, topic)
     if not missing:
         return True
-    if _expired(job):
-        _drop(job, missing)
+    if expired(job):
+        drop(job, missing)
         job.attempt += 1
         job.phase_started_at = utcnow()
     return False
@@ -244,7 +206,7 @@ def _counts(db, job: Job) -> None:
     total = coord.counts_total(job.live)
     for s in job.live:
         put_message(db, job.id, COORDINATOR, s, f"counts-total/{job.attempt}", total)
-    _next_phase(job, "hamming")
+    next_phase(job, "hamming")
 
 
 def _hamming_missing(db, job: Job) -> set[str]:
@@ -273,11 +235,11 @@ def _blame(order: list[str], incomplete: set[tuple[str, str]], missing: set[str]
 def _hamming(db, job: Job) -> None:
     missing = _hamming_missing(db, job)
     if missing:
-        if not _expired(job):
+        if not expired(job):
             return
         # Gone before or during SecureHamming: removed from the graph, as if never there. The
         # graph is built in the next step, after this drop is committed.
-        _drop(job, missing)
+        drop(job, missing)
         return
     t0 = time.perf_counter()
     order = [s for s in job.sites if s in job.live]
@@ -297,7 +259,7 @@ def _hamming(db, job: Job) -> None:
             log.warning(json.dumps({"event": "bad_shares", "job": job.id, "pair": [a, b], "error": str(exc)}))
             bad.add((a, b))
     if bad:
-        _drop(job, _blame(order, bad))
+        drop(job, _blame(order, bad))
         return
     W = coord.build_graph(order)
     coord.compute_influence(W)
@@ -306,7 +268,7 @@ def _hamming(db, job: Job) -> None:
         put_message(db, job.id, COORDINATOR, s, "influence", dump_bundle({"layout": layout, "columns": cols}))
     job.graph_sites = order
     job.timings = {**job.timings, "graph_and_influence": round(time.perf_counter() - t0, 3)}
-    _next_phase(job, "row_sums")
+    next_phase(job, "row_sums")
 
 
 def _row_sums(db, job: Job) -> None:
@@ -322,7 +284,7 @@ def _row_sums(db, job: Job) -> None:
         coord.receive_row_sums(s, message_body(db, job.id, s, COORDINATOR, topic))
     for s, body in coord.row_sums_for(list(job.live)).items():
         put_message(db, job.id, COORDINATOR, s, f"sums/{job.attempt}", body)
-    _next_phase(job, "done")
+    next_phase(job, "done")
 
 
 PHASE_STEPS = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming, "row_sums": _row_sums}

@@ -41,8 +41,8 @@ from crypto.errors import ProtocolError
 from crypto.keys import check_peer_public
 from crypto.secure_sum import server_sum
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
-from service.engine import _drop, _expired, put_message
-from service.engine import _next_phase as _phase
+from service.lifecycle import drop, expired, put_message
+from service.lifecycle import next_phase as _phase
 from xclp.protocol import JobParams
 from xclp.training import secure_aggregation as secagg
 from xclp.training.fedavg import FedAvgConfig, aggregate, plan_round
@@ -96,9 +96,9 @@ def _set_state(job: Job, **kw) -> None:
 def _setup(db, job: Job) -> None:
     missing = set(job.live) - has_messages(db, job.id, COORDINATOR, "hello")
     if missing:
-        if not _expired(job):
+        if not expired(job):
             return
-        _drop(job, set(missing))
+        drop(job, set(missing))
         if len(job.live) < 2:
             return
     facts = {s: load_json(message_body(db, job.id, s, COORDINATOR, "hello"), what=f"hello from {s}")
@@ -181,7 +181,7 @@ def _round(db, job: Job) -> None:
         # one, so close the round now with the previous model instead of waiting for the deadline.
         _set_state(job, participants=[], round_left_out=sorted({*job.state["round_left_out"], *expected}))
         missing = []
-    if missing and not _expired(job, since):
+    if missing and not expired(job, since):
         return
     if missing and _secure(job):
         # A masked sum needs every mask in it: restart it without the missing sites.
@@ -207,7 +207,7 @@ def _round(db, job: Job) -> None:
         strikes[s] = strikes.get(s, 0) + 1 if s in row["left_out"] else 0
     gone = {s for s, n in strikes.items() if n >= int(job.params.get("max_missed_rounds", 3)) and s in job.live}
     _set_state(job, history=[*job.state["history"], row], strikes=strikes)
-    _drop(job, gone)  # missed too many rounds in a row: no longer waited for
+    drop(job, gone)  # missed too many rounds in a row: no longer waited for
     log.info(json.dumps({"event": "round", "job": job.id, "round": t, "left_out": row["left_out"]}))
     total = _total_rounds(job)
     if t >= total:
@@ -347,7 +347,7 @@ def obsolete_round_messages(db, job: Job) -> list[int]:
 
 def _evaluate(db, job: Job) -> None:
     missing = set(job.live) - has_messages(db, job.id, COORDINATOR, "eval")
-    if missing and not _expired(job):
+    if missing and not expired(job):
         return
     metrics = {s: load_json(message_body(db, job.id, s, COORDINATOR, "eval"), what=f"eval from {s}")
                for s in job.live if s not in missing}

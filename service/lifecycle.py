@@ -1,0 +1,52 @@
+"""What every kind of job shares on the coordinator: how it moves to its next phase or fails, how a
+site is dropped from it, when a phase's deadline has passed, and how the coordinator writes a
+message. The predict engine (service.engine) and the training engine (service.training_engine)
+both build on it; neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from service.db import Job, new_message, utcnow
+
+log = logging.getLogger("xclp.engine")
+
+# A predict job's phase deadlines, in seconds (a job stores its own, whole, at submission).
+DEFAULT_DEADLINES = {"setup": 600.0, "seed": 120.0, "counts": 120.0, "hamming": 3600.0, "row_sums": 600.0}
+
+
+def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:
+    db.add(new_message(db, job_id, sender, recipient, topic, body))
+
+
+def fail(job: Job, reason: str) -> None:
+    job.status, job.failure, job.finished_at = "failed", reason, utcnow()
+    log.info(json.dumps({"event": "job_failed", "job": job.id, "reason": reason}))
+
+
+def next_phase(job: Job, phase: str) -> None:
+    now = utcnow()
+    job.timings = {**job.timings, job.phase: round((now - job.phase_started_at).total_seconds(), 3)}
+    job.attempts = {**job.attempts, job.phase: job.attempt}
+    log.info(json.dumps({"event": "phase", "job": job.id, "from": job.phase, "to": phase, "live": job.live}))
+    job.phase, job.attempt, job.phase_started_at = phase, 0, now
+    if phase == "done":
+        job.status, job.finished_at = "done", now
+
+
+def drop(job: Job, sites: set[str]) -> None:
+    if not sites:
+        return
+    job.dropped = {**job.dropped, **{s: job.phase for s in sorted(sites)}}
+    job.live = [s for s in job.live if s not in sites]
+    log.info(json.dumps({"event": "dropped", "job": job.id, "phase": job.phase, "sites": sorted(sites)}))
+
+
+def expired(job: Job, since=None) -> bool:
+    """True once the current phase has run past its deadline, counted from `since` (default: the
+    phase's start). A job's deadlines are stored whole at submission; the table is the fallback."""
+    limit = float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
+    start = job.phase_started_at if since is None else max(since, job.phase_started_at)
+    return (utcnow() - start).total_seconds() > limit
