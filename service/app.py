@@ -5,28 +5,27 @@ sites) and a job's messages. A message is addressed: a site uploads its part of 
 coordinator, or a sealed site-to-site message to a peer (the coordinator only relays it), and
 downloads what is addressed to it — nothing else. Bodies are binary (arrays as .npy, sealed channel
 messages, ciphertexts); JSON only for control. Every upload is checked (who, which phase, which
-attempt, size, shape) before anything is stored; an identical replay stores nothing.
+attempt, size, shape) before anything is stored; an identical replay stores nothing. The message
+routes are in service.messages_api, the training routes in service.training_api, the request and
+error schemas in service.schemas.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import hmac
 import logging
 import re
 import secrets
-import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, Field
@@ -34,9 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crypto.errors import ProtocolError
-from crypto.hamming_api import MAX_PAIR_MESSAGES
-from service.blobs import DEFAULT_THRESHOLD, BlobStore, blob_key, default_blob_dir
+from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
 from service.db import (
     COORDINATOR,
     Job,
@@ -44,18 +41,15 @@ from service.db import (
     Site,
     make_engine,
     make_sessionmaker,
-    message_body,
-    message_ref,
-    new_message,
 )
-from service.engine import JobEngine, job_params, pair_list
+from service.engine import JobEngine, pair_list
 from service.lifecycle import DEFAULT_DEADLINES
+from service.messages_api import make_messages_router
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_api import make_training_router
-from service.training_engine import check_train_upload, train_progress
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, CoordinatorSession, JobParams, decode_announce
-from xclp.wire import load_array
+from service.training_engine import train_progress
+from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 
 log = logging.getLogger("xclp.service")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -78,10 +72,6 @@ class Settings:
     blob_fsync: bool | None = None
     # Long polls (`?wait=`) a site may hold at once; more are answered at once, as without `wait`.
     max_waits_per_site: int = 8
-
-
-class _BlobResponse(FileResponse):
-    chunk_size = 1 << 20  # fewer thread hops than the default 64 KiB for bodies of tens of MB
 
 
 def hash_token(token: str) -> str:
@@ -161,8 +151,6 @@ def create_app(settings: Settings) -> FastAPI:
     requests_total = Counter("xclp_requests_total", "HTTP requests", ["method", "status"], registry=registry)
     bytes_in = Counter("xclp_upload_bytes_total", "bytes of accepted uploads", registry=registry)
     jobs_gauge = Gauge("xclp_jobs", "jobs by status", ["status"], registry=registry)
-    waiting_gauge = Gauge("xclp_long_polls_waiting", "long polls waiting for their message", registry=registry)
-    waiting: dict[str, int] = {}  # site -> its long polls waiting now (touched only on the event loop)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -330,141 +318,13 @@ def create_app(settings: Settings) -> FastAPI:
         return {"jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
                 "done": [j.id for j in jobs if site in j.live and j.status == "done"]}
 
-    # --- messages -------------------------------------------------------------------------------
-    @app.put("/jobs/{job_id}/messages/{topic:path}", tags=["messages"], responses=errors(401, 403, 404, 409, 413, 422),
-             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
-                 "schema": {"type": "string", "format": "binary"}}}}})
-    async def upload(job_id: str, topic: str, request: Request, to: str = COORDINATOR,
-                     site: str = Depends(require_site)):
-        # Who may send what is settled before a byte of the body is read: a site outside the job, a
-        # topic of another phase or a pair message beyond the protocol's count costs the coordinator
-        # nothing. Then the body is read up to the topic's own limit.
-        limit, opaque = await run_in_threadpool(admit, job_id, site, to, topic)
-        limit = min(settings.max_body_bytes, limit)
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HTTPException(413, f"{topic!r}: a body of {declared} bytes exceeds its limit of {limit}")
-        # A relayed body the coordinator only passes on (pair messages, shares) goes to a file as it
-        # arrives once it reaches the blob threshold: the relay never holds a large body whole.
-        chunks, size, spill = [], 0, None
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPException(413, f"{topic!r}: the body exceeds its limit of {limit} bytes")
-                if spill is not None:
-                    spill.write(chunk)
-                    continue
-                chunks.append(chunk)
-                if opaque and blobs is not None and size >= blobs.threshold:
-                    spill = blobs.incoming()
-                    spill.write(b"".join(chunks))
-                    chunks = []
-            if spill is not None:
-                key, size = await run_in_threadpool(spill.finish)
-                # Checks and the database write run in a worker thread: they must not stall the
-                # event loop that serves every other site's polls.
-                result = await run_in_threadpool(store, job_id, site, to, topic, None, key, size)
-            else:
-                result = await run_in_threadpool(store, job_id, site, to, topic, b"".join(chunks))
-        finally:
-            if spill is not None:
-                spill.abort()  # (nothing left to remove once finished)
-        if result["stored"]:
-            bytes_in.inc(size)
-            job_engine.wakeup.set()
-        return result
-
-    def admit(job_id: str, site: str, to: str, topic: str) -> tuple[int, bool]:
-        """The byte limit of an upload the caller may make now (else the 4xx that says why not), and
-        whether its body is opaque here (relayed or combined later, never parsed at upload)."""
-        with Session() as db:
-            job = load_job(db, job_id)
-            limit = _check_topic(db, job, site, to, topic)
-            return limit, job.kind == "predict" and topic.split("/")[0] in OPAQUE
-
-    def store(job_id: str, site: str, to: str, topic: str, body: bytes | None, key: str | None = None,
-              size: int | None = None) -> dict:
-        """Check and store an upload: `body`, or (body None) the opaque body already in the blob
-        store as `key` of `size` bytes."""
-        size = len(body) if body is not None else size
-        try:
-            with Session() as db:
-                job = load_job(db, job_id)
-                _check_upload(db, job, site, to, topic, body, size)
-                if body is not None and blobs is not None and size >= blobs.threshold:
-                    key = blob_key(body)
-                existing = message_ref(db, job_id, site, to, topic)
-                if existing is not None:
-                    old_body, old_key, old_size = existing
-                    same = old_size == size and (old_key == key if old_key is not None else old_body == body)
-                    if same:
-                        return {"stored": False, "detail": "identical message already stored"}
-                    raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded with other content")
-                db.add(new_message(db, job_id, site, to, topic, body, key, size))  # a large body: its file first
-                try:
-                    db.commit()
-                except IntegrityError:
-                    db.rollback()
-                    raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded") from None
-        except HTTPException:
-            if key is not None:  # a file that no row names (this upload's, refused): removed now
-                with Session() as db:
-                    if db.scalar(select(Message.id).where(Message.blob == key)) is None:
-                        blobs.delete(key)
-            raise
-        return {"stored": True, "bytes": size}
-
-    def find_message(job_id: str, site: str, sender: str, topic: str):
-        with Session() as db:
-            job = load_job(db, job_id)
-            if site not in job.sites:
-                raise HTTPException(403, f"site {site!r} is not in job {job_id}")
-            return message_ref(db, job_id, sender, site, topic)
-
-    def site_of_token(token: str = Depends(bearer)) -> str:
-        with Session() as db:  # closed at once: a long poll holds no database connection
-            return require_site(token, db)
-
-    @app.get("/jobs/{job_id}/messages/{topic:path}", tags=["messages"], responses=errors(401, 403, 404, 422),
-             response_class=Response)
-    async def download(job_id: str, topic: str, sender: str = COORDINATOR,
-                       wait: float = Query(0.0, ge=0, allow_inf_nan=False, description="seconds to wait (≤ 10)"),
-                       site: str = Depends(site_of_token)):
-        """A message addressed to the caller (and only to the caller). wait: seconds (≤ 10) to wait
-        for it if it is not there yet (a long poll: one request instead of many; at most
-        `max_waits_per_site` of a site's wait at once, the others are answered at once)."""
-        ref = await run_in_threadpool(find_message, job_id, site, sender, topic)
-        wait = min(max(wait, 0.0), 10.0)
-        # A waiting poll sleeps on the event loop, not in a worker thread, and looks again with a
-        # short database read: waiting polls cannot take the threads every other request needs.
-        if ref is None and wait > 0 and waiting.get(site, 0) < settings.max_waits_per_site:
-            waiting[site] = waiting.get(site, 0) + 1
-            waiting_gauge.inc()
-            try:
-                end = time.monotonic() + wait
-                while ref is None and time.monotonic() < end:
-                    await asyncio.sleep(0.05)
-                    ref = await run_in_threadpool(find_message, job_id, site, sender, topic)
-            finally:
-                waiting[site] -= 1
-                waiting_gauge.dec()
-        if ref is None:
-            raise HTTPException(404, f"no message {topic!r} from {sender} to {site} (yet)")
-        body, key, size = ref
-        if key is None:
-            return Response(content=body, media_type="application/octet-stream")
-        if blobs is None:
-            raise HTTPException(500, "the message is in the blob store, but this coordinator has no blob folder")
-        path = blobs.ready(key, size)
-        if path is None:  # pruned an instant ago (its job has finished), or lost
-            raise HTTPException(404, f"no message {topic!r} from {sender} to {site}")
-        return _BlobResponse(path, media_type="application/octet-stream")
-
+    messages = make_messages_router(Session, settings, blobs, job_engine, bearer, require_site, load_job, bytes_in,
+                                    registry)
+    app.include_router(messages)
     training = make_training_router(Session, job_engine, require_admin, caller, load_job,
                                     lambda db, names: set(db.scalars(select(Site.name).where(Site.name.in_(names)))))
     app.include_router(training)
-    api_routes.extend(r for r in [*app.router.routes, *training.routes] if isinstance(r, APIRoute))
+    api_routes.extend(r for r in [*app.router.routes, *messages.routes, *training.routes] if isinstance(r, APIRoute))
     return app
 
 
@@ -507,105 +367,3 @@ def _progress(db, job: Job) -> dict:
         got = expected
     return {"phase": job.phase, "received": int(got or 0), "expected": expected,
             "fraction": round(min(1.0, (got or 0) / expected), 3) if expected else 1.0}
-
-
-SLACK = 1 << 16  # container overhead of an .npz body (names, headers) above its array bytes
-SMALL = {"seed": 1 << 12, "counts": 1 << 16}  # a sealed 32-byte contribution; a vector of class counts
-MAX_ANNOUNCE = 1 << 26  # the labelled rows, 8 bytes each: 8 M labelled points
-
-
-def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
-    """Who may send what, when (everything but the body). Returns the topic's byte limit; raises the
-    4xx that says why not."""
-    if site not in job.sites:
-        raise HTTPException(403, f"site {site!r} is not in job {job.id}")
-    if job.status != "running":
-        raise HTTPException(409, f"job {job.id} is {job.status}")
-    if site not in job.live:
-        raise HTTPException(409, f"site {site!r} was dropped from job {job.id} in phase {job.dropped.get(site)}")
-    if job.kind == "train":
-        return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
-    parts = topic.split("/")
-    kind = parts[0]
-    phase_of = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
-                "share": "hamming", "rows": "row_sums"}
-    if kind not in phase_of:
-        raise HTTPException(422, f"unknown message topic {topic!r}")
-    if phase_of[kind] != job.phase:
-        raise HTTPException(409, f"{kind!r} belongs to phase {phase_of[kind]}; job {job.id} is in phase {job.phase}")
-    relayed = kind in ("seed", "pair")
-    if relayed and (to == site or to not in job.live):
-        raise HTTPException(422, f"{kind!r} goes to another live site of the job, not {to!r}")
-    if not relayed and to != COORDINATOR:
-        raise HTTPException(422, f"{kind!r} goes to the coordinator")
-    if kind in ("counts", "rows"):
-        if len(parts) != 2 or parts[1] != str(job.attempt):
-            raise HTTPException(409, f"{topic!r}: the current attempt of phase {job.phase} is {job.attempt}")
-    elif kind in ("pair", "share"):
-        order = [s for s in job.sites if s in job.live]
-        n_parts = 4 if kind == "pair" else 3
-        if len(parts) != n_parts or (parts[1], parts[2]) not in pair_list(order) or site not in parts[1:3]:
-            raise HTTPException(422, f"{topic!r} does not name a pair of live sites that includes {site}")
-        if kind == "pair" and (to not in parts[1:3] or not parts[3].isdigit()):
-            raise HTTPException(422, f"{topic!r}: pair messages go to the other site of the pair, numbered")
-        if kind == "pair" and int(parts[3]) >= MAX_PAIR_MESSAGES:
-            raise HTTPException(422, f"{topic!r}: a pair protocol sends fewer than {MAX_PAIR_MESSAGES} messages")
-    elif len(parts) != 1:
-        raise HTTPException(422, f"unknown message topic {topic!r}")
-    if kind in SMALL:
-        return SMALL[kind]
-    if kind == "announce":
-        return MAX_ANNOUNCE
-    if kind == "intra":  # n × n uint16 distances (or n × d float64 vectors, `similarity="exact"`)
-        n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
-        return SLACK + n * max(2 * n, 8 << 16)
-    if kind == "rows":
-        return SLACK + 8 * _graph_size(db, job) * job_params(job).n_classes
-    return 1 << 62  # pair messages and shares: the service's own limit
-
-
-OPAQUE = ("pair", "share")  # bodies of a predict job's topics checked only for being there
-
-
-def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | None, size: int) -> None:
-    """Who may send what, when, and is it well formed? Raises the 4xx that says why not. body None:
-    an opaque body of `size` bytes, kept in the blob store."""
-    if size > _check_topic(db, job, site, to, topic):
-        raise HTTPException(413, f"{topic!r}: the body exceeds its limit")
-    if body is None:
-        if job.kind != "predict" or topic.split("/")[0] not in OPAQUE:
-            raise HTTPException(422, f"{topic!r}: its body is checked at upload and cannot come as a file")
-        if size == 0:
-            raise HTTPException(422, f"{topic!r}: empty body")
-        return
-    if job.kind == "train":
-        refused = check_train_upload(db, job, site, to, topic, body)
-        if refused:
-            raise HTTPException(*refused)
-        return
-    kind = topic.split("/")[0]
-    params = job_params(job)
-    try:
-        if kind == "announce":
-            e = decode_announce(body)
-            if e.site != site:
-                raise HTTPException(422, f"announce from {site} names {e.site}")
-        elif kind == "counts":
-            load_array(body, dtype="uint64", shape=(params.n_classes,), what="counts")
-        elif kind == "intra":
-            # The engine's own check (shape, range ≤ L, symmetry, zero diagonal), run now so that a
-            # bad upload is refused here instead of failing the job later.
-            coord = CoordinatorSession(params)
-            coord.register(site, message_body(db, job.id, site, COORDINATOR, "announce"))
-            coord.receive_intra(site, body)
-        elif kind == "rows":
-            n = _graph_size(db, job)
-            load_array(body, dtype="uint64", shape=(n, params.n_classes), what="masked rows")
-        elif len(body) == 0:
-            raise HTTPException(422, f"{topic!r}: empty body")
-    except ProtocolError as exc:
-        raise HTTPException(422, str(exc)) from None
-
-
-def _graph_size(db, job: Job) -> int:
-    return sum(decode_announce(message_body(db, job.id, s, COORDINATOR, "announce")).n for s in job.graph_sites)
