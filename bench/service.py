@@ -44,7 +44,7 @@ import numpy as np
 TARGET_RATIO = 1.5
 FULL = dict(n=None, sites=3, split="dirichlet:0.5", labelled=0.1, bits=256, k=10, alpha=0.99, repeats=3, seed=0)
 QUICK = dict(n=600, sites=3, split="dirichlet:0.5", labelled=0.1, bits=256, k=10, alpha=0.99, repeats=2, seed=0)
-AGENT_POLL = 0.05  # what clients.demo.start_agent passes (--poll)
+AGENT_POLL = 0.05  # what cli.demo.start_agent passes (--poll)
 
 
 def log(msg: str) -> None:
@@ -91,8 +91,8 @@ def wait_agents_ready(work: Path, sites: list[str], procs: list[subprocess.Popen
 
 
 def start_agent(work: Path, url: str, site: str, token: str, data: Path, out: Path) -> subprocess.Popen:
-    """clients.demo.start_agent (token in the environment); these sites accept the plaintext reference."""
-    from clients.demo import start_agent as launch
+    """cli.demo.start_agent (token in the environment); these sites accept the plaintext reference."""
+    from cli.demo import start_agent as launch
 
     return launch(work, url, site, token, data, out, options=["--allow-plaintext"])
 
@@ -134,8 +134,8 @@ def db_bytes(db_path: Path, job: str) -> dict:
 
 
 def service_run(ds, cfg: dict, keep: bool = False) -> dict:
+    from cli.demo import free_port, start_coordinator, wait_healthy
     from clients.api import CoordinatorClient
-    from clients.demo import free_port, start_coordinator, wait_healthy
 
     work = Path(tempfile.mkdtemp(prefix="xclp-bench-service-"))
     admin = "a" + secrets.token_urlsafe(16)  # start_coordinator passes `--admin-token VALUE`: no leading '-'

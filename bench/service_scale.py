@@ -4,7 +4,7 @@ processes, against the same job in process (issue 10).
     .venv/bin/python -m bench.service_scale [--n 20000] [--sites 6] [--crypto lattice] [--bits 1024]
 
 Fashion-MNIST (the first n training images), Dirichlet β = 0.5 over the sites, 10 % labelled:
-(a) through a real coordinator (SQLite) and one agent process per site on 127.0.0.1 (clients.demo's
+(a) through a real coordinator (SQLite) and one agent process per site on 127.0.0.1 (cli.demo's
 LocalCluster); then (b) the same job in process (xclp.simulation.run_xclp, what `xclp simulate
 predict` runs), replayed with the agents' own seed contributions, so that both build the same LSH
 hyperplanes and the labels must be identical. (b) runs after (a) has finished: they do not share the
@@ -53,9 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from clients.demo import LocalCluster
+    from cli.demo import LocalCluster
+    from cli.progress import wait_for_job
     from xclp.data import load_arrays
-    from xclp.progress import wait_for_job
     from xclp.protocol import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
     from xclp.splits import simulate_sites

@@ -66,7 +66,7 @@ def _run(cluster, ds, knobs: dict, algorithm: str) -> tuple[float, bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from clients.demo import LocalCluster
+    from cli.demo import LocalCluster
     from xclp.splits import simulate_sites
     from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
     from xclp.training.messages import load_state

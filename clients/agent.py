@@ -30,7 +30,7 @@ from clients.policy import SitePolicy
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, load_npz, validate_features, validate_labels
-from xclp.protocol import JobParams, SiteSession, decode_roster
+from xclp.protocol import JOB_PHASES, JobParams, SiteSession, decode_roster
 from xclp.wire import load_bundle
 
 log = logging.getLogger("xclp.agent")
@@ -238,8 +238,7 @@ class Agent:
         sess = self.session(job_id, status)
         st = self.state(job_id)
         phase = "done" if status["status"] == "done" else status["phase"]
-        order = ["setup", "seed", "counts", "hamming", "row_sums", "done"]
-        at = order.index(phase)
+        at = JOB_PHASES.index(phase)
         if phase == "setup":
             return self._put_once(st, job_id, "announce", sess.announce())
         if not sess.roster:
@@ -272,7 +271,7 @@ class Agent:
         if sess.layout is None:
             b = load_bundle(self.api.get(job_id, "influence"), ("layout", "columns"), what="influence")
             sess.receive_influence(b["layout"].tobytes(), b["columns"].tobytes())
-        attempt = status["attempt"] if at < order.index("done") else status["attempts"]["row_sums"]
+        attempt = status["attempt"] if at < JOB_PHASES.index("done") else status["attempts"]["row_sums"]
         cached = self.rows.get(job_id)
         if cached is None or cached[0] != attempt:
             # Masks the site's contribution and keeps its own masked rows in the session;

@@ -29,9 +29,9 @@ each site computes `unmask_total(total, frac_bits, shared_mask=S)`. S must be fr
 (attempt is in its derivation). A coalition of the server and any one site learns the total (and, as
 always, the coalition learns nothing beyond what that site plus the server could compute).
 
-Serialisation: `to_bytes` / `from_bytes` encode a uint64 array with a small header:
-    magic "XU64" ‖ version (1) ‖ ndim (1 byte) ‖ dims (8 bytes each, big-endian) ‖ data (little-endian)
-with exact-length and size-limit checks.
+Every function here is the one implementation of its step: the prediction jobs' class counts and
+row sums (xclp/protocol.py) and the FedAvg updates (xclp/training/secure_aggregation.py) call them,
+in the simulation and in the service alike. Arrays travel as .npy bytes (xclp/wire.py).
 """
 
 from __future__ import annotations
@@ -49,10 +49,7 @@ from crypto.fixedpoint import decode, encode
 PRG_KEY_BYTES = 32  # AES-256-CTR with the full pairwise key
 PRG_CHUNK_BYTES = 64 * 1024
 MAX_PRG_VALUES = 1 << 32  # 32 GiB of keystream: far beyond any sum here
-DEFAULT_MAX_ARRAY_BYTES = 1 << 30
-_MAGIC = b"XU64"
-_VERSION = 1
-_MAX_NDIM = 8
+_MAX_NDIM = 8  # a mask of more dimensions is a mistake, not an array of this project
 _SHARED_DOMAIN = b"xclp/shared-mask/v1"
 _ZERO_CHUNK = bytes(PRG_CHUNK_BYTES)
 
@@ -184,11 +181,13 @@ def _own_row_index(own_rows, n: int) -> np.ndarray:
     return rows
 
 
-def mask_rows(contribution, own_rows, mask: np.ndarray, frac_bits: int) -> tuple[np.ndarray, np.ndarray]:
+def mask_rows(contribution, own_rows, mask: np.ndarray, frac_bits: int, send_rows=None) -> tuple[np.ndarray, np.ndarray]:
     """Site step of SecureRowSums.
 
     Returns (to_server, keep): to_server = enc(contribution) + mask with rows `own_rows` set to 0
-    (send it), keep = (enc(contribution) + mask)[own_rows] (keep it for `unmask_rows`).
+    (send it), keep = (enc(contribution) + mask)[own_rows] (keep it for `unmask_rows`). With
+    `send_rows`, only those rows go to the server (the rest zero): a restart without a site leaves
+    that site's rows out, so nobody is sent anything about points that take no part.
     """
     values = np.asarray(contribution)
     _check_u64(mask, "mask")
@@ -200,8 +199,15 @@ def mask_rows(contribution, own_rows, mask: np.ndarray, frac_bits: int) -> tuple
     masked = encode(values, frac_bits)
     masked += mask
     keep = masked[rows].copy()
-    masked[rows] = 0
-    return masked, keep
+    if send_rows is None:
+        masked[rows] = 0
+        return masked, keep
+    send = _own_row_index(send_rows, values.shape[0])
+    if np.intersect1d(send, rows).size:
+        raise ProtocolError("send_rows includes some of the site's own rows")
+    out = np.zeros_like(masked)
+    out[send] = masked[send]
+    return out, keep
 
 
 def server_sum(parts: list[np.ndarray]) -> np.ndarray:
@@ -252,50 +258,3 @@ def unmask_total(total: np.ndarray, frac_bits: int, shared_mask: np.ndarray | No
             raise ProtocolError(f"shared_mask shape {shared_mask.shape} does not match total shape {total.shape}")
         total = total - shared_mask
     return decode(total, frac_bits)
-
-
-# -- serialisation -------------------------------------------------------------------------------
-
-
-def to_bytes(arr: np.ndarray, *, max_bytes: int = DEFAULT_MAX_ARRAY_BYTES) -> bytes:
-    """Serialise a uint64 array: magic ‖ version ‖ ndim ‖ dims ‖ little-endian data."""
-    _check_u64(arr, "array")
-    if arr.ndim > _MAX_NDIM:
-        raise ProtocolError(f"at most {_MAX_NDIM} dimensions")
-    header = _MAGIC + bytes([_VERSION, arr.ndim]) + b"".join(struct.pack(">Q", s) for s in arr.shape)
-    if len(header) + arr.size * 8 > max_bytes:
-        raise ProtocolError(f"array of {arr.size * 8} bytes exceeds max_bytes={max_bytes}")
-    return header + np.ascontiguousarray(arr, dtype="<u8").tobytes()
-
-
-def from_bytes(data: bytes, *, max_bytes: int = DEFAULT_MAX_ARRAY_BYTES, shape=None) -> np.ndarray:
-    """Parse `to_bytes` output; checks magic, version, exact length, size limit and optional shape."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise ProtocolError(f"expected bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > max_bytes:
-        raise ProtocolError(f"array message of {len(data)} bytes exceeds max_bytes={max_bytes}")
-    if len(data) < 6:
-        raise ProtocolError("truncated array message")
-    if data[:4] != _MAGIC:
-        raise ProtocolError("not a uint64 array message (bad magic)")
-    if data[4] != _VERSION:
-        raise ProtocolError(f"unknown array message version {data[4]}")
-    ndim = data[5]
-    if ndim > _MAX_NDIM:
-        raise ProtocolError(f"array message has {ndim} dimensions, at most {_MAX_NDIM}")
-    offset = 6 + 8 * ndim
-    if len(data) < offset:
-        raise ProtocolError("truncated array message header")
-    dims = struct.unpack_from(f">{ndim}Q", data, 6)
-    count = 1
-    for d in dims:
-        count *= d
-    if count * 8 > max_bytes:
-        raise ProtocolError(f"array message declares {count * 8} bytes, over max_bytes={max_bytes}")
-    if len(data) - offset != count * 8:
-        raise ProtocolError(f"array message has {len(data) - offset} data bytes, header declares {count * 8}")
-    arr = np.frombuffer(data, dtype="<u8", offset=offset, count=count).astype(np.uint64).reshape(dims)
-    if shape is not None and arr.shape != tuple(int(s) for s in shape):
-        raise ProtocolError(f"array has shape {arr.shape}, expected {tuple(shape)}")
-    return arr

@@ -33,12 +33,11 @@ from crypto.errors import ProtocolError
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
-from xclp.protocol import CoordinatorSession, JobParams, Layout, encode_roster
+from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, Layout, encode_roster
 from xclp.wire import dump_bundle
 
 log = logging.getLogger("xclp.engine")
 
-PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
 
 
 def job_params(job: Job) -> JobParams:
@@ -288,3 +287,4 @@ def _row_sums(db, job: Job) -> None:
 
 
 PHASE_STEPS = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming, "row_sums": _row_sums}
+assert tuple(PHASE_STEPS) == JOB_PHASES[:-1], "a step for every phase of a job, in order"

@@ -22,7 +22,7 @@ from service.db import COORDINATOR, Job, Message, message_body, message_ref, new
 from service.engine import job_params, pair_list
 from service.schemas import errors
 from service.training_engine import check_train_upload
-from xclp.protocol import CoordinatorSession, decode_announce
+from xclp.protocol import TOPIC_PHASE, CoordinatorSession, decode_announce
 from xclp.wire import load_array
 
 
@@ -187,8 +187,7 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
         return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
     parts = topic.split("/")
     kind = parts[0]
-    phase_of = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
-                "share": "hamming", "rows": "row_sums"}
+    phase_of = TOPIC_PHASE
     if kind not in phase_of:
         raise HTTPException(422, f"unknown message topic {topic!r}")
     if phase_of[kind] != job.phase:

@@ -7,7 +7,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from clients.demo import LocalCluster
+from cli.demo import LocalCluster
 from service.app import Settings, create_app
 
 ADMIN = "admin-token-for-tests"

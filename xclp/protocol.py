@@ -36,10 +36,18 @@ import numpy as np
 
 from crypto.channel import Channel
 from crypto.errors import ProtocolError
-from crypto.fixedpoint import decode, encode
 from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
-from crypto.secure_sum import prg_uint64, shared_mask_key, site_mask
+from crypto.secure_sum import (
+    mask_rows,
+    mask_vector,
+    prg_uint64,
+    server_sum,
+    shared_mask_key,
+    site_mask,
+    unmask_rows,
+    unmask_total,
+)
 from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
 from xclp import graph as graphs
 from xclp import lsh
@@ -51,6 +59,14 @@ from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
 CRYPTO_CHOICES = PROTOCOLS
 DEFAULT_SECURE_CRYPTO = DEFAULT_SECURE  # the fastest secure protocol: the default of jobs, training jobs and the demo
 SECURE_ROW_SUMS_FRAC_BITS = 40
+
+# The phases of a prediction job in the order the coordinator runs them ("done" ends it). The service,
+# the agent and the progress bar take them from here.
+JOB_PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
+# The phase each upload belongs to, by its topic's first segment ("seed" and "pair" go site to site,
+# the rest to the coordinator).
+TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
+               "share": "hamming", "rows": "row_sums"}
 
 
 @dataclass(frozen=True)
@@ -328,18 +344,15 @@ class SiteSession:
 
     def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
         C = self.params.n_classes
-        enc = encode(class_counts(self.y, C).astype(np.float64), 0)
-        masked = enc + self._mask("counts", attempt, participants, (C,))
-        if self.params.secure and self.site == [s for s in self.order if s in participants][0]:
-            masked = masked + self._shared_mask("counts", attempt, C)
-        return dump_array(masked)
+        first = self.site == [s for s in self.order if s in participants][0]
+        shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
+        counts = class_counts(self.y, C).astype(np.float64)
+        return dump_array(mask_vector(counts, self._mask("counts", attempt, participants, (C,)), 0, shared))
 
     def receive_counts(self, total: bytes, attempt: int = 0) -> None:
         C = self.params.n_classes
         t = load_array(total, dtype=np.uint64, shape=(C,), what="counts total")
-        if self.params.secure:
-            t = t - self._shared_mask("counts", attempt, C)
-        counts = decode(t, 0)
+        counts = unmask_total(t, 0, self._shared_mask("counts", attempt, C) if self.params.secure else None)
         # Masks that do not cancel leave uniform values: checking only the sign would accept them with
         # probability 2^-C (a quarter of the time with two classes). No count can exceed the points in
         # the roster, which a uniform 64-bit value does with probability below 2^-40 per class.
@@ -398,12 +411,9 @@ class SiteSession:
         limit = 2.0 ** (63 - self.params.frac_bits) / max(1, len(participants))
         if np.abs(zbar).max(initial=0.0) >= limit:
             raise ProtocolError(f"{self.site}: scores exceed the fixed-point bound {limit:.3g}")
-        masked = encode(zbar, self.params.frac_bits) + self._mask("row_sums", attempt, participants, zbar.shape)
-        own = self.layout.rows(self.site)
-        self._kept = masked[own].copy()
-        out = np.zeros_like(masked)
         others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])
-        out[others] = masked[others]
+        out, self._kept = mask_rows(zbar, self.layout.rows(self.site), self._mask("row_sums", attempt, participants,
+                                    zbar.shape), self.params.frac_bits, send_rows=others)
         return dump_array(out)
 
     def receive_row_sums(self, rows: bytes) -> Prediction:
@@ -411,7 +421,7 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: row sums arrived before this site sent its contribution")
         C = self.params.n_classes
         summed = load_array(rows, dtype=np.uint64, shape=(self.X.shape[0], C), what="row sums")
-        Z = decode(summed + self._kept, self.params.frac_bits)
+        Z = unmask_rows(summed, self._kept, self.params.frac_bits)
         self.result = predict_from_scores(Z, self.y)
         return self.result
 
@@ -460,7 +470,7 @@ class CoordinatorSession:
         missing = [s for s in participants if s not in self.counts_parts]
         if missing:
             raise ProtocolError(f"counts missing from {missing}")
-        return dump_array(np.sum([self.counts_parts[s] for s in participants], axis=0, dtype=np.uint64))
+        return dump_array(server_sum([self.counts_parts[s] for s in participants]))
 
     # --- hamming ---------------------------------------------------------------------------------
     def receive_intra(self, site: str, data: bytes) -> None:
@@ -539,7 +549,7 @@ class CoordinatorSession:
         missing = [s for s in participants if s not in self.row_parts]
         if missing:
             raise ProtocolError(f"row sums missing from {missing}: restart the phase without them")
-        total = np.zeros((self.layout.n, self.params.n_classes), dtype=np.uint64)
-        for s in participants:
-            total += self.row_parts[s]
+        if not participants:
+            return {}
+        total = server_sum([self.row_parts[s] for s in participants])
         return {s: dump_array(total[self.layout.rows(s)]) for s in participants}

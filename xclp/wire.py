@@ -30,12 +30,15 @@ def load_array(data: bytes, *, dtype=None, shape: tuple | None = None, ndim: int
         raise ProtocolError(f"{what}: expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
         raise ProtocolError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}")
+    buf = io.BytesIO(bytes(data))
     try:
-        a = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+        a = np.load(buf, allow_pickle=False)
     except Exception as exc:
         raise ProtocolError(f"{what}: not a valid .npy array ({exc})") from exc
     if not isinstance(a, np.ndarray):
         raise ProtocolError(f"{what}: not a single array")
+    if buf.tell() != len(data):  # np.load stops after the array: bytes behind it are not this message
+        raise ProtocolError(f"{what}: {len(data) - buf.tell()} bytes after the array")
     if dtype is not None and a.dtype != np.dtype(dtype):
         raise ProtocolError(f"{what}: dtype {a.dtype}, expected {np.dtype(dtype)}")
     if ndim is not None and a.ndim != ndim:

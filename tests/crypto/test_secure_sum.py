@@ -10,17 +10,16 @@ from crypto.errors import ProtocolError
 from crypto.fixedpoint import check_bound, encode
 from crypto.keys import SiteKeyPair, pairwise_keys
 from crypto.secure_sum import (
-    from_bytes,
     mask_rows,
     mask_vector,
     prg_uint64,
     server_sum,
     shared_mask_key,
     site_mask,
-    to_bytes,
     unmask_rows,
     unmask_total,
 )
+from xclp.wire import dump_array, load_array
 
 JOB = "job-rows"
 SITES = ["s1", "s2", "s3", "s4"]
@@ -62,7 +61,7 @@ def _run_row_sums(order, n, C, attempt, rng):
         sent[s], kept[s] = mask_rows(contrib[s], rows[s], masks[s], F)
         assert np.all(sent[s][rows[s]] == 0)
     # sent over the wire and back
-    wire = [from_bytes(to_bytes(sent[s]), shape=(n, C)) for s in order]
+    wire = [load_array(dump_array(sent[s]), dtype=np.uint64, shape=(n, C)) for s in order]
     total = server_sum(wire)
     true = sum(contrib.values())
     out = {s: unmask_rows(total[rows[s]], kept[s], F) for s in order}
@@ -204,7 +203,7 @@ def test_shared_mask_secure_sum():
     seed = hashlib.sha256(b"the agreed lsh seed").digest()
     shared = prg_uint64(shared_mask_key(seed, job=JOB, purpose="class-counts", attempt=0), C)
     parts = [mask_vector(counts[s], masks[s], 0, shared_mask=shared if s == SITES[0] else None) for s in SITES]
-    server_total = server_sum([from_bytes(to_bytes(p)) for p in parts])
+    server_total = server_sum([load_array(dump_array(p), dtype=np.uint64) for p in parts])
     true = sum(counts.values())
     # every site recovers the exact total
     assert np.array_equal(unmask_total(server_total, 0, shared_mask=shared), true)
@@ -220,28 +219,30 @@ def test_shared_mask_secure_sum():
     assert not np.any(prg_uint64(k1, C) == shared)
 
 
-def test_serialisation_validation():
+def test_masked_sums_travel_exactly_in_the_one_wire_format():
+    """Masked values use all 64 bits: the .npy format (xclp.wire) carries them exactly and refuses a
+    truncated, padded, retyped, reshaped or oversized body."""
     a = np.arange(12, dtype=np.uint64).reshape(3, 4) * np.uint64(2**60)
-    data = to_bytes(a)
-    b = from_bytes(data)
-    assert np.array_equal(a, b) and b.flags.writeable
-    assert from_bytes(to_bytes(np.zeros((0, 5), dtype=np.uint64))).shape == (0, 5)
-    with pytest.raises(ProtocolError):
-        from_bytes(data[:-1])
-    with pytest.raises(ProtocolError):
-        from_bytes(data + b"\x00")
-    with pytest.raises(ProtocolError):
-        from_bytes(b"XX64" + data[4:])
-    with pytest.raises(ProtocolError):
-        from_bytes(data[:5])
-    with pytest.raises(ProtocolError):
-        from_bytes(data, shape=(4, 3))
-    with pytest.raises(ProtocolError):
-        from_bytes(data, max_bytes=50)
-    with pytest.raises(ProtocolError):
-        to_bytes(a, max_bytes=50)
-    with pytest.raises(ProtocolError):
-        to_bytes(a.astype(np.int64))
-    huge = data[:6] + (2**40).to_bytes(8, "big") + data[14:]
-    with pytest.raises(ProtocolError):
-        from_bytes(huge)
+    data = dump_array(a)
+    b = load_array(data, dtype=np.uint64, shape=(3, 4))
+    assert np.array_equal(a, b) and b.dtype == np.uint64
+    assert load_array(dump_array(np.zeros((0, 5), dtype=np.uint64)), dtype=np.uint64).shape == (0, 5)
+    for bad, kwargs in [(data[:-1], {}), (data + b"\x00", {}), (b"XX" + data[2:], {}), (data[:5], {}),
+                        (data, {"shape": (4, 3)}), (data, {"max_bytes": 50}), (dump_array(a.astype(np.int64)), {})]:
+        with pytest.raises(ProtocolError):
+            load_array(bad, **{"dtype": np.uint64, **kwargs})
+
+
+def test_mask_rows_sends_only_the_rows_asked_for():
+    rng = np.random.default_rng(11)
+    n, C = 9, 3
+    m = _masks(["s1", "s2"], (n, C))["s1"]
+    x = rng.normal(size=(n, C))
+    own, send = np.array([0, 1, 2]), np.array([3, 4, 5])  # rows 6..8: a site not in this attempt
+    to_server, keep = mask_rows(x, own, m, F, send_rows=send)
+    full, keep_full = mask_rows(x, own, m, F)
+    assert np.array_equal(keep, keep_full)
+    assert np.array_equal(to_server[send], full[send])
+    assert np.all(to_server[own] == 0) and np.all(to_server[6:] == 0) and np.all(full[6:] != 0)
+    with pytest.raises(ProtocolError, match="own rows"):
+        mask_rows(x, own, m, F, send_rows=np.array([2, 3]))

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy.engine import make_url
 
-from xclp import cli
+from cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -326,7 +326,7 @@ def test_admin_token_comes_from_the_environment_not_the_command_line(services):
     svc = services["coordinator"]
     argv = [str(a) for a in svc["command"]]
     assert "--admin-token" not in argv, "a token on the command line shows in `ps` and `docker inspect`"
-    assert parse(command_argv(svc)).admin_token is None  # so service/cli.py reads $XCLP_ADMIN_TOKEN
+    assert parse(command_argv(svc)).admin_token is None  # so cli/serve.py reads $XCLP_ADMIN_TOKEN
     value = svc["environment"]["XCLP_ADMIN_TOKEN"]
     assert compose_vars(value) == {"XCLP_ADMIN_TOKEN"}, value
     with pytest.raises(KeyError):  # compose refuses to start without it

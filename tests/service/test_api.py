@@ -148,8 +148,8 @@ def test_tokens_that_start_with_a_dash_reach_the_agent_intact(monkeypatch, tmp_p
     # environment (a token on the command line is visible in ps); --token=VALUE still parses.
     import inspect
 
-    import clients.demo as demo
-    from xclp.cli import _secret, build_parser
+    import cli.demo as demo
+    from cli.main import _secret, build_parser
 
     argv = ["agent", "run", "--coordinator", "http://x", "--site", "s", "--data", "d.npz", "--out", "o"]
     assert _secret(build_parser().parse_args([*argv, "--token=-abc"]), "token", "XCLP_TOKEN") == "-abc"

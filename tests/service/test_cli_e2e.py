@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from svc import ADMIN, ProcessCluster
 
-from xclp.cli import main
+from cli.main import main
 from xclp.data import load_arrays
 from xclp.splits import simulate_sites
 from xclp.training.fedct import public_digest

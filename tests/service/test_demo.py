@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from clients.demo import run_demo, run_train_demo
+from cli.demo import run_demo, run_train_demo
 
 pytestmark = pytest.mark.slow
 

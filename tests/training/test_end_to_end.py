@@ -48,7 +48,7 @@ def test_fixed_seed_repeats_exactly(runs):
 def test_xclp_plot_compares_runs_and_job_status_files(runs, tmp_path):
     import json
 
-    from xclp.cli import main
+    from cli.main import main
 
     files = []
     for alg in ("fedavg", "fedavg-xclp"):

@@ -36,13 +36,13 @@ def test_one_list_of_protocol_names():
 @pytest.mark.parametrize("argv", [["simulate", "predict"], ["simulate", "train"], ["bench", "hamming"],
                                   ["job", "submit", "predict"], ["job", "submit", "train"], ["demo"]])
 def test_every_command_offers_every_protocol(argv):
-    from xclp.cli import build_parser
+    from cli.main import build_parser
 
     assert tuple(_crypto_action(build_parser(), argv).choices) == PROTOCOLS
 
 
 def test_defaults():
-    from xclp.cli import build_parser
+    from cli.main import build_parser
 
     parse = build_parser().parse_args
     assert parse(["demo"]).crypto == "lattice"
@@ -57,7 +57,7 @@ def test_defaults():
 
 
 def test_service_schemas_and_demo_default_to_lattice():
-    import clients.demo as demo
+    import cli.demo as demo
     from service.app import JobCreate
     from service.training_api import TrainJobCreate
 

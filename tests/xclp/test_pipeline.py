@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from cli.main import main
 from crypto.seed import derive_seed
-from xclp.cli import main
 from xclp.data import load_arrays
 from xclp.protocol import JobParams, simulation_contribution
 from xclp.simulation import run_xclp

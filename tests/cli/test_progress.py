@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from xclp.progress import wait_for_job
+from cli.progress import wait_for_job
 
 
 class FakeClient:

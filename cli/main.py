@@ -204,7 +204,7 @@ def _secret(args, name: str, env: str, required: bool = True) -> str | None:
 
 
 def cmd_coordinator_serve(args) -> int:
-    from service.cli import serve
+    from cli.serve import serve
 
     serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
           args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir)
@@ -226,9 +226,9 @@ def cmd_site_add(args) -> int:
 def cmd_agent_run(args) -> int:
     import logging
 
+    from cli.logs import setup_logging
     from clients.agent import Agent
     from clients.api import CoordinatorClient
-    from service.cli import setup_logging
 
     setup_logging("INFO")
     logging.getLogger("xclp.agent").info("agent %s starting on %s", args.site, args.coordinator)
@@ -296,7 +296,7 @@ def cmd_job_status(args) -> int:
 
 
 def cmd_job_wait(args) -> int:
-    from xclp.progress import wait_for_job
+    from cli.progress import wait_for_job
 
     st = wait_for_job(_admin(args), args.job, args.timeout, quiet=args.quiet)
     if st is None:
@@ -310,10 +310,10 @@ def cmd_job_wait(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from clients.demo import run_demo
+    from cli.demo import run_demo
 
     if args.train:
-        from clients.demo import run_train_demo
+        from cli.demo import run_train_demo
 
         return run_train_demo(args.train, crypto=args.crypto, json_out=args.json, bits=args.bits or 256,
                               sites=args.sites, rounds=args.rounds, seed=args.seed)

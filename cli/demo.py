@@ -30,7 +30,7 @@ def free_port() -> int:
 
 
 def xclp_command() -> list[str]:
-    return [sys.executable, "-m", "xclp.cli"]
+    return [sys.executable, "-m", "cli"]
 
 
 def start_coordinator(workdir: Path, port: int, admin: str, database: str | None = None,
@@ -154,9 +154,9 @@ def _cleanup(work: Path, workdir: str | None) -> None:
 
 def run_demo(crypto: str = "lattice", json_out: Path | None = None, bits: int = 1024, sites: int = 3, seed: int = 0,
              workdir: str | None = None) -> int:
+    from cli.progress import wait_for_job
     from xclp.baselines import centralized_lp, per_site_lp
     from xclp.data import load_arrays
-    from xclp.progress import wait_for_job
     from xclp.simulation import unlabelled_accuracy
     from xclp.splits import simulate_sites
 
@@ -212,8 +212,8 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     held-out digits against labelled-only FedAvg simulated in process with the same data, rounds and seed."""
     from sklearn.model_selection import train_test_split
 
+    from cli.progress import wait_for_job
     from xclp.data import load_arrays
-    from xclp.progress import wait_for_job
     from xclp.splits import simulate_sites
     from xclp.training.fedavg import FedAvgConfig, Site, accuracy, run_fedavg
     from xclp.training.messages import load_state

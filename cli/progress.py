@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-PHASE_ORDER = ("setup", "seed", "counts", "hamming", "row_sums", "done")
+from xclp.protocol import JOB_PHASES
 
 
 def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, interval: float = 0.25):
@@ -41,8 +41,8 @@ def _steps(st: dict) -> tuple[int, int, str]:
     if st.get("kind") == "train":
         p = st["progress"]
         return int(p.get("rounds_done", 0)), int(p.get("rounds") or 1), "rounds"
-    done = PHASE_ORDER.index(st["phase"]) if st["status"] != "done" else len(PHASE_ORDER) - 1
-    return done, len(PHASE_ORDER) - 1, "phases"
+    done = JOB_PHASES.index(st["phase"]) if st["status"] != "done" else len(JOB_PHASES) - 1
+    return done, len(JOB_PHASES) - 1, "phases"
 
 
 def _wait_plain(client, job_id: str, timeout: float, interval: float):

@@ -1,10 +1,9 @@
-"""`xclp coordinator serve`: run the coordinator (uvicorn) on a database."""
+"""Logs as one JSON object per line on stderr, for the coordinator and the agents alike."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -30,18 +29,3 @@ def setup_logging(level: str = "INFO") -> None:
     root.handlers[:] = [h]
     root.setLevel(level)
     root.propagate = False
-
-
-def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
-          deadlines: dict | None = None, blob_dir: str | None = None) -> None:
-    import uvicorn
-
-    from service.app import Settings, create_app
-
-    token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
-    setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
-    settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir)
-    if deadlines:
-        settings.default_deadlines.update(deadlines)
-    app = create_app(settings)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

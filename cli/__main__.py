@@ -1,0 +1,7 @@
+"""`python -m cli`: the same entry point as the `xclp` script."""
+
+import sys
+
+from cli.main import main
+
+sys.exit(main())

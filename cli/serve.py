@@ -1,0 +1,21 @@
+"""`xclp coordinator serve`: run the coordinator (uvicorn) on a database."""
+
+from __future__ import annotations
+
+import os
+
+
+def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
+          deadlines: dict | None = None, blob_dir: str | None = None) -> None:
+    import uvicorn
+
+    from cli.logs import setup_logging
+    from service.app import Settings, create_app
+
+    token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
+    setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
+    settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir)
+    if deadlines:
+        settings.default_deadlines.update(deadlines)
+    app = create_app(settings)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,85 @@
+"""The layers hold: which of the project's packages a package may import (docs/architecture.md), and
+no import cycle between modules. Read from the source (every `import`, at module level or inside a
+function), so a lazy import cannot hide a wrong dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("xclp", "crypto", "service", "clients", "cli")
+MAY_IMPORT = {
+    "crypto": {"crypto"},
+    "xclp": {"xclp", "crypto"},
+    "service": {"service", "xclp", "crypto"},
+    "clients": {"clients", "xclp", "crypto"},
+    "cli": set(PACKAGES),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path, module: str, top_level_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importing module's package
+                base = module.split(".")[: -node.level] if not path.name == "__init__.py" else module.split(".")
+                names.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    wrong = []
+    for module, path in _modules().items():
+        pkg = module.split(".")[0]
+        for name in _imports(path, module):
+            other = name.split(".")[0]
+            if other in PACKAGES and other not in MAY_IMPORT[pkg]:
+                wrong.append(f"{module} imports {name}")
+    assert not wrong, "imports across the layers:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle_between_modules_at_import_time():
+    mods = _modules()
+    graph = {m: {n for n in _imports(p, m, top_level_only=True) if n in mods and n != m} for m, p in mods.items()}
+    # Importing a package's submodule imports the package itself, but no edge needs adding for that:
+    # the __init__ modules here import nothing of their siblings.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+
+
+def test_the_layer_check_sees_a_wrong_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from service.app import create_app\n")
+    assert "service.app" in _imports(bad, "xclp.bad")
