@@ -28,6 +28,7 @@ import numpy as np
 from clients.api import ApiError, CoordinatorClient
 from clients.policy import SitePolicy
 from crypto.errors import ProtocolError
+from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, load_npz, validate_features, validate_labels
 from xclp.protocol import JOB_PHASES, JobParams, SiteSession, decode_roster
@@ -346,8 +347,8 @@ class Agent:
                 if peer == self.site:
                     continue
                 a, b = sorted((self.site, peer), key=order.index)
-                drivers[peer] = {"party": sess.hamming_party(peer), "pair": f"{a}/{b}", "sent": 0, "got": 0,
-                                 "my_turn": self.site == a, "done": False, "outbox": []}
+                drivers[peer] = {"side": PairDriver(sess.hamming_party(peer), first=self.site == a),
+                                 "pair": f"{a}/{b}", "outbox": []}
             self.pairs[job_id] = drivers
             st["hamming_started"] = True  # from here on the pair protocols' state lives in memory only
         progressed = waiting = False
@@ -357,27 +358,24 @@ class Agent:
             # What the party produced is kept until uploaded: a failed upload (coordinator away
             # longer than the retries) is sent again on the next step instead of being lost.
             progressed |= self._flush(job_id, d)
-            if d["done"] or d["outbox"]:
+            side = d["side"]
+            if side.done or d["outbox"]:
                 continue
             message = None
-            if not d["my_turn"]:
-                message = self.api.get(job_id, f"pair/{d['pair']}/{d['got']}", sender=peer)
+            if side.awaiting is not None:
+                message = self.api.get(job_id, f"pair/{d['pair']}/{side.awaiting}", sender=peer)
                 if message is None:
                     waiting = True
                     continue
-                d["got"] += 1
-            out = d["party"].receive(message)
+            to_peer, to_server = side.step(message)
             progressed = True
-            if out.to_server is not None:
-                d["outbox"].append((f"share/{d['pair']}", out.to_server, "coordinator"))
-            if out.to_peer is not None:
-                d["outbox"].append((f"pair/{d['pair']}/{d['sent']}", out.to_peer, peer))
-                d["sent"] += 1
-            d["my_turn"] = False
-            d["done"] = out.done
+            if to_server is not None:
+                d["outbox"].append((f"share/{d['pair']}", to_server, "coordinator"))
+            if to_peer is not None:
+                d["outbox"].append((f"pair/{d['pair']}/{to_peer[0]}", to_peer[1], peer))
             self._flush(job_id, d)
         self._set_quiet(job_id, status if waiting and not progressed else None)
-        if not progressed and all(d["done"] for p, d in self.pairs[job_id].items() if p in status["live"]):
+        if not progressed and all(d["side"].done for p, d in self.pairs[job_id].items() if p in status["live"]):
             # All its pairs are through: the phase ends when the coordinator has every share and has built
             # the graph and the influence columns. Wait for those in one long poll instead of many polls,
             # which would compete with that computation for the coordinator's CPU.

@@ -108,34 +108,76 @@ def plaintext_hamming(bits_a: np.ndarray, bits_b: np.ndarray, n_bits: int | None
     return out
 
 
+class PairDriver:
+    """One side of one pair protocol's turn-taking, sans-I/O. Party A speaks first; after that each
+    side speaks only in answer to its peer's message. Messages are numbered 0, 1, … in each direction,
+    so a driver knows which one to ask for next; each side's share for the coordinator comes out once.
+    Both drivers of the pair protocols go through it: `exchange` (in process) and the site agent (over
+    HTTP, where the numbers name the relayed messages)."""
+
+    def __init__(self, party: HammingParty, first: bool, max_messages: int = MAX_PAIR_MESSAGES):
+        self.party = party
+        self.max_messages = max_messages
+        self.my_turn = first
+        self.sent = 0  # messages sent to the peer
+        self.got = 0  # messages received from the peer
+        self.done = False
+        self.share_out = False
+
+    @property
+    def awaiting(self) -> int | None:
+        """The number of the peer's message this side needs next; None when it speaks next or is done."""
+        return None if self.done or self.my_turn else self.got
+
+    def step(self, message: bytes | None = None) -> tuple[tuple[int, bytes] | None, bytes | None]:
+        """Run the party on the peer's next message (None on party A's first turn).
+
+        Returns (to_peer, to_server): to_peer is (its number, bytes) or None; to_server is this
+        side's share for the coordinator, or None."""
+        if self.done:
+            raise ProtocolError("this side of the pair protocol has finished")
+        if (message is None) != self.my_turn:
+            raise ProtocolError("pair protocol out of turn: " + ("this side speaks first" if self.my_turn
+                                                                 else "it needs the peer's next message"))
+        if message is not None:
+            self.got += 1
+        out = self.party.receive(message)
+        self.my_turn = False
+        self.done = out.done
+        to_peer = None
+        if out.to_peer is not None:
+            if self.sent >= self.max_messages:
+                raise ProtocolError(f"pair protocol did not finish within {self.max_messages} messages a side")
+            to_peer = (self.sent, out.to_peer)
+            self.sent += 1
+        if out.to_server is not None:
+            if self.share_out:
+                raise ProtocolError("a party sent its server share twice")
+            self.share_out = True
+        return to_peer, out.to_server
+
+
 def exchange(a: HammingParty, b: HammingParty, transcript: PairTranscript | None = None,
              max_rounds: int = MAX_PAIR_MESSAGES) -> tuple[bytes, bytes]:
     """Pass messages between two parties until both are done; return their server shares (A, B)."""
     t = transcript if transcript is not None else PairTranscript()
+    sides = {"a": PairDriver(a, first=True, max_messages=max_rounds),
+             "b": PairDriver(b, first=False, max_messages=max_rounds)}
     share: dict[str, bytes] = {}
-    message: bytes | None = None
-    parties = (("a", a), ("b", b))
-    done = {"a": False, "b": False}
-    for turn in range(max_rounds):
-        who, party = parties[turn % 2]
-        if done[who] and message is None:
-            continue
-        out = party.receive(message)
-        if out.to_server is not None:
-            if who in share:
-                raise ProtocolError(f"party {who} sent its server share twice")
-            share[who] = out.to_server
-            setattr(t, f"{who}_to_server", len(out.to_server))
-        message = out.to_peer
-        if message is not None:
-            key = "a_to_b" if who == "a" else "b_to_a"
-            setattr(t, key, getattr(t, key) + len(message))
-            t.messages.append((key, len(message)))
-        done[who] = out.done
-        if done["a"] and done["b"] and message is None:
+    who, message = "a", None
+    while True:
+        to_peer, to_server = sides[who].step(message)
+        if to_server is not None:
+            share[who] = to_server
+            setattr(t, f"{who}_to_server", len(to_server))
+        if to_peer is None:
             break
-    else:
-        raise ProtocolError("pair protocol did not finish")
+        key = "a_to_b" if who == "a" else "b_to_a"
+        setattr(t, key, getattr(t, key) + len(to_peer[1]))
+        t.messages.append((key, len(to_peer[1])))
+        who, message = ("b" if who == "a" else "a"), to_peer[1]
+    if not (sides["a"].done and sides["b"].done):
+        raise ProtocolError("pair protocol stalled: a side waits for a message its peer never sends")
     if set(share) != {"a", "b"}:
         raise ProtocolError("pair protocol finished without both server shares")
     return share["a"], share["b"]

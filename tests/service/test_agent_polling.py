@@ -58,7 +58,7 @@ def test_waiting_for_pair_messages_asks_only_for_them(rig):
     for _ in range(400):  # up to the Hamming phase, then b speaks once (its reply to a's HELLO is pending)
         for ag in (a, b):
             ag.run(once=True)
-        if b.pairs.get(job) and b.pairs[job][a.site]["got"] == 1:
+        if b.pairs.get(job) and b.pairs[job][a.site]["side"].got == 1:
             break
         time.sleep(0.01)
     else:
