@@ -30,21 +30,12 @@ from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.training import secure_aggregation as secagg
-from xclp.training.fedavg import (
-    FedAvgConfig,
-    NetworkLabeller,
-    PerSiteLPLabeller,
-    PseudoLabels,
-    Site,
-    client_update,
-    labelled_only,
-    site_rng,
-)
-from xclp.training.fedct import FedCTConfig, PublicSet, new_site_state, site_exchange
+from xclp.training.algorithms import strategy_for
+from xclp.training.fedavg import NetworkLabeller, PerSiteLPLabeller, PseudoLabels, Site, labelled_only
+from xclp.training.fedct import PublicSet, new_site_state
 from xclp.training.messages import dump_json, dump_masked, dump_state, dump_votes, load_json, load_state
-from xclp.training.models import build_network, predict_proba_array, torch_threads
-from xclp.training.options import FEDAVG_ALGORITHMS
-from xclp.wire import load_array
+from xclp.training.models import predict_proba_array, torch_threads
+from xclp.training.strategy import Strategy
 
 log = logging.getLogger("xclp.agent")
 
@@ -66,6 +57,12 @@ class Trainer:
         self.public = None if public is None else PublicSet.load(public)
 
     # --- shared helpers ----------------------------------------------------------------------------
+    def strategy(self, status: dict) -> Strategy:
+        """The job's algorithm: the same strategy whose hooks the coordinator and the simulation call."""
+        p = status["params"]
+        return strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(status["sites"]),
+                            n_features=int(self.agent.X.shape[1]), n_public=p.get("public_size"))
+
     def site_data(self) -> Site:
         return Site(self.site, self.agent.X.astype(np.float32), self.agent.y, self.y_true)
 
@@ -142,13 +139,12 @@ class Trainer:
             return embed_array(model, self.agent.X.astype(np.float32))
 
     def _model(self, job_id: str, status: dict, r: int):
-        cfg = FedAvgConfig(**status["params"]["config"])
-        body = self.api.shared(job_id, f"model/{r}")
+        s = self.strategy(status)
+        body = self.api.shared(job_id, f"{s.broadcast}/{r}")
         if body is None:
             return None
-        net = build_network(cfg.model, self.agent.X.shape[1], int(status["params"]["classes"]), seed=cfg.seed)
-        state, _ = load_state(body, net.state_dict(), what=f"model/{r}")
-        net.load_state_dict(state)
+        net = s.network()
+        net.load_state_dict(s.load_broadcast(body, what=f"{s.broadcast}/{r}"))
         return net
 
     # --- the job -------------------------------------------------------------------------------------
@@ -156,14 +152,14 @@ class Trainer:
         if status["status"] == "failed" or self.site not in status["live"]:
             return False
         st = self.agent.state(job_id)
-        fedavg = status["params"]["algorithm"] in FEDAVG_ALGORITHMS
+        s = self.strategy(status)
         phase = "done" if status["status"] == "done" else status["phase"]
         if phase == "setup":
             hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
                      "labelled": int((self.agent.y >= 0).sum())}
-            if not fedavg:
+            if "public_sha256" in status["params"]:
                 hello["public_sha256"] = self._check_public(status)
-            elif status["params"]["config"].get("secure_aggregation"):
+            if s.secure_sum:
                 if st["key"] is None:  # this job's X25519 key pair, for the pairwise masks of its sums
                     st["key"] = SiteKeyPair.generate().private_bytes().hex()
                 hello["public_key"] = SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])).public_bytes().hex()
@@ -172,7 +168,7 @@ class Trainer:
                                 f"{status['params']['classes']} classes")
             return self._put(st, job_id, "hello", dump_json(hello))
         if phase == "round":
-            return self._fedavg_round(job_id, status, st) if fedavg else self._fedct_round(job_id, status, st)
+            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round}[s.family](job_id, status, st, s)
         if phase == "evaluate":
             if st["sent:coordinator:eval"]:
                 return False
@@ -183,7 +179,7 @@ class Trainer:
                 metrics = self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1))
             return self._put(st, job_id, "eval", dump_json(metrics))
         if phase == "done":
-            return self._finish(job_id, status, fedavg)
+            return self._finish(job_id, status, s)
         return False
 
     def _check_public(self, status: dict) -> str:
@@ -202,10 +198,10 @@ class Trainer:
         plan = None if body is None else load_json(body, what="plan")
         return plan if plan is not None and self.site in plan["sites"] else None
 
-    def _fedavg_round(self, job_id: str, status: dict, st) -> bool:
+    def _fedavg_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
         t = int(status["round"])
-        cfg = FedAvgConfig(**status["params"]["config"])
-        topic = f"update/{t}/{status['attempt']}" if cfg.secure_aggregation else f"update/{t}"
+        cfg = s.cfg
+        topic = f"{s.upload}/{t}/{status['attempt']}" if s.secure_sum else f"{s.upload}/{t}"
         plan = self._round_plan(job_id, t, st, topic)
         if plan is None:
             return False
@@ -218,7 +214,7 @@ class Trainer:
         template = {k: v.clone() for k, v in model.state_dict().items()}
         trained = self._trained(job_id, t, template)
         if trained is None:
-            trained = self._train(job_id, cfg, plan, model, int(status["params"]["classes"]))
+            trained = self._train(job_id, s, plan, model)
             if trained is None:
                 return False  # the round's XCLP job is still running
             state, meta = trained
@@ -251,23 +247,21 @@ class Trainer:
             return None
         return (state if int(meta.get("n", 0)) > 0 else None), meta
 
-    def _train(self, job_id: str, cfg: FedAvgConfig, plan: dict, model, n_classes: int):
+    def _train(self, job_id: str, s: Strategy, plan: dict, model):
         """ClientUpdate from the round's model: (weights or None if nothing to learn, meta), or None while
         the round's pseudo-labels are not ready."""
-        site = self.site_data()
-        t = plan["round"]
+        site, cfg = self.site_data(), s.cfg
         with torch_threads(cfg.threads):
-            pl, source = self._pseudo_labels(job_id, cfg, plan, model, site, n_classes)
+            pl, source = self._pseudo_labels(job_id, cfg, plan, model, site, s.n_classes)
             if pl is None:
                 return None
             metrics = {"pseudo": source, **self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)),
                        **self._pseudo_metrics(pl.labels if source != "none" else None, pl.weights)}
-            r = client_update(model, site, pl, n_classes, cfg.local_epochs, plan["lr"], cfg.momentum,
-                              cfg.weight_decay, site_rng(cfg.seed, t, self.site), cfg.max_labelled_batch)
+            r = s.update(model, site, pl, plan["round"], plan)
         state, n = r if r is not None else (None, 0)
         return state, {"n": int(n), **metrics}
 
-    def _pseudo_labels(self, job_id, cfg: FedAvgConfig, plan: dict, model, site: Site, n_classes: int):
+    def _pseudo_labels(self, job_id, cfg, plan: dict, model, site: Site, n_classes: int):
         if plan["stage"] == 1 or cfg.algorithm == "fedavg":
             return labelled_only(site), "none"
         cache = job_file(self.agent.state_dir, job_id, ".pseudo.npz")
@@ -293,7 +287,7 @@ class Trainer:
         return pl, "fresh"
 
     # --- FedCT ---------------------------------------------------------------------------------------
-    def _fedct_state(self, job_id: str, status: dict, cfg: FedCTConfig):
+    def _fedct_state(self, job_id: str, status: dict, cfg):
         path = job_file(self.agent.state_dir, job_id, ".learner.pkl")
         if path.exists():
             with open(path, "rb") as f:  # written by this agent into its private folder only
@@ -313,12 +307,12 @@ class Trainer:
         finally:
             state.site = site
 
-    def _fedct_round(self, job_id: str, status: dict, st) -> bool:
+    def _fedct_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
         t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, f"votes/{t}")
+        plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
         if plan is None:
             return False
-        cfg = FedCTConfig(**status["params"]["config"])
+        cfg = s.cfg
         self._check_public(status)
         state, done_exchange = self._fedct_state(job_id, status, cfg)
         if cfg.xclp and state.xclp_labels is None:
@@ -336,21 +330,21 @@ class Trainer:
             else:
                 P = None
                 if t > 1:
-                    body = self.api.shared(job_id, f"consensus/{t - 1}")
+                    body = self.api.shared(job_id, f"{s.broadcast}/{t - 1}")
                     if body is None:
                         return False
-                    P = load_array(body, dtype="int64", shape=(len(self.public.X),), what="consensus")
-                votes, mix = site_exchange(state, self.public, P, cfg, t)
+                    P = s.load_broadcast(body)
+                votes, mix = s.update(state, self.public, P, t)
                 self._save_fedct_state(job_id, state, t)
             metrics = {"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
                        **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)}
-        return self._put(st, job_id, f"votes/{t}", dump_votes(votes, metrics))
+        return self._put(st, job_id, f"{s.upload}/{t}", dump_votes(votes, metrics))
 
     # --- results -------------------------------------------------------------------------------------
-    def _finish(self, job_id: str, status: dict, fedavg: bool) -> bool:
+    def _finish(self, job_id: str, status: dict, s: Strategy) -> bool:
         path = self.agent.result_path(job_id)
         X = self.agent.X.astype(np.float32)
-        if fedavg:
+        if s.global_model:
             total = len((status.get("training") or {}).get("history") or [])
             model = self._model(job_id, status, total)
             if model is None:
@@ -359,7 +353,7 @@ class Trainer:
                 proba = predict_proba_array(model, X)
             _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
         else:
-            state, _ = self._fedct_state(job_id, status, FedCTConfig(**status["params"]["config"]))
+            state, _ = self._fedct_state(job_id, status, s.cfg)
             learner = state.learner
             proba = learner.predict_proba(X) if hasattr(learner, "predict_proba") else None
             if proba is None:

@@ -20,6 +20,7 @@ from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+from xclp.training.algorithms import STRATEGIES
 from xclp.training.fedavg import FedAvgConfig
 from xclp.training.fedct import FedCTConfig
 from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, LEARNERS, TIE_RULES
@@ -142,7 +143,7 @@ def make_training_router(Session, engine, require_admin, caller, load_job, known
         job = load_job(db, job_id)
         if who != "admin" and who not in job.sites:
             raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-        if job.kind != "train" or job.params["algorithm"] not in FEDAVG_ALGORITHMS:
+        if job.kind != "train" or not STRATEGIES[job.params["algorithm"]].global_model:
             raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
         done = len(job.state.get("history", []))
         body = message_body(db, job_id, COORDINATOR, BROADCAST, f"model/{done}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -38,9 +37,11 @@ from xclp.data import UNLABELLED, make_dataset
 from xclp.propagation import class_weights, predict_from_scores
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
+from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
-from xclp.training.secure_aggregation import MIN_CONTRIBUTORS
+from xclp.training.secure_aggregation import MIN_CONTRIBUTORS, mean_from_total, quantized_mean
+from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
 
 MAX_LABELLED_BATCH = 50
 
@@ -148,8 +149,6 @@ def aggregate(results: list[tuple[dict, int]], how: str = "mean", secure: bool =
     """ServerUpdate: the plain mean of the site models (the paper), or weighted by site size; `secure`:
     the plain mean in the fixed-point arithmetic of secure aggregation."""
     if secure:
-        from xclp.training.secure_aggregation import quantized_mean
-
         return quantized_mean([st for st, _ in results])
     return average_states([st for st, _ in results], [n for _, n in results] if how == "weighted" else None)
 
@@ -330,69 +329,156 @@ def run_fedavg(sites: list[Site], test: tuple[np.ndarray, np.ndarray], n_classes
     """FedAvg (+ pseudo-labels) over the sites; accuracy of the global model on `test` per round."""
     cfg = config.validate()
     with torch_threads(cfg.threads):
-        return _run_fedavg(sites, test, n_classes, cfg, progress)
+        return run_rounds(FedAvgFederation(FedAvgStrategy(cfg, n_classes, sites[0].X.shape[1]), sites, test), progress)
 
 
-def _run_fedavg(sites, test, n_classes, cfg: FedAvgConfig, progress) -> dict:
-    say = progress or (lambda _m: None)
-    torch.manual_seed(cfg.seed)
-    by_name = {s.name: s for s in sites}
-    model = build_network(cfg.model, sites[0].X.shape[1], n_classes, seed=cfg.seed)
-    labeller = {
-        "fedavg": None,
-        "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed),
-        "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
-        "fedavg-network": NetworkLabeller(),
-    }[cfg.algorithm]
-    labelled = [s.name for s in sites if s.n_labelled > 0]
-    unlabelled = [s.name for s in sites if s.n_labelled == 0]
-    total = cfg.warmup_rounds + cfg.rounds
-    n_params = n_parameters(model)
-    cache: dict[str, PseudoLabels] = {}
-    history = []
-    comm = {"model_bytes": 0, "xclp_bytes": 0}
-    for t in range(1, total + 1):
-        t0 = time.perf_counter()
-        plan = plan_round(cfg, t, labelled, unlabelled, cache)
-        chosen, warm, lr = plan.sites, plan.stage == 1, plan.lr
-        if plan.relabel:
-            fresh = labeller(model, [by_name[s] for s in chosen], t)
-            comm["xclp_bytes"] += labeller.last_bytes
-            cache.update({s: fresh[s] for s in plan.adopt})
-        if warm or labeller is None:
-            pls = {s: labelled_only(by_name[s]) for s in chosen}
-        else:
-            pls = {s: cache[s] for s in chosen}
-        results = []
-        global_state = copy.deepcopy(model.state_dict())
-        for s in chosen:
-            model.load_state_dict(global_state)
-            r = client_update(model, by_name[s], pls[s], n_classes, cfg.local_epochs, lr, cfg.momentum,
-                              cfg.weight_decay, site_rng(cfg.seed, t, s), cfg.max_labelled_batch)
-            comm["model_bytes"] += 4 * n_params * (2 if r is not None else 1)
-            if r is not None:
-                results.append(r)
+# --- the strategy: the hooks the simulation and the service call -----------------------------------
+
+class FedAvgStrategy(Strategy):
+    """FedAvg and FedAvg with pseudo-labels: the server samples the round's sites (`plan_round`) and
+    averages their models; a site trains from the global model on its labels and pseudo-labels."""
+
+    family = "fedavg"
+    upload = "update"
+    broadcast = "model"
+    global_model = True
+
+    def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
+        super().__init__(cfg, n_classes)
+        self.n_features = n_features
+
+    @classmethod
+    def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
+                    n_public: int | None = None) -> FedAvgStrategy:
+        return cls(FedAvgConfig(**config).validate(), n_classes, n_features)
+
+    @property
+    def secure_sum(self) -> bool:
+        return bool(self.cfg.secure_aggregation)
+
+    def total_rounds(self) -> int:
+        return self.cfg.warmup_rounds + self.cfg.rounds
+
+    def network(self) -> torch.nn.Module:
+        """The round-0 model (its initial weights fixed by the seed); also the template every model
+        that travels is checked against."""
+        if self.n_features is None:
+            raise ValueError("the network's input size is known once the sites have said it")
+        return build_network(self.cfg.model, int(self.n_features), self.n_classes, seed=self.cfg.seed)
+
+    def configure_round(self, t: int, roster: Roster) -> dict:
+        plan = plan_round(self.cfg, t, roster.labelled, roster.unlabelled, roster.cached).to_dict()
+        xclp = plan["relabel"] and self.cfg.algorithm == "fedavg-xclp" and len(plan["sites"]) >= 2
+        plan["xclp"] = "embedding" if xclp else None
+        return plan
+
+    def aggregate(self, t: int, plan: dict, uploads: list[tuple[dict, int]], previous: dict) -> dict:
         # Under secure aggregation a round with fewer than two trained sites keeps the previous model:
         # its "average" would be one site's own weights (the service refuses to decode such a sum).
-        enough = len(results) >= (MIN_CONTRIBUTORS if cfg.secure_aggregation else 1)
-        model.load_state_dict(aggregate(results, cfg.aggregate, cfg.secure_aggregation) if enough else global_state)
-        row = {"round": t, "stage": 1 if warm else 2, "sites": chosen, "lr": lr,
-               "pseudo_label_accuracy": _pseudo_accuracy([by_name[s] for s in chosen], pls)}
-        if t % cfg.eval_every == 0 or t == total:
-            row["accuracy"] = accuracy(model, *test)
-        row["seconds"] = time.perf_counter() - t0
-        history.append(row)
-        say(f"round {t}/{total}{' (stage 1)' if warm else ''}: acc {row.get('accuracy', float('nan')):.4f} "
-            f"pseudo {row['pseudo_label_accuracy']:.4f}  {row['seconds']:.1f}s")
-    return {
-        "algorithm": cfg.algorithm,
-        "final_accuracy": history[-1]["accuracy"],
-        "history": history,
-        "communication_bytes": {"total": comm["model_bytes"] + comm["xclp_bytes"], **comm,
-                                "per_round_model_bytes": 8 * n_params * cfg.sites_per_round,
-                                "n_parameters": n_params},
-        "model": model,
-    }
+        enough = len(uploads) >= (MIN_CONTRIBUTORS if self.secure_sum else 1)
+        return aggregate(uploads, self.cfg.aggregate, self.secure_sum) if enough else previous
+
+    def aggregate_masked(self, total: np.ndarray | None, trained: int, previous: dict) -> dict:
+        """The same average from the sum of masked updates (the service's secure path): never decoded
+        unless at least MIN_CONTRIBUTORS sites trained."""
+        if total is None or trained < MIN_CONTRIBUTORS:
+            return previous
+        return mean_from_total(total, trained, previous)
+
+    def contribution(self, payload: dict, meta: dict):
+        n = int(meta.get("n", 0))
+        return (payload, n) if n > 0 else None
+
+    def summarize(self, plan: dict, metrics: dict[str, dict], shared) -> dict:
+        return {"stage": plan["stage"], "lr": plan["lr"], "trained": [s for s, m in metrics.items() if int(m.get("n", 0))],
+                # the sites' accuracy on their own points, scored before they train (the round's input model)
+                "accuracy": pooled_rate(metrics, "eval_correct", "eval_n"),
+                "pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
+
+    def update(self, model: torch.nn.Module, site: Site, pl: PseudoLabels, t: int, plan: dict):
+        """ClientUpdate from the global model already loaded in `model`: (weights, n) or None."""
+        c = self.cfg
+        return client_update(model, site, pl, self.n_classes, c.local_epochs, plan["lr"], c.momentum, c.weight_decay,
+                             site_rng(c.seed, t, site.name), c.max_labelled_batch)
+
+    def dump_broadcast(self, shared: dict) -> bytes:
+        return dump_state(shared)
+
+    def load_broadcast(self, body: bytes, what: str = "model") -> dict:
+        return load_state(body, self.network().state_dict(), what=what)[0]
+
+    def load_upload(self, body: bytes, what: str = "update") -> tuple[dict, dict]:
+        return load_state(body, self.network().state_dict(), what=what)
+
+
+class FedAvgFederation(Federation):
+    """The simulation's sites for FedAvg: one network whose weights are the global model between
+    updates, the pseudo-labeller of the algorithm, and each site's last adopted pseudo-labels."""
+
+    def __init__(self, strategy: FedAvgStrategy, sites: list[Site], test: tuple[np.ndarray, np.ndarray]):
+        cfg, n_classes = strategy.cfg, strategy.n_classes
+        self.strategy, self.sites, self.test = strategy, {s.name: s for s in sites}, test
+        torch.manual_seed(cfg.seed)
+        self.model = strategy.network()
+        self.shared = copy.deepcopy(self.model.state_dict())
+        self.labeller = {
+            "fedavg": None,
+            "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed),
+            "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
+            "fedavg-network": NetworkLabeller(),
+        }[cfg.algorithm]
+        self.n_params = n_parameters(self.model)
+        self.cache: dict[str, PseudoLabels] = {}
+        self.pls: dict[str, PseudoLabels] = {}
+        self.comm = {"model_bytes": 0, "xclp_bytes": 0}
+
+    def roster(self) -> Roster:
+        names = list(self.sites)
+        labelled = [s for s in names if self.sites[s].n_labelled > 0]
+        return Roster(names, labelled, [s for s in names if s not in labelled], list(self.cache))
+
+    def relabel(self, t: int, plan: dict) -> None:
+        chosen = plan["sites"]
+        if plan["relabel"]:
+            self.model.load_state_dict(self.shared)
+            fresh = self.labeller(self.model, [self.sites[s] for s in chosen], t)
+            self.comm["xclp_bytes"] += self.labeller.last_bytes
+            self.cache.update({s: fresh[s] for s in plan["adopt"]})
+        if plan["stage"] == 1 or self.labeller is None:
+            self.pls = {s: labelled_only(self.sites[s]) for s in chosen}
+        else:
+            self.pls = {s: self.cache[s] for s in chosen}
+
+    def update(self, site: str, t: int, plan: dict):
+        self.model.load_state_dict(self.shared)
+        r = self.strategy.update(self.model, self.sites[site], self.pls[site], t, plan)
+        self.comm["model_bytes"] += 4 * self.n_params * (2 if r is not None else 1)
+        return r
+
+    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
+        self.model.load_state_dict(self.shared)
+        row = {"round": t, "stage": plan["stage"], "sites": plan["sites"], "lr": plan["lr"],
+               "pseudo_label_accuracy": _pseudo_accuracy([self.sites[s] for s in plan["sites"]], self.pls)}
+        if t % self.strategy.cfg.eval_every == 0 or t == self.strategy.total_rounds():
+            row["accuracy"] = accuracy(self.model, *self.test)
+        return row
+
+    def describe(self, row: dict) -> str:
+        return (f"round {row['round']}/{self.strategy.total_rounds()}{' (stage 1)' if row['stage'] == 1 else ''}: "
+                f"acc {row.get('accuracy', float('nan')):.4f} pseudo {row['pseudo_label_accuracy']:.4f}  "
+                f"{row['seconds']:.1f}s")
+
+    def result(self, history: list[dict]) -> dict:
+        comm = self.comm
+        return {
+            "algorithm": self.strategy.algorithm,
+            "final_accuracy": history[-1]["accuracy"],
+            "history": history,
+            "communication_bytes": {"total": comm["model_bytes"] + comm["xclp_bytes"], **comm,
+                                    "per_round_model_bytes": 8 * self.n_params * self.strategy.cfg.sites_per_round,
+                                    "n_parameters": self.n_params},
+            "model": self.model,
+        }
 
 
 def _pseudo_accuracy(sites: list[Site], pls: dict[str, PseudoLabels]) -> float:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,8 +40,11 @@ from xclp.data import UNLABELLED, make_dataset
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
+from xclp.training.messages import load_votes
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import TIE_RULES
+from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
+from xclp.wire import dump_array, load_array
 
 # --- the public set ------------------------------------------------------------------------------
 
@@ -282,61 +284,150 @@ def run_fedct(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
     """FedCT (or FedCT+XCLP with config.xclp); the m local models' test accuracy per exchange."""
     cfg = config.validate(len(sites))
     with torch_threads(cfg.threads):
-        return _run_fedct(sites, public_X, test, n_classes, cfg, public_y, progress)
+        strategy = FedCTStrategy(cfg, n_classes, len(public_X))
+        return run_rounds(FedCTFederation(strategy, sites, public_X, test, public_y), progress)
 
 
-def _run_fedct(sites, public_X, test, n_classes, cfg: FedCTConfig, public_y, progress) -> dict:
-    say = progress or (lambda _m: None)
-    public = PublicSet.create(public_X)
-    names = cfg.learner_names(len(sites))
-    states = [new_site_state(s, name, i, n_classes, public.digest, cfg) for i, (s, name) in enumerate(zip(sites, names))]
-    P_labels: np.ndarray | None = None  # consensus on U: None before the first exchange
-    abstain_possible = cfg.tie == "abstain" or cfg.quorum is not None
-    up = label_bytes(len(public.X), n_classes, cfg.bitpack)
-    down = label_bytes(len(public.X), n_classes + 1 if abstain_possible else n_classes, cfg.bitpack)
-    comm = {"labels_up": 0, "labels_down": 0, "xclp_bytes": 0}
-    history = []
-    xclp_pseudo_acc = float("nan")
-    for t in range(1, cfg.rounds + 1):
-        t0 = time.perf_counter()
-        if cfg.xclp and ((t - 1) % cfg.refresh == 0 and (t == 1 or cfg.public_in_graph)):
-            xclp_pseudo_acc, nbytes = _xclp_labels(states, public, P_labels, n_classes, cfg, t)
-            comm["xclp_bytes"] += nbytes
-        mixes, votes = [], []
-        for st in states:
-            v, mix = site_exchange(st, public, P_labels, cfg, t)
-            votes.append(v)
-            mixes.append(mix)
-        P_labels = server_consensus(np.stack(votes), n_classes, cfg, t)  # replaces the previous P
-        comm["labels_up"] += up * len(states)
-        comm["labels_down"] += down * len(states)
-        accs = np.array([float(np.mean(st.learner.predict(test[0]) == test[1])) for st in states])
-        kept = P_labels >= 0
+# --- the strategy: the hooks the simulation and the service call -----------------------------------
+
+class FedCTStrategy(Strategy):
+    """Federated co-training: every site takes part in every exchange; a site uploads hard labels on
+    U, the server sends back their consensus."""
+
+    family = "fedct"
+    upload = "votes"
+    broadcast = "consensus"
+    global_model = False
+
+    def __init__(self, cfg: FedCTConfig, n_classes: int, n_public: int):
+        super().__init__(cfg, n_classes)
+        self.n_public = int(n_public)
+
+    @classmethod
+    def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
+                    n_public: int | None = None) -> FedCTStrategy:
+        if n_public is None:
+            raise ValueError("FedCT needs the size of the public set U")
+        return cls(FedCTConfig(**config).validate(n_sites), n_classes, n_public)
+
+    @property
+    def algorithm(self) -> str:
+        return "fedct-xclp" if self.cfg.xclp else "fedct"
+
+    def total_rounds(self) -> int:
+        return self.cfg.rounds
+
+    def configure_round(self, t: int, roster: Roster) -> dict:
+        c = self.cfg
+        # XCLP on the raw features sees nothing new between exchanges unless U (with the current
+        # consensus) is in the graph: then every R exchanges, else once.
+        xclp = c.xclp and (t - 1) % c.refresh == 0 and (t == 1 or c.public_in_graph)
+        return {"round": t, "sites": list(roster.sites), "xclp": "raw" if xclp else None}
+
+    def aggregate(self, t: int, plan: dict, uploads: list[np.ndarray], previous) -> np.ndarray:
+        """The consensus on U (replacing the previous one); no votes, no labels."""
+        if not uploads:
+            return np.full(self.n_public, UNLABELLED, dtype=np.int64)
+        return server_consensus(np.stack(uploads), self.n_classes, self.cfg, t)
+
+    def contribution(self, payload: np.ndarray, meta: dict) -> np.ndarray:
+        return payload
+
+    def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
+        accs = [m["eval_correct"] / m["eval_n"] for m in metrics.values() if m.get("eval_n")]
+        return {"voted": sorted(metrics),
+                "public_coverage": round(float((shared >= 0).mean()), 6) if self.n_public else 0.0,
+                # the mean over the sites of each one's accuracy on its own points, after its update
+                "accuracy": round(float(np.mean(accs)), 6) if accs else None,
+                "accuracy_std": round(float(np.std(accs)), 6) if accs else None,
+                "xclp_pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
+
+    def update(self, state: SiteState, public: PublicSet, consensus: np.ndarray | None, t: int):
+        """(votes on U, the mix used): one local update, then the site's hard labels on U."""
+        return site_exchange(state, public, consensus, self.cfg, t)
+
+    def dump_broadcast(self, shared: np.ndarray) -> bytes:
+        return dump_array(shared)
+
+    def load_broadcast(self, body: bytes, what: str = "consensus") -> np.ndarray:
+        return load_array(body, dtype="int64", shape=(self.n_public,), what=what)
+
+    def load_upload(self, body: bytes, what: str = "votes") -> tuple[np.ndarray, dict]:
+        return load_votes(body, self.n_public, self.n_classes)
+
+
+class FedCTFederation(Federation):
+    """The simulation's sites for FedCT: each site's learner and XCLP labels, the public set U."""
+
+    def __init__(self, strategy: FedCTStrategy, sites: list[Site], public_X: np.ndarray,
+                 test: tuple[np.ndarray, np.ndarray], public_y: np.ndarray | None = None):
+        cfg, n_classes = strategy.cfg, strategy.n_classes
+        self.strategy, self.test, self.public_y = strategy, test, public_y
+        self.public = PublicSet.create(public_X)
+        self.names = cfg.learner_names(len(sites))
+        self.states = {s.name: new_site_state(s, name, i, n_classes, self.public.digest, cfg)
+                       for i, (s, name) in enumerate(zip(sites, self.names))}
+        self.shared = None  # consensus on U: None before the first exchange
+        abstain_possible = cfg.tie == "abstain" or cfg.quorum is not None
+        self.up = label_bytes(len(self.public.X), n_classes, cfg.bitpack)
+        self.down = label_bytes(len(self.public.X), n_classes + 1 if abstain_possible else n_classes, cfg.bitpack)
+        self.comm = {"labels_up": 0, "labels_down": 0, "xclp_bytes": 0}
+        self.xclp_pseudo_acc = float("nan")
+        self.mixes: list[float] = []
+
+    def roster(self) -> Roster:
+        names = list(self.states)
+        labelled = [s for s in names if self.states[s].site.n_labelled > 0]
+        return Roster(names, labelled, [s for s in names if s not in labelled])
+
+    def relabel(self, t: int, plan: dict) -> None:
+        if plan["xclp"]:
+            self.xclp_pseudo_acc, nbytes = _xclp_labels(list(self.states.values()), self.public, self.shared,
+                                                        self.strategy.n_classes, self.strategy.cfg, t)
+            self.comm["xclp_bytes"] += nbytes
+
+    def update(self, site: str, t: int, plan: dict) -> np.ndarray:
+        votes, mix = self.strategy.update(self.states[site], self.public, self.shared, t)
+        self.mixes.append(mix)
+        return votes
+
+    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
+        n = len(self.states)
+        self.comm["labels_up"] += self.up * n
+        self.comm["labels_down"] += self.down * n
+        accs = np.array([float(np.mean(st.learner.predict(self.test[0]) == self.test[1])) for st in self.states.values()])
+        P, y = self.shared, self.public_y
+        kept = P >= 0
         row = {
             "round": t,
             "accuracy": float(accs.mean()),
             "accuracy_std": float(accs.std()),
             "site_accuracy": accs.tolist(),
-            "pseudo_label_accuracy": (float(np.mean(P_labels[kept] == public_y[kept]))
-                                      if public_y is not None and kept.any() else float("nan")),
+            "pseudo_label_accuracy": float(np.mean(P[kept] == y[kept])) if y is not None and kept.any() else float("nan"),
             "public_coverage": float(kept.mean()),
-            "xclp_pseudo_label_accuracy": xclp_pseudo_acc,
-            "mix": float(np.mean(mixes)),
-            "seconds": time.perf_counter() - t0,
+            "xclp_pseudo_label_accuracy": self.xclp_pseudo_acc,
+            "mix": float(np.mean(self.mixes)),
         }
-        history.append(row)
-        say(f"exchange {t}/{cfg.rounds}: acc {row['accuracy']:.4f} ± {row['accuracy_std']:.4f}  consensus acc "
-            f"{row['pseudo_label_accuracy']:.4f} on {row['public_coverage']:.0%} of U  {row['seconds']:.1f}s")
-    return {
-        "algorithm": "fedct-xclp" if cfg.xclp else "fedct",
-        "final_accuracy": history[-1]["accuracy"],
-        "history": history,
-        "communication_bytes": {"total": comm["labels_up"] + comm["labels_down"] + comm["xclp_bytes"], **comm,
-                                "per_round_label_bytes": (up + down) * len(states),
-                                "public_size": len(public.X), "public_sha256": public.digest},
-        "learners": names,
-        "models": [st.learner for st in states],
-    }
+        self.mixes = []
+        return row
+
+    def describe(self, row: dict) -> str:
+        return (f"exchange {row['round']}/{self.strategy.cfg.rounds}: acc {row['accuracy']:.4f} ± "
+                f"{row['accuracy_std']:.4f}  consensus acc {row['pseudo_label_accuracy']:.4f} on "
+                f"{row['public_coverage']:.0%} of U  {row['seconds']:.1f}s")
+
+    def result(self, history: list[dict]) -> dict:
+        comm, n = self.comm, len(self.states)
+        return {
+            "algorithm": self.strategy.algorithm,
+            "final_accuracy": history[-1]["accuracy"],
+            "history": history,
+            "communication_bytes": {"total": comm["labels_up"] + comm["labels_down"] + comm["xclp_bytes"], **comm,
+                                    "per_round_label_bytes": (self.up + self.down) * n,
+                                    "public_size": len(self.public.X), "public_sha256": self.public.digest},
+            "learners": self.names,
+            "models": [st.learner for st in self.states.values()],
+        }
 
 
 def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes: int, cfg: FedCTConfig,

@@ -1,0 +1,24 @@
+"""Every training algorithm, by name, and the strategy that runs it (xclp/training/strategy.py).
+
+The drivers look an algorithm up here and call its strategy's hooks; a new algorithm is one more
+entry (and its Strategy), not a branch in each driver.
+"""
+
+from __future__ import annotations
+
+from xclp.training.fedavg import FedAvgStrategy
+from xclp.training.fedct import FedCTStrategy
+from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS
+from xclp.training.strategy import Strategy
+
+STRATEGIES: dict[str, type[Strategy]] = {**{a: FedAvgStrategy for a in FEDAVG_ALGORITHMS},
+                                         **{a: FedCTStrategy for a in FEDCT_ALGORITHMS}}
+assert tuple(STRATEGIES) == ALGORITHMS, "a strategy for every algorithm the command line offers"
+
+
+def strategy_for(algorithm: str, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
+                 n_public: int | None = None) -> Strategy:
+    """The strategy of a run or job from its stored parameters (`config`: the algorithm's config as a dict)."""
+    if algorithm not in STRATEGIES:
+        raise ValueError(f"unknown training algorithm {algorithm!r}; choose from {ALGORITHMS}")
+    return STRATEGIES[algorithm].from_config(config, n_classes, n_sites, n_features=n_features, n_public=n_public)

@@ -1,0 +1,149 @@
+"""Training algorithms as strategies, and the one round loop of the simulation.
+
+A strategy is one algorithm's decisions, as a few hooks (Flower's strategies are the model): the
+server's — `configure_round` (who takes part in round t, with what settings, and whether XCLP
+relabels before it), `aggregate` (the uploads → what the server sends back) — and each site's —
+`update` (its local work for the round → its upload). It also names its messages (`upload`,
+`broadcast`) and how they travel (`dump_*` / `load_*`, checked on receipt). Both drivers call the
+same hooks:
+
+- the simulation: `run_rounds` below, with a `Federation` that plays every site in process;
+- the service: the coordinator's engine (service/training_engine.py) calls the server's hooks from
+  the database, round by round, and each site agent (clients/trainer.py) calls `update` at home.
+
+A new algorithm is a new Strategy (and Federation, for the simulation) registered in
+xclp/training/algorithms.py, not an edit of the drivers.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Roster:
+    """What the server knows of the sites when it plans a round."""
+
+    sites: list[str]  # the sites still in the run, in the run's order
+    labelled: list[str]  # those of them that hold labels
+    unlabelled: list[str]
+    cached: list[str] = field(default_factory=list)  # sites holding pseudo-labels from an earlier round
+
+
+class Strategy(ABC):
+    """One training algorithm's hooks. `cfg` is the algorithm's validated config."""
+
+    family: ClassVar[str]  # "fedavg", "fedct": the algorithms that share these hooks
+    upload: ClassVar[str]  # what a planned site sends each round (the message topic's first part)
+    broadcast: ClassVar[str]  # what the server sends to every site after each round
+    global_model: ClassVar[bool]  # the server holds a model: sent before round 1, scored by the sites at the end
+
+    def __init__(self, cfg, n_classes: int):
+        self.cfg = cfg
+        self.n_classes = int(n_classes)
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
+                    n_public: int | None = None) -> Strategy:
+        """The strategy of a stored run or job: `config` is the algorithm's config as a dict."""
+
+    @property
+    def algorithm(self) -> str:
+        return self.cfg.algorithm
+
+    @property
+    def secure_sum(self) -> bool:
+        """Whether the uploads are masked so that the server decodes only their sum."""
+        return False
+
+    @abstractmethod
+    def total_rounds(self) -> int: ...
+
+    # --- the server's hooks ------------------------------------------------------------------------
+    @abstractmethod
+    def configure_round(self, t: int, roster: Roster) -> dict:
+        """The plan of round t (JSON): at least "round", "sites" (who takes part) and "xclp" (None, or
+        the features — "embedding" or "raw" — an XCLP job over the round's sites labels before they train)."""
+
+    @abstractmethod
+    def aggregate(self, t: int, plan: dict, uploads: list, previous):
+        """What the server sends back after round t, from the uploads of the sites that sent one;
+        `previous` is what it sent after round t − 1 (None before the first)."""
+
+    @abstractmethod
+    def contribution(self, payload, meta: dict):
+        """What of a site's upload enters `aggregate` (None: nothing — a site with nothing to learn)."""
+
+    @abstractmethod
+    def summarize(self, plan: dict, metrics: dict[str, dict], shared) -> dict:
+        """The round's figures from what each site measured at home (its upload's metrics) and what
+        the server sends back; the service's record of a round."""
+
+    # --- the wire ------------------------------------------------------------------------------------
+    @abstractmethod
+    def dump_broadcast(self, shared) -> bytes: ...
+
+    @abstractmethod
+    def load_broadcast(self, body: bytes, what: str = "broadcast"): ...
+
+    @abstractmethod
+    def load_upload(self, body: bytes, what: str = "upload") -> tuple[object, dict]:
+        """(payload, the site's metrics): refuses a body of the wrong shape, type or range."""
+
+
+def pooled_rate(metrics: dict[str, dict], hits: str, count: str) -> float | None:
+    """Σ hits / Σ count over the sites' metrics (None when nothing was counted): e.g. the accuracy of
+    the sites on their own scoring points, each site counting its points."""
+    total = sum(int(m.get(count, 0)) for m in metrics.values())
+    return round(sum(int(m.get(hits, 0)) for m in metrics.values()) / total, 6) if total else None
+
+
+class Federation(ABC):
+    """The simulation's sites, in process: their data, their local state and the run's metrics."""
+
+    strategy: Strategy
+    shared: object = None  # what the server sent last
+
+    @abstractmethod
+    def roster(self) -> Roster: ...
+
+    @abstractmethod
+    def relabel(self, t: int, plan: dict) -> None:
+        """Pseudo-labels before the round's updates (XCLP in process, or a local labeller)."""
+
+    @abstractmethod
+    def update(self, site: str, t: int, plan: dict):
+        """The site's upload for round t (None: it has nothing to send)."""
+
+    @abstractmethod
+    def round_row(self, t: int, plan: dict, uploads: list) -> dict: ...
+
+    @abstractmethod
+    def describe(self, row: dict) -> str: ...
+
+    @abstractmethod
+    def result(self, history: list[dict]) -> dict: ...
+
+
+def run_rounds(federation: Federation, progress: Callable[[str], None] | None = None) -> dict:
+    """The simulation's round loop, for every algorithm: plan, relabel, update at each planned site,
+    aggregate, record."""
+    say = progress or (lambda _m: None)
+    strategy = federation.strategy
+    history = []
+    for t in range(1, strategy.total_rounds() + 1):
+        t0 = time.perf_counter()
+        plan = strategy.configure_round(t, federation.roster())
+        federation.relabel(t, plan)
+        uploads = [u for u in (federation.update(s, t, plan) for s in plan["sites"]) if u is not None]
+        federation.shared = strategy.aggregate(t, plan, uploads, federation.shared)
+        row = federation.round_row(t, plan, uploads)
+        row["seconds"] = time.perf_counter() - t0
+        history.append(row)
+        say(federation.describe(row))
+    return federation.result(history)
