@@ -21,9 +21,7 @@ from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.algorithms import STRATEGIES
-from xclp.training.fedavg import FedAvgConfig
-from xclp.training.fedct import FedCTConfig
-from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, LEARNERS, TIE_RULES
+from xclp.training.options import ALGORITHMS, LEARNERS, TIE_RULES
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -69,29 +67,15 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}")
     JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
               crypto=body.crypto, key_bits=body.key_bits).validate()
-    common = dict(rounds=body.rounds, refresh=body.refresh, bits=body.bits, k=body.k, alpha=body.alpha,
-                  crypto=body.crypto, key_bits=body.key_bits, seed=body.seed)
     params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,
               "xclp_deadlines": body.xclp_deadlines}
-    if body.algorithm in FEDAVG_ALGORITHMS:
-        model = body.model or "mlp"
-        if not isinstance(model, str):
-            raise ValueError("FedAvg averages one network: model must be 'mlp' or 'cnn'")
-        cfg = FedAvgConfig(algorithm=body.algorithm, sites_per_round=body.sites_per_round,
-                           local_epochs=body.local_epochs, model=model, lr=0.1 if body.lr is None else body.lr,
-                           warmup_rounds=body.warmup_rounds, secure_aggregation=body.secure_aggregation,
-                           **common).validate()
-    else:
+    kind = STRATEGIES[body.algorithm]
+    if kind.public_set:
         if body.public_sha256 is None or not HEX64.match(body.public_sha256) or not body.public_size:
-            raise ValueError("FedCT needs the public set U pinned: public_sha256 (64 hex digits) and public_size")
-        learners = body.model or "tree"
-        for name in [learners] if isinstance(learners, str) else learners:
-            if name not in LEARNERS:
-                raise ValueError(f"unknown learner {name!r}; choose from {LEARNERS}")
-        kw = {n: {"lr": body.lr} for n in ("mlp", "cnn")} if body.lr is not None else {}
-        cfg = FedCTConfig(period=body.period, learners=learners, xclp=body.algorithm == "fedct-xclp", tie=body.tie,
-                          quorum=body.quorum, mix=body.mix, learner_kw=kw, **common).validate(len(body.sites))
+            raise ValueError(f"{body.algorithm} needs the public set U pinned: public_sha256 (64 hex digits) and "
+                             "public_size")
         params.update(public_sha256=body.public_sha256, public_size=int(body.public_size))
+    cfg = kind.config_from_options(body.algorithm, body.model_dump(), len(body.sites))
     params["config"] = dataclasses.asdict(cfg)
     return params
 

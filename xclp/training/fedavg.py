@@ -27,7 +27,7 @@ import copy
 import math
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -342,10 +342,21 @@ class FedAvgStrategy(Strategy):
     upload = "update"
     broadcast = "model"
     global_model = True
+    public_set = False
 
     def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)
         self.n_features = n_features
+
+    @classmethod
+    def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FedAvgConfig:
+        model = options.get("model") or "mlp"
+        if not isinstance(model, str):
+            raise ValueError("FedAvg averages one network: model must be 'mlp' or 'cnn'")
+        known = {f.name for f in fields(FedAvgConfig)}
+        kw = {k: v for k, v in options.items() if k in known and v is not None}
+        kw.update(algorithm=algorithm, model=model, sites_per_round=options.get("sites_per_round") or min(5, n_sites))
+        return FedAvgConfig(**kw).validate()
 
     @classmethod
     def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,

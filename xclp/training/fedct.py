@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.messages import load_votes
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
-from xclp.training.options import TIE_RULES
+from xclp.training.options import LEARNERS, TIE_RULES
 from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
 from xclp.wire import dump_array, load_array
 
@@ -298,10 +298,24 @@ class FedCTStrategy(Strategy):
     upload = "votes"
     broadcast = "consensus"
     global_model = False
+    public_set = True
 
     def __init__(self, cfg: FedCTConfig, n_classes: int, n_public: int):
         super().__init__(cfg, n_classes)
         self.n_public = int(n_public)
+
+    @classmethod
+    def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FedCTConfig:
+        learners = options.get("model") or "tree"
+        for name in [learners] if isinstance(learners, str) else learners:
+            if name not in LEARNERS:
+                raise ValueError(f"unknown learner {name!r}; choose from {LEARNERS}")
+        known = {f.name for f in fields(FedCTConfig)}
+        kw = {k: v for k, v in options.items() if k in known and v is not None}
+        lr = options.get("lr")
+        kw.update(learners=learners, xclp=algorithm == "fedct-xclp",
+                  learner_kw={n: {"lr": lr} for n in ("mlp", "cnn")} if lr is not None else {})
+        return FedCTConfig(**kw).validate(n_sites)
 
     @classmethod
     def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,

@@ -28,8 +28,9 @@ import numpy as np
 
 from xclp.data import UNLABELLED, DataError, load_arrays, load_fashion_mnist_arrays
 from xclp.splits import assign_sites, site_names
-from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
-from xclp.training.fedct import TIE_RULES, FedCTConfig, run_fedct
+from xclp.training.algorithms import STRATEGIES
+from xclp.training.fedavg import Site, run_fedavg
+from xclp.training.fedct import TIE_RULES, run_fedct
 from xclp.training.models import LEARNERS
 from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS
 
@@ -176,23 +177,13 @@ def run_training(config: TrainConfig | dict) -> dict:
     say(f"{cfg.dataset}: {len(sites)} sites, {sum(s.n for s in sites)} points, "
         f"{sum(s.n_labelled for s in sites)} labels, test {len(test[1])}"
         + (f", public U {len(public[1])}" if public is not None else ""))
+    names = cfg.model_names()
+    options = {**asdict(cfg), "model": names[0] if len(names) == 1 else [names[i % len(names)] for i in range(cfg.sites)]}
+    fc = STRATEGIES[cfg.algorithm].config_from_options(cfg.algorithm, options, cfg.sites)
     if cfg.algorithm in FEDAVG_ALGORITHMS:
-        fc = FedAvgConfig(algorithm=cfg.algorithm, rounds=cfg.rounds,
-                          sites_per_round=cfg.sites_per_round or min(5, cfg.sites), local_epochs=cfg.local_epochs,
-                          model=cfg.model_names()[0], lr=cfg.lr if cfg.lr is not None else 0.1,
-                          warmup_rounds=cfg.warmup_rounds, refresh=cfg.refresh, bits=cfg.bits, k=cfg.k,
-                          alpha=cfg.alpha, crypto=cfg.crypto, seed=cfg.seed, eval_every=cfg.eval_every,
-                          threads=cfg.threads, secure_aggregation=cfg.secure_aggregation)
         out = run_fedavg(sites, test, n_classes, fc, progress=say)
         out.pop("model")
     else:
-        names = cfg.model_names()
-        learners = names[0] if len(names) == 1 else [names[i % len(names)] for i in range(cfg.sites)]
-        kw = {n: {"lr": cfg.lr} for n in ("mlp", "cnn")} if cfg.lr is not None else {}
-        fc = FedCTConfig(rounds=cfg.rounds, period=cfg.period, learners=learners, xclp=cfg.algorithm == "fedct-xclp",
-                         refresh=cfg.refresh, public_in_graph=cfg.public_in_graph, tie=cfg.tie, quorum=cfg.quorum,
-                         mix=cfg.mix, bits=cfg.bits, k=cfg.k, alpha=cfg.alpha, crypto=cfg.crypto, seed=cfg.seed,
-                         threads=cfg.threads, learner_kw=kw)
         out = run_fedct(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
         out.pop("models")
     out["config"] = {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot", "quiet")}

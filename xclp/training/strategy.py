@@ -41,10 +41,18 @@ class Strategy(ABC):
     upload: ClassVar[str]  # what a planned site sends each round (the message topic's first part)
     broadcast: ClassVar[str]  # what the server sends to every site after each round
     global_model: ClassVar[bool]  # the server holds a model: sent before round 1, scored by the sites at the end
+    public_set: ClassVar[bool]  # the sites share a public unlabelled set U (pinned by its SHA-256)
 
     def __init__(self, cfg, n_classes: int):
         self.cfg = cfg
         self.n_classes = int(n_classes)
+
+    @classmethod
+    @abstractmethod
+    def config_from_options(cls, algorithm: str, options: dict, n_sites: int):
+        """The algorithm's validated config from the flat options a user gives (the command line's flags,
+        a job request's fields); an option that is absent or None takes the algorithm's default.
+        Raises ValueError on a wrong one."""
 
     @classmethod
     @abstractmethod
