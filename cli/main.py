@@ -283,8 +283,9 @@ def cmd_job_status(args) -> int:
             final = st["training"].get("final") or {}
             print(f"job {st['job']} ({st['params']['algorithm']}): {st['status']}, phase {st['phase']}, "
                   f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
-                  + (f"; last round: accuracy {last.get('accuracy')}, left out {last.get('left_out')}" if last else "")
-                  + (f"; final accuracy {final.get('accuracy')}" if final else "")
+                  + (f"; last round: accuracy on the sites' own points {last.get('local_accuracy')}, left out "
+                     f"{last.get('left_out')}" if last else "")
+                  + (f"; final accuracy on the sites' own points {final.get('local_accuracy')}" if final else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
             return 0

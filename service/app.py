@@ -342,7 +342,7 @@ def _training_view(job: Job, who: str) -> dict:
     def own(row: dict | None) -> dict | None:
         if row is None:
             return None
-        return {k: ({s: v for s, v in x.items() if s == who} if k in ("site_metrics", "site_accuracy") else x)
+        return {k: ({s: v for s, v in x.items() if s == who} if k in ("site_metrics", "local_accuracy_by_site") else x)
                 for k, x in row.items()}
 
     return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),

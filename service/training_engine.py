@@ -262,9 +262,9 @@ def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object
 
 def _sites_final(row: dict) -> dict:
     """A run with no global model ends with the sites' own models: their accuracies."""
-    return {"accuracy": row["accuracy"], "accuracy_std": row["accuracy_std"],
-            "site_accuracy": {s: (m["eval_correct"] / m["eval_n"] if m.get("eval_n") else None)
-                              for s, m in row["site_metrics"].items()}}
+    return {"local_accuracy": row["local_accuracy"], "local_accuracy_std": row["local_accuracy_std"],
+            "local_accuracy_by_site": {s: (m["eval_correct"] / m["eval_n"] if m.get("eval_n") else None)
+                                       for s, m in row["site_metrics"].items()}}
 
 
 def obsolete_round_messages(db, job: Job) -> list[int]:
@@ -291,7 +291,7 @@ def _evaluate(db, job: Job) -> None:
         return
     metrics = {s: load_json(message_body(db, job.id, s, COORDINATOR, "eval"), what=f"eval from {s}")
                for s in job.live if s not in missing}
-    _set_state(job, final={"accuracy": pooled_rate(metrics, "eval_correct", "eval_n"), "site_metrics": metrics,
+    _set_state(job, final={"local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"), "site_metrics": metrics,
                            "not_evaluated": sorted(missing), "model_round": strategy(job).total_rounds()})
     _phase(job, "done")
 

@@ -118,11 +118,11 @@ def test_fedavg_round_uploads_are_checked_and_the_round_closes_with_the_average(
     late = put("update/1", body, hb)  # the round has closed: too late, stores nothing either
     assert late.status_code == 409 and "round in progress is 2" in late.json()["detail"]
     row = st["training"]["history"][0]
-    assert row["round"] == 1 and row["left_out"] == [] and row["accuracy"] == (5 + 6) / 20
+    assert row["round"] == 1 and row["left_out"] == [] and row["local_accuracy"] == (5 + 6) / 20
     assert set(row["site_metrics"]) == {"a", "b"} and st["training"]["labelled"] == ["a", "b"]
     seen_by_a = app_client.get(f"/jobs/{job}", headers=ha).json()["training"]  # a site sees its own metrics only
     assert set(seen_by_a["history"][0]["site_metrics"]) == {"a"} and "labelled" not in seen_by_a
-    assert seen_by_a["history"][0]["accuracy"] == row["accuracy"]  # and the aggregates
+    assert seen_by_a["history"][0]["local_accuracy"] == row["local_accuracy"]  # and the aggregates
     got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=hb).content, template)
     want = average_states(states)
     assert all(torch.equal(got[k], want[k]) for k in want)  # ServerUpdate: the plain average

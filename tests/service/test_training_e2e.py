@@ -76,7 +76,7 @@ def test_fedavg_job_survives_coordinator_and_agent_kills_and_equals_the_simulati
     st = c.wait(job, lambda st: st["status"] == "done", what="job done")
     hist = st["training"]["history"]
     assert [r["round"] for r in hist] == [1, 2, 3]
-    assert st["training"]["final"]["accuracy"] is not None and st["training"]["final"]["accuracy"] > 0.3
+    assert st["training"]["final"]["local_accuracy"] is not None and st["training"]["final"]["local_accuracy"] > 0.3
     sim = _sim_fedavg(c, "fedavg")
     got = _service_weights(c, job)
     want = sim["model"].state_dict()

@@ -56,7 +56,7 @@ def test_xclp_plot_compares_runs_and_job_status_files(runs, tmp_path):
         files[-1].write_text(json.dumps({k: v for k, v in runs[alg].items() if k != "model"}, default=str))
     status = tmp_path / "job.json"  # what `xclp job status ID --json` prints for a training job
     status.write_text(json.dumps({"job": "abc", "kind": "train", "params": {"algorithm": "fedct", "config": {}},
-                                  "training": {"history": [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": 0.6}]}}))
+                                  "training": {"history": [{"round": 1, "local_accuracy": 0.5}, {"round": 2, "local_accuracy": 0.6}]}}))
     out = tmp_path / "runs.png"
     assert main(["plot", *map(str, files), str(status), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

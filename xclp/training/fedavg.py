@@ -402,8 +402,9 @@ class FedAvgStrategy(Strategy):
 
     def summarize(self, plan: dict, metrics: dict[str, dict], shared) -> dict:
         return {"stage": plan["stage"], "lr": plan["lr"], "trained": [s for s, m in metrics.items() if int(m.get("n", 0))],
-                # the sites' accuracy on their own points, scored before they train (the round's input model)
-                "accuracy": pooled_rate(metrics, "eval_correct", "eval_n"),
+                # not a test accuracy: the round's input model scored by each site on its own points (those
+                # with known labels), pooled over the sites, before they train
+                "local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"),
                 "pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
     def update(self, model: torch.nn.Module, site: Site, pl: PseudoLabels, t: int, plan: dict):

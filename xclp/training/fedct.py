@@ -351,9 +351,10 @@ class FedCTStrategy(Strategy):
         accs = [m["eval_correct"] / m["eval_n"] for m in metrics.values() if m.get("eval_n")]
         return {"voted": sorted(metrics),
                 "public_coverage": round(float((shared >= 0).mean()), 6) if self.n_public else 0.0,
-                # the mean over the sites of each one's accuracy on its own points, after its update
-                "accuracy": round(float(np.mean(accs)), 6) if accs else None,
-                "accuracy_std": round(float(np.std(accs)), 6) if accs else None,
+                # not a test accuracy: each site's model scored on the site's own points after its update,
+                # the mean and spread over the sites
+                "local_accuracy": round(float(np.mean(accs)), 6) if accs else None,
+                "local_accuracy_std": round(float(np.std(accs)), 6) if accs else None,
                 "xclp_pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
     def update(self, state: SiteState, public: PublicSet, consensus: np.ndarray | None, t: int):

@@ -225,7 +225,8 @@ def as_run(obj: dict) -> dict:
     if obj.get("kind") == "train" and "training" in obj:
         params = obj["params"]
         cfg = {**params.get("config", {}), "split": f"service job {obj['job']}"}
-        return {"algorithm": params["algorithm"], "config": cfg, "history": obj["training"].get("history") or []}
+        return {"algorithm": params["algorithm"], "config": cfg, "history": obj["training"].get("history") or [],
+                "metric": "local_accuracy"}  # a job has no test set: each site scores on its own points
     raise ValueError("not a training run: expected the JSON of `xclp simulate train --json` "
                      "or of `xclp job status ID --json` for a training job")
 
@@ -240,10 +241,13 @@ def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
     loaded = [as_run(json.loads(Path(r).read_text()) if isinstance(r, (str, Path)) else r) for r in runs]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in loaded:
-        pts = [(h["round"], h["accuracy"]) for h in run["history"] if h.get("accuracy") is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None, label=run_label(run))
+        key = run.get("metric", "accuracy")
+        pts = [(h["round"], h[key]) for h in run["history"] if h.get(key) is not None]
+        label = run_label(run) + (" — on the sites' own points" if key == "local_accuracy" else "")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None, label=label)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("accuracy (test set; service jobs: the sites' own points)" if any(
+        r.get("metric") == "local_accuracy" for r in loaded) else "test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:
