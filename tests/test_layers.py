@@ -83,3 +83,12 @@ def test_the_layer_check_sees_a_wrong_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from service.app import create_app\n")
     assert "service.app" in _imports(bad, "xclp.bad")
+
+
+def test_a_long_module_says_at_its_top_why_it_is_long():
+    long = []
+    for module, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > 500 and "lines" not in (ast.get_docstring(ast.parse(text)) or "")[:400]:
+            long.append(f"{module} ({text.count(chr(10))} lines)")
+    assert not long, "modules over 500 lines with no reason stated at the top: " + ", ".join(long)

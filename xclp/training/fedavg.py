@@ -19,6 +19,9 @@ from `lr` to 0 at round `cosine_rounds` (default: the last round).
 Algorithms: "fedavg" (labelled only; samples labelled sites only), "fedavg-xclp",
 "fedavg-per-site-lp" (label spreading on each site's own embeddings), "fedavg-network" (the model's
 own argmax, confidence = 1 − entropy / log C, scaled by its maximum).
+
+(About 500 lines: the algorithm's config, its server side, its pseudo-labellers, its client update
+and its strategy for both drivers.)
 """
 
 from __future__ import annotations
