@@ -19,6 +19,7 @@ from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, message_body, message_ref, new_message
+from service.deps import bearer, load_job, require_site
 from service.engine import job_params, pair_list
 from service.schemas import errors
 from service.training_engine import check_train_upload
@@ -30,8 +31,8 @@ class _BlobResponse(FileResponse):
     chunk_size = 1 << 20  # fewer thread hops than the default 64 KiB for bodies of tens of MB
 
 
-def make_messages_router(Session, settings, blobs, job_engine, bearer, require_site, load_job, bytes_in,
-                         registry) -> APIRouter:
+def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registry) -> APIRouter:
+    """A router of its own per app: it keeps the app's long-poll counts and its blob store at hand."""
     r = APIRouter(tags=["messages"])
     waiting_gauge = Gauge("xclp_long_polls_waiting", "long polls waiting for their message", registry=registry)
     waiting: dict[str, int] = {}  # site -> its long polls waiting now (touched only on the event loop)

@@ -11,10 +11,11 @@ import re
 import uuid
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import Field
 
 from service.db import COORDINATOR, Job, message_body
+from service.deps import caller, get_db, known_sites, load_job, require_admin
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
@@ -80,59 +81,55 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
     return params
 
 
-def make_training_router(Session, engine, require_admin, caller, load_job, known_sites) -> APIRouter:
-    r = APIRouter(tags=["training"])
+router = APIRouter(tags=["training"])
 
-    def get_db():
-        with Session() as db:
-            yield db
 
-    @r.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)],
-            responses=errors(400, 401, 403, 404, 422))
-    def submit_train(body: TrainJobCreate, db=Depends(get_db)):
-        """A training job: FedAvg(+XCLP) or FedCT(+XCLP) rounds with the sites training at home."""
-        if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):
-            raise HTTPException(422, "a training job needs at least two distinct sites")
-        unknown = [s for s in body.sites if s not in known_sites(db, body.sites)]
-        if unknown:
-            raise HTTPException(404, f"unknown site(s): {unknown}")
-        bad = set(body.deadlines) - set(TRAIN_DEADLINES)
-        if bad or any(v <= 0 for v in [*body.deadlines.values(), *body.xclp_deadlines.values()]):
-            raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(TRAIN_DEADLINES)}")
-        job_id = uuid.uuid4().hex[:16]
-        try:
-            params = training_params(body, job_id)
-        except (ValueError, TypeError) as exc:
-            raise HTTPException(422, str(exc)) from None
-        db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
-                   deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
-        db.commit()
-        engine.wakeup.set()
-        return {"job": job_id}
+@router.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)],
+             responses=errors(400, 401, 403, 404, 422))
+def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
+    """A training job: FedAvg(+XCLP) or FedCT(+XCLP) rounds with the sites training at home."""
+    if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):
+        raise HTTPException(422, "a training job needs at least two distinct sites")
+    unknown = [s for s in body.sites if s not in known_sites(db, body.sites)]
+    if unknown:
+        raise HTTPException(404, f"unknown site(s): {unknown}")
+    bad = set(body.deadlines) - set(TRAIN_DEADLINES)
+    if bad or any(v <= 0 for v in [*body.deadlines.values(), *body.xclp_deadlines.values()]):
+        raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(TRAIN_DEADLINES)}")
+    job_id = uuid.uuid4().hex[:16]
+    try:
+        params = training_params(body, job_id)
+    except (ValueError, TypeError) as exc:
+        raise HTTPException(422, str(exc)) from None
+    db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
+               deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
+    db.commit()
+    request.app.state.engine.wakeup.set()
+    return {"job": job_id}
 
-    @r.get("/jobs/{job_id}/shared/{topic:path}", responses=errors(401, 403, 404, 422), response_class=Response)
-    def shared(job_id: str, topic: str, who: str = Depends(caller), db=Depends(get_db)):
-        """What the coordinator broadcast to every site of a training job (plans, models, consensus)."""
-        job = load_job(db, job_id)
-        if who != "admin" and who not in job.sites:
-            raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-        body = message_body(db, job_id, COORDINATOR, BROADCAST, topic)
-        if body is None:
-            raise HTTPException(404, f"no shared message {topic!r} in job {job_id} (yet, or pruned)")
-        return Response(content=body, media_type="application/octet-stream")
 
-    @r.get("/jobs/{job_id}/model", responses=errors(401, 403, 404, 422), response_class=Response)
-    def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
-        """The FedAvg global model of the last completed round (.npz of the state dict)."""
-        job = load_job(db, job_id)
-        if who != "admin" and who not in job.sites:
-            raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-        if job.kind != "train" or not STRATEGIES[job.params["algorithm"]].global_model:
-            raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
-        done = len(job.state.get("history", []))
-        body = message_body(db, job_id, COORDINATOR, BROADCAST, f"model/{done}")
-        if body is None:
-            raise HTTPException(404, f"job {job_id} has no model yet")
-        return Response(content=body, media_type="application/octet-stream", headers={"X-XCLP-Round": str(done)})
+@router.get("/jobs/{job_id}/shared/{topic:path}", responses=errors(401, 403, 404, 422), response_class=Response)
+def shared(job_id: str, topic: str, who: str = Depends(caller), db=Depends(get_db)):
+    """What the coordinator broadcast to every site of a training job (plans, models, consensus)."""
+    job = load_job(db, job_id)
+    if who != "admin" and who not in job.sites:
+        raise HTTPException(403, f"site {who!r} is not in job {job_id}")
+    body = message_body(db, job_id, COORDINATOR, BROADCAST, topic)
+    if body is None:
+        raise HTTPException(404, f"no shared message {topic!r} in job {job_id} (yet, or pruned)")
+    return Response(content=body, media_type="application/octet-stream")
 
-    return r
+
+@router.get("/jobs/{job_id}/model", responses=errors(401, 403, 404, 422), response_class=Response)
+def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
+    """The FedAvg global model of the last completed round (.npz of the state dict)."""
+    job = load_job(db, job_id)
+    if who != "admin" and who not in job.sites:
+        raise HTTPException(403, f"site {who!r} is not in job {job_id}")
+    if job.kind != "train" or not STRATEGIES[job.params["algorithm"]].global_model:
+        raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
+    done = len(job.state.get("history", []))
+    body = message_body(db, job_id, COORDINATOR, BROADCAST, f"{STRATEGIES[job.params['algorithm']].broadcast}/{done}")
+    if body is None:
+        raise HTTPException(404, f"job {job_id} has no model yet")
+    return Response(content=body, media_type="application/octet-stream", headers={"X-XCLP-Round": str(done)})

@@ -58,7 +58,7 @@ def test_defaults():
 
 def test_service_schemas_and_demo_default_to_lattice():
     import cli.demo as demo
-    from service.app import JobCreate
+    from service.jobs_api import JobCreate
     from service.training_api import TrainJobCreate
 
     assert JobCreate(sites=["a", "b"]).crypto == "lattice"

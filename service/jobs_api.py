@@ -1,0 +1,162 @@
+"""Prediction jobs: submitted by the operator, their status for the operator and their sites, and the
+list of jobs. (Training jobs: service.training_api; a job's messages: service.messages_api.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from typing import Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
+
+from service.db import COORDINATOR, Job, Message
+from service.deps import caller, get_db, known_sites, load_job, require_admin
+from service.engine import pair_list
+from service.lifecycle import DEFAULT_DEADLINES
+from service.schemas import Request as RequestBody
+from service.schemas import Seconds, SiteName, errors
+from service.training_engine import train_progress
+from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+
+log = logging.getLogger("xclp.service")
+router = APIRouter(tags=["jobs"])
+
+
+class JobCreate(RequestBody):
+    kind: Literal["predict"] = Field("predict", description="'predict': one-shot transductive prediction "
+                                                            "(training jobs: POST /jobs/train)")
+    sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
+                                  description="participating sites (at least two, each once), in roster order")
+    crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="'plaintext' has no security")
+    bits: int = Field(1024, ge=1, le=65535, description="LSH length L")
+    k: int = Field(10, ge=1, le=10_000, description="neighbours per point in the kNN graph")
+    alpha: float = Field(0.99, gt=0, lt=1)
+    power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
+    classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
+    key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
+                                                              "they accept; 2048 by default)")
+    deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,
+                                                                         description="phase -> seconds")
+
+
+class JobCreated(BaseModel):
+    job: str
+
+
+class JobStatus(BaseModel):
+    job: str
+    kind: str
+    status: str
+    phase: str
+    attempt: int
+    sites: list[str]
+    live: list[str]
+    seed_sites: list[str]
+    graph_sites: list[str]
+    dropped: dict[str, str]
+    attempts: dict[str, int]
+    params: dict
+    progress: dict
+    timings: dict
+    failure: str | None
+    created_at: str
+    finished_at: str | None
+    round: int = Field(0, description="training jobs: the round in progress")
+    parent: str | None = Field(None, description="a predict job started by a training job's round: that job")
+    training: dict = Field(default_factory=dict, description="training jobs: per-round metrics ('history'), "
+                                                             "the final evaluation ('final')")
+
+
+@router.post("/jobs", response_model=JobCreated, status_code=201,
+             dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 422))
+def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
+    if body.kind != "predict":
+        raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "
+                                 "training jobs go to POST /jobs/train")
+    if len(body.sites) < 2:
+        raise HTTPException(422, "a job needs at least two sites")
+    if len(set(body.sites)) != len(body.sites):
+        raise HTTPException(422, "a site is named twice")
+    known = known_sites(db, body.sites)
+    unknown = [s for s in body.sites if s not in known]
+    if unknown:
+        raise HTTPException(404, f"unknown site(s): {unknown}")
+    bad = set(body.deadlines) - set(DEFAULT_DEADLINES)
+    if bad or any(v <= 0 for v in body.deadlines.values()):
+        raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(DEFAULT_DEADLINES)}")
+    job_id = uuid.uuid4().hex[:16]
+    try:
+        params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
+                           power=body.power, crypto=body.crypto, key_bits=body.key_bits).validate()
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
+               deadlines={**request.app.state.settings.default_deadlines, **body.deadlines}))
+    db.commit()
+    request.app.state.engine.wakeup.set()
+    log.info("job %s submitted: %s sites, crypto=%s", job_id, len(body.sites), body.crypto)
+    return JobCreated(job=job_id)
+
+
+@router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403))
+def list_jobs(db=Depends(get_db)):
+    rows = db.execute(select(Job.id, Job.status, Job.phase).order_by(Job.created_at)).all()
+    return {"jobs": [{"job": i, "status": s, "phase": p} for i, s, p in rows]}
+
+
+@router.get("/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 403, 404, 422))
+def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
+    job = load_job(db, job_id)
+    if who != "admin" and who not in job.sites:
+        raise HTTPException(403, f"site {who!r} is not in job {job_id}")
+    return JobStatus(job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
+                     sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
+                     dropped=job.dropped, attempts=job.attempts, params=job.params, progress=_progress(db, job),
+                     timings=job.timings,
+                     failure=job.failure, created_at=job.created_at.isoformat() + "Z",
+                     finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
+                     round=job.round or 0, parent=job.parent, training=_training_view(job, who))
+
+
+def _training_view(job: Job, who: str) -> dict:
+    """Child predict jobs show which features they run on; training jobs their history and result.
+    The operator sees every site's metrics; a site sees the aggregates and only its own metrics (how
+    many labels another site holds, or how well its model does, is that site's business)."""
+    state = job.state or {}
+    if job.kind != "train":
+        return {k: v for k, v in state.items() if k in ("features", "model_round")}
+    view = {k: state.get(k) for k in ("history", "final", "features", "labelled", "strikes", "participants")}
+    if who == "admin":
+        return view
+
+    def own(row: dict | None) -> dict | None:
+        if row is None:
+            return None
+        return {k: ({s: v for s, v in x.items() if s == who} if k in ("site_metrics", "local_accuracy_by_site") else x)
+                for k, x in row.items()}
+
+    return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),
+            "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)},
+            "participants": view["participants"]}  # who is in the current attempt of a round's masked sum
+
+
+def _progress(db, job: Job) -> dict:
+    """How far the current phase is: parts received out of parts expected."""
+    if job.kind == "train":
+        return train_progress(job, db)
+    expected = {"setup": len(job.live), "seed": len(job.live) * (len(job.live) - 1), "counts": len(job.live),
+                "hamming": len(job.live) + 2 * len(pair_list(job.live)), "row_sums": len(job.live)}.get(job.phase, 0)
+    prefix = {"setup": "announce", "seed": "seed", "counts": f"counts/{job.attempt}", "hamming": None,
+              "row_sums": f"rows/{job.attempt}"}.get(job.phase)
+    if job.phase == "hamming":
+        got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.recipient == COORDINATOR,
+                                                   (Message.topic == "intra") | Message.topic.startswith("share/")))
+    elif prefix is not None:
+        got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.topic == prefix))
+    else:
+        got = expected
+    return {"phase": job.phase, "received": int(got or 0), "expected": expected,
+            "fraction": round(min(1.0, (got or 0) / expected), 3) if expected else 1.0}
