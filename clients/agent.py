@@ -32,7 +32,6 @@ from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, load_npz, validate_features, validate_labels
 from xclp.protocol import JOB_PHASES, JobParams, SiteSession, decode_roster
-from xclp.wire import load_bundle
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
@@ -242,7 +241,7 @@ class Agent:
         at = JOB_PHASES.index(phase)
         if phase == "setup":
             return self._put_once(st, job_id, "announce", sess.announce())
-        if not sess.roster:
+        if sess.phase == "setup":
             roster = self.api.get(job_id, "roster")
             if roster is None:
                 return False
@@ -258,20 +257,19 @@ class Agent:
                 self._put_once(st, job_id, "seed", body, to=peer)
             st["seed_sent"] = True
             return True
-        if sess.seed is None:
+        if sess.phase == "seed":
             incoming = {p: self.api.get(job_id, "seed", sender=p) for p in status["seed_sites"] if p != self.site}
             sess.receive_seed(incoming, status["seed_sites"])
         if phase == "counts":
             topic = f"counts/{status['attempt']}"
             return self._put_once(st, job_id, topic, sess.counts_message(status["live"], status["attempt"]))
-        if sess.global_counts is None:
+        if sess.phase == "counts":
             a = status["attempts"]["counts"]
             sess.receive_counts(self.api.get(job_id, f"counts-total/{a}"), a)
         if phase == "hamming":
             return self._hamming(st, job_id, sess, status)
-        if sess.layout is None:
-            b = load_bundle(self.api.get(job_id, "influence"), ("layout", "columns"), what="influence")
-            sess.receive_influence(b["layout"].tobytes(), b["columns"].tobytes())
+        if sess.phase == "hamming":
+            sess.receive_influence(self.api.get(job_id, "influence"))
         attempt = status["attempt"] if at < JOB_PHASES.index("done") else status["attempts"]["row_sums"]
         cached = self.rows.get(job_id)
         if cached is None or cached[0] != attempt:

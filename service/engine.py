@@ -34,7 +34,6 @@ from service.db import COORDINATOR, Job, Message, has_messages, message_body, ut
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
 from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, Layout, encode_roster
-from xclp.wire import dump_bundle
 
 log = logging.getLogger("xclp.engine")
 
@@ -263,8 +262,7 @@ def _hamming(db, job: Job) -> None:
     W = coord.build_graph(order)
     coord.compute_influence(W)
     for s in order:
-        layout, cols = coord.influence_message(s)
-        put_message(db, job.id, COORDINATOR, s, "influence", dump_bundle({"layout": layout, "columns": cols}))
+        put_message(db, job.id, COORDINATOR, s, "influence", coord.influence_message(s))
     job.graph_sites = order
     job.timings = {**job.timings, "graph_and_influence": round(time.perf_counter() - t0, 3)}
     next_phase(job, "row_sums")

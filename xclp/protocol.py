@@ -246,7 +246,14 @@ def simulation_contribution(seed: int, site: str) -> bytes:
 
 
 class SiteSession:
-    """One site's side of a job. It holds the site's data, keys and results; none of it leaves."""
+    """One site's side of a job. It holds the site's data, keys and results; none of it leaves.
+
+    A state machine with an explicit `phase` (the job's phases, JOB_PHASES): each message it takes
+    moves it on — the roster to "seed", the other sites' seed contributions to "counts", the counts
+    total to "hamming", its influence columns to "row_sums", its row sums to "done" — and each method
+    is taken only in its phase (a ProtocolError says which phase it is in otherwise). What it sends
+    in a phase (counts, row sums) may be asked for again, for a new attempt or after a restart.
+    """
 
     def __init__(self, params: JobParams, site: str, X: np.ndarray, y: np.ndarray,
                  keypair: SiteKeyPair | None = None, contribution: bytes | None = None):
@@ -257,6 +264,7 @@ class SiteSession:
         if self.y.size and self.y.max() >= params.n_classes:
             raise ValueError(f"{site}: label {int(self.y.max())} is out of range for {params.n_classes} classes")
         self.keys = keypair or SiteKeyPair.generate()
+        self.phase = "setup"
         self._contribution = new_contribution(contribution)  # drawn now: its commitment goes in the announce
         self._seed: SeedAgreement | None = None
         self.roster: dict[str, RosterEntry] = {}
@@ -276,12 +284,23 @@ class SiteSession:
     def labelled_rows(self) -> np.ndarray:
         return np.flatnonzero(self.y >= 0)
 
+    def _expect(self, *phases: str) -> None:
+        if self.phase not in phases:
+            raise ProtocolError(f"{self.site}: out of order — this needs phase {' or '.join(phases)}, the session "
+                                f"is in {self.phase}")
+
+    def _advance(self, phase: str) -> None:
+        self.phase = JOB_PHASES[JOB_PHASES.index(self.phase) + 1]
+        assert self.phase == phase
+
     # --- setup -----------------------------------------------------------------------------------
     def announce(self) -> bytes:
+        self._expect("setup")
         return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows,
                                commitment(self._contribution, self.params.job_id, self.site))
 
     def set_roster(self, entries: list[RosterEntry]) -> None:
+        self._expect("setup")
         names = [e.site for e in entries]
         if self.site not in names:
             raise ProtocolError(f"{self.site}: not in the job's roster {names}")
@@ -295,6 +314,7 @@ class SiteSession:
         }
         self._seed = SeedAgreement(self.site, names, self.params.job_id, self.channels, contribution=self._contribution,
                                    commitments={e.site: e.commitment for e in entries if e.site != self.site})
+        self._advance("seed")
 
     def _pair_key(self, peer: str, purpose: str, attempt: int) -> bytes:
         return pairwise_key(self.keys, self.roster[peer].public_key, job=self.params.job_id, purpose=purpose,
@@ -311,11 +331,13 @@ class SiteSession:
 
     def seed_messages(self) -> dict[str, bytes]:
         """The contribution sealed for every peer: sent only once the roster has fixed every commitment."""
+        self._expect("seed")
         return self._agreement().outgoing()
 
     def receive_seed(self, messages: dict[str, bytes], participants: list[str]) -> None:
         """Derive the LSH seed from the contributions of `participants` (the coordinator's list),
         each checked against the commitment its site published in the roster."""
+        self._expect("seed")
         agreement = self._agreement()
         if self.site not in participants:
             raise ProtocolError(f"{self.site}: excluded from the seed participants")
@@ -326,6 +348,7 @@ class SiteSession:
                 raise ProtocolError(f"{self.site}: no seed contribution from {peer}")
             agreement.receive(peer, messages[peer])
         self.seed = agreement.seed(participants)
+        self._advance("counts")
 
     # --- counts (secure sum that only the sites learn) ------------------------------------------
     def _shared_mask(self, purpose: str, attempt: int, count: int) -> np.ndarray:
@@ -346,6 +369,7 @@ class SiteSession:
         return site_mask(self.site, keys, [s for s in self.order if s in participants], shape)
 
     def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
+        self._expect("counts")
         C = self.params.n_classes
         first = self.site == [s for s in self.order if s in participants][0]
         shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
@@ -353,6 +377,7 @@ class SiteSession:
         return dump_array(mask_vector(counts, self._mask("counts", attempt, participants, (C,)), 0, shared))
 
     def receive_counts(self, total: bytes, attempt: int = 0) -> None:
+        self._expect("counts")
         C = self.params.n_classes
         t = load_array(total, dtype=np.uint64, shape=(C,), what="counts total")
         counts = unmask_total(t, 0, self._shared_mask("counts", attempt, C) if self.params.secure else None)
@@ -364,9 +389,11 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: the label-count total is not a vector of counts of at most {most} "
                                 "points (masks disagree?)")
         self.global_counts = counts.astype(np.int64)
+        self._advance("hamming")
 
     # --- hamming ---------------------------------------------------------------------------------
     def hash(self) -> np.ndarray:
+        self._expect("hamming")
         if self.bits is None:
             self.bits = lsh.hash_vectors(self.X, self._need_seed(), self.params.bits, self.params.normalise)
         return self.bits
@@ -397,16 +424,21 @@ class SiteSession:
         return ChannelParty(party, self.channels[peer], "hamming")
 
     # --- row sums --------------------------------------------------------------------------------
-    def receive_influence(self, layout: bytes, columns: bytes) -> None:
-        self.layout = Layout.decode(layout)
+    def receive_influence(self, message: bytes) -> None:
+        """The graph's layout and this site's influence columns S_L^(j) (`CoordinatorSession.influence_message`)."""
+        self._expect("hamming")
+        b = load_bundle(message, ("layout", "columns"), max_bytes=self.params.max_message_bytes, what="influence")
+        self.layout = Layout.decode(b["layout"].tobytes())
         if self.site not in self.layout.sites:
             raise ProtocolError(f"{self.site}: not in the graph's layout")
         n, l = self.layout.n, self.labelled_rows.size
-        self._influence = load_array(columns, dtype=np.float64, shape=(n, l), what="influence columns",
+        self._influence = load_array(b["columns"].tobytes(), dtype=np.float64, shape=(n, l), what="influence columns",
                                      max_bytes=self.params.max_message_bytes)
+        self._advance("row_sums")
 
     def row_sums_message(self, participants: list[str], attempt: int) -> bytes:
         """Z̄^(j) in fixed point + mask; own rows and rows of non-participants zeroed."""
+        self._expect("row_sums")
         if self._influence is None or self.layout is None or self.global_counts is None:
             raise ProtocolError(f"{self.site}: row sums before the influence columns and counts arrived")
         zbar = contribution(self._influence, self.y[self.labelled_rows], self.global_counts, self.params.balanced)
@@ -420,12 +452,14 @@ class SiteSession:
         return dump_array(out)
 
     def receive_row_sums(self, rows: bytes) -> Prediction:
+        self._expect("row_sums")
         if self._kept is None:
             raise ProtocolError(f"{self.site}: row sums arrived before this site sent its contribution")
         C = self.params.n_classes
         summed = load_array(rows, dtype=np.uint64, shape=(self.X.shape[0], C), what="row sums")
         Z = unmask_rows(summed, self._kept, self.params.frac_bits)
         self.result = predict_from_scores(Z, self.y)
+        self._advance("done")
         return self.result
 
 
@@ -534,8 +568,9 @@ class CoordinatorSession:
             self.influence[s] = S[:, at : at + c.size]
             at += c.size
 
-    def influence_message(self, site: str) -> tuple[bytes, bytes]:
-        return self.layout.encode(), dump_array(self.influence[site])
+    def influence_message(self, site: str) -> bytes:
+        """One body: the graph's layout and the site's influence columns (`SiteSession.receive_influence`)."""
+        return dump_bundle({"layout": self.layout.encode(), "columns": dump_array(self.influence[site])})
 
     # --- row sums --------------------------------------------------------------------------------
     def start_row_sums(self) -> None:

@@ -166,10 +166,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
 
     say("row sums")
     for s in graph_sites:
-        layout, cols = coord.influence_message(s)
-        meter.add("coordinator", "influence", layout)
-        meter.add("coordinator", "influence", cols)
-        sessions[s].receive_influence(layout, cols)
+        sessions[s].receive_influence(meter.add("coordinator", "influence", coord.influence_message(s)))
     participants, attempt = list(graph_sites), 0
     coord.start_row_sums()
     for s in participants:

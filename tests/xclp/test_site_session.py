@@ -1,0 +1,68 @@
+"""The site session is a state machine with an explicit phase: each message moves it on, and a call
+out of its phase is refused with the phase it is in (the agent and the simulation drive the same one)."""
+
+import numpy as np
+import pytest
+
+from crypto.errors import ProtocolError
+from crypto.hamming_api import exchange
+from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, SiteSession, decode_roster, encode_roster
+
+
+def test_each_message_moves_the_session_on_and_out_of_order_calls_are_refused():
+    rng = np.random.default_rng(0)
+    params = JobParams(job_id="j", n_classes=2, bits=64, k=3, crypto="lattice").validate()
+    y = {s: np.where(rng.random(12) < 0.5, rng.integers(0, 2, 12), -1) for s in ("a", "b")}
+    for s in y:
+        y[s][:2] = [0, 1]
+    sess = {s: SiteSession(params, s, rng.normal(size=(12, 5)), y[s]) for s in ("a", "b")}
+    coord = CoordinatorSession(params)
+    seen = []
+
+    def phases():
+        return {sess["a"].phase, sess["b"].phase}
+
+    a = sess["a"]
+    with pytest.raises(ProtocolError, match="needs phase seed.*is in setup"):
+        a.seed_messages()
+    for s, x in sess.items():
+        coord.register(s, x.announce())
+    roster = encode_roster([sess[s].announce() for s in coord.order])
+    for x in sess.values():
+        x.set_roster(decode_roster(roster))
+    seen.append(phases())
+    with pytest.raises(ProtocolError, match="needs phase setup"):
+        a.announce()
+    out = {s: x.seed_messages() for s, x in sess.items()}
+    with pytest.raises(ProtocolError, match="needs phase counts"):
+        a.counts_message(["a", "b"])
+    for s, x in sess.items():
+        x.receive_seed({p: out[p][s] for p in sess if p != s}, ["a", "b"])
+    seen.append(phases())
+    for s, x in sess.items():
+        coord.receive_counts(s, x.counts_message(["a", "b"]))
+    with pytest.raises(ProtocolError, match="needs phase hamming"):
+        a.hash()
+    for x in sess.values():
+        x.receive_counts(coord.counts_total(["a", "b"]))
+    seen.append(phases())
+    for s, x in sess.items():
+        coord.receive_intra(s, x.intra_message())
+    coord.receive_pair("a", "b", *exchange(a.hamming_party("b"), sess["b"].hamming_party("a")))
+    with pytest.raises(ProtocolError, match="needs phase row_sums"):
+        a.row_sums_message(["a", "b"], 0)
+    coord.compute_influence(coord.build_graph(["a", "b"]))
+    for s, x in sess.items():
+        x.receive_influence(coord.influence_message(s))
+    seen.append(phases())
+    coord.start_row_sums()
+    for s, x in sess.items():
+        coord.receive_row_sums(s, x.row_sums_message(["a", "b"], 0))
+        x.row_sums_message(["a", "b"], 0)  # asked again (a new attempt, a restart): allowed in its phase
+    back = coord.row_sums_for(["a", "b"])
+    for s, x in sess.items():
+        x.receive_row_sums(back[s])
+    seen.append(phases())
+    assert seen == [{p} for p in JOB_PHASES[1:]]
+    with pytest.raises(ProtocolError, match="is in done"):
+        a.receive_row_sums(back["a"])
