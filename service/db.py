@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import (
     JSON,
     DateTime,
@@ -42,6 +44,32 @@ class Site(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class TrainingState(BaseModel):
+    """A training job's loop state between the engine's steps (its `state` column, typed): checked
+    on every write, so a misspelt or mistyped field is an error, not a silent new key."""
+
+    model_config = ConfigDict(extra="forbid")
+    features: int | None = Field(None, description="the sites' common number of features (from their hellos)")
+    facts: dict[str, dict] = Field(default_factory=dict, description="each site's hello")
+    labelled: list[str] = Field(default_factory=list, description="sites that hold labels, in the job's order")
+    unlabelled: list[str] = Field(default_factory=list)
+    cached: list[str] = Field(default_factory=list, description="sites holding pseudo-labels from an earlier round")
+    history: list[dict] = Field(default_factory=list, description="one record per closed round")
+    strikes: dict[str, int] = Field(default_factory=dict, description="rounds each site has missed in a row")
+    participants: list[str] = Field(default_factory=list, description="who is in the current attempt of the "
+                                                                       "round's masked sum")
+    round_left_out: list[str] = Field(default_factory=list, description="sites left out of the round so far")
+    final: dict | None = Field(None, description="the final evaluation, once the job is done")
+
+
+class RoundXCLPState(BaseModel):
+    """A predict job started by a training round: what its sites propagate over."""
+
+    model_config = ConfigDict(extra="forbid")
+    features: Literal["embedding", "raw"]  # φ(X) of the round's input model, or the raw features
+    model_round: int  # the round whose model gives the embeddings
+
+
 class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -67,6 +95,22 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     phase_started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+    @property
+    def training(self) -> TrainingState:
+        """A training job's state, typed."""
+        return TrainingState.model_validate(self.state or {})
+
+    def update_training(self, **changes) -> TrainingState:
+        """Change fields of a training job's state (validated); a new dict, so SQLAlchemy sees it."""
+        new = TrainingState.model_validate({**(self.state or {}), **changes})
+        self.state = new.model_dump(mode="json")
+        return new
+
+    @property
+    def round_xclp(self) -> RoundXCLPState | None:
+        """A training round's predict job: what it propagates over (None for a job of its own)."""
+        return RoundXCLPState.model_validate(self.state) if self.parent else None
 
 
 class Message(Base):

@@ -125,10 +125,10 @@ def _training_view(job: Job, who: str) -> dict:
     """Child predict jobs show which features they run on; training jobs their history and result.
     The operator sees every site's metrics; a site sees the aggregates and only its own metrics (how
     many labels another site holds, or how well its model does, is that site's business)."""
-    state = job.state or {}
     if job.kind != "train":
-        return {k: v for k, v in state.items() if k in ("features", "model_round")}
-    view = {k: state.get(k) for k in ("history", "final", "features", "labelled", "strikes", "participants")}
+        child = job.round_xclp
+        return {} if child is None else child.model_dump()
+    view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants"})
     if who == "admin":
         return view
 

@@ -128,7 +128,7 @@ def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
     if job.kind != "train" or not STRATEGIES[job.params["algorithm"]].global_model:
         raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
-    done = len(job.state.get("history", []))
+    done = len(job.training.history)
     body = message_body(db, job_id, COORDINATOR, BROADCAST, f"{STRATEGIES[job.params['algorithm']].broadcast}/{done}")
     if body is None:
         raise HTTPException(404, f"job {job_id} has no model yet")

@@ -39,7 +39,7 @@ from sqlalchemy import select
 from crypto.errors import ProtocolError
 from crypto.keys import check_peer_public
 from crypto.secure_sum import server_sum
-from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
+from service.db import COORDINATOR, Job, Message, RoundXCLPState, has_messages, message_body, utcnow
 from service.lifecycle import drop, expired, put_message
 from service.lifecycle import next_phase as _phase
 from xclp.protocol import JobParams
@@ -58,7 +58,7 @@ CHILD_DEADLINES = {"setup": 120.0, "seed": 120.0, "counts": 120.0, "hamming": 12
 def strategy(job: Job) -> Strategy:
     """The job's algorithm, as the strategy whose hooks this engine calls."""
     p = job.params
-    features = (job.state or {}).get("features")
+    features = job.training.features
     return strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(job.sites),
                         n_features=None if features is None else int(features), n_public=p.get("public_size"))
 
@@ -70,10 +70,6 @@ def _put(db, job: Job, recipient: str, topic: str, body: bytes) -> None:
 def _update_topic(job: Job, t: int) -> str:
     s = strategy(job)
     return f"{s.upload}/{t}/{job.attempt}" if s.secure_sum else f"{s.upload}/{t}"
-
-
-def _set_state(job: Job, **kw) -> None:
-    job.state = {**job.state, **kw}  # a new dict: SQLAlchemy sees the JSON column change
 
 
 # --- setup ---------------------------------------------------------------------------------------
@@ -97,7 +93,7 @@ def _setup(db, job: Job) -> None:
     labelled = [s for s in order if int(facts[s]["labelled"]) > 0]
     if not labelled:
         raise ValueError("no site holds labels: nothing to learn from")
-    _set_state(job, features=dims.pop(), facts=facts, labelled=labelled,
+    job.update_training(features=dims.pop(), facts=facts, labelled=labelled,
                unlabelled=[s for s in order if s not in labelled], cached=[], history=[], strikes={})
     s = strategy(job)
     if s.global_model:
@@ -118,17 +114,17 @@ def _spawn_xclp(db, job: Job, t: int, sites: list[str], features: str) -> str:
     params = JobParams(job_id=child, n_classes=int(job.params["classes"]), bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
                        crypto=cfg.crypto, key_bits=cfg.key_bits).validate()
     db.add(Job(id=child, kind="predict", params=dataclasses.asdict(params), sites=list(sites), live=list(sites),
-               parent=job.id, round=t, state={"features": features, "model_round": t - 1},
+               parent=job.id, round=t, state=RoundXCLPState(features=features, model_round=t - 1).model_dump(),
                deadlines={**CHILD_DEADLINES, **job.params.get("xclp_deadlines", {})}))
     log.info(json.dumps({"event": "xclp_child", "job": job.id, "round": t, "child": child, "sites": sites}))
     return child
 
 
 def _plan(db, job: Job, t: int) -> dict:
-    st = job.state
+    st = job.training
     live = [s for s in job.sites if s in job.live]
-    roster = Roster(live, [s for s in st["labelled"] if s in job.live], [s for s in st["unlabelled"] if s in job.live],
-                    list(st["cached"]))
+    roster = Roster(live, [s for s in st.labelled if s in job.live], [s for s in st.unlabelled if s in job.live],
+                    list(st.cached))
     plan = strategy(job).configure_round(t, roster)
     plan["xclp_job"] = _spawn_xclp(db, job, t, plan["sites"], plan["xclp"]) if plan["xclp"] else None
     return plan
@@ -142,7 +138,7 @@ def _round(db, job: Job) -> None:
         _put(db, job, BROADCAST, f"plan/{t}", dump_json(plan))
         job.phase_started_at = utcnow()  # the round's deadline counts from its plan
         job.attempt = 0
-        _set_state(job, participants=plan["sites"], round_left_out=[])
+        job.update_training(participants=plan["sites"], round_left_out=[])
         return
     plan = load_json(body, what="plan")
     # The round's sites train once its XCLP job has labelled their points. That job has deadlines of
@@ -157,43 +153,43 @@ def _round(db, job: Job) -> None:
     topic = _update_topic(job, t)
     secure = strategy(job).secure_sum
     got = has_messages(db, job.id, COORDINATOR, topic)
-    expected = job.state["participants"] if secure else plan["sites"]
+    expected = job.training.participants if secure else plan["sites"]
     missing = [s for s in expected if s not in got and s in job.live]
     if secure and len([s for s in expected if s in job.live]) < secagg.MIN_CONTRIBUTORS:
         # A masked sum of one site is that site's weights (no peer, no mask): the sites refuse to send
         # one, so close the round now with the previous model instead of waiting for the deadline.
-        _set_state(job, participants=[], round_left_out=sorted({*job.state["round_left_out"], *expected}))
+        job.update_training(participants=[], round_left_out=sorted({*job.training.round_left_out, *expected}))
         missing = []
     if missing and not expired(job, since):
         return
     if missing and secure:
         # A masked sum needs every mask in it: restart it without the missing sites.
         left = [s for s in expected if s in got and s in job.live]
-        _set_state(job, participants=left, round_left_out=sorted({*job.state["round_left_out"], *missing}))
+        job.update_training(participants=left, round_left_out=sorted({*job.training.round_left_out, *missing}))
         log.info(json.dumps({"event": "sum_restart", "job": job.id, "round": t, "attempt": job.attempt + 1,
                              "without": missing}))
         job.attempt += 1
         job.phase_started_at = utcnow()
         if len(left) >= secagg.MIN_CONTRIBUTORS:
             return
-        _set_state(job, participants=[])  # fewer than two left: the round closes with the previous model
+        job.update_training(participants=[])  # fewer than two left: the round closes with the previous model
         missing = []
     t0 = time.perf_counter()
     row = _close_round(db, job, plan, topic, missing)
     row["seconds"] = round((utcnow() - job.phase_started_at).total_seconds(), 3)
     row["server_seconds"] = round(time.perf_counter() - t0, 3)
-    strikes = {**job.state.get("strikes", {})}
+    strikes = {**job.training.strikes}
     for s in plan["sites"]:
         strikes[s] = strikes.get(s, 0) + 1 if s in row["left_out"] else 0
     gone = {s for s, n in strikes.items() if n >= int(job.params.get("max_missed_rounds", 3)) and s in job.live}
-    _set_state(job, history=[*job.state["history"], row], strikes=strikes)
+    job.update_training(history=[*job.training.history, row], strikes=strikes)
     drop(job, gone)  # missed too many rounds in a row: no longer waited for
     log.info(json.dumps({"event": "round", "job": job.id, "round": t, "left_out": row["left_out"]}))
     if t >= strategy(job).total_rounds():
         if strategy(job).global_model:
             _phase(job, "evaluate")  # the sites score the final model
         else:
-            _set_state(job, final=_sites_final(row))
+            job.update_training(final=_sites_final(row))
             _phase(job, "done")
         return
     job.round = t + 1
@@ -201,7 +197,7 @@ def _round(db, job: Job) -> None:
     job.attempt = 0
     # Round t + 1 has no sum yet: its participants are set with its plan (next step). Left as round
     # t's, a site reading the job between the two steps would mask round t + 1 over the wrong sites.
-    _set_state(job, participants=[])
+    job.update_training(participants=[])
 
 
 def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> dict:
@@ -215,7 +211,7 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
     metrics, bad, up = {}, [], 0
     if s.secure_sum:
         shared, metrics, up = _masked_sum(db, job, s, topic, previous)
-        left_out = list(job.state["round_left_out"])
+        left_out = list(job.training.round_left_out)
     else:
         uploads = []
         for site in plan["sites"]:
@@ -237,7 +233,7 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
     body = s.dump_broadcast(shared)
     _put(db, job, BROADCAST, f"{s.broadcast}/{t}", body)
     fresh = [site for site, m in metrics.items() if m.get("pseudo") == "fresh"]  # pseudo-labels adopted this round
-    _set_state(job, cached=sorted(set(job.state["cached"]) | set(fresh)))
+    job.update_training(cached=sorted(set(job.training.cached) | set(fresh)))
     return {"round": t, "sites": plan["sites"], "left_out": left_out, "xclp_job": plan.get("xclp_job"),
             "attempts": job.attempt + 1, **s.summarize(plan, metrics, shared),
             "bytes": {"up": up, "down": len(body) * len(plan["sites"])}, "site_metrics": metrics}
@@ -246,7 +242,7 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
 def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object, dict, int]:
     """The average from the sum of the masked updates (the masks cancel in it): (model, metrics, bytes)."""
     parts, metrics, up = [], {}, 0
-    for site in job.state["participants"]:
+    for site in job.training.participants:
         body = message_body(db, job.id, site, COORDINATOR, topic)
         masked, meta = load_masked(body, secagg.n_values(previous))
         parts.append(masked)
@@ -271,7 +267,7 @@ def obsolete_round_messages(db, job: Job) -> list[int]:
     """Once round t's checkpoint model/t is written, the site updates of rounds ≤ t and the models
     before t − 1 are read by no later step (agents and child jobs of round t + 1 read model/t, a
     restarted agent too). Votes and consensus labels are small and stay as the job's record."""
-    done = len(job.state.get("history") or [])
+    done = len(job.training.history)
     rows = db.execute(select(Message.id, Message.topic).where(
         Message.job_id == job.id, Message.topic.startswith("update/") | Message.topic.startswith("model/"))).all()
     out = []
@@ -291,7 +287,7 @@ def _evaluate(db, job: Job) -> None:
         return
     metrics = {s: load_json(message_body(db, job.id, s, COORDINATOR, "eval"), what=f"eval from {s}")
                for s in job.live if s not in missing}
-    _set_state(job, final={"local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"), "site_metrics": metrics,
+    job.update_training(final={"local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"), "site_metrics": metrics,
                            "not_evaluated": sorted(missing), "model_round": strategy(job).total_rounds()})
     _phase(job, "done")
 
@@ -346,16 +342,16 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
         if plan is None or site not in load_json(plan, what="plan")["sites"]:
             return 409, f"site {site!r} is not in round {job.round}"
         if s.secure_sum:
-            if parts[2] != str(job.attempt) or site not in job.state.get("participants", []):
+            if parts[2] != str(job.attempt) or site not in job.training.participants:
                 return 409, (f"{topic!r}: the sum of round {job.round} is at attempt {job.attempt}, over "
-                             f"{job.state.get('participants')}")
+                             f"{job.training.participants}")
             _, meta = load_masked(body, secagg.n_values(s.network().state_dict()))
             # The masks cancel only if every site masked over the attempt's participants: an update
             # masked over another set (a site that read the job as it changed) is refused here, and
             # sent again, instead of spoiling the sum.
-            if meta.get("participants") != job.state["participants"]:
+            if meta.get("participants") != job.training.participants:
                 return 409, (f"{topic!r}: masked over {meta.get('participants')}, but the sum of round {job.round} "
-                             f"attempt {job.attempt} is over {job.state['participants']}")
+                             f"attempt {job.attempt} is over {job.training.participants}")
         else:
             s.load_upload(body, what=kind)
     except ProtocolError as exc:
@@ -366,13 +362,13 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
 def train_progress(job: Job, db) -> dict:
     """Rounds done out of rounds planned, and the current round's parts received."""
     total = strategy(job).total_rounds()
-    done = len(job.state.get("history", []))
+    done = len(job.training.history)
     got = expected = 0
     if job.phase == "round":
         body = message_body(db, job.id, COORDINATOR, BROADCAST, f"plan/{job.round}")
         if body is not None:
             plan = load_json(body, what="plan")
-            sites = job.state.get("participants", plan["sites"]) if strategy(job).secure_sum else plan["sites"]
+            sites = job.training.participants if strategy(job).secure_sum else plan["sites"]
             expected = len(sites)
             got = len(has_messages(db, job.id, COORDINATOR, _update_topic(job, job.round)) & set(sites))
     elif job.phase in ("setup", "evaluate"):
