@@ -31,7 +31,7 @@ from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, load_npz, validate_features, validate_labels
-from xclp.protocol import JOB_PHASES, JobParams, SiteSession, decode_roster
+from xclp.protocol import JOB_PHASES, JobParams, SiteSession, Topic, decode_roster
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
@@ -261,11 +261,11 @@ class Agent:
             incoming = {p: self.api.get(job_id, "seed", sender=p) for p in status["seed_sites"] if p != self.site}
             sess.receive_seed(incoming, status["seed_sites"])
         if phase == "counts":
-            topic = f"counts/{status['attempt']}"
+            topic = Topic.counts(status["attempt"])
             return self._put_once(st, job_id, topic, sess.counts_message(status["live"], status["attempt"]))
         if sess.phase == "counts":
             a = status["attempts"]["counts"]
-            sess.receive_counts(self.api.get(job_id, f"counts-total/{a}"), a)
+            sess.receive_counts(self.api.get(job_id, Topic.counts_total(a)), a)
         if phase == "hamming":
             return self._hamming(st, job_id, sess, status)
         if sess.phase == "hamming":
@@ -277,7 +277,7 @@ class Agent:
             # deterministic, so after a restart the repeat is byte-identical to what was sent.
             cached = self.rows[job_id] = (attempt, sess.row_sums_message(status["live"], attempt))
         if phase == "row_sums":
-            return self._put_once(st, job_id, f"rows/{attempt}", cached[1])
+            return self._put_once(st, job_id, Topic.rows(attempt), cached[1])
         return self._write_result(job_id, sess, attempt)
 
     # --- polling --------------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ class Agent:
                     continue
                 a, b = sorted((self.site, peer), key=order.index)
                 drivers[peer] = {"side": PairDriver(sess.hamming_party(peer), first=self.site == a),
-                                 "pair": f"{a}/{b}", "outbox": []}
+                                 "pair": (a, b), "outbox": []}
             self.pairs[job_id] = drivers
             st["hamming_started"] = True  # from here on the pair protocols' state lives in memory only
         progressed = waiting = False
@@ -361,16 +361,16 @@ class Agent:
                 continue
             message = None
             if side.awaiting is not None:
-                message = self.api.get(job_id, f"pair/{d['pair']}/{side.awaiting}", sender=peer)
+                message = self.api.get(job_id, Topic.pair(*d["pair"], side.awaiting), sender=peer)
                 if message is None:
                     waiting = True
                     continue
             to_peer, to_server = side.step(message)
             progressed = True
             if to_server is not None:
-                d["outbox"].append((f"share/{d['pair']}", to_server, "coordinator"))
+                d["outbox"].append((Topic.share(*d["pair"]), to_server, "coordinator"))
             if to_peer is not None:
-                d["outbox"].append((f"pair/{d['pair']}/{to_peer[0]}", to_peer[1], peer))
+                d["outbox"].append((Topic.pair(*d["pair"], to_peer[0]), to_peer[1], peer))
             self._flush(job_id, d)
         self._set_quiet(job_id, status if waiting and not progressed else None)
         if not progressed and all(d["side"].done for p, d in self.pairs[job_id].items() if p in status["live"]):
@@ -390,7 +390,7 @@ class Agent:
         return sent
 
     def _write_result(self, job_id: str, sess: SiteSession, attempt: int) -> bool:
-        body = self.api.get(job_id, f"sums/{attempt}")
+        body = self.api.get(job_id, Topic.sums(attempt))
         if body is None:
             return False
         pred = sess.receive_row_sums(body)

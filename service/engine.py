@@ -33,7 +33,7 @@ from crypto.errors import ProtocolError
 from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
-from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, Layout, encode_roster
+from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, Layout, Topic, encode_roster, restart_without
 
 log = logging.getLogger("xclp.engine")
 
@@ -188,14 +188,14 @@ def _masked_sum_ready(db, job: Job, topic: str) -> bool:
     if not missing:
         return True
     if expired(job):
+        _, job.attempt = restart_without(job.live, missing, job.attempt)
         drop(job, missing)
-        job.attempt += 1
         job.phase_started_at = utcnow()
     return False
 
 
 def _counts(db, job: Job) -> None:
-    topic = f"counts/{job.attempt}"
+    topic = Topic.counts(job.attempt)
     if not _masked_sum_ready(db, job, topic):
         return
     coord = CoordinatorSession(job_params(job))
@@ -203,7 +203,7 @@ def _counts(db, job: Job) -> None:
         coord.receive_counts(s, message_body(db, job.id, s, COORDINATOR, topic))
     total = coord.counts_total(job.live)
     for s in job.live:
-        put_message(db, job.id, COORDINATOR, s, f"counts-total/{job.attempt}", total)
+        put_message(db, job.id, COORDINATOR, s, Topic.counts_total(job.attempt), total)
     next_phase(job, "hamming")
 
 
@@ -213,7 +213,7 @@ def _hamming_missing(db, job: Job) -> set[str]:
     order = [s for s in job.sites if s in job.live]
     missing = set(order) - has_messages(db, job.id, COORDINATOR, "intra")
     incomplete = {(a, b) for a, b in pair_list(order)
-                  if has_messages(db, job.id, COORDINATOR, f"share/{a}/{b}") != {a, b}}
+                  if has_messages(db, job.id, COORDINATOR, Topic.share(a, b)) != {a, b}}
     return _blame(order, incomplete, missing)
 
 
@@ -249,8 +249,8 @@ def _hamming(db, job: Job) -> None:
     bad = set()
     for a, b in pair_list(order):
         try:
-            coord.receive_pair(a, b, message_body(db, job.id, a, COORDINATOR, f"share/{a}/{b}"),
-                               message_body(db, job.id, b, COORDINATOR, f"share/{a}/{b}"))
+            coord.receive_pair(a, b, message_body(db, job.id, a, COORDINATOR, Topic.share(a, b)),
+                               message_body(db, job.id, b, COORDINATOR, Topic.share(a, b)))
         except ProtocolError as exc:
             # Shares that do not combine: one of the two sites misbehaved. The pair is as good as
             # missing; blame goes as for missing pairs, and the job goes on without that site.
@@ -269,7 +269,7 @@ def _hamming(db, job: Job) -> None:
 
 
 def _row_sums(db, job: Job) -> None:
-    topic = f"rows/{job.attempt}"
+    topic = Topic.rows(job.attempt)
     if not _masked_sum_ready(db, job, topic):
         return
     coord = CoordinatorSession(job_params(job))
@@ -280,7 +280,7 @@ def _row_sums(db, job: Job) -> None:
     for s in job.live:
         coord.receive_row_sums(s, message_body(db, job.id, s, COORDINATOR, topic))
     for s, body in coord.row_sums_for(list(job.live)).items():
-        put_message(db, job.id, COORDINATOR, s, f"sums/{job.attempt}", body)
+        put_message(db, job.id, COORDINATOR, s, Topic.sums(job.attempt), body)
     next_phase(job, "done")
 
 

@@ -19,7 +19,7 @@ from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import train_progress
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams, Topic
 
 log = logging.getLogger("xclp.service")
 router = APIRouter(tags=["jobs"])
@@ -149,8 +149,8 @@ def _progress(db, job: Job) -> dict:
         return train_progress(job, db)
     expected = {"setup": len(job.live), "seed": len(job.live) * (len(job.live) - 1), "counts": len(job.live),
                 "hamming": len(job.live) + 2 * len(pair_list(job.live)), "row_sums": len(job.live)}.get(job.phase, 0)
-    prefix = {"setup": "announce", "seed": "seed", "counts": f"counts/{job.attempt}", "hamming": None,
-              "row_sums": f"rows/{job.attempt}"}.get(job.phase)
+    prefix = {"setup": "announce", "seed": "seed", "counts": Topic.counts(job.attempt), "hamming": None,
+              "row_sums": Topic.rows(job.attempt)}.get(job.phase)
     if job.phase == "hamming":
         got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.recipient == COORDINATOR,
                                                    (Message.topic == "intra") | Message.topic.startswith("share/")))

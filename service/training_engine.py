@@ -42,7 +42,7 @@ from crypto.secure_sum import server_sum
 from service.db import COORDINATOR, Job, Message, RoundXCLPState, has_messages, message_body, utcnow
 from service.lifecycle import drop, expired, put_message
 from service.lifecycle import next_phase as _phase
-from xclp.protocol import JobParams
+from xclp.protocol import JobParams, restart_without
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.messages import dump_json, load_json, load_masked
@@ -164,11 +164,11 @@ def _round(db, job: Job) -> None:
         return
     if missing and secure:
         # A masked sum needs every mask in it: restart it without the missing sites.
-        left = [s for s in expected if s in got and s in job.live]
+        left, attempt = restart_without([s for s in expected if s in job.live], missing, job.attempt)
         job.update_training(participants=left, round_left_out=sorted({*job.training.round_left_out, *missing}))
         log.info(json.dumps({"event": "sum_restart", "job": job.id, "round": t, "attempt": job.attempt + 1,
                              "without": missing}))
-        job.attempt += 1
+        job.attempt = attempt
         job.phase_started_at = utcnow()
         if len(left) >= secagg.MIN_CONTRIBUTORS:
             return

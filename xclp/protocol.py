@@ -72,6 +72,44 @@ TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra":
                "share": "hamming", "rows": "row_sums"}
 
 
+class Topic:
+    """The names of a prediction job's messages, `kind[/part…]` (TOPIC_PHASE: the phase of each kind
+    a site uploads). The coordinator and the agent build every name here; an attempt number in a
+    name keeps a restarted sum's messages apart from the last attempt's."""
+
+    @staticmethod
+    def counts(attempt: int) -> str:
+        return f"counts/{attempt}"
+
+    @staticmethod
+    def counts_total(attempt: int) -> str:
+        return f"counts-total/{attempt}"
+
+    @staticmethod
+    def share(a: str, b: str) -> str:
+        return f"share/{a}/{b}"
+
+    @staticmethod
+    def pair(a: str, b: str, number: int) -> str:
+        return f"pair/{a}/{b}/{number}"
+
+    @staticmethod
+    def rows(attempt: int) -> str:
+        return f"rows/{attempt}"
+
+    @staticmethod
+    def sums(attempt: int) -> str:
+        return f"sums/{attempt}"
+
+
+def restart_without(participants: list[str], missing, attempt: int) -> tuple[list[str], int]:
+    """A masked sum cannot complete without every mask in it: a participant that did not send its
+    part makes the sum restart without it, as attempt + 1, so that every pairwise and shared mask is
+    fresh (a mask used twice would reveal the difference of two inputs)."""
+    gone = set(missing)
+    return [s for s in participants if s not in gone], attempt + 1
+
+
 @dataclass(frozen=True)
 class JobParams:
     """Everything the parties must agree on before a job starts (it travels with the job)."""

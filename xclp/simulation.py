@@ -22,6 +22,7 @@ from xclp.protocol import (
     SiteSession,
     decode_roster,
     encode_roster,
+    restart_without,
     simulation_contribution,
 )
 
@@ -173,7 +174,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         coord.receive_row_sums(s, meter.add(s, "row_sums", sessions[s].row_sums_message(participants, attempt)))
     if any(drops.get(s) == "row_sums" for s in participants):
         # The sum cannot complete: restart without the dropped sites, with fresh masks.
-        participants, attempt = [s for s in participants if drops.get(s) != "row_sums"], 1
+        participants, attempt = restart_without(participants, [s for s in participants if drops.get(s) == "row_sums"],
+                                                attempt)
         coord.start_row_sums()
         for s in participants:
             coord.receive_row_sums(s, meter.add(s, "row_sums", sessions[s].row_sums_message(participants, attempt)))

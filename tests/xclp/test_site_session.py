@@ -6,7 +6,15 @@ import pytest
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import exchange
-from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, SiteSession, decode_roster, encode_roster
+from xclp.protocol import (
+    JOB_PHASES,
+    CoordinatorSession,
+    JobParams,
+    SiteSession,
+    decode_roster,
+    encode_roster,
+    restart_without,
+)
 
 
 def test_each_message_moves_the_session_on_and_out_of_order_calls_are_refused():
@@ -66,3 +74,8 @@ def test_each_message_moves_the_session_on_and_out_of_order_calls_are_refused():
     assert seen == [{p} for p in JOB_PHASES[1:]]
     with pytest.raises(ProtocolError, match="is in done"):
         a.receive_row_sums(back["a"])
+
+
+def test_a_sum_restarts_without_the_missing_sites_under_a_new_attempt():
+    assert restart_without(["a", "b", "c"], {"b"}, 0) == (["a", "c"], 1)
+    assert restart_without(["a", "c"], [], 1) == (["a", "c"], 2)  # a new attempt even with no one missing
