@@ -1,5 +1,8 @@
 """Federated co-training (FedCT, Abourayya et al. AAAI 2025) and FedCT+XCLP.
 
+(About 510 lines: the public set, the consensus, the local update, the strategy with its DP release
+and the simulation's sites: one algorithm, read together.)
+
 ```
 P ← ∅                                         pseudo-labelled public set
 for exchange t = 1..T:
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from xclp.data import UNLABELLED, make_dataset
+from xclp.privacy import randomized_response
+from xclp.privacy.ledger import PrivacyLedger, no_privacy
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
@@ -178,6 +183,10 @@ class FedCTConfig:
     seed: int = 0
     threads: int | None = 1
     learner_kw: dict = field(default_factory=dict)
+    # Differential privacy of the released labels (randomized response, xclp.privacy): a budget ε at
+    # δ over all the exchanges; None: labels released as they are.
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
 
     def validate(self, n_sites: int) -> FedCTConfig:
         if self.rounds < 1 or self.period < 1 or self.refresh < 1 or self.batch_size < 1:
@@ -190,6 +199,13 @@ class FedCTConfig:
             raise ValueError(f"mix must be ≥ 0, got {self.mix}")
         if not isinstance(self.learners, str) and len(self.learners) != n_sites:
             raise ValueError(f"one learner per site: got {len(self.learners)} for {n_sites} sites")
+        if self.dp_epsilon is not None:
+            if not self.dp_epsilon > 0 or not 0 < self.dp_delta < 1:
+                raise ValueError(f"a DP budget needs ε > 0 and δ in (0, 1), got ε = {self.dp_epsilon}, "
+                                 f"δ = {self.dp_delta}")
+            if self.xclp:
+                raise ValueError("a DP budget covers FedCT's label releases only; XCLP's row sums are not noised "
+                                 "yet, so fedct-xclp cannot promise it")
         if self.xclp and n_sites < 2 and not self.public_in_graph:
             raise ValueError("FedCT+XCLP needs at least 2 sites")
         return self
@@ -357,9 +373,31 @@ class FedCTStrategy(Strategy):
                 "local_accuracy_std": round(float(np.std(accs)), 6) if accs else None,
                 "xclp_pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
-    def update(self, state: SiteState, public: PublicSet, consensus: np.ndarray | None, t: int):
-        """(votes on U, the mix used): one local update, then the site's hard labels on U."""
-        return site_exchange(state, public, consensus, self.cfg, t)
+    @property
+    def label_noise(self) -> float | None:
+        """Randomized response's noise parameter p for every released label (None: no DP): the least
+        that keeps all `rounds` × |U| label releases of a site within the budget."""
+        if self.cfg.dp_epsilon is None:
+            return None
+        if not hasattr(self, "_label_noise"):
+            self._label_noise = randomized_response.noise_for_budget(
+                self.cfg.dp_epsilon, self.cfg.dp_delta, self.cfg.rounds * self.n_public, self.n_classes)
+        return self._label_noise
+
+    def update(self, state: SiteState, public: PublicSet, consensus: np.ndarray | None, t: int,
+               noise_key: bytes | None = None):
+        """(votes on U, the mix used): one local update, then the site's hard labels on U — through
+        randomized response under a DP budget (`noise_key`: None at a real site, which draws a fresh
+        key from os.urandom; a simulation passes one derived from its seed)."""
+        votes, mix = site_exchange(state, public, consensus, self.cfg, t)
+        if self.label_noise is not None:
+            votes = randomized_response.respond(votes, self.label_noise, self.n_classes, noise_key)
+        return votes, mix
+
+    def releases(self) -> tuple[object, int] | None:
+        """What one exchange releases of a site's data, for the ledger: (event, count) or None."""
+        p = self.label_noise
+        return None if p is None else (randomized_response.event(p, self.n_classes), self.n_public)
 
     def dump_broadcast(self, shared: np.ndarray) -> bytes:
         return dump_array(shared)
@@ -389,6 +427,7 @@ class FedCTFederation(Federation):
         self.comm = {"labels_up": 0, "labels_down": 0, "xclp_bytes": 0}
         self.xclp_pseudo_acc = float("nan")
         self.mixes: list[float] = []
+        self.ledger = None if cfg.dp_epsilon is None else PrivacyLedger(cfg.dp_delta, cfg.dp_epsilon)
 
     def roster(self) -> Roster:
         names = list(self.states)
@@ -402,7 +441,8 @@ class FedCTFederation(Federation):
             self.comm["xclp_bytes"] += nbytes
 
     def update(self, site: str, t: int, plan: dict) -> np.ndarray:
-        votes, mix = self.strategy.update(self.states[site], self.public, self.shared, t)
+        key = hashlib.sha256(f"xclp/simulation/randomized-response/{self.strategy.cfg.seed}/{t}/{site}".encode()).digest()
+        votes, mix = self.strategy.update(self.states[site], self.public, self.shared, t, noise_key=key)
         self.mixes.append(mix)
         return votes
 
@@ -410,6 +450,9 @@ class FedCTFederation(Federation):
         n = len(self.states)
         self.comm["labels_up"] += self.up * n
         self.comm["labels_down"] += self.down * n
+        if self.ledger is not None:  # every site released its labels on U once more
+            event, count = self.strategy.releases()
+            self.ledger.spend(f"exchange {t}: each site's labels on U, randomized response", event, count)
         accs = np.array([float(np.mean(st.learner.predict(self.test[0]) == self.test[1])) for st in self.states.values()])
         P, y = self.shared, self.public_y
         kept = P >= 0
@@ -422,6 +465,7 @@ class FedCTFederation(Federation):
             "public_coverage": float(kept.mean()),
             "xclp_pseudo_label_accuracy": self.xclp_pseudo_acc,
             "mix": float(np.mean(self.mixes)),
+            "epsilon": None if self.ledger is None else self.ledger.epsilon(),
         }
         self.mixes = []
         return row
@@ -440,6 +484,7 @@ class FedCTFederation(Federation):
             "communication_bytes": {"total": comm["labels_up"] + comm["labels_down"] + comm["xclp_bytes"], **comm,
                                     "per_round_label_bytes": (self.up + self.down) * n,
                                     "public_size": len(self.public.X), "public_sha256": self.public.digest},
+            "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
             "learners": self.names,
             "models": [st.learner for st in self.states.values()],
         }

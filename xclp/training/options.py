@@ -48,3 +48,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="FedAvg: average in the fixed-point arithmetic of the service's secure aggregation "
                         "(a service job's model, bit for bit)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--dp-epsilon", type=float, default=None,
+                   help="fedct: a differential-privacy budget ε over all exchanges (randomized response on each "
+                        "site's labels, calibrated to it; --json reports the ledger)")
+    p.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")

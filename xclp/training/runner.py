@@ -70,10 +70,15 @@ class TrainConfig:
     eval_every: int = 1
     threads: int | None = 1
     quiet: bool = False
+    dp_epsilon: float | None = None  # a DP budget (fedct: randomized response on the released labels)
+    dp_delta: float = 1e-5
 
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
             raise DataError(f"--algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.dp_epsilon is not None and self.algorithm != "fedct":
+            raise DataError(f"--dp-epsilon: {self.algorithm} has no DP mechanism yet (fedct has: randomized "
+                            "response on its labels); without one no budget can be promised")
         if self.sites < 2:
             raise DataError(f"--sites must be at least 2, got {self.sites}")
         m = self.labeled_sites if self.labeled_sites is not None else self.sites
@@ -282,5 +287,7 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
         return 2
     comm = out["communication_bytes"]
     print(f"{out['algorithm']}: final accuracy {out['final_accuracy']:.4f} after {len(out['history'])} rounds, "
-          f"{out['seconds']:.1f}s, communication {comm['total'] / 1e6:.2f} MB")
+          f"{out['seconds']:.1f}s, communication {comm['total'] / 1e6:.2f} MB"
+          + ("" if out["privacy"]["epsilon"] is None else
+             f", ({out['privacy']['epsilon']:.3g}, {out['privacy']['delta']:g})-DP labels"))
     return 0

@@ -1,0 +1,1 @@
+"""Differential privacy: the privacy ledger of a run or job, and the mechanisms that spend from it."""
