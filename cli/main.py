@@ -254,7 +254,8 @@ def cmd_job_submit_train(args) -> int:
     sites = [s for s in args.sites.split(",") if s]
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
                                            "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
-                                           "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation")}
+                                           "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation",
+                                           "dp_epsilon", "dp_delta")}
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
         names = [m for m in args.model.split(",") if m]
@@ -286,6 +287,8 @@ def cmd_job_status(args) -> int:
                   + (f"; last round: accuracy on the sites' own points {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
                   + (f"; final accuracy on the sites' own points {final.get('local_accuracy')}" if final else "")
+                  + (f"; privacy spent: ε = {priv['epsilon']:.3g} at δ = {priv['delta']:g} of a budget of "
+                     f"{priv['budget']:g}" if (priv := st["training"].get("privacy")) else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
             return 0
@@ -444,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--key-bits", type=int, default=2048)
     jt.add_argument("--seed", type=int, default=0)
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
+    jt.add_argument("--dp-epsilon", type=float, default=None,
+                    help="fedct: a differential-privacy budget ε over the job (randomized response on each site's "
+                         "labels, at the site); the job status reports the ε spent")
+    jt.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
                          "the coordinator sees only their sum)")

@@ -60,6 +60,7 @@ class TrainingState(BaseModel):
                                                                        "round's masked sum")
     round_left_out: list[str] = Field(default_factory=list, description="sites left out of the round so far")
     final: dict | None = Field(None, description="the final evaluation, once the job is done")
+    privacy: dict | None = Field(None, description="the privacy ledger (xclp.privacy.ledger) of a job with a DP budget")
 
 
 class RoundXCLPState(BaseModel):

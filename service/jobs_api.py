@@ -128,7 +128,8 @@ def _training_view(job: Job, who: str) -> dict:
     if job.kind != "train":
         child = job.round_xclp
         return {} if child is None else child.model_dump()
-    view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants"})
+    view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants",
+                                                "privacy"})
     if who == "admin":
         return view
 
@@ -140,7 +141,8 @@ def _training_view(job: Job, who: str) -> dict:
 
     return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),
             "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)},
-            "participants": view["participants"]}  # who is in the current attempt of a round's masked sum
+            "participants": view["participants"],  # who is in the current attempt of a round's masked sum
+            "privacy": view["privacy"]}  # ε spent of every site's data: each site's own business too
 
 
 def _progress(db, job: Job) -> dict:

@@ -55,6 +55,11 @@ class TrainJobCreate(RequestBody):
     seed: int = Field(0, ge=0, lt=1 << 63)
     secure_aggregation: bool = Field(True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
+    dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="a differential-privacy budget ε over the whole job, where the "
+                                                 "algorithm has a mechanism (fedct: randomized response on each "
+                                                 "site's labels); the job status reports the ε spent")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the DP budget")
     max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
@@ -76,6 +81,9 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             raise ValueError(f"{body.algorithm} needs the public set U pinned: public_sha256 (64 hex digits) and "
                              "public_size")
         params.update(public_sha256=body.public_sha256, public_size=int(body.public_size))
+    if body.dp_epsilon is not None and (kind.dp_mechanism is None or body.algorithm == "fedct-xclp"):
+        raise ValueError(f"dp_epsilon: {body.algorithm} has no DP mechanism yet (fedct has: {STRATEGIES['fedct'].dp_mechanism}); "
+                         "without one no budget can be promised")
     cfg = kind.config_from_options(body.algorithm, body.model_dump(), len(body.sites))
     params["config"] = dataclasses.asdict(cfg)
     return params

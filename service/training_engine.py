@@ -42,6 +42,7 @@ from crypto.secure_sum import server_sum
 from service.db import COORDINATOR, Job, Message, RoundXCLPState, has_messages, message_body, utcnow
 from service.lifecycle import drop, expired, put_message
 from service.lifecycle import next_phase as _phase
+from xclp.privacy.ledger import PrivacyLedger
 from xclp.protocol import JobParams, restart_without
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
@@ -183,6 +184,7 @@ def _round(db, job: Job) -> None:
         strikes[s] = strikes.get(s, 0) + 1 if s in row["left_out"] else 0
     gone = {s for s, n in strikes.items() if n >= int(job.params.get("max_missed_rounds", 3)) and s in job.live}
     job.update_training(history=[*job.training.history, row], strikes=strikes)
+    _account(job, t)
     drop(job, gone)  # missed too many rounds in a row: no longer waited for
     log.info(json.dumps({"event": "round", "job": job.id, "round": t, "left_out": row["left_out"]}))
     if t >= strategy(job).total_rounds():
@@ -237,6 +239,20 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
     return {"round": t, "sites": plan["sites"], "left_out": left_out, "xclp_job": plan.get("xclp_job"),
             "attempts": job.attempt + 1, **s.summarize(plan, metrics, shared),
             "bytes": {"up": up, "down": len(body) * len(plan["sites"])}, "site_metrics": metrics}
+
+
+def _account(job: Job, t: int) -> None:
+    """Round t released every site's uploads through the strategy's DP mechanism: spend it in the
+    job's ledger (its noise was calibrated so that all the job's rounds fit the budget)."""
+    s = strategy(job)
+    spent = s.releases()
+    if spent is None:
+        return
+    cfg = s.cfg
+    record = job.training.privacy
+    ledger = PrivacyLedger.from_json(record) if record else PrivacyLedger(cfg.dp_delta, cfg.dp_epsilon)
+    ledger.spend(f"round {t}: each site's {s.upload}, {s.dp_mechanism}", *spent)
+    job.update_training(privacy=ledger.to_json())
 
 
 def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object, dict, int]:

@@ -294,3 +294,28 @@ def test_a_site_masks_again_when_the_sum_moved_on_while_it_masked(tmp_path):
         assert bool(st["sent:coordinator:update/2/0"]) is not resent
         trainer._put(st, "j", "update/2/0", b"x", made_for=made_for)
         assert api.sent == (2 if resent else 1)
+
+
+def test_a_fedct_job_under_a_dp_budget_keeps_its_ledger_in_the_status(app_client):
+    ha, hb = add(app_client, "a"), add(app_client, "b")
+    U = np.random.default_rng(1).random((7, D)).astype(np.float32)
+    pin = public_digest(U)
+    for bad in ({"algorithm": "fedavg"}, {"algorithm": "fedct-xclp", "public_sha256": pin, "public_size": 7}):
+        r = submit(app_client, sites=["a", "b"], classes=C, rounds=2, dp_epsilon=5.0, **bad)
+        assert r.status_code == 422 and "no DP mechanism" in r.json()["detail"]
+    job = submit(app_client, algorithm="fedct", sites=["a", "b"], classes=C, rounds=2, model="tree",
+                 public_sha256=pin, public_size=len(U), dp_epsilon=5.0).json()["job"]
+    url = f"/jobs/{job}/messages"
+    for h in (ha, hb):
+        assert app_client.put(f"{url}/hello", content=hello(public_sha256=pin), headers=h).status_code == 200
+    for t in (1, 2):
+        wait_for(app_client, job, lambda st, t=t: st["phase"] == "round" and st["round"] == t, f"round {t}")
+        for h in (ha, hb):
+            body = dump_votes(np.random.default_rng(t).integers(0, C, len(U)), {})
+            assert app_client.put(f"{url}/votes/{t}", content=body, headers=h).status_code == 200
+        st = wait_for(app_client, job, lambda st, t=t: len(st["training"]["history"]) >= t, f"round {t} closed")
+        led = st["training"]["privacy"]
+        assert [e["count"] for e in led["events"]] == [len(U)] * t  # each round: |U| labels of a site
+        assert 0 < led["epsilon"] <= 5.0 and led["delta"] == 1e-5
+    seen_by_a = app_client.get(f"/jobs/{job}", headers=ha).json()["training"]
+    assert seen_by_a["privacy"]["epsilon"] == led["epsilon"]  # every site sees what has been spent of its data

@@ -43,6 +43,20 @@ def _pld(event: dpa.DpEvent):
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
+def _describe(event: dpa.DpEvent) -> dict:
+    if isinstance(event, dpa.RandomizedResponseDpEvent):
+        return {"mechanism": "randomized_response", "noise_parameter": event.noise_parameter,
+                "num_buckets": event.num_buckets}
+    raise TypeError(f"the ledger does not account {type(event).__name__} yet")
+
+
+def _event(d: dict) -> dpa.DpEvent:
+    if d.get("mechanism") == "randomized_response":
+        return dpa.RandomizedResponseDpEvent(noise_parameter=float(d["noise_parameter"]),
+                                             num_buckets=int(d["num_buckets"]))
+    raise ValueError(f"unknown mechanism in a stored ledger: {d!r}")
+
+
 def epsilon_of(event: dpa.DpEvent, count: int, delta: float) -> float:
     """ε(δ) of `event` released `count` times (and nothing else)."""
     return float(_pld(event).self_compose(count).get_epsilon_for_delta(delta))
@@ -76,8 +90,16 @@ class PrivacyLedger:
             raise BudgetExceeded(f"{what}: ε would reach {eps:.4g} at δ = {self.delta:g}, past the budget "
                                  f"{self.budget:g}; not released")
         self._pld = pld
-        self.events.append({"what": what, "event": repr(event), "count": int(count), "epsilon_after": eps})
+        self.events.append({"what": what, "event": _describe(event), "count": int(count), "epsilon_after": eps})
         return eps
+
+    @classmethod
+    def from_json(cls, record: dict) -> PrivacyLedger:
+        """The ledger `to_json` wrote, its releases composed again."""
+        ledger = cls(record["delta"], record.get("budget"))
+        for e in record.get("events", []):
+            ledger.spend(e["what"], _event(e["event"]), e["count"])
+        return ledger
 
     def epsilon(self) -> float | None:
         """ε(δ) of everything spent (None: nothing private released through a mechanism yet)."""

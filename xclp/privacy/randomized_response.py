@@ -12,6 +12,7 @@ A uniform label is u mod k of a 64-bit u: its bias is below k/2^64.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -32,6 +33,7 @@ def event(p: float, k: int) -> dpa.RandomizedResponseDpEvent:
     return dpa.RandomizedResponseDpEvent(noise_parameter=float(p), num_buckets=int(k))
 
 
+@functools.lru_cache(maxsize=64)  # a few seconds each; the drivers ask again at every step
 def noise_for_budget(epsilon: float, delta: float, releases: int, k: int) -> float:
     """The smallest noise parameter p for which `releases` randomized responses over k labels
     compose (PLD) to at most ε at δ."""

@@ -347,6 +347,7 @@ class FedAvgStrategy(Strategy):
     broadcast = "model"
     global_model = True
     public_set = False
+    dp_mechanism = None  # (DP-FedAvg inside the secure sum: not built yet)
 
     def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)

@@ -315,6 +315,7 @@ class FedCTStrategy(Strategy):
     broadcast = "consensus"
     global_model = False
     public_set = True
+    dp_mechanism = "randomized response on each site's labels on U"
 
     def __init__(self, cfg: FedCTConfig, n_classes: int, n_public: int):
         super().__init__(cfg, n_classes)

@@ -76,7 +76,8 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
             raise DataError(f"--algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.dp_epsilon is not None and self.algorithm != "fedct":
+        if self.dp_epsilon is not None and (STRATEGIES[self.algorithm].dp_mechanism is None
+                                            or self.algorithm == "fedct-xclp"):
             raise DataError(f"--dp-epsilon: {self.algorithm} has no DP mechanism yet (fedct has: randomized "
                             "response on its labels); without one no budget can be promised")
         if self.sites < 2:

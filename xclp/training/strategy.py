@@ -42,6 +42,7 @@ class Strategy(ABC):
     broadcast: ClassVar[str]  # what the server sends to every site after each round
     global_model: ClassVar[bool]  # the server holds a model: sent before round 1, scored by the sites at the end
     public_set: ClassVar[bool]  # the sites share a public unlabelled set U (pinned by its SHA-256)
+    dp_mechanism: ClassVar[str | None]  # what releases its uploads under a DP budget (None: no budget can be given)
 
     def __init__(self, cfg, n_classes: int):
         self.cfg = cfg
@@ -63,6 +64,11 @@ class Strategy(ABC):
     @property
     def algorithm(self) -> str:
         return self.cfg.algorithm
+
+    def releases(self) -> tuple[object, int] | None:
+        """What one round releases of a site's data under the run's DP budget, for the privacy
+        ledger: (a dp-accounting DpEvent, how many times), or None without one."""
+        return None
 
     @property
     def secure_sum(self) -> bool:
