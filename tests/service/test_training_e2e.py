@@ -147,6 +147,21 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     assert first["xclp_pseudo_label_accuracy"] > 0.5
     assert all(m["n_pseudo"] > 0 for m in first["site_metrics"].values())
 
+    # Under a DP budget every site draws randomized-response noise for its labels and the coordinator
+    # keeps the job's ledger: the consensus is no longer the noise-free one, and ε stays in budget.
+    job3 = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", dp_epsilon=20.0,
+                                **pin, **cfg)
+    st = c.wait(job3, lambda st: st["status"] == "done", what="job done")
+    led = st["training"]["privacy"]
+    assert [e["count"] for e in led["events"]] == [len(c.public_X)] * 3 and 0 < led["epsilon"] <= 20.0
+    hist3 = st["training"]["history"]
+    assert all(r["left_out"] == [] for r in hist3)
+    differ = []
+    for i, s in enumerate(c.ds.sites):  # trained on a noisy consensus, the local models are not the noise-free ones
+        with open(c.result(job3, s, ".model.pkl"), "rb") as f:
+            differ.append(not np.array_equal(pickle.load(f).predict(c.public_X), sim["models"][i].predict(c.public_X)))
+    assert any(differ)
+
 
 @sqlite_only
 def test_fedct_job_refuses_a_site_whose_public_set_differs(cluster_factory):
