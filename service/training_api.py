@@ -21,7 +21,7 @@ from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
-from xclp.training.algorithms import STRATEGIES
+from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.options import ALGORITHMS, LEARNERS, TIE_RULES
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -81,9 +81,11 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             raise ValueError(f"{body.algorithm} needs the public set U pinned: public_sha256 (64 hex digits) and "
                              "public_size")
         params.update(public_sha256=body.public_sha256, public_size=int(body.public_size))
-    if body.dp_epsilon is not None and (kind.dp_mechanism is None or body.algorithm == "fedct-xclp"):
-        raise ValueError(f"dp_epsilon: {body.algorithm} has no DP mechanism yet (fedct has: {STRATEGIES['fedct'].dp_mechanism}); "
-                         "without one no budget can be promised")
+    if body.dp_epsilon is not None:
+        try:
+            check_dp_budget(body.algorithm)
+        except ValueError as exc:
+            raise ValueError(f"dp_epsilon: {exc}") from None
     cfg = kind.config_from_options(body.algorithm, body.model_dump(), len(body.sites))
     params["config"] = dataclasses.asdict(cfg)
     return params

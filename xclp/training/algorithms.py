@@ -16,6 +16,14 @@ STRATEGIES: dict[str, type[Strategy]] = {**{a: FedAvgStrategy for a in FEDAVG_AL
 assert tuple(STRATEGIES) == ALGORITHMS, "a strategy for every algorithm the command line offers"
 
 
+def check_dp_budget(algorithm: str) -> None:
+    """Refuse a DP budget that no mechanism backs: an algorithm whose strategy has none, or
+    fedct-xclp, whose XCLP row sums carry no noise yet (the drivers' one check, before any config)."""
+    if STRATEGIES[algorithm].dp_mechanism is None or algorithm == "fedct-xclp":
+        raise ValueError(f"{algorithm} has no DP mechanism yet (fedct has: {STRATEGIES['fedct'].dp_mechanism}); "
+                         "without one no budget can be promised")
+
+
 def strategy_for(algorithm: str, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
                  n_public: int | None = None) -> Strategy:
     """The strategy of a run or job from its stored parameters (`config`: the algorithm's config as a dict)."""

@@ -379,11 +379,9 @@ class FedCTStrategy(Strategy):
         """Randomized response's noise parameter p for every released label (None: no DP): the least
         that keeps all `rounds` × |U| label releases of a site within the budget."""
         if self.cfg.dp_epsilon is None:
-            return None
-        if not hasattr(self, "_label_noise"):
-            self._label_noise = randomized_response.noise_for_budget(
-                self.cfg.dp_epsilon, self.cfg.dp_delta, self.cfg.rounds * self.n_public, self.n_classes)
-        return self._label_noise
+            return None  # (noise_for_budget caches its answer: drivers build a strategy at every step)
+        return randomized_response.noise_for_budget(self.cfg.dp_epsilon, self.cfg.dp_delta,
+                                                    self.cfg.rounds * self.n_public, self.n_classes)
 
     def update(self, state: SiteState, public: PublicSet, consensus: np.ndarray | None, t: int,
                noise_key: bytes | None = None):

@@ -28,7 +28,7 @@ import numpy as np
 
 from xclp.data import UNLABELLED, DataError, load_arrays, load_fashion_mnist_arrays
 from xclp.splits import assign_sites, site_names
-from xclp.training.algorithms import STRATEGIES
+from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.fedavg import Site, run_fedavg
 from xclp.training.fedct import TIE_RULES, run_fedct
 from xclp.training.models import LEARNERS
@@ -76,10 +76,11 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
             raise DataError(f"--algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.dp_epsilon is not None and (STRATEGIES[self.algorithm].dp_mechanism is None
-                                            or self.algorithm == "fedct-xclp"):
-            raise DataError(f"--dp-epsilon: {self.algorithm} has no DP mechanism yet (fedct has: randomized "
-                            "response on its labels); without one no budget can be promised")
+        if self.dp_epsilon is not None:
+            try:
+                check_dp_budget(self.algorithm)
+            except ValueError as exc:
+                raise DataError(f"--dp-epsilon: {exc}") from None
         if self.sites < 2:
             raise DataError(f"--sites must be at least 2, got {self.sites}")
         m = self.labeled_sites if self.labeled_sites is not None else self.sites
