@@ -5,10 +5,15 @@ A holds bit vectors x_1..x_{n_a}, B holds y_1..y_{n_b}, all of L bits; the coord
 H[p, b] = h(x_p, y_b) and nothing else. With h = |x| + |y| − 2⟨x, y⟩:
 
 1. A (the key owner) packs its points into blocks of N = 4096 (coefficient p of a plaintext is
-   point p of the block) and encrypts, per block, the L bit columns m_l = Σ_p x_{p,l} X^p and the
-   weights m_S = Σ_p |x_p| X^p under its secret key: ct_l = (a_l, b_l), a_l expanded from a public
-   seed, so only the b parts travel (and only the coefficients of real points). It also sends its
-   public key (p0; p1 from the seed).
+   point p of the block) and encrypts, per block of w points, the L bit columns m_l = Σ_p x_{p,l} X^p
+   and the weights m_S = Σ_p |x_p| X^p under its secret key, r = ⌊N / w⌋ columns to a ciphertext
+   (column l = k·r + j in slot j of ciphertext k: coefficients j·w … j·w + w − 1), so a site of
+   500 points encrypts 129 polynomials, not 1,025. ct_k = (a_k, b_k), a_k expanded from a public
+   seed, so only the b parts travel (and only the r·w coefficients of real slots). B brings column
+   l to slot 0 as X^(−j·w)·ct_k (a negacyclic shift of a_k; b_k's slot j): the sums below see one
+   ciphertext per column, exactly as if each were encrypted alone, and the other slots of the
+   shifted ciphertexts are never decrypted (B returns b only on slot 0). A also sends its public
+   key (p0; p1 from the seed).
 2. B, for each of its vectors y (a chunk of them at a time), computes
 
        ct_y = ct_S − 2·Σ_l y_l ct_l + (0, Δ·(|y| + ρ_y)) + Enc_pk(0) + (0, f_y)
@@ -44,7 +49,7 @@ Messages (``b"XLAT" | version | type``, then fixed little-endian fields; lengths
 the header before anything is parsed; any violation raises ProtocolError):
 
     A→B  HELLO  L n_a N log_q log_t eta blocks seed[32] p0[N·11]  ‖ COLS of block 0
-    A→B  COLS   block n_blk  b-words[(L+1) · n_blk · 11]              (columns, then the weights)
+    A→B  COLS   block n_blk  b-words[⌈(L+1)/r⌉ · r · n_blk · 11]       (columns, then the weights)
     B→A  RES    block first count n_b  a'[count · N · k/8]  b'[count · n_blk · k/8]
     A→B  ACK    block next                                           (A is ready for the next chunk)
     A→S  SHARE_A  n_a n_b log_t  u[n_a · n_b] (u16)
@@ -73,7 +78,7 @@ from crypto.hamming_api import Outgoing, check_bits
 from crypto.secure_sum import prg_uint64
 
 MAGIC = b"XLAT"
-VERSION = 1
+VERSION = 2  # 2: A's columns packed r to a ciphertext
 HELLO, COLS, RES, ACK, SHARE_A, SHARE_B = 1, 2, 3, 4, 5, 6
 _HDR = struct.Struct("<4sBB")
 _HELLO = struct.Struct("<IIIBBBI32s")
@@ -228,18 +233,29 @@ class LatticeHamming:
         store = self._columns.setdefault((digest, params.n_bits), {})
         if block not in store:
             key, seed, _ = self._secret(params)
-            L = params.n_bits
-            x = np.unpackbits(bits[start:stop], axis=1, count=L).astype(np.int64)  # (n_blk, L)
-            m = np.zeros((L + 1, self.n), dtype=np.int64)
-            m[:L, : stop - start] = x.T
-            m[L, : stop - start] = x.sum(axis=1)
-            a = rlwe.uniform_poly(seed, L + 1, self.n, stream=block)
-            rows = [(r, min(r + 64, L + 1)) for r in range(0, L + 1, 64)]
-            parts = _parallel(lambda r: key.encrypt(a[:, r[0] : r[1]], m[r[0] : r[1]])[:, :, : stop - start],
+            L, width = params.n_bits, stop - start
+            r, count = packing(L, width, self.n)
+            x = np.unpackbits(bits[start:stop], axis=1, count=L).astype(np.int64)  # (width, L)
+            columns = np.zeros((count * r, width), dtype=np.int64)  # column l = k·r + j: slot j of ciphertext k
+            columns[:L] = x.T
+            columns[L] = x.sum(axis=1)
+            m = np.zeros((count, self.n), dtype=np.int64)
+            m[:, : r * width] = columns.reshape(count, r * width)
+            a = rlwe.uniform_poly(seed, count, self.n, stream=block)
+            rows = [(c, min(c + 64, count)) for c in range(0, count, 64)]
+            parts = _parallel(lambda c: key.encrypt(a[:, c[0] : c[1]], m[c[0] : c[1]])[:, :, : r * width],
                               rows, self.threads)
             b = np.concatenate(parts, axis=1)
-            store[block] = _header(COLS) + _COLS.pack(block, stop - start) + rlwe.words_to_bytes(b)
+            store[block] = _header(COLS) + _COLS.pack(block, width) + rlwe.words_to_bytes(b)
         return store[block]
+
+
+def packing(n_bits: int, width: int, n: int) -> tuple[int, int]:
+    """(r, count): A's L + 1 columns of a block of `width` points go r to a ciphertext (slot j holds
+    coefficients j·width … (j + 1)·width − 1), in `count` ciphertexts. A small site thus encrypts
+    ⌈(L + 1)/r⌉ polynomials, not L + 1."""
+    r = max(1, min(n // width, n_bits + 1))
+    return r, -(-(n_bits + 1) // r)
 
 
 def _pk_stream(n_bits: int) -> int:
@@ -422,15 +438,25 @@ class LatticePartyB(_Party):
         start, stop = self.blocks[block]
         if width != stop - start:
             raise ProtocolError(f"lattice: COLS of block {block} has {width} points, expected {stop - start}")
-        _need(body, _COLS.size + (L + 1) * width * rlwe.COEFF_BYTES, "COLS")
-        b = rlwe.words_from_bytes(body[_COLS.size :], (L + 1) * width, "COLS").reshape(2, L + 1, width)
-        a = rlwe.uniform_poly(self.seed, L + 1, n, stream=block)
+        r, count = packing(L, width, n)
+        _need(body, _COLS.size + count * r * width * rlwe.COEFF_BYTES, "COLS")
+        b = rlwe.words_from_bytes(body[_COLS.size :], count * r * width, "COLS").reshape(2, count * r, width)
+        a = rlwe.uniform_poly(self.seed, count, n, stream=block)
+        neg = rlwe.normalise(-a[0], -a[1])
+        # Column l = k·r + j sits in slot j of ciphertext k: X^(−j·width) · ct_k brings it to slot 0.
+        # Its b part there is b_k's slot j; its a part is a_k shifted negacyclically, X^(−s) a[c] =
+        # a[c + s] for c + s < N and −a[c + s − N] after: the window s … s + N of [a_k | −a_k].
+        doubled = np.concatenate([a, neg], axis=2).astype(np.float64)  # (2, count, 2N)
         self.matrix = None  # free the previous block's matrix first
         m = np.empty((L, 2 * n + 2 * width), dtype=np.float64)  # filled in place: one pass per part
-        m[:, :n], m[:, n : 2 * n] = a[0, :L], a[1, :L]
+        for j in range(r):
+            ks, shift = len(range(j, L, r)), j * width
+            for word in range(2):
+                m[j:L:r, word * n : (word + 1) * n] = doubled[word, :ks, shift : shift + n]
         m[:, 2 * n : 2 * n + width], m[:, 2 * n + width :] = b[0, :L], b[1, :L]
         self.matrix = m
-        self.weights_ct = (a[:, L].copy(), b[:, L].copy())
+        k, j = divmod(L, r)
+        self.weights_ct = (doubled[:, k, j * width : j * width + n].astype(np.int64), b[:, L].copy())
         self.block, self.next = block, 0
 
     def _results(self, first: int, count: int) -> bytes:
@@ -465,12 +491,14 @@ class LatticePartyB(_Party):
         width = stop - start
         acc = sums.astype(np.int64, copy=False)
         (sa, sb), cut = self.weights_ct, (n, 2 * n, 2 * n + width)
-        # −2·Σ_l y_l ct_l + ct_S + Δ·(|y| + ρ): encrypts |x| + |y| − 2⟨x, y⟩ + ρ = h + ρ (mod t)
-        a = rlwe.normalise(-2 * acc[:, : cut[0]] + sa[0], -2 * acc[:, cut[0] : cut[1]] + sa[1])
+        # −2·Σ_l y_l ct_l + ct_S + Δ·(|y| + ρ) encrypts |x| + |y| − 2⟨x, y⟩ + ρ = h + ρ (mod t); a fresh
+        # encryption of zero re-randomises it and the flooding noise is added, all in one reduction
+        # per part (every partial sum stays below 2^56, far inside int64).
         masks = rho(self.rho_key, group, self.n_a, p.log_t)[:count, start:stop]
         shifted = (weights[:, None] + masks) << (p.ring.delta_shift - rlwe.WORD)
-        b = rlwe.normalise(-2 * acc[:, cut[1] : cut[2]] + sb[0], -2 * acc[:, cut[2] :] + sb[1] + shifted)
-        za, zb = self.public.encrypt_zero(count)  # re-randomise: a fresh encryption of zero
-        a = rlwe.add(a, za)
-        b = rlwe.add(rlwe.add(b, zb[:, :, :width]), rlwe.sample_flood((count, width), p.flood_bits))
+        za, zb = self.public.encrypt_zero(count)
+        flood = rlwe.sample_flood((count, width), p.flood_bits)
+        a = rlwe.normalise(-2 * acc[:, : cut[0]] + sa[0] + za[0], -2 * acc[:, cut[0] : cut[1]] + sa[1] + za[1])
+        b = rlwe.normalise(-2 * acc[:, cut[1] : cut[2]] + sb[0] + zb[0, :, :width] + flood[0],
+                           -2 * acc[:, cut[2] :] + sb[1] + shifted + zb[1, :, :width] + flood[1])
         return a, b

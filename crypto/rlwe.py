@@ -263,11 +263,15 @@ def _subwords(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _join(p: np.ndarray) -> np.ndarray:
+def _join(p: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
     """Exact products of the three sub-words (3, ..., N) (int64, |p| < 2^42) → words mod 2^86:
-    p0 + 2^29 p1 + 2^58 p2, with 2^29 p1 split at the word boundary (p1 mod 2^14 stays low)."""
+    p0 + 2^29 p1 + 2^58 p2, with 2^29 p1 split at the word boundary (p1 mod 2^14 stays low).
+    `plus` (small integers, |plus| < 2^40) is added on the way, in the same pass."""
     keep = WORD - SUB  # the low 14 bits of p1, shifted by 29, stay in the low word
-    return normalise(p[0] + ((p[1] & ((1 << keep) - 1)) << SUB), (p[1] >> keep) + (p[2] << (2 * SUB - WORD)))
+    lo = p[0] + ((p[1] & ((1 << keep) - 1)) << SUB)
+    if plus is not None:
+        lo += plus
+    return normalise(lo, (p[1] >> keep) + (p[2] << (2 * SUB - WORD)))
 
 
 def ternary_spectrum(s: np.ndarray) -> np.ndarray:
@@ -285,9 +289,10 @@ def mul_ternary(x: np.ndarray, s_spec: np.ndarray) -> np.ndarray:
     return unfold(_join(_from_spectrum(poly_spectra(x) * s_spec, n, natural=False)))
 
 
-def mul_spectra(x_spec: np.ndarray, s_spec: np.ndarray, n: int) -> np.ndarray:
-    """x · s from x's sub-word spectra (3, ..., N/2) and ternary spectra s_spec (..., N/2)."""
-    return unfold(_join(_from_spectrum(x_spec * s_spec, n, natural=False)))
+def mul_spectra(x_spec: np.ndarray, s_spec: np.ndarray, n: int, plus: np.ndarray | None = None) -> np.ndarray:
+    """x · s from x's sub-word spectra (3, ..., N/2) and ternary spectra s_spec (..., N/2), plus small
+    integers `plus` given in the folded coefficient order (an i.i.d. error may be drawn in any order)."""
+    return unfold(_join(_from_spectrum(x_spec * s_spec, n, natural=False), plus))
 
 
 def mul_small_mod(x: np.ndarray, s_spec: np.ndarray, log_mod: int) -> np.ndarray:
@@ -384,10 +389,9 @@ class PublicKey:
         """`count` fresh encryptions of zero: (a, b) words, each (2, count, N)."""
         n, eta = self.params.n, self.params.eta
         u_spec = ternary_spectrum(sample_ternary((count, n)))  # (count, N/2)
-        prod = mul_spectra(self.spectra[:, :, None, :], u_spec[None, None], n)  # (2, 2, count, N)
-        b = add(prod[:, 0], from_int(sample_cbd((count, n), eta)))  # p0·u + e1
-        a = add(prod[:, 1], from_int(sample_cbd((count, n), eta)))  # p1·u + e2
-        return a, b
+        errors = sample_cbd((2, count, n), eta)  # e1, e2: i.i.d., so added in the FFT's folded order
+        prod = mul_spectra(self.spectra[:, :, None, :], u_spec[None, None], n, plus=errors)  # (2, 2, count, N)
+        return prod[:, 1], prod[:, 0]  # a = p1·u + e2, b = p0·u + e1
 
 
 # -- wire formats --------------------------------------------------------------------------------
