@@ -175,3 +175,30 @@ def test_mask_streams_are_shared_by_evaluator_and_coordinator_only_through_the_k
     assert np.array_equal(r, lh.rho(key, 2, 1000, 11))
     assert not np.array_equal(r, lh.rho(key, 3, 1000, 11))
     assert rlwe.LOG_Q == 86
+
+
+def test_a_small_site_packs_its_columns_into_few_ciphertexts():
+    # 500 points: 8 columns to a ciphertext, 129 ciphertexts for L + 1 = 1025 columns; a full block
+    # keeps one column a ciphertext; one point puts every column into one ciphertext.
+    assert lh.packing(1024, 500, rlwe.N_DEFAULT) == (8, 129)
+    assert lh.packing(1024, rlwe.N_DEFAULT, rlwe.N_DEFAULT) == (1, 1025)
+    assert lh.packing(1024, 2000, rlwe.N_DEFAULT) == (2, 513)
+    assert lh.packing(1024, 1, rlwe.N_DEFAULT) == (1025, 1)
+    rng = np.random.default_rng(12)
+    L, n = 256, 500
+    a, b = packed(rng, n, L), packed(rng, 9, L)
+    proto = lh.LatticeHamming()
+    t = PairTranscript()
+    assert np.array_equal(run_pair(proto, a, b, L, t), plaintext_hamming(a, b, L))
+    r, count = lh.packing(L, n, rlwe.N_DEFAULT)
+    cols = proto._cols(lh.lattice_params(L), a, 0, 0, n)  # the COLS message A sent
+    assert len(cols) == lh._HDR.size + lh._COLS.size + count * r * n * rlwe.COEFF_BYTES
+    assert count == 33  # ⌈257 / 8⌉: one encryption for eight columns
+    # a COLS message for the unpacked layout (one column a ciphertext) is refused by its length
+    pb = proto.party_b(b, L)
+    hello = proto.party_a(a, L).receive(None).to_peer
+    _, body = lh._open(hello, (lh.HELLO,), 1 << 30)
+    pb._hello(body)
+    unpacked = lh._header(lh.COLS) + lh._COLS.pack(0, n) + bytes((L + 1) * n * rlwe.COEFF_BYTES)
+    with pytest.raises(ProtocolError, match="COLS"):
+        pb._columns(memoryview(unpacked)[lh._HDR.size :])
