@@ -89,6 +89,7 @@ class LocalCluster:
 
         self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
         self.agent_options = list(agent_options or [])
+        self.data_files: dict[str, Path] = {}  # a site's data file other than <work>/<site>.npz (e.g. a CSV)
         self.admin_token = admin_token or secrets.token_urlsafe(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -112,7 +113,8 @@ class LocalCluster:
         wait_healthy(self.url, 120)
 
     def start_agent(self, s: str) -> None:
-        self.agents[s] = start_agent(self.work, self.url, s, self.tokens[s], self.work / f"{s}.npz", self.out(s),
+        data = self.data_files.get(s, self.work / f"{s}.npz")
+        self.agents[s] = start_agent(self.work, self.url, s, self.tokens[s], data, self.out(s),
                                      self.public, self.agent_options)
 
     def out(self, s: str) -> Path:

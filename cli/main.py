@@ -20,7 +20,9 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--dataset", choices=["digits", "fashion-mnist", "mnist5k"], default=None,
                      help="a data set that installs offline (default: digits)")
-    src.add_argument("--data", type=Path, help=".npz with X (n×d), y (−1 = unlabelled), site, optional y_true")
+    src.add_argument("--data", type=Path, help=".npz (X, y, site, optional y_true), .csv or .parquet (a label column, "
+                     "empty or −1 = unlabelled, a site column, the rest features)")
+    _add_column_args(p)
     p.add_argument("--limit", type=int, default=None, help="use a seeded random subset of N points")
     p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
     p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
@@ -44,12 +46,26 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
+def _add_column_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--label-column", default="label", help="CSV/Parquet: the label column (default label)")
+    p.add_argument("--site-column", default="site", help="CSV/Parquet: the site column (default site)")
+    p.add_argument("--truth-column", default="y_true",
+                   help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
+
+
+def _columns(args):
+    from xclp.datafile import Columns
+
+    return Columns(label=args.label_column, site=args.site_column, truth=args.truth_column)
+
+
 def load_dataset(args):
-    from xclp.data import dataset_from_npz, load_arrays
+    from xclp.data import load_arrays
+    from xclp.datafile import dataset_from_file
     from xclp.splits import simulate_sites
 
     if args.data is not None:
-        ds = dataset_from_npz(args.data)
+        ds = dataset_from_file(args.data, _columns(args))
         if args.limit is not None and args.limit < ds.n:
             from xclp.data import make_dataset
 
@@ -237,7 +253,7 @@ def cmd_agent_run(args) -> int:
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites)
     Agent(CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN")), args.site, args.data, args.out, args.poll,
-          public=args.public, policy=policy).run(once=args.once)
+          public=args.public, policy=policy, columns=_columns(args)).run(once=args.once)
     return 0
 
 
@@ -397,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--min-key-bits", type=int, default=2048, help="refuse Paillier keys below this size")
     ar.add_argument("--min-bits", type=int, default=1, help="refuse jobs with an LSH length L below this")
     ar.add_argument("--min-sites", type=int, default=2, help="refuse jobs with fewer participants")
-    ar.add_argument("--data", required=True, help=".npz with X (n×d) and y (−1 = unlabelled)")
+    ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
+                    ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
+    _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
     ar.add_argument("--poll", type=float, default=0.1, help="seconds between polls when idle")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")

@@ -30,7 +30,8 @@ from clients.policy import SitePolicy
 from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
-from xclp.data import DataError, load_npz, validate_features, validate_labels
+from xclp.data import DataError, validate_features, validate_labels
+from xclp.datafile import Columns, load_data_file
 from xclp.protocol import JOB_PHASES, JobParams, SiteSession, Topic, decode_roster
 
 log = logging.getLogger("xclp.agent")
@@ -48,9 +49,10 @@ def job_file(folder: Path, job_id: str, suffix: str) -> Path:
 LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
 
 
-def load_site_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(X, y, y_true or None): y_true, where the file has it, is for scoring training jobs only."""
-    a = load_npz(path, require_site=False)
+def load_site_data(path: str | os.PathLike, columns: Columns | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(X, y, y_true or None) from the site's .npz, .csv or .parquet: y_true, where the file has it,
+    is for scoring training jobs only; a site column, if any, is not needed here."""
+    a = load_data_file(path, columns, require_site=False)
     X = validate_features(a["X"])
     y_true = a.get("y_true")
     if y_true is not None:
@@ -86,10 +88,11 @@ class JobState:
 
 class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
-                 poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None):
+                 poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None,
+                 columns: Columns | None = None):
         self.api, self.site, self.poll = client, site, poll
         self.policy = policy or SitePolicy()
-        self.X, self.y, self.y_true = load_site_data(data)
+        self.X, self.y, self.y_true = load_site_data(data, columns)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.out / ".agent-state"

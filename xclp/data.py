@@ -120,11 +120,6 @@ def load_npz(path: str | os.PathLike, require_site: bool = True) -> dict[str, np
     return arrays
 
 
-def dataset_from_npz(path: str | os.PathLike) -> Dataset:
-    a = load_npz(path)
-    return make_dataset(a["X"], a["y"], a["site"], a.get("y_true"))
-
-
 # --- bundled and offline data sets ---------------------------------------------------------------
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:

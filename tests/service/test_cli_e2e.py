@@ -29,8 +29,11 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
     c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites, public=tmp_path / "U.npz")
     try:
         coord = ["--coordinator", c.url, f"--admin-token={ADMIN}"]
-        last = ds.sites[2]  # registered through the CLI, which prints its token once
-        np.savez(tmp_path / f"{last}.npz", X=ds.X[ds.site == last], y=ds.y[ds.site == last])
+        last = ds.sites[2]  # registered through the CLI, which prints its token once; its data is a CSV
+        rows = np.column_stack([ds.X[ds.site == last], ds.y[ds.site == last]])
+        header = ",".join([f"px{j}" for j in range(ds.X.shape[1])] + ["label"])
+        np.savetxt(tmp_path / f"{last}.csv", rows, delimiter=",", header=header, comments="", fmt="%.9g")
+        c.data_files[last] = tmp_path / f"{last}.csv"
         code, out = cli(capsys, "site", "add", last, *coord, "--json")
         assert code == 0 and json.loads(out)["site"] == last
         c.tokens[last] = json.loads(out)["token"]

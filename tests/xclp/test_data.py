@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from xclp.data import DataError, dataset_from_npz, load_arrays, make_dataset
+from xclp.data import DataError, load_arrays, make_dataset
+from xclp.datafile import dataset_from_file as dataset_from_npz
 from xclp.splits import assign_sites, hide_labels, leave_one_site_out, parse_split, simulate_sites
 
 

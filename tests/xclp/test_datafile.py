@@ -1,0 +1,145 @@
+"""A site's data as .npz, .csv or .parquet: the same arrays from each, the same clear errors."""
+
+import builtins
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from cli.main import main
+from xclp.data import DataError, load_arrays
+from xclp.datafile import Columns, dataset_from_file, load_data_file
+
+pa = pytest.importorskip("pyarrow", reason="the Parquet tests need the optional extra: pip install -e '.[parquet]'")
+import pyarrow.parquet as pq  # noqa: E402
+
+
+def _rows(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.round(rng.normal(size=(n, 3)), 6)
+    y_true = rng.integers(0, 3, n)
+    y = np.where(np.arange(n) % 3 == 0, y_true, -1)
+    site = np.array(["north", "south"])[np.arange(n) % 2]
+    return X, y, site, y_true
+
+
+def _write_csv(path, X, y, site, y_true, empty_unlabelled=True, label="label"):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["f0", "site", "f1", label, "f2", "y_true"])  # the columns in any order
+        for i in range(len(y)):
+            lab = "" if (y[i] < 0 and empty_unlabelled) else str(int(y[i]))
+            w.writerow([repr(float(X[i, 0])), site[i], repr(float(X[i, 1])), lab, repr(float(X[i, 2])), int(y_true[i])])
+
+
+def _write_parquet(path, X, y, site, y_true):
+    table = pa.table({"f0": X[:, 0], "f1": X[:, 1], "f2": X[:, 2], "site": site.tolist(),
+                      "label": pa.array([None if v < 0 else int(v) for v in y], type=pa.int64()),
+                      "y_true": y_true.astype(np.int64)})
+    pq.write_table(table, path)
+
+
+def test_npz_csv_and_parquet_give_the_same_data(tmp_path):
+    X, y, site, y_true = _rows()
+    np.savez(tmp_path / "d.npz", X=X, y=y, site=site, y_true=y_true)
+    _write_csv(tmp_path / "d.csv", X, y, site, y_true)
+    _write_csv(tmp_path / "minus.csv", X, y, site, y_true, empty_unlabelled=False)  # −1, not empty
+    _write_parquet(tmp_path / "d.parquet", X, y, site, y_true)
+    ref = dataset_from_file(tmp_path / "d.npz")
+    for name in ("d.csv", "minus.csv", "d.parquet"):
+        ds = dataset_from_file(tmp_path / name)
+        assert np.array_equal(ds.X, ref.X), name
+        assert np.array_equal(ds.y, ref.y) and np.array_equal(ds.y_true, ref.y_true), name
+        assert list(ds.site) == list(ref.site) and ds.n_classes == ref.n_classes, name
+    # a site's own file needs no site column
+    one = load_data_file(tmp_path / "d.csv", require_site=False)
+    assert one["X"].shape == (40, 3) and int((one["y"] == -1).sum()) == int((y == -1).sum())
+
+
+def test_named_columns(tmp_path):
+    X, y, site, y_true = _rows()
+    _write_csv(tmp_path / "d.csv", X, y, site, y_true, label="diagnosis")
+    with pytest.raises(DataError, match="no label column 'label'.*--label-column"):
+        dataset_from_file(tmp_path / "d.csv")
+    ds = dataset_from_file(tmp_path / "d.csv", Columns(label="diagnosis"))
+    assert np.array_equal(ds.y, y)
+    # with y_true named as the site column there is no site column left, and the clash is refused
+    with pytest.raises(DataError, match="three different names"):
+        Columns(label="a", site="a")
+
+
+@pytest.mark.parametrize("cell, column, message", [
+    ("abc", "f1", "row 5, column 'f1': 'abc' is not a number"),
+    ("", "f1", "row 5, column 'f1': empty feature value"),
+    ("nan", "f1", "NaN"),
+    ("cat", "label", "row 5, column 'label': 'cat' is not an integer class label"),
+    ("2.5", "label", "is not an integer class label"),
+    ("-4", "label", "label -4"),
+    ("", "site", "row 5: empty site name"),
+])
+def test_bad_cells_are_refused_with_where_they_are(tmp_path, cell, column, message):
+    X, y, site, y_true = _rows()
+    _write_csv(tmp_path / "d.csv", X, y, site, y_true)
+    rows = list(csv.reader(open(tmp_path / "d.csv")))
+    rows[4][rows[0].index(column)] = cell  # row 5 of the file, counting the header
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(DataError, match=message.replace("-4", "−?-?4")):
+        dataset_from_file(tmp_path / "d.csv")
+
+
+def test_malformed_files(tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "ragged.csv").write_text("f0,label,site\n1,0,a\n2,1\n")
+    (tmp_path / "features.csv").write_text("label,site\n0,a\n1,b\n")
+    (tmp_path / "dup.csv").write_text("f0,f0,label,site\n1,2,0,a\n")
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "d.xlsx").write_bytes(b"")
+    for name, message in [("empty.csv", "empty file"), ("ragged.csv", "row 3 has 2 cells"),
+                          ("features.csv", "no feature columns"), ("dup.csv", "repeated column names"),
+                          ("junk.parquet", "not a readable Parquet file"), ("d.xlsx", "unknown data format"),
+                          ("missing.csv", "no such file")]:
+        with pytest.raises(DataError, match=message):
+            dataset_from_file(tmp_path / name)
+    (tmp_path / "nosite.csv").write_text("f0,label\n1,0\n2,1\n")
+    with pytest.raises(DataError, match="no site column 'site'"):
+        dataset_from_file(tmp_path / "nosite.csv")
+
+
+def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
+    X, y, site, y_true = _rows()
+    _write_parquet(tmp_path / "d.parquet", X, y, site, y_true)
+    real = builtins.__import__
+
+    def no_pyarrow(name, *a, **k):
+        if name.startswith("pyarrow"):
+            raise ImportError("no pyarrow")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    with pytest.raises(DataError, match=r"pip install -e '\.\[parquet\]'"):
+        dataset_from_file(tmp_path / "d.parquet")
+
+
+def test_simulate_predict_takes_csv_and_parquet(tmp_path, capsys):
+    X, y_true = load_arrays("digits", limit=200, seed=1)
+    y = np.where(np.arange(200) % 4 == 0, y_true, -1)
+    site = np.array(["north", "south"])[np.arange(200) % 2]
+    np.savez(tmp_path / "mine.npz", X=X, y=y, site=site, y_true=y_true)
+    cols = {f"px{j}": X[:, j] for j in range(X.shape[1])}
+    pq.write_table(pa.table({**cols, "hospital": site.tolist(),
+                             "dx": pa.array([None if v < 0 else int(v) for v in y], type=pa.int64()),
+                             "y_true": y_true}), tmp_path / "mine.parquet")
+    results = {}
+    for name, extra in [("mine.npz", []), ("mine.parquet", ["--label-column", "dx", "--site-column", "hospital"])]:
+        out = tmp_path / f"{name}.json"
+        assert main(["simulate", "predict", "--data", str(tmp_path / name), "--bits", "128", "--quiet",
+                     "--no-baselines", "--json", str(out), *extra]) == 0
+        results[name] = json.loads(out.read_text())
+    assert results["mine.parquet"]["accuracy"] == results["mine.npz"]["accuracy"]
+    assert set(results["mine.parquet"]["per_site_accuracy"]) == {"north", "south"}
+    # a bad file ends in a clear message and exit code 2, not a traceback
+    (tmp_path / "bad.csv").write_text("f0,label,site\n1,x,a\n")
+    assert main(["simulate", "predict", "--data", str(tmp_path / "bad.csv"), "--quiet"]) == 2
+    assert "'x' is not an integer class label" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+"""A site's data file, in the format the site already keeps: .npz, .csv or .parquet.
+
+Every format comes out as the same arrays — X (n × d floats), y (n ints, −1 = unlabelled), and
+where the file has them site (n names) and y_true (n ints, for scoring only) — and then goes
+through the same checks (xclp.data: validate_features, validate_labels, make_dataset), so a bad
+file gets the same clear error whatever its format.
+
+- .npz: arrays named X, y, site, y_true (no pickle).
+- .csv: a header row; the label column (named by `Columns.label`, default "label") holds integer
+  class labels, with an empty cell or −1 for an unlabelled point; an optional site column and an
+  optional y_true column; every other column is a feature and must be numeric. Read with the
+  standard library's csv module, so the core install needs nothing more.
+- .parquet: the same columns; a null label is an unlabelled point. Read with pyarrow, the optional
+  extra `pip install -e '.[parquet]'` (the error says so when it is missing).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xclp.data import UNLABELLED, DataError, Dataset, load_npz, make_dataset
+
+FORMATS = (".npz", ".csv", ".parquet")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns of a table are not features. .npz files use their fixed array names instead."""
+
+    label: str = "label"
+    site: str = "site"
+    truth: str = "y_true"
+
+    def __post_init__(self):
+        names = [self.label, self.site, self.truth]
+        if any(not isinstance(c, str) or not c.strip() for c in names) or len(set(names)) != 3:
+            raise DataError(f"the label, site and truth columns need three different names, got {names}")
+
+
+def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
+                   require_site: bool = True) -> dict[str, np.ndarray]:
+    """The arrays X, y and, where present, site and y_true, from a .npz, .csv or .parquet file."""
+    path = Path(path)
+    columns = columns or Columns()
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use one of {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if suffix == ".npz":
+        return load_npz(path, require_site=require_site)
+    header, cells = _read_csv(path) if suffix == ".csv" else _read_parquet(path)
+    return _arrays(path, header, cells, columns, require_site)
+
+
+def dataset_from_file(path: str | os.PathLike, columns: Columns | None = None) -> Dataset:
+    """A pooled data set (every site's rows, with a site column) for simulations."""
+    a = load_data_file(path, columns, require_site=True)
+    return make_dataset(a["X"], a["y"], a["site"], a.get("y_true"))
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list]]:
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path}: not a readable CSV file ({exc})") from None
+    if not rows:
+        raise DataError(f"{path}: empty file; expected a header row and one row per point")
+    header = [h.strip() for h in rows[0]]
+    body = [r for r in rows[1:] if any(c.strip() for c in r)]  # blank lines are not points
+    for i, r in enumerate(body):
+        if len(r) != len(header):
+            raise DataError(f"{path}: row {i + 2} has {len(r)} cells, the header has {len(header)}")
+    return header, [[r[j] for r in body] for j in range(len(header))]
+
+
+def _read_parquet(path: Path) -> tuple[list[str], list[list]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install -e '.[parquet]'") from None
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError family
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    return [str(n) for n in table.column_names], [table.column(j).to_pylist() for j in range(table.num_columns)]
+
+
+def _arrays(path: Path, header: list[str], cells: list[list], columns: Columns, require_site: bool) -> dict:
+    if len(set(header)) != len(header):
+        raise DataError(f"{path}: repeated column names in the header {header}")
+    if columns.label not in header:
+        raise DataError(f"{path}: no label column {columns.label!r} (columns: {header}); name it with --label-column")
+    if require_site and columns.site not in header:
+        raise DataError(f"{path}: no site column {columns.site!r} (columns: {header}); name it with --site-column")
+    col = dict(zip(header, cells))
+    features = [h for h in header if h not in (columns.label, columns.site, columns.truth)]
+    if not features:
+        raise DataError(f"{path}: no feature columns (columns: {header})")
+    n = len(cells[0]) if cells else 0
+    X = np.empty((n, len(features)), dtype=np.float64)
+    for j, name in enumerate(features):
+        X[:, j] = [_number(path, name, i, v) for i, v in enumerate(col[name])]
+    out = {"X": X, "y": np.array([_label(path, columns.label, i, v) for i, v in enumerate(col[columns.label])],
+                                 dtype=np.int64).reshape(n)}
+    if columns.site in col:
+        sites = ["" if v is None else str(v).strip() for v in col[columns.site]]
+        if any(s == "" for s in sites):
+            raise DataError(f"{path}: row {sites.index('') + 2}: empty site name in column {columns.site!r}")
+        out["site"] = np.array(sites, dtype=str).reshape(n)
+    if columns.truth in col:
+        out["y_true"] = np.array([_label(path, columns.truth, i, v) for i, v in enumerate(col[columns.truth])],
+                                 dtype=np.int64).reshape(n)
+    return out
+
+
+def _number(path: Path, column: str, i: int, value) -> float:
+    """A feature cell as a float; an empty or non-numeric cell is an error naming where it is (a NaN
+    that the user did write goes on to validate_features, which refuses it with the same words as
+    for .npz)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise DataError(f"{path}: row {i + 2}, column {column!r}: empty feature value")
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: row {i + 2}, column {column!r}: {value!r} is not a number") from None
+
+
+def _label(path: Path, column: str, i: int, value) -> int:
+    """An integer class label; empty, null or −1 is unlabelled. '3.0' is 3; 'cat' or 2.5 is an error."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return UNLABELLED
+    try:
+        v = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: row {i + 2}, column {column!r}: {value!r} is not an integer class label "
+                        "(0..C−1; empty or −1 for unlabelled)") from None
+    if not math.isfinite(v) or v != int(v):
+        raise DataError(f"{path}: row {i + 2}, column {column!r}: {value!r} is not an integer class label")
+    return int(v)
