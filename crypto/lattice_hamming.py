@@ -1,5 +1,7 @@
 """SecureHamming, lattice variant: additively homomorphic Ring-LWE (crypto.rlwe) with the sums done
 as dense matrix products. Implements :class:`crypto.hamming_api.HammingProtocol` (name ``"lattice"``).
+(About 500 lines: the protocol's messages, both parties and the coordinator's step, read together
+with the security argument below, which every one of them relies on.)
 
 A holds bit vectors x_1..x_{n_a}, B holds y_1..y_{n_b}, all of L bits; the coordinator ends with
 H[p, b] = h(x_p, y_b) and nothing else. With h = |x| + |y| − 2⟨x, y⟩:

@@ -22,13 +22,13 @@ from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
-from xclp.training.options import ALGORITHMS, LEARNERS, TIE_RULES
+from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TIE_RULES
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class TrainJobCreate(RequestBody):
-    algorithm: Literal[ALGORITHMS]
+    algorithm: Literal[SERVICE_ALGORITHMS]
     sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
                                   description="participating sites (at least two, each once), in roster order")
     classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
@@ -69,8 +69,8 @@ class TrainJobCreate(RequestBody):
 
 def training_params(body: TrainJobCreate, job_id: str) -> dict:
     """The job's params, validated by the training loops' own config classes (422 on any error)."""
-    if body.algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}")
+    if body.algorithm not in SERVICE_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {SERVICE_ALGORITHMS} (FedKT runs in simulation only so far)")
     JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
               crypto=body.crypto, key_bits=body.key_bits).validate()
     params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,

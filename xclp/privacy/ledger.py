@@ -1,13 +1,18 @@
 """The privacy ledger: every release that touches private data, composed into one (ε, δ).
 
-Each release is a dp-accounting `DpEvent` (so far: randomized response) spent `count` times; the ledger composes their privacy loss distributions (PLD: Meiser & Mohammadi 2018, Koskela
-et al. 2020; dp_accounting.pld, pessimistic estimates) and reports ε(δ) of everything spent so far.
-With a budget, a release that would take ε(δ) past it is refused before it happens.
+Each release is an event spent `count` times — dp-accounting's `RandomizedResponseDpEvent`, or
+:class:`DiscreteLaplaceEvent` (the noisy vote counts of FedKT and FREDY; dp-accounting 0.6 has the
+PLD of the discrete Laplace mechanism but no event for it) — and the ledger composes their privacy
+loss distributions (PLD: Meiser & Mohammadi 2018, Koskela et al. 2020; dp_accounting.pld,
+pessimistic estimates) and reports ε(δ) of everything spent so far. With a budget, a release that
+would take ε(δ) past it is refused before it happens.
 
-Neighbouring relation: datasets that differ by replacing ONE training example of ONE site
-(example-level, replace-one; randomized response has no add/remove form). Sites hold disjoint data,
-so a run's ε is that of the site whose data is released most: each site's releases are composed,
-and the ledger records one site's (they are the same for every site in the mechanisms here).
+Neighbouring relation, stated per ledger: by default datasets that differ by replacing ONE training
+example of ONE site (example-level, replace-one; randomized response has no add/remove form), or
+replacing the whole data of one site (site-level: FedKT's server-side noise protects a party, not
+an example). Sites hold disjoint data, so a run's ε is that of the site whose data is released
+most: each site's releases are composed, and the ledger records one site's (they are the same for
+every site in the mechanisms here).
 
 Why not dp-accounting's PLDAccountant: in dp-accounting 0.6.0 it ignores the count of a
 self-composed randomized-response event (`compose(RR, 3)` gives the ε of one release; composing it
@@ -25,6 +30,7 @@ import dp_accounting as dpa
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 NEIGHBOURING = "replace one training example of one site"
+SITE_LEVEL = "replace the whole data of one site"
 ACCOUNTANT = "PLD (dp-accounting, pessimistic)"
 DISCRETIZATION = 1e-4  # of the privacy loss: dp-accounting's default; ε is an upper bound at this grid
 
@@ -33,31 +39,47 @@ class BudgetExceeded(ValueError):
     """A release would take the run past its privacy budget: it is not made."""
 
 
-def _pld(event: dpa.DpEvent):
+@dataclass(frozen=True)
+class DiscreteLaplaceEvent:
+    """One integer query of L1 sensitivity `sensitivity` released with discrete Laplace noise,
+    P(k) ∝ exp(−parameter·|k|): pure DP with ε = parameter · sensitivity."""
+
+    parameter: float
+    sensitivity: int = 1
+
+
+def _pld(event):
     relation = dpa.NeighboringRelation.REPLACE_ONE
     if isinstance(event, dpa.RandomizedResponseDpEvent):
         return pld_lib.from_randomized_response(event.noise_parameter, event.num_buckets,
                                                 value_discretization_interval=DISCRETIZATION,
                                                 neighboring_relation=relation)
-    # (Laplace and Gaussian noise — FedKT's and FREDY's votes, DP-FedAvg — come with those mechanisms.)
+    if isinstance(event, DiscreteLaplaceEvent):
+        return pld_lib.from_discrete_laplace_mechanism(event.parameter, sensitivity=event.sensitivity,
+                                                       value_discretization_interval=DISCRETIZATION)
+    # (Gaussian noise — DP-FedAvg — comes with that mechanism.)
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
-def _describe(event: dpa.DpEvent) -> dict:
+def _describe(event) -> dict:
     if isinstance(event, dpa.RandomizedResponseDpEvent):
         return {"mechanism": "randomized_response", "noise_parameter": event.noise_parameter,
                 "num_buckets": event.num_buckets}
+    if isinstance(event, DiscreteLaplaceEvent):
+        return {"mechanism": "discrete_laplace", "parameter": event.parameter, "sensitivity": event.sensitivity}
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
-def _event(d: dict) -> dpa.DpEvent:
+def _event(d: dict):
     if d.get("mechanism") == "randomized_response":
         return dpa.RandomizedResponseDpEvent(noise_parameter=float(d["noise_parameter"]),
                                              num_buckets=int(d["num_buckets"]))
+    if d.get("mechanism") == "discrete_laplace":
+        return DiscreteLaplaceEvent(float(d["parameter"]), int(d["sensitivity"]))
     raise ValueError(f"unknown mechanism in a stored ledger: {d!r}")
 
 
-def epsilon_of(event: dpa.DpEvent, count: int, delta: float) -> float:
+def epsilon_of(event, count: int, delta: float) -> float:
     """ε(δ) of `event` released `count` times (and nothing else)."""
     return float(_pld(event).self_compose(count).get_epsilon_for_delta(delta))
 
@@ -67,6 +89,7 @@ class PrivacyLedger:
     delta: float
     budget: float | None = None  # ε; None: record only
     events: list[dict] = field(default_factory=list)
+    neighbouring: str = NEIGHBOURING
 
     def __post_init__(self):
         if not 0 < self.delta < 1:
@@ -75,11 +98,11 @@ class PrivacyLedger:
             raise ValueError(f"an ε budget must be a positive number, got {self.budget}")
         self._pld = None
 
-    def _composed(self, event: dpa.DpEvent, count: int):
+    def _composed(self, event, count: int):
         new = _pld(event).self_compose(count)
         return new if self._pld is None else self._pld.compose(new)
 
-    def spend(self, what: str, event: dpa.DpEvent, count: int = 1) -> float:
+    def spend(self, what: str, event, count: int = 1) -> float:
         """Record a release (`count` independent uses of `event`); returns ε(δ) of all spent so far.
         Raises BudgetExceeded, recording nothing, if it would exceed the budget."""
         if count < 1:
@@ -96,7 +119,7 @@ class PrivacyLedger:
     @classmethod
     def from_json(cls, record: dict) -> PrivacyLedger:
         """The ledger `to_json` wrote, its releases composed again."""
-        ledger = cls(record["delta"], record.get("budget"))
+        ledger = cls(record["delta"], record.get("budget"), neighbouring=record.get("neighbouring", NEIGHBOURING))
         for e in record.get("events", []):
             ledger.spend(e["what"], _event(e["event"]), e["count"])
         return ledger
@@ -107,7 +130,7 @@ class PrivacyLedger:
 
     def to_json(self) -> dict:
         return {"epsilon": self.epsilon(), "delta": self.delta, "budget": self.budget, "accountant": ACCOUNTANT,
-                "neighbouring": NEIGHBOURING, "events": list(self.events)}
+                "neighbouring": self.neighbouring, "events": list(self.events)}
 
 
 def no_privacy() -> dict:

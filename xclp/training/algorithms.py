@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from xclp.training.fedavg import FedAvgStrategy
 from xclp.training.fedct import FedCTStrategy
-from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS
+from xclp.training.fedkt import FedKTStrategy
+from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, FEDKT_ALGORITHMS
 from xclp.training.strategy import Strategy
 
 STRATEGIES: dict[str, type[Strategy]] = {**{a: FedAvgStrategy for a in FEDAVG_ALGORITHMS},
-                                         **{a: FedCTStrategy for a in FEDCT_ALGORITHMS}}
+                                         **{a: FedCTStrategy for a in FEDCT_ALGORITHMS},
+                                         **{a: FedKTStrategy for a in FEDKT_ALGORITHMS}}
 assert tuple(STRATEGIES) == ALGORITHMS, "a strategy for every algorithm the command line offers"
 
 

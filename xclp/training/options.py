@@ -9,7 +9,10 @@ from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 
 FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 FEDCT_ALGORITHMS = ("fedct", "fedct-xclp")
-ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS
+FEDKT_ALGORITHMS = ("fedkt",)
+SERVICE_ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS  # those training jobs run (FedKT: simulation so far)
+ALGORITHMS = SERVICE_ALGORITHMS + FEDKT_ALGORITHMS
+PUBLIC_SET_ALGORITHMS = FEDCT_ALGORITHMS + FEDKT_ALGORITHMS  # a public unlabelled set U is drawn for them
 TIE_RULES = ("lowest", "random", "abstain")
 LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
 
@@ -28,7 +31,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="mlp|cnn (FedAvg; default mlp) or tree|forest|boosting|logreg|mlp|cnn (FedCT; default tree; "
                         "a comma list is a mixture, cycled over the sites)")
-    p.add_argument("--public-size", type=int, default=500, help="FedCT: size of the public unlabelled set U")
+    p.add_argument("--public-size", type=int, default=500, help="FedCT, FedKT: size of the public unlabelled set U")
     p.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
     p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext")
     p.add_argument("--bits", type=int, default=1024, help="LSH length L for XCLP (default 1024)")
@@ -50,5 +53,20 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--dp-epsilon", type=float, default=None,
                    help="fedct: a differential-privacy budget ε over all exchanges (randomized response on each "
-                        "site's labels, calibrated to it; --json reports the ledger)")
+                        "site's labels, calibrated to it); fedkt: over the noisy vote counts (γ calibrated to it); "
+                        "--json reports the ledger")
     p.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
+    kt = p.add_argument_group("FedKT (one shot)")
+    kt.add_argument("--partitions", type=int, default=None, help="FedKT: partitions s of each party's data (default 2)")
+    kt.add_argument("--teachers", type=int, default=None, help="FedKT: teachers t per partition (default 5)")
+    kt.add_argument("--levels", choices=("L1", "L2"), default=None,
+                    help="FedKT: where the noise goes — L1 the server's vote counts (protects a party), "
+                         "L2 each party's teachers' counts (protects an example); default L1")
+    kt.add_argument("--gamma", type=float, default=None,
+                    help="FedKT: noise parameter γ of the vote counts (discrete Laplace, ε = γ per unit of "
+                         "sensitivity); default: from --dp-epsilon, or no noise")
+    kt.add_argument("--queries", type=int, default=None, help="FedKT: points of the public set the server labels")
+    kt.add_argument("--student-model", choices=LEARNERS, default=None,
+                    help="FedKT: the students' and the final model's learner (default forest for tree teachers)")
+    kt.add_argument("--baselines", action="store_true",
+                    help="FedKT: also SOLO (each party alone) and centralized PATE in the same run")

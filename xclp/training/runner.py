@@ -1,6 +1,6 @@
 """`run_training(config)`: one simulated federated training run from a flat config, and its CLI hooks.
 
-    xclp simulate train --algorithm fedavg|fedavg-xclp|fedavg-per-site-lp|fedavg-network|fedct|fedct-xclp
+    xclp simulate train --algorithm fedavg|fedavg-xclp|fedavg-per-site-lp|fedavg-network|fedct|fedct-xclp|fedkt
         [--dataset fashion-mnist|digits|mnist5k] [--sites N] [--split iid|dirichlet:BETA]
         [--labels NL] [--labeled-sites M] [--rounds T] [--sites-per-round P] [--local-epochs E]
         [--model mlp|cnn|tree|forest|boosting|logreg (FedCT: a comma list gives a mixture, cycled over sites)]
@@ -31,8 +31,9 @@ from xclp.splits import assign_sites, site_names
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.fedavg import Site, run_fedavg
 from xclp.training.fedct import TIE_RULES, run_fedct
+from xclp.training.fedkt import run_fedkt
 from xclp.training.models import LEARNERS
-from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS
+from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, PUBLIC_SET_ALGORITHMS
 
 
 @dataclass
@@ -72,6 +73,14 @@ class TrainConfig:
     quiet: bool = False
     dp_epsilon: float | None = None  # a DP budget (fedct: randomized response on the released labels)
     dp_delta: float = 1e-5
+    # FedKT (xclp/training/fedkt.py); None: its defaults
+    partitions: int | None = None
+    teachers: int | None = None
+    levels: str | None = None
+    gamma: float | None = None
+    queries: int | None = None
+    student_model: str | None = None
+    baselines: bool = False
 
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
@@ -91,6 +100,8 @@ class TrainConfig:
         for name in self.model_names():
             if name not in LEARNERS:
                 raise DataError(f"--model {name!r}: choose from {LEARNERS}")
+        if self.algorithm == "fedkt" and len(self.model_names()) != 1:
+            raise DataError("FedKT takes one teacher learner (--model) and one student learner (--student-model)")
         if self.algorithm in FEDAVG_ALGORITHMS and self.model_names() not in (["mlp"], ["cnn"]):
             raise DataError("FedAvg averages network weights: --model must be mlp or cnn")
         if self.tie not in TIE_RULES:
@@ -152,7 +163,7 @@ def prepare(config: TrainConfig):
         idx = np.sort(rng.choice(len(yte), cfg.test_size, replace=False))
         Xte, yte = Xte[idx], yte[idx]
     public = None
-    if cfg.algorithm in FEDCT_ALGORITHMS:
+    if cfg.algorithm in PUBLIC_SET_ALGORITHMS:
         if not 1 <= cfg.public_size < len(ytr):
             raise DataError(f"--public-size must be in 1..{len(ytr) - 1}, got {cfg.public_size}")
         perm = rng.permutation(len(ytr))
@@ -186,13 +197,20 @@ def run_training(config: TrainConfig | dict) -> dict:
         + (f", public U {len(public[1])}" if public is not None else ""))
     names = cfg.model_names()
     options = {**asdict(cfg), "model": names[0] if len(names) == 1 else [names[i % len(names)] for i in range(cfg.sites)]}
-    fc = STRATEGIES[cfg.algorithm].config_from_options(cfg.algorithm, options, cfg.sites)
-    if cfg.algorithm in FEDAVG_ALGORITHMS:
-        out = run_fedavg(sites, test, n_classes, fc, progress=say)
-        out.pop("model")
-    else:
-        out = run_fedct(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
-        out.pop("models")
+    try:
+        fc = STRATEGIES[cfg.algorithm].config_from_options(cfg.algorithm, options, cfg.sites)
+        if cfg.algorithm in FEDAVG_ALGORITHMS:
+            out = run_fedavg(sites, test, n_classes, fc, progress=say)
+            out.pop("model")
+        elif cfg.algorithm in FEDCT_ALGORITHMS:
+            out = run_fedct(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
+            out.pop("models")
+        else:
+            out = run_fedkt(sites, public[0], test, n_classes, fc, public_y=public[1], baselines=cfg.baselines,
+                            progress=say)
+            out.pop("model")
+    except ValueError as exc:  # a config the algorithm refuses, a budget it cannot keep: the user's to fix
+        raise DataError(str(exc)) from None
     out["config"] = {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot", "quiet")}
     out["data"] = {"n_classes": n_classes, "site_sizes": [s.n for s in sites],
                    "site_labels": [s.n_labelled for s in sites], "test_size": int(len(test[1]))}
@@ -291,5 +309,6 @@ def cmd_simulate_train(args: argparse.Namespace) -> int:
     print(f"{out['algorithm']}: final accuracy {out['final_accuracy']:.4f} after {len(out['history'])} rounds, "
           f"{out['seconds']:.1f}s, communication {comm['total'] / 1e6:.2f} MB"
           + ("" if out["privacy"]["epsilon"] is None else
-             f", ({out['privacy']['epsilon']:.3g}, {out['privacy']['delta']:g})-DP labels"))
+             f", ({out['privacy']['epsilon']:.3g}, {out['privacy']['delta']:g})-DP: "
+             f"{out['privacy']['neighbouring']}"))
     return 0

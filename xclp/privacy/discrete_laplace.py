@@ -1,0 +1,80 @@
+"""Noisy vote counts: the discrete Laplace mechanism (the "Laplace(1/γ)" of PATE, FedKT and FREDY).
+
+A vote count is an integer, so it gets integer noise: the discrete Laplace (two-sided geometric)
+distribution P(k) = (1 − q)/(1 + q) · q^|k|, q = e^(−γ), k ∈ Z (Ghosh, Roughgarden & Sundararajan
+2009; Canonne, Kamath & Steinke 2020). With parameter γ it is γ·Δ-DP for a query of L1 sensitivity
+Δ, exactly the ε of continuous Laplace(1/γ), and it has none of the floating-point weaknesses of a
+continuous Laplace sampler (Mironov 2012). The ledger accounts it by dp-accounting's PLD of the
+discrete Laplace mechanism.
+
+Sampling: X = G₁ − G₂ with G_i geometric on {0, 1, …}, P(G = g) = (1 − q)·q^g, each by inversion,
+G = ⌊ln U / ln q⌋ with U uniform in (0, 1] (53 bits). U comes from AES-256-CTR
+(crypto.secure_sum.prg_uint64) keyed with os.urandom at a real site, never from numpy's generator;
+a simulation may pass a key derived from its seed, to be reproducible.
+
+A vote count vector (one count per class) changes in two classes when one voter changes its vote:
+the argmax of noisy counts is accounted as TWO releases of a sensitivity-s query per point (s: the
+weight of one voter's vote; the privacy loss of independent noise on each count is the sum of the
+losses of the counts that moved).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import numpy as np
+from scipy.optimize import brentq
+
+from crypto.secure_sum import prg_uint64
+from xclp.privacy.ledger import DiscreteLaplaceEvent, epsilon_of
+
+
+def sample(shape, gamma: float, key: bytes | None = None) -> np.ndarray:
+    """Discrete Laplace noise with parameter γ > 0 (int64 array of `shape`)."""
+    if not (gamma > 0 and math.isfinite(gamma)):
+        raise ValueError(f"the discrete Laplace parameter γ must be a positive number, got {gamma}")
+    count = int(np.prod(shape))
+    words = prg_uint64(key if key is not None else os.urandom(32), 2 * count)
+    u = ((words >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # uniform in (0, 1]
+    g = np.floor(np.log(u) / -gamma).astype(np.int64)  # ln q = −γ
+    return (g[:count] - g[count:]).reshape(shape)
+
+
+def event(gamma: float, sensitivity: int = 1) -> DiscreteLaplaceEvent:
+    return DiscreteLaplaceEvent(float(gamma), int(sensitivity))
+
+
+def noisy_argmax(counts: np.ndarray, gamma: float | None, threshold: float, key: bytes | None = None) -> np.ndarray:
+    """Per row of `counts` (points × classes): the class of the largest (noisy) count, or −1 where it
+    is below `threshold` — a point nobody voted for is never labelled class 0. The threshold is
+    applied to the noisy counts, so the answer is post-processing of the mechanism's output. Ties:
+    the lowest class."""
+    counts = np.asarray(counts, dtype=np.int64)
+    noisy = counts if gamma is None else counts + sample(counts.shape, gamma, key)
+    label = noisy.argmax(axis=1) if noisy.size else np.zeros(len(noisy), dtype=np.int64)
+    top = noisy.max(axis=1) if noisy.size else np.zeros(len(noisy))
+    return np.where(top >= threshold, label, -1).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def gamma_for_budget(epsilon: float, delta: float, releases: int, sensitivity: int = 1) -> float:
+    """The largest γ (least noise) for which `releases` uses of a sensitivity-`sensitivity` query with
+    discrete Laplace noise compose (PLD) to at most ε at δ."""
+    if releases < 1:
+        raise ValueError("at least one release")
+
+    def gap(log_gamma: float) -> float:
+        return epsilon_of(event(math.exp(log_gamma), sensitivity), releases, delta) - epsilon
+
+    lo, hi = math.log(1e-6), math.log(50.0)
+    if gap(lo) > 0:
+        raise ValueError(f"no discrete Laplace noise keeps {releases} releases within ε = {epsilon:g} at δ = {delta:g}")
+    if gap(hi) <= 0:
+        return math.exp(hi)
+    # ε grows with γ: the root is bracketed; step to its safe side if brentq lands a hair past it.
+    x = brentq(gap, lo, hi, xtol=1e-9)
+    while gap(x) > 0:
+        x -= 1e-9
+    return math.exp(x)

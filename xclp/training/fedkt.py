@@ -1,0 +1,366 @@
+"""FedKT: one-shot federated knowledge transfer with two tiers of PATE (Li, He & Song, ICLR 2021).
+
+```
+U = U1 ∪ U2                                 the public unlabelled set, split in halves
+every party i, for each of s partitions j:
+    split its labelled data at random into t disjoint parts; one teacher per part
+    the t teachers vote on U1 (L2: each party adds noise to its vote counts)
+    a student S_ij is trained on U1 with the (noisy) majority labels
+    the party sends, for every queried point x of U2, its CONSISTENT vote:
+        c if all s of its students predict c, else nothing (−1)
+the server counts, per point of U2, s votes for each party's consistent class (a party whose
+students disagree is not counted), adds noise (L1), labels the point by the argmax — a point with
+no vote (no noisy count reaching s/2) gets NO label, never a silent class 0 — and the final model
+is trained on the labelled points of U2.
+```
+
+One upload per party: the consistent votes on U2, a hard label or −1 per point (the same message
+as FedCT's votes); the server's labels on U2 go back, and the final model is trained on them (by
+the simulation here; at every site, identically, in a deployment). Any learner: decision-tree
+teachers with forest students, as the authors' code, or MLP/CNN.
+
+Privacy (xclp.privacy): "Laplace(1/γ)" on vote counts, drawn as the discrete Laplace mechanism with
+parameter γ, from a CSPRNG, exactly once per count (the authors' code adds it twice).
+- L1 (server-side): protects a PARTY (site-level neighbouring: replacing its whole data). Its
+  consistent vote of weight s moves between two classes: per queried point, two counts of
+  sensitivity s. Released: 2·Q discrete-Laplace(γ, sensitivity s) queries, Q = |U2| queried.
+- L2 (party-side): protects an EXAMPLE of a party (example-level). An example is in one part of
+  each partition, so it moves one teacher's vote: per partition and point of U1, two counts of
+  sensitivity 1. Released: 2·s·|U1| discrete-Laplace(γ, 1) queries per party; the students, the
+  consistent votes and the final model are post-processing.
+These are the data-independent bounds. PATE's data-dependent analysis (smaller ε when teachers
+agree strongly) is not used: it needs smooth sensitivity to release its own ε privately.
+With `dp_epsilon` the run takes the largest γ (least noise) whose composition (PLD) stays within
+the budget; with `gamma` it uses that γ and reports ε (and refuses a γ past a given budget).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from xclp.data import UNLABELLED
+from xclp.privacy import discrete_laplace
+from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, PrivacyLedger, epsilon_of, no_privacy
+from xclp.training.fedavg import Site, site_rng
+from xclp.training.fedct import PublicSet, label_bytes, vote_counts
+from xclp.training.messages import dump_votes, load_votes
+from xclp.training.models import LEARNERS, make_learner, torch_threads
+from xclp.training.strategy import Federation, Roster, Strategy, run_rounds
+from xclp.wire import dump_array, load_array
+
+LEVELS = ("L1", "L2")
+
+
+@dataclass
+class FedKTConfig:
+    teacher: str = "tree"  # the learner of the teachers
+    student: str | None = None  # the students' and the final model's (default: forest for tree teachers)
+    partitions: int = 2  # s
+    teachers: int = 5  # t
+    levels: str = "L1"  # where the noise goes: L1 the server's vote counts, L2 each party's
+    gamma: float | None = None  # discrete Laplace parameter; None: from dp_epsilon, or no noise
+    queries: int | None = None  # points of U2 the server labels (default: all of U2)
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
+    seed: int = 0
+    threads: int | None = 1
+    learner_kw: dict = field(default_factory=dict)
+
+    def validate(self) -> FedKTConfig:
+        if self.teacher not in LEARNERS or self.student_name not in LEARNERS:
+            raise ValueError(f"FedKT's learners must be among {LEARNERS}, got {self.teacher!r} / {self.student!r}")
+        if self.partitions < 1 or self.teachers < 1:
+            raise ValueError(f"FedKT needs at least one partition and one teacher, got s = {self.partitions}, "
+                             f"t = {self.teachers}")
+        if self.levels not in LEVELS:
+            raise ValueError(f"levels must be one of {LEVELS}, got {self.levels!r}")
+        if self.gamma is not None and not self.gamma > 0:
+            raise ValueError(f"γ must be positive, got {self.gamma}")
+        if self.queries is not None and self.queries < 1:
+            raise ValueError(f"queries must be at least 1, got {self.queries}")
+        if self.dp_epsilon is not None and (not self.dp_epsilon > 0 or not 0 < self.dp_delta < 1):
+            raise ValueError(f"a DP budget needs ε > 0 and δ in (0, 1), got ε = {self.dp_epsilon}, δ = {self.dp_delta}")
+        return self
+
+    @property
+    def student_name(self) -> str:
+        return self.student or ("forest" if self.teacher == "tree" else self.teacher)
+
+
+def split_public(n_public: int, queries: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(U1, U2) as index arrays: the first half for the parties' students, the second for the
+    server's queries (the first `queries` of it)."""
+    if n_public < 2:
+        raise ValueError("FedKT needs a public set of at least 2 points (half for the parties, half for the server)")
+    half = n_public // 2
+    u2 = np.arange(half, n_public)
+    return np.arange(half), u2[: queries] if queries is not None else u2
+
+
+# --- a party's side --------------------------------------------------------------------------------
+
+def party_votes(site: Site, public_X: np.ndarray, u1: np.ndarray, u2: np.ndarray, n_classes: int,
+                cfg: FedKTConfig, gamma: float | None, noise_key: bytes | None = None) -> np.ndarray:
+    """The party's consistent votes on U2 (−1 where its s students disagree or it has no labels).
+    `gamma` is the party's own noise (level L2) or None; `noise_key` None at a real site (os.urandom)."""
+    lab = np.flatnonzero(site.y >= 0)
+    if lab.size == 0:
+        return np.full(len(u2), UNLABELLED, dtype=np.int64)
+    rng = site_rng(cfg.seed, 1, site.name)
+    students = []
+    for j in range(cfg.partitions):
+        parts = np.array_split(rng.permutation(lab), min(cfg.teachers, lab.size))
+        votes = np.stack([_fit(cfg.teacher, site.X[p], site.y[p], public_X.shape[1], n_classes, cfg, j * 1000 + k)
+                          .predict(public_X[u1]) for k, p in enumerate(parts)])
+        key = None if noise_key is None else hashlib.sha256(noise_key + bytes([j])).digest()
+        labels = discrete_laplace.noisy_argmax(vote_counts(votes, n_classes), gamma, threshold=0.5, key=key)
+        keep = labels >= 0  # every teacher votes on every point: all are labelled but under heavy noise
+        students.append(_fit(cfg.student_name, public_X[u1][keep], labels[keep], public_X.shape[1], n_classes, cfg,
+                             100_000 + j).predict(public_X[u2]))
+    return consistent_votes(np.stack(students))
+
+
+def consistent_votes(predictions: np.ndarray) -> np.ndarray:
+    """A party's vote per point: the class its students all predict, −1 where any two disagree."""
+    predictions = np.asarray(predictions, dtype=np.int64)
+    agree = np.all(predictions == predictions[:1], axis=0)
+    return np.where(agree, predictions[0], UNLABELLED)
+
+
+def _fit(name: str, X, y, n_features: int, n_classes: int, cfg: FedKTConfig, salt: int):
+    learner = make_learner(name, n_features, n_classes, seed=cfg.seed * 1_000_003 + salt,
+                           **cfg.learner_kw.get(name, {}))
+    return learner.fit(X, np.asarray(y, dtype=np.int64))
+
+
+# --- the server's side -----------------------------------------------------------------------------
+
+def server_labels(votes: np.ndarray, n_classes: int, partitions: int, gamma: float | None,
+                  noise_key: bytes | None = None) -> np.ndarray:
+    """Labels on U2 from the parties' consistent votes (parties × points, −1 = not counted): each
+    counted party weighs s; `gamma` is the server's noise (level L1) or None. A point is labelled only
+    where the (noisy) top count reaches s/2 — without noise: where at least one party voted."""
+    counts = partitions * vote_counts(np.asarray(votes), n_classes)
+    return discrete_laplace.noisy_argmax(counts, gamma, threshold=partitions / 2, key=noise_key)
+
+
+# --- privacy ---------------------------------------------------------------------------------------
+
+def release_count(cfg: FedKTConfig, n_u1: int, n_u2: int) -> tuple[int, int, str]:
+    """(count, sensitivity, neighbouring relation) of the discrete-Laplace queries a run releases."""
+    if cfg.levels == "L1":
+        return 2 * n_u2, cfg.partitions, SITE_LEVEL
+    return 2 * cfg.partitions * n_u1, 1, NEIGHBOURING
+
+
+def noise_gamma(cfg: FedKTConfig, n_u1: int, n_u2: int) -> float | None:
+    """γ of the run: given, or the least noise within the budget, or None (no noise)."""
+    count, sensitivity, _ = release_count(cfg, n_u1, n_u2)
+    if cfg.gamma is not None:
+        if cfg.dp_epsilon is not None:
+            eps = epsilon_of(discrete_laplace.event(cfg.gamma, sensitivity), count, cfg.dp_delta)
+            if eps > cfg.dp_epsilon:
+                raise ValueError(f"γ = {cfg.gamma:g} spends ε = {eps:.4g} at δ = {cfg.dp_delta:g} over the {count} noisy "
+                                 f"counts, past the budget ε = {cfg.dp_epsilon:g}: give a smaller γ, or only the budget")
+        return cfg.gamma
+    if cfg.dp_epsilon is None:
+        return None
+    return discrete_laplace.gamma_for_budget(cfg.dp_epsilon, cfg.dp_delta, count, sensitivity)
+
+
+# --- the strategy ----------------------------------------------------------------------------------
+
+class FedKTStrategy(Strategy):
+    """One round: every labelled party uploads its consistent votes on U2; the server sends back the
+    labels of U2 that the final model is trained on."""
+
+    family = "fedkt"
+    upload = "votes"
+    broadcast = "labels"
+    global_model = False
+    public_set = True
+    dp_mechanism = "discrete Laplace noise on the vote counts (L1: the server's, L2: each party's)"
+
+    def __init__(self, cfg: FedKTConfig, n_classes: int, n_public: int):
+        super().__init__(cfg, n_classes)
+        self.u1, self.u2 = split_public(n_public, cfg.queries)
+        self.gamma = noise_gamma(cfg, len(self.u1), len(self.u2))
+        self.noise_key: bytes | None = None  # the server's noise: os.urandom unless a simulation sets a key
+
+    @classmethod
+    def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FedKTConfig:
+        known = {f.name for f in fields(FedKTConfig)}
+        kw = {k: v for k, v in options.items() if k in known and v is not None}
+        model = options.get("model")
+        if isinstance(model, list):
+            raise ValueError("FedKT takes one teacher learner (--model) and one student learner (--student-model)")
+        if model is not None:
+            kw["teacher"] = model
+        if options.get("student_model") is not None:
+            kw["student"] = options["student_model"]
+        if options.get("lr") is not None:
+            kw["learner_kw"] = {n: {"lr": options["lr"]} for n in ("mlp", "cnn")}
+        return FedKTConfig(**kw).validate()
+
+    @classmethod
+    def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
+                    n_public: int | None = None) -> FedKTStrategy:
+        if n_public is None:
+            raise ValueError("FedKT needs the size of the public set U")
+        return cls(FedKTConfig(**config).validate(), n_classes, n_public)
+
+    @property
+    def algorithm(self) -> str:
+        return "fedkt"
+
+    def total_rounds(self) -> int:
+        return 1
+
+    def configure_round(self, t: int, roster: Roster) -> dict:
+        return {"round": t, "sites": list(roster.labelled), "xclp": None}
+
+    def update(self, site: Site, public_X: np.ndarray, noise_key: bytes | None = None) -> np.ndarray:
+        party_gamma = self.gamma if self.cfg.levels == "L2" else None
+        return party_votes(site, public_X, self.u1, self.u2, self.n_classes, self.cfg, party_gamma, noise_key)
+
+    def aggregate(self, t: int, plan: dict, uploads: list[np.ndarray], previous) -> np.ndarray:
+        if not uploads:
+            return np.full(len(self.u2), UNLABELLED, dtype=np.int64)
+        server_gamma = self.gamma if self.cfg.levels == "L1" else None
+        return server_labels(np.stack(uploads), self.n_classes, self.cfg.partitions, server_gamma, self.noise_key)
+
+    def contribution(self, payload: np.ndarray, meta: dict) -> np.ndarray:
+        return payload
+
+    def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
+        return {"voted": sorted(metrics), "labelled_queries": round(float((shared >= 0).mean()), 6)}
+
+    def releases(self) -> tuple[object, int] | None:
+        if self.gamma is None:
+            return None
+        count, sensitivity, _ = release_count(self.cfg, len(self.u1), len(self.u2))
+        return discrete_laplace.event(self.gamma, sensitivity), count
+
+    def new_ledger(self) -> PrivacyLedger | None:
+        if self.gamma is None:
+            return None
+        _, _, relation = release_count(self.cfg, len(self.u1), len(self.u2))
+        return PrivacyLedger(self.cfg.dp_delta, self.cfg.dp_epsilon, neighbouring=relation)
+
+    def dump_upload(self, votes: np.ndarray) -> bytes:
+        return dump_votes(votes, {})
+
+    def dump_broadcast(self, shared: np.ndarray) -> bytes:
+        return dump_array(shared)
+
+    def load_broadcast(self, body: bytes, what: str = "labels") -> np.ndarray:
+        return load_array(body, dtype="int64", shape=(len(self.u2),), what=what)
+
+    def load_upload(self, body: bytes, what: str = "votes") -> tuple[np.ndarray, dict]:
+        return load_votes(body, len(self.u2), self.n_classes)
+
+
+# --- the simulation --------------------------------------------------------------------------------
+
+class FedKTFederation(Federation):
+    """The parties in process; after the round, the final model on the labelled points of U2, scored on
+    the test set, and (with `baselines`) SOLO and centralized PATE in the same run."""
+
+    def __init__(self, strategy: FedKTStrategy, sites: list[Site], public_X: np.ndarray,
+                 test: tuple[np.ndarray, np.ndarray], public_y: np.ndarray | None = None, baselines: bool = False):
+        self.strategy, self.sites, self.test, self.public_y = strategy, {s.name: s for s in sites}, test, public_y
+        self.public = PublicSet.create(public_X)
+        self.baselines = baselines
+        self.shared = None
+        self.ledger = strategy.new_ledger()
+        self.final = None
+        seed = strategy.cfg.seed
+        strategy.noise_key = hashlib.sha256(f"xclp/simulation/fedkt/server/{seed}".encode()).digest()
+        self.comm = {"votes_up": 0, "labels_down": 0}
+
+    def roster(self) -> Roster:
+        names = list(self.sites)
+        labelled = [s for s in names if self.sites[s].n_labelled > 0]
+        return Roster(names, labelled, [s for s in names if s not in labelled])
+
+    def relabel(self, t: int, plan: dict) -> None:
+        if self.ledger is not None:  # spent before the noisy counts are released, refused past the budget
+            event, count = self.strategy.releases()
+            self.ledger.spend(f"{self.strategy.cfg.levels}: noisy vote counts", event, count)
+
+    def update(self, site: str, t: int, plan: dict) -> np.ndarray:
+        key = hashlib.sha256(f"xclp/simulation/fedkt/{self.strategy.cfg.seed}/{site}".encode()).digest()
+        return self.strategy.update(self.sites[site], self.public.X, noise_key=key)
+
+    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
+        s, labels = self.strategy, self.shared
+        n_classes, u2 = s.n_classes, s.u2
+        self.comm["votes_up"] += label_bytes(len(u2), n_classes + 1) * len(uploads)
+        self.comm["labels_down"] += label_bytes(len(u2), n_classes + 1) * len(self.sites)
+        keep = labels >= 0
+        self.final = _fit(s.cfg.student_name, self.public.X[u2][keep], labels[keep], self.public.X.shape[1],
+                          n_classes, s.cfg, 7) if keep.any() else None
+        acc = float(np.mean(self.final.predict(self.test[0]) == self.test[1])) if self.final is not None else float("nan")
+        y = self.public_y[u2] if self.public_y is not None else None
+        row = {"round": t, "accuracy": acc, "parties_voted": len(uploads), "labelled_queries": float(keep.mean()),
+               "pseudo_label_accuracy": float(np.mean(labels[keep] == y[keep])) if y is not None and keep.any()
+               else float("nan"),
+               "consistent_vote_rate": float(np.mean([np.mean(v >= 0) for v in uploads])) if uploads else 0.0,
+               "epsilon": None if self.ledger is None else self.ledger.epsilon()}
+        return row
+
+    def describe(self, row: dict) -> str:
+        return (f"one shot: final model acc {row['accuracy']:.4f}, {row['labelled_queries']:.0%} of "
+                f"{len(self.strategy.u2)} queries labelled (label acc {row['pseudo_label_accuracy']:.4f})")
+
+    def result(self, history: list[dict]) -> dict:
+        out = {"algorithm": "fedkt", "final_accuracy": history[-1]["accuracy"], "history": history,
+               "communication_bytes": {"total": sum(self.comm.values()), **self.comm,
+                                       "public_size": len(self.public.X), "queries": len(self.strategy.u2)},
+               "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
+               "gamma": self.strategy.gamma, "learners": {"teacher": self.strategy.cfg.teacher,
+                                                          "student": self.strategy.cfg.student_name}}
+        if self.baselines:
+            out["baselines"] = fedkt_baselines(list(self.sites.values()), self.public.X, self.strategy, self.test)
+        return out
+
+
+def fedkt_baselines(sites: list[Site], public_X: np.ndarray, strategy: FedKTStrategy,
+                    test: tuple[np.ndarray, np.ndarray]) -> dict:
+    """SOLO (each party's own model, of the student learner, on its labelled data: the mean test
+    accuracy) and centralized PATE (every party's labelled data pooled and split among t·m teachers,
+    who vote on U2 without noise; a student on their labels) — the FedKT paper's lower and upper
+    references."""
+    cfg, n_classes, d = strategy.cfg, strategy.n_classes, public_X.shape[1]
+    solo = []
+    for i, site in enumerate(sites):
+        lab = site.y >= 0
+        if lab.any():
+            model = _fit(cfg.student_name, site.X[lab], site.y[lab], d, n_classes, cfg, 200_000 + i)
+            solo.append(float(np.mean(model.predict(test[0]) == test[1])))
+    X = np.concatenate([s.X[s.y >= 0] for s in sites])
+    y = np.concatenate([s.y[s.y >= 0] for s in sites])
+    parts = np.array_split(np.random.default_rng(cfg.seed).permutation(len(y)), min(len(y), cfg.teachers * len(sites)))
+    votes = np.stack([_fit(cfg.teacher, X[p], y[p], d, n_classes, cfg, 300_000 + k).predict(public_X[strategy.u2])
+                      for k, p in enumerate(parts)])
+    labels = discrete_laplace.noisy_argmax(vote_counts(votes, n_classes), None, threshold=0.5)
+    pate = _fit(cfg.student_name, public_X[strategy.u2][labels >= 0], labels[labels >= 0], d, n_classes, cfg, 400_000)
+    return {"solo_mean_accuracy": float(np.mean(solo)) if solo else None, "solo_accuracy": solo,
+            "pate_central_accuracy": float(np.mean(pate.predict(test[0]) == test[1])),
+            "pate_central_teachers": len(parts)}
+
+
+def run_fedkt(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int,
+              config: FedKTConfig, public_y: np.ndarray | None = None, baselines: bool = False,
+              progress: Callable[[str], None] | None = None) -> dict:
+    cfg = config.validate()
+    with torch_threads(cfg.threads):
+        strategy = FedKTStrategy(cfg, n_classes, len(public_X))
+        federation = FedKTFederation(strategy, sites, public_X, test, public_y, baselines)
+        out = run_rounds(federation, progress)
+    out["model"] = federation.final
+    return out
