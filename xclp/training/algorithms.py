@@ -9,12 +9,14 @@ from __future__ import annotations
 from xclp.training.fedavg import FedAvgStrategy
 from xclp.training.fedct import FedCTStrategy
 from xclp.training.fedkt import FedKTStrategy
-from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, FEDKT_ALGORITHMS
+from xclp.training.fredy import FREDYStrategy
+from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, FEDKT_ALGORITHMS, FREDY_ALGORITHMS
 from xclp.training.strategy import Strategy
 
 STRATEGIES: dict[str, type[Strategy]] = {**{a: FedAvgStrategy for a in FEDAVG_ALGORITHMS},
                                          **{a: FedCTStrategy for a in FEDCT_ALGORITHMS},
-                                         **{a: FedKTStrategy for a in FEDKT_ALGORITHMS}}
+                                         **{a: FedKTStrategy for a in FEDKT_ALGORITHMS},
+                                         **{a: FREDYStrategy for a in FREDY_ALGORITHMS}}
 assert tuple(STRATEGIES) == ALGORITHMS, "a strategy for every algorithm the command line offers"
 
 

@@ -48,7 +48,7 @@ from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, PrivacyLedger, epsilon
 from xclp.training.fedavg import Site, site_rng
 from xclp.training.fedct import PublicSet, label_bytes, vote_counts
 from xclp.training.messages import dump_votes, load_votes
-from xclp.training.models import LEARNERS, make_learner, torch_threads
+from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, torch_threads
 from xclp.training.strategy import Federation, Roster, Strategy, run_rounds
 from xclp.wire import dump_array, load_array
 
@@ -66,6 +66,7 @@ class FedKTConfig:
     queries: int | None = None  # points of U2 the server labels (default: all of U2)
     dp_epsilon: float | None = None
     dp_delta: float = 1e-5
+    epochs: int = 10  # passes over its data of each torch teacher, student and the final model
     seed: int = 0
     threads: int | None = 1
     learner_kw: dict = field(default_factory=dict)
@@ -73,6 +74,8 @@ class FedKTConfig:
     def validate(self) -> FedKTConfig:
         if self.teacher not in LEARNERS or self.student_name not in LEARNERS:
             raise ValueError(f"FedKT's learners must be among {LEARNERS}, got {self.teacher!r} / {self.student!r}")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be at least 1, got {self.epochs}")
         if self.partitions < 1 or self.teachers < 1:
             raise ValueError(f"FedKT needs at least one partition and one teacher, got s = {self.partitions}, "
                              f"t = {self.teachers}")
@@ -132,8 +135,8 @@ def consistent_votes(predictions: np.ndarray) -> np.ndarray:
 
 
 def _fit(name: str, X, y, n_features: int, n_classes: int, cfg: FedKTConfig, salt: int):
-    learner = make_learner(name, n_features, n_classes, seed=cfg.seed * 1_000_003 + salt,
-                           **cfg.learner_kw.get(name, {}))
+    kw = ({"epochs": cfg.epochs, "warm_start": False} if name in TORCH_LEARNERS else {}) | cfg.learner_kw.get(name, {})
+    learner = make_learner(name, n_features, n_classes, seed=cfg.seed * 1_000_003 + salt, **kw)
     return learner.fit(X, np.asarray(y, dtype=np.int64))
 
 

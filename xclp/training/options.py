@@ -10,9 +10,10 @@ from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 FEDCT_ALGORITHMS = ("fedct", "fedct-xclp")
 FEDKT_ALGORITHMS = ("fedkt",)
-SERVICE_ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS  # those training jobs run (FedKT: simulation so far)
-ALGORITHMS = SERVICE_ALGORITHMS + FEDKT_ALGORITHMS
-PUBLIC_SET_ALGORITHMS = FEDCT_ALGORITHMS + FEDKT_ALGORITHMS  # a public unlabelled set U is drawn for them
+FREDY_ALGORITHMS = ("fredy",)
+SERVICE_ALGORITHMS = FEDAVG_ALGORITHMS + FEDCT_ALGORITHMS  # those training jobs run (FedKT, FREDY: simulation so far)
+ALGORITHMS = SERVICE_ALGORITHMS + FEDKT_ALGORITHMS + FREDY_ALGORITHMS
+PUBLIC_SET_ALGORITHMS = FEDCT_ALGORITHMS + FEDKT_ALGORITHMS + FREDY_ALGORITHMS  # a public unlabelled set U is drawn
 TIE_RULES = ("lowest", "random", "abstain")
 LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
 
@@ -53,20 +54,21 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--dp-epsilon", type=float, default=None,
                    help="fedct: a differential-privacy budget ε over all exchanges (randomized response on each "
-                        "site's labels, calibrated to it); fedkt: over the noisy vote counts (γ calibrated to it); "
+                        "site's labels, calibrated to it); fedkt, fredy: over the noisy vote counts (γ calibrated to it); "
                         "--json reports the ledger")
     p.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
-    kt = p.add_argument_group("FedKT (one shot)")
+    kt = p.add_argument_group("FedKT (one shot) and FREDY (FedAvg teachers, noisy votes): --rounds are FREDY's FedAvg rounds")
     kt.add_argument("--partitions", type=int, default=None, help="FedKT: partitions s of each party's data (default 2)")
     kt.add_argument("--teachers", type=int, default=None, help="FedKT: teachers t per partition (default 5)")
     kt.add_argument("--levels", choices=("L1", "L2"), default=None,
                     help="FedKT: where the noise goes — L1 the server's vote counts (protects a party), "
                          "L2 each party's teachers' counts (protects an example); default L1")
     kt.add_argument("--gamma", type=float, default=None,
-                    help="FedKT: noise parameter γ of the vote counts (discrete Laplace, ε = γ per unit of "
+                    help="FedKT, FREDY: noise parameter γ of the vote counts (discrete Laplace, ε = γ per unit of "
                          "sensitivity); default: from --dp-epsilon, or no noise")
-    kt.add_argument("--queries", type=int, default=None, help="FedKT: points of the public set the server labels")
+    kt.add_argument("--queries", type=int, default=None, help="FedKT, FREDY: points of the public set the server labels")
     kt.add_argument("--student-model", choices=LEARNERS, default=None,
-                    help="FedKT: the students' and the final model's learner (default forest for tree teachers)")
+                    help="FedKT: the students' and the final model's learner (default forest for tree teachers); "
+                         "FREDY: the student's (default: the FedAvg network's kind)")
     kt.add_argument("--baselines", action="store_true",
                     help="FedKT: also SOLO (each party alone) and centralized PATE in the same run")

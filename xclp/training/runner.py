@@ -1,6 +1,6 @@
 """`run_training(config)`: one simulated federated training run from a flat config, and its CLI hooks.
 
-    xclp simulate train --algorithm fedavg|fedavg-xclp|fedavg-per-site-lp|fedavg-network|fedct|fedct-xclp|fedkt
+    xclp simulate train --algorithm fedavg|fedavg-xclp|fedavg-per-site-lp|fedavg-network|fedct|fedct-xclp|fedkt|fredy
         [--dataset fashion-mnist|digits|mnist5k] [--sites N] [--split iid|dirichlet:BETA]
         [--labels NL] [--labeled-sites M] [--rounds T] [--sites-per-round P] [--local-epochs E]
         [--model mlp|cnn|tree|forest|boosting|logreg (FedCT: a comma list gives a mixture, cycled over sites)]
@@ -32,6 +32,7 @@ from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.fedavg import Site, run_fedavg
 from xclp.training.fedct import TIE_RULES, run_fedct
 from xclp.training.fedkt import run_fedkt
+from xclp.training.fredy import run_fredy
 from xclp.training.models import LEARNERS
 from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, PUBLIC_SET_ALGORITHMS
 
@@ -102,14 +103,14 @@ class TrainConfig:
                 raise DataError(f"--model {name!r}: choose from {LEARNERS}")
         if self.algorithm == "fedkt" and len(self.model_names()) != 1:
             raise DataError("FedKT takes one teacher learner (--model) and one student learner (--student-model)")
-        if self.algorithm in FEDAVG_ALGORITHMS and self.model_names() not in (["mlp"], ["cnn"]):
+        if self.algorithm in FEDAVG_ALGORITHMS + ("fredy",) and self.model_names() not in (["mlp"], ["cnn"]):
             raise DataError("FedAvg averages network weights: --model must be mlp or cnn")
         if self.tie not in TIE_RULES:
             raise DataError(f"--tie must be one of {TIE_RULES}")
         return self
 
     def model_names(self) -> list[str]:
-        default = "mlp" if self.algorithm in FEDAVG_ALGORITHMS else "tree"
+        default = "mlp" if self.algorithm in FEDAVG_ALGORITHMS + ("fredy",) else "tree"
         return [s.strip() for s in (self.model or default).split(",") if s.strip()]
 
 
@@ -205,10 +206,12 @@ def run_training(config: TrainConfig | dict) -> dict:
         elif cfg.algorithm in FEDCT_ALGORITHMS:
             out = run_fedct(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
             out.pop("models")
-        else:
+        elif cfg.algorithm == "fedkt":
             out = run_fedkt(sites, public[0], test, n_classes, fc, public_y=public[1], baselines=cfg.baselines,
                             progress=say)
             out.pop("model")
+        else:
+            out = run_fredy(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
     except ValueError as exc:  # a config the algorithm refuses, a budget it cannot keep: the user's to fix
         raise DataError(str(exc)) from None
     out["config"] = {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot", "quiet")}

@@ -1,0 +1,278 @@
+"""FREDY: FedAvg-trained teachers label public queries by noisy voting; a student is released.
+
+```
+rounds 1..n    FedAvg (xclp/training/fedavg.py, as it is)
+round n + 1    every site fine-tunes the global model on its own labels (its final local model,
+               the teacher) and sends its hard labels on Q public queries
+               the server counts the votes per class, adds noise to every count (once), labels each
+               query by the argmax — a query whose noisy top count stays below 1/2 gets no label,
+               never a silent class 0 — and a student is trained on the labelled queries: the only
+               model released outside the federation
+```
+
+Two loops of the same kind, one after the other: FedAvg's strategy and federation, then this
+module's one voting round (FREDYStrategy, FREDYFederation), both through `run_rounds`.
+
+Privacy. The paper gives no accountant; this one does, and says what it covers. The noise is the
+discrete Laplace mechanism (xclp.privacy.discrete_laplace, "Laplace(1/γ)" on integer counts, from a
+CSPRNG). Neighbouring: replacing one training example of one site. Through FedAvg that example
+reaches every teacher, so in the worst case every one of the m teachers changes its vote: per query
+two counts move by m each. A run releases 2·Q discrete-Laplace(γ, sensitivity m) queries (the
+worst case of an L1 change of 2m: concentrated on two counts; spreading it over more counts gives a
+composition of smaller shifts, whose ε(δ) is no larger). ε covers the student and the labels it
+was trained on — what leaves the federation. The FedAvg weights that the sites and the server
+exchange carry no noise (secure aggregation hides each site's update from the server, not the
+average); that part is trusted, as in the paper.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from xclp.data import UNLABELLED
+from xclp.privacy import discrete_laplace
+from xclp.privacy.ledger import PrivacyLedger, epsilon_of, no_privacy
+from xclp.training.fedavg import (
+    FedAvgConfig,
+    FedAvgFederation,
+    FedAvgStrategy,
+    Site,
+    client_update,
+    labelled_only,
+    round_lr,
+    site_rng,
+)
+from xclp.training.fedct import PublicSet, label_bytes, vote_counts
+from xclp.training.messages import dump_votes, load_votes
+from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, predict_proba_array, torch_threads
+from xclp.training.strategy import Federation, Roster, Strategy, run_rounds
+from xclp.wire import dump_array, load_array
+
+
+@dataclass
+class FREDYConfig:
+    rounds: int = 10  # FedAvg rounds before the teachers vote
+    sites_per_round: int = 5
+    local_epochs: int = 5
+    model: str = "mlp"  # the FedAvg network (mlp or cnn)
+    lr: float = 0.1
+    teacher_epochs: int | None = None  # each site's fine-tuning of the global model (default: local_epochs)
+    student: str | None = None  # the student's learner (default: the FedAvg network's kind)
+    student_epochs: int = 10
+    queries: int | None = None  # public points the teachers label (default: all of U)
+    gamma: float | None = None  # discrete Laplace parameter; None: from dp_epsilon, or no noise
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
+    seed: int = 0
+    threads: int | None = 1
+
+    def validate(self) -> FREDYConfig:
+        self.fedavg_config()  # FedAvg's own checks of its part
+        if self.student_name not in LEARNERS:
+            raise ValueError(f"the student must be one of {LEARNERS}, got {self.student!r}")
+        if self.student_epochs < 1 or (self.teacher_epochs is not None and self.teacher_epochs < 1):
+            raise ValueError("teacher and student epochs must be at least 1")
+        if self.queries is not None and self.queries < 1:
+            raise ValueError(f"queries must be at least 1, got {self.queries}")
+        if self.gamma is not None and not self.gamma > 0:
+            raise ValueError(f"γ must be positive, got {self.gamma}")
+        if self.dp_epsilon is not None and (not self.dp_epsilon > 0 or not 0 < self.dp_delta < 1):
+            raise ValueError(f"a DP budget needs ε > 0 and δ in (0, 1), got ε = {self.dp_epsilon}, δ = {self.dp_delta}")
+        return self
+
+    @property
+    def student_name(self) -> str:
+        return self.student or self.model
+
+    def fedavg_config(self) -> FedAvgConfig:
+        return FedAvgConfig(algorithm="fedavg", rounds=self.rounds, sites_per_round=self.sites_per_round,
+                            local_epochs=self.local_epochs, model=self.model, lr=self.lr, seed=self.seed,
+                            threads=self.threads).validate()
+
+
+def teacher_votes(global_state: dict, network: torch.nn.Module, site: Site, queries_X: np.ndarray, n_classes: int,
+                  cfg: FREDYConfig, lr: float) -> np.ndarray:
+    """A site's teacher (the global model fine-tuned on its own labels) and its hard labels on the queries."""
+    model = copy.deepcopy(network)
+    model.load_state_dict(global_state)
+    client_update(model, site, labelled_only(site), n_classes, cfg.teacher_epochs or cfg.local_epochs, lr,
+                  0.9, 2e-4, site_rng(cfg.seed, cfg.rounds + 1, site.name))
+    return predict_proba_array(model, queries_X).argmax(axis=1).astype(np.int64)
+
+
+class FREDYStrategy(Strategy):
+    """The voting round: every site uploads its teacher's labels on the queries, the server sends back
+    the noisy-vote labels the student is trained on."""
+
+    family = "fredy"
+    upload = "votes"
+    broadcast = "labels"
+    global_model = False
+    public_set = True
+    dp_mechanism = "discrete Laplace noise on the teachers' vote counts (the server's)"
+
+    def __init__(self, cfg: FREDYConfig, n_classes: int, n_public: int, n_sites: int):
+        super().__init__(cfg, n_classes)
+        self.n_queries = min(cfg.queries or n_public, n_public)
+        self.n_sites = int(n_sites)
+        self.gamma = self._gamma()
+        self.noise_key: bytes | None = None  # os.urandom unless a simulation sets a key
+
+    def _gamma(self) -> float | None:
+        c = self.cfg
+        count, sens = 2 * self.n_queries, self.n_sites
+        if c.gamma is not None:
+            if c.dp_epsilon is not None:
+                eps = epsilon_of(discrete_laplace.event(c.gamma, sens), count, c.dp_delta)
+                if eps > c.dp_epsilon:
+                    raise ValueError(f"γ = {c.gamma:g} spends ε = {eps:.4g} at δ = {c.dp_delta:g}, past the budget "
+                                     f"ε = {c.dp_epsilon:g}: give a smaller γ, or only the budget")
+            return c.gamma
+        if c.dp_epsilon is None:
+            return None
+        return discrete_laplace.gamma_for_budget(c.dp_epsilon, c.dp_delta, count, sens)
+
+    @classmethod
+    def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FREDYConfig:
+        known = {f.name for f in fields(FREDYConfig)}
+        kw = {k: v for k, v in options.items() if k in known and v is not None}
+        if not isinstance(kw.get("model", "mlp"), str):
+            raise ValueError("FREDY's FedAvg trains one network: --model mlp or cnn")
+        kw["sites_per_round"] = options.get("sites_per_round") or min(5, n_sites)
+        if options.get("student_model") is not None:
+            kw["student"] = options["student_model"]
+        return FREDYConfig(**kw).validate()
+
+    @classmethod
+    def from_config(cls, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,
+                    n_public: int | None = None) -> FREDYStrategy:
+        if n_public is None:
+            raise ValueError("FREDY needs the size of the public set")
+        return cls(FREDYConfig(**config).validate(), n_classes, n_public, n_sites)
+
+    @property
+    def algorithm(self) -> str:
+        return "fredy"
+
+    def total_rounds(self) -> int:
+        return 1
+
+    def configure_round(self, t: int, roster: Roster) -> dict:
+        return {"round": t, "sites": list(roster.sites), "xclp": None}
+
+    def aggregate(self, t: int, plan: dict, uploads: list[np.ndarray], previous) -> np.ndarray:
+        if not uploads:
+            return np.full(self.n_queries, UNLABELLED, dtype=np.int64)
+        counts = vote_counts(np.stack(uploads), self.n_classes)
+        return discrete_laplace.noisy_argmax(counts, self.gamma, threshold=0.5, key=self.noise_key)
+
+    def contribution(self, payload: np.ndarray, meta: dict) -> np.ndarray:
+        return payload
+
+    def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
+        return {"voted": sorted(metrics), "labelled_queries": round(float((shared >= 0).mean()), 6)}
+
+    def releases(self) -> tuple[object, int] | None:
+        return None if self.gamma is None else (discrete_laplace.event(self.gamma, self.n_sites), 2 * self.n_queries)
+
+    def dump_upload(self, votes: np.ndarray) -> bytes:
+        return dump_votes(votes, {})
+
+    def dump_broadcast(self, shared: np.ndarray) -> bytes:
+        return dump_array(shared)
+
+    def load_broadcast(self, body: bytes, what: str = "labels") -> np.ndarray:
+        return load_array(body, dtype="int64", shape=(self.n_queries,), what=what)
+
+    def load_upload(self, body: bytes, what: str = "votes") -> tuple[np.ndarray, dict]:
+        return load_votes(body, self.n_queries, self.n_classes)
+
+
+class FREDYFederation(Federation):
+    """The voting round in process: each site's teacher from FedAvg's global model, then the student
+    on the labelled queries, scored on the test set."""
+
+    def __init__(self, strategy: FREDYStrategy, sites: list[Site], public_X: np.ndarray, global_state: dict,
+                 network: torch.nn.Module, lr: float, test: tuple[np.ndarray, np.ndarray],
+                 public_y: np.ndarray | None = None):
+        self.strategy, self.sites, self.test = strategy, {s.name: s for s in sites}, test
+        self.public = PublicSet.create(public_X)
+        self.queries = self.public.X[: strategy.n_queries]
+        self.queries_y = None if public_y is None else public_y[: strategy.n_queries]
+        self.global_state, self.network, self.lr = global_state, network, lr
+        self.ledger = None if strategy.gamma is None else PrivacyLedger(strategy.cfg.dp_delta, strategy.cfg.dp_epsilon)
+        strategy.noise_key = hashlib.sha256(f"xclp/simulation/fredy/server/{strategy.cfg.seed}".encode()).digest()
+        self.shared = None
+        self.student = None
+        self.comm = {"votes_up": 0, "labels_down": 0}
+
+    def roster(self) -> Roster:
+        names = list(self.sites)
+        labelled = [s for s in names if self.sites[s].n_labelled > 0]
+        return Roster(names, labelled, [s for s in names if s not in labelled])
+
+    def relabel(self, t: int, plan: dict) -> None:
+        if self.ledger is not None:  # spent before the noisy counts are released, refused past the budget
+            event, count = self.strategy.releases()
+            self.ledger.spend("the teachers' noisy vote counts on the queries", event, count)
+
+    def update(self, site: str, t: int, plan: dict) -> np.ndarray:
+        s = self.strategy
+        return teacher_votes(self.global_state, self.network, self.sites[site], self.queries, s.n_classes, s.cfg,
+                             self.lr)
+
+    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
+        s, labels = self.strategy, self.shared
+        keep = labels >= 0
+        n_bytes = label_bytes(len(labels), s.n_classes + 1)
+        self.comm["votes_up"] += n_bytes * len(uploads)
+        self.comm["labels_down"] += n_bytes * len(self.sites)
+        if keep.any():
+            kw = {"epochs": s.cfg.student_epochs, "warm_start": False} if s.cfg.student_name in TORCH_LEARNERS else {}
+            self.student = make_learner(s.cfg.student_name, self.queries.shape[1], s.n_classes, seed=s.cfg.seed, **kw)
+            self.student.fit(self.queries[keep], labels[keep])
+        acc = float(np.mean(self.student.predict(self.test[0]) == self.test[1])) if self.student is not None else float("nan")
+        y = self.queries_y
+        return {"round": s.cfg.rounds + 1, "stage": "vote", "accuracy": acc, "teachers": len(uploads),
+                "labelled_queries": float(keep.mean()),
+                "pseudo_label_accuracy": float(np.mean(labels[keep] == y[keep])) if y is not None and keep.any()
+                else float("nan"),
+                "epsilon": None if self.ledger is None else self.ledger.epsilon()}
+
+    def describe(self, row: dict) -> str:
+        return (f"vote: student acc {row['accuracy']:.4f}, {row['labelled_queries']:.0%} of "
+                f"{self.strategy.n_queries} queries labelled (label acc {row['pseudo_label_accuracy']:.4f})")
+
+    def result(self, history: list[dict]) -> dict:
+        return {"privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
+                "gamma": self.strategy.gamma, "student": self.strategy.cfg.student_name, "history": history,
+                "communication_bytes": dict(self.comm)}
+
+
+def run_fredy(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int,
+              config: FREDYConfig, public_y: np.ndarray | None = None,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """FedAvg for `rounds` rounds, then the voting round; the released student's test accuracy."""
+    cfg = config.validate()
+    with torch_threads(cfg.threads):
+        strategy = FREDYStrategy(cfg, n_classes, len(public_X), len(sites))  # refuses a γ past the budget first
+        fedavg = FedAvgFederation(FedAvgStrategy(cfg.fedavg_config(), n_classes, sites[0].X.shape[1]), sites, test)
+        teachers_from = run_rounds(fedavg, progress)
+        # the teachers fine-tune at the learning rate of FedAvg's last round, as their last local update did
+        lr = round_lr(fedavg.strategy.cfg, fedavg.strategy.total_rounds())
+        vote = run_rounds(FREDYFederation(strategy, sites, public_X, fedavg.shared, fedavg.model, lr, test, public_y),
+                          progress)
+    fa = teachers_from["communication_bytes"]
+    return {"algorithm": "fredy", "final_accuracy": vote["history"][-1]["accuracy"],
+            "fedavg_accuracy": teachers_from["final_accuracy"],
+            "history": teachers_from["history"] + vote["history"],
+            "communication_bytes": {"total": fa["total"] + sum(vote["communication_bytes"].values()),
+                                    "fedavg_model_bytes": fa["model_bytes"], **vote["communication_bytes"],
+                                    "queries": strategy.n_queries},
+            "privacy": vote["privacy"], "gamma": vote["gamma"], "student": vote["student"]}
