@@ -8,7 +8,8 @@ party labelled (FedKT is supervised), a public set U drawn from the pool first.
 - main: FedKT without noise (s = 2 partitions, t = 5 teachers) with tree teachers / forest students
   and with MLP teachers / students, |U| = 10,000 (U1 = U2 = 5,000); in the same run SOLO (each
   party alone) and centralized PATE (all parties' data, 50 teachers, the same U2), and FedAvg with
-  the same single round of communication (MLP, every party, 5 local epochs). Targets: FedKT ≥ SOLO
+  the same single round of communication (MLP, every party; the best of lr ∈ {0.1, 0.01, 0.001} ×
+  E ∈ {1, 5} local epochs). Targets: FedKT ≥ SOLO
   + 15 points, > FedAvg one round, within 5 points of centralized PATE.
 - curves: tree FedKT under a DP budget, δ = 1e-5, L1 (server noise, party-level) and L2 (party
   noise, example-level), |U| = 1,000 (U1 = U2 = 500, every point of U2 queried), ε from 1 to 1,024.
@@ -46,12 +47,18 @@ def main_part(quick: bool) -> dict:
                      "consistent_vote_rate": r["history"][0]["consistent_vote_rate"],
                      "bytes": r["communication_bytes"]["total"], "seconds": round(time.perf_counter() - t0, 1)}
         say(f"{name}: {out[name]}")
-    t0 = time.perf_counter()
-    fa = run_training({**BASE, **{k: v for k, v in size.items() if k != "public_size"}, "algorithm": "fedavg",
-                       "model": "mlp", "rounds": 1, "sites_per_round": 10, "local_epochs": 5})
-    out["fedavg_one_round"] = {"accuracy": fa["final_accuracy"], "bytes": fa["communication_bytes"]["total"],
-                               "seconds": round(time.perf_counter() - t0, 1)}
-    say(f"fedavg, one round: {out['fedavg_one_round']}")
+    # FedAvg's one round depends on its learning rate and local epochs (averaging models trained far
+    # apart on skewed data can land at chance): the best of a small grid, every point reported
+    grid = []
+    for lr in (0.1, 0.01, 0.001):
+        for epochs in (1, 5):
+            fa = run_training({**BASE, **{k: v for k, v in size.items() if k != "public_size"}, "algorithm": "fedavg",
+                               "model": "mlp", "rounds": 1, "sites_per_round": 10, "local_epochs": epochs, "lr": lr})
+            grid.append({"lr": lr, "local_epochs": epochs, "accuracy": fa["final_accuracy"],
+                         "bytes": fa["communication_bytes"]["total"]})
+            say(f"fedavg, one round, lr {lr}, E = {epochs}: {fa['final_accuracy']:.4f}")
+    best = max(grid, key=lambda g: g["accuracy"])
+    out["fedavg_one_round"] = {**best, "grid": grid}
     for name in ("trees", "mlp"):
         r = out[name]
         r["over_solo_points"] = round(100 * (r["fedkt"] - r["solo"]), 1)

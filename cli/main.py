@@ -177,6 +177,12 @@ def cmd_plot(args) -> int:
     return run(args)
 
 
+def cmd_audit(args) -> int:
+    from xclp.audit import cmd_audit as run
+
+    return run(args)
+
+
 def cmd_simulate_train(args) -> int:
     from xclp.training.runner import cmd_simulate_train as run
 
@@ -353,11 +359,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_predict_args(pred)
     pred.set_defaults(func=cmd_simulate_predict)
 
-    tr = sim.add_parser("train", help="semi-supervised federated training (FedAvg/FedCT, ± XCLP pseudo-labels)")
+    tr = sim.add_parser("train", help="federated training (FedAvg/FedCT ± XCLP pseudo-labels, FedKT, FREDY)")
     from xclp.training.options import add_train_args
 
     add_train_args(tr)
     tr.set_defaults(func=cmd_simulate_train)
+
+    au = sub.add_parser("audit", help="membership-inference audit of what a simulated training run releases")
+    add_train_args(au)
+    au.add_argument("--attack", choices=("loss", "lira"), default="lira",
+                    help="lira (shadow runs, Carlini et al. 2022; default) or loss (the loss threshold, Yeom et al. 2018)")
+    au.add_argument("--shadows", type=int, default=4, help="LiRA: shadow runs on points the target never saw (default 4)")
+    au.set_defaults(func=cmd_audit)
 
     pl = sub.add_parser("plot", help="accuracy curves of training runs (simulation or job status JSON files)")
     pl.add_argument("runs", nargs="+", help="JSON of `xclp simulate train --json` or `xclp job status ID --json`")

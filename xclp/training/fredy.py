@@ -266,8 +266,8 @@ def run_fredy(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
         teachers_from = run_rounds(fedavg, progress)
         # the teachers fine-tune at the learning rate of FedAvg's last round, as their last local update did
         lr = round_lr(fedavg.strategy.cfg, fedavg.strategy.total_rounds())
-        vote = run_rounds(FREDYFederation(strategy, sites, public_X, fedavg.shared, fedavg.model, lr, test, public_y),
-                          progress)
+        voting = FREDYFederation(strategy, sites, public_X, fedavg.shared, fedavg.model, lr, test, public_y)
+        vote = run_rounds(voting, progress)
     fa = teachers_from["communication_bytes"]
     return {"algorithm": "fredy", "final_accuracy": vote["history"][-1]["accuracy"],
             "fedavg_accuracy": teachers_from["final_accuracy"],
@@ -275,4 +275,4 @@ def run_fredy(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
             "communication_bytes": {"total": fa["total"] + sum(vote["communication_bytes"].values()),
                                     "fedavg_model_bytes": fa["model_bytes"], **vote["communication_bytes"],
                                     "queries": strategy.n_queries},
-            "privacy": vote["privacy"], "gamma": vote["gamma"], "student": vote["student"]}
+            "privacy": vote["privacy"], "gamma": vote["gamma"], "student": vote["student"], "model": voting.student}

@@ -151,15 +151,27 @@ def spread_labels(sizes: list[int], total: int) -> list[int]:
     return out.tolist()
 
 
-def prepare(config: TrainConfig):
-    """Sites, public set (X_U, y_U) or None, test set and the number of classes."""
+def pool_indices(config: TrainConfig, n_pool: int) -> np.ndarray:
+    """The points of the training pool a run uses: a seeded subset of --train-size, or all of it."""
+    if config.train_size is not None and config.train_size < n_pool:
+        return np.sort(np.random.default_rng(config.seed).choice(n_pool, config.train_size, replace=False))
+    return np.arange(n_pool)
+
+
+def prepare(config: TrainConfig, pool: np.ndarray | None = None):
+    """Sites, public set (X_U, y_U) or None, test set and the number of classes. `pool`: the indices
+    of the training pool to use instead of the run's own (`pool_indices`), e.g. a membership audit's
+    shadow runs on points the target never saw; everything else is drawn as the run would."""
     cfg = config
     rng = np.random.default_rng(cfg.seed)
     Xtr, ytr, Xte, yte = load_train_test(cfg.dataset, cfg.seed)
     n_classes = int(max(ytr.max(), yte.max())) + 1
     if cfg.train_size is not None and cfg.train_size < len(ytr):
-        idx = np.sort(rng.choice(len(ytr), cfg.train_size, replace=False))
+        idx = np.sort(rng.choice(len(ytr), cfg.train_size, replace=False))  # = pool_indices: same first draw
+        idx = idx if pool is None else np.asarray(pool)
         Xtr, ytr = Xtr[idx], ytr[idx]
+    elif pool is not None:
+        Xtr, ytr = Xtr[pool], ytr[pool]
     if cfg.test_size is not None and cfg.test_size < len(yte):
         idx = np.sort(rng.choice(len(yte), cfg.test_size, replace=False))
         Xte, yte = Xte[idx], yte[idx]
@@ -190,9 +202,25 @@ def prepare(config: TrainConfig):
 def run_training(config: TrainConfig | dict) -> dict:
     """One run; {"algorithm", "final_accuracy", "history": [...], "communication_bytes", ...}."""
     cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
-    say = (lambda m: None) if cfg.quiet else (lambda m: print(f"  · {m}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     sites, public, test, n_classes = prepare(cfg)
+    out = train(cfg, sites, public, test, n_classes)
+    for key in ("model", "models"):  # the released model(s): objects, not JSON
+        out.pop(key, None)
+    out["seconds"] = time.perf_counter() - t0
+    out = _clean(out)
+    if cfg.json:
+        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json).write_text(json.dumps(out, indent=1))
+    if cfg.plot:
+        plot_runs([out], cfg.plot)
+    return out
+
+
+def train(cfg: TrainConfig, sites: list[Site], public, test, n_classes: int) -> dict:
+    """The run on prepared data; the result keeps what it releases: "model" (FedAvg's global model,
+    FedKT's final model, FREDY's student) or "models" (FedCT: each site's)."""
+    say = (lambda m: None) if cfg.quiet else (lambda m: print(f"  · {m}", file=sys.stderr, flush=True))
     say(f"{cfg.dataset}: {len(sites)} sites, {sum(s.n for s in sites)} points, "
         f"{sum(s.n_labelled for s in sites)} labels, test {len(test[1])}"
         + (f", public U {len(public[1])}" if public is not None else ""))
@@ -202,14 +230,11 @@ def run_training(config: TrainConfig | dict) -> dict:
         fc = STRATEGIES[cfg.algorithm].config_from_options(cfg.algorithm, options, cfg.sites)
         if cfg.algorithm in FEDAVG_ALGORITHMS:
             out = run_fedavg(sites, test, n_classes, fc, progress=say)
-            out.pop("model")
         elif cfg.algorithm in FEDCT_ALGORITHMS:
             out = run_fedct(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
-            out.pop("models")
         elif cfg.algorithm == "fedkt":
             out = run_fedkt(sites, public[0], test, n_classes, fc, public_y=public[1], baselines=cfg.baselines,
                             progress=say)
-            out.pop("model")
         else:
             out = run_fredy(sites, public[0], test, n_classes, fc, public_y=public[1], progress=say)
     except ValueError as exc:  # a config the algorithm refuses, a budget it cannot keep: the user's to fix
@@ -217,13 +242,6 @@ def run_training(config: TrainConfig | dict) -> dict:
     out["config"] = {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot", "quiet")}
     out["data"] = {"n_classes": n_classes, "site_sizes": [s.n for s in sites],
                    "site_labels": [s.n_labelled for s in sites], "test_size": int(len(test[1]))}
-    out["seconds"] = time.perf_counter() - t0
-    out = _clean(out)
-    if cfg.json:
-        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json).write_text(json.dumps(out, indent=1))
-    if cfg.plot:
-        plot_runs([out], cfg.plot)
     return out
 
 

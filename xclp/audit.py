@@ -1,0 +1,199 @@
+"""`xclp audit`: a membership-inference audit of the model(s) a training run releases.
+
+The attacker holds a released model and a candidate point (x, y) and guesses whether (x, y) was one
+of the sites' training examples. Members: every site's labelled training points. Non-members: test
+points, from the same distribution, never trained on (as many as there are members, at most all of
+the test set). Reported, as the FedCT paper's VUL: the ROC AUC of the attack's scores (0.5: no
+leakage), and its TPR at 1 % and 0.1 % FPR (Carlini et al. 2022: the low-FPR regime is what matters).
+
+Two attacks:
+- "loss" (Yeom et al. 2018): score = log p_model(y | x), the negative loss: members fit better.
+- "lira" (LiRA offline, Carlini et al. 2022, their fixed-variance variant for few shadows): K shadow
+  runs of the same algorithm, same settings, on points of the training pool that the target never
+  saw (so every candidate is OUT of every shadow); per candidate, φ = logit of the model's
+  confidence in y; score = (φ_target − mean of φ over the shadows) / σ, σ pooled over all candidates.
+  It calibrates away how easy each point is, which the loss attack cannot.
+
+What is audited per algorithm: FedAvg — the global model; FedCT — each site's model, against that
+site's members (the non-members shared), pooled; FedKT — the final model; FREDY — the student.
+The labels and scores that runs share (FedCT's consensus, XCLP's row sums) are not audited here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from xclp.data import DataError
+from xclp.training.runner import TrainConfig, load_train_test, pool_indices, prepare, train
+
+ATTACKS = ("loss", "lira")
+EPS = 1e-12
+
+
+def proba(model, X: np.ndarray, n_classes: int) -> np.ndarray:
+    """(n × C) class probabilities of any released model: a torch network, a TorchClassifier, or a
+    scikit-learn learner (whose classes may be a subset of 0..C−1, or a constant)."""
+    import torch
+
+    from xclp.training.models import SklearnLearner, predict_proba_array
+
+    if isinstance(model, torch.nn.Module):
+        return predict_proba_array(model, X)
+    if isinstance(model, SklearnLearner):
+        out = np.zeros((len(X), n_classes))
+        if model.constant_ is not None:
+            out[:, model.constant_] = 1.0
+            return out
+        out[:, model.estimator.classes_.astype(int)] = model.estimator.predict_proba(X)
+        return out
+    return np.asarray(model.predict_proba(X), dtype=np.float64)
+
+
+def true_class_confidence(model, X: np.ndarray, y: np.ndarray, n_classes: int) -> np.ndarray:
+    return proba(model, X, n_classes)[np.arange(len(y)), y]
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, EPS, 1 - EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def roc_summary(scores: np.ndarray, member: np.ndarray) -> dict:
+    """AUC and TPR at 1 % / 0.1 % FPR (interpolated on the ROC curve), and the curve itself."""
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    member = np.asarray(member, dtype=bool)
+    if member.all() or not member.any():
+        raise ValueError("an audit needs members and non-members")
+    fpr, tpr, _ = roc_curve(member, scores)
+    return {"auc": float(roc_auc_score(member, scores)),
+            "tpr_at_1pct_fpr": float(np.interp(0.01, fpr, tpr)),
+            "tpr_at_0.1pct_fpr": float(np.interp(0.001, fpr, tpr)),
+            "members": int(member.sum()), "non_members": int((~member).sum()),
+            "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()}}
+
+
+def _released(out: dict) -> list:
+    """The run's released models: one (FedAvg, FedKT, FREDY), or one per site (FedCT)."""
+    return list(out["models"]) if "models" in out else [out["model"]]
+
+
+def _candidates(sites, test, models: list, rng: np.random.Generator):
+    """Per released model: (X, y, member?) — its members (its site's labelled points, or every
+    site's for a global model) and as many test points, drawn once and shared by every model."""
+    Xte, yte = test
+    groups = []
+    for i, _ in enumerate(models):
+        owners = [sites[i]] if len(models) > 1 else sites
+        Xm = np.concatenate([s.X[s.y >= 0] for s in owners])
+        ym = np.concatenate([s.y[s.y >= 0] for s in owners])
+        groups.append((Xm, ym))
+    n_non = min(len(yte), max(len(g[1]) for g in groups))
+    pick = rng.choice(len(yte), n_non, replace=False)
+    return [(np.concatenate([Xm, Xte[pick]]), np.concatenate([ym, yte[pick]]),
+             np.concatenate([np.ones(len(ym), bool), np.zeros(n_non, bool)])) for Xm, ym in groups]
+
+
+def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4) -> dict:
+    """Train the target run, attack what it releases; {"algorithm", "auc", "tpr_at_1pct_fpr", ...}."""
+    cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
+    cfg = replace(cfg, json=None, plot=None, baselines=False)
+    if attack not in ATTACKS:
+        raise DataError(f"--attack must be one of {ATTACKS}, got {attack!r}")
+    if attack == "lira" and shadows < 2:
+        raise DataError("LiRA needs at least 2 shadow runs (--shadows)")
+    n_pool = len(load_train_test(cfg.dataset, cfg.seed)[1])
+    if attack == "lira" and cfg.train_size is None:
+        cfg = replace(cfg, train_size=n_pool // 2)  # the other half is the shadows' population
+    target_pool = pool_indices(cfg, n_pool)
+    sites, public, test, n_classes = prepare(cfg)
+    out = train(cfg, sites, public, test, n_classes)
+    models = _released(out)
+    groups = _candidates(sites, test, models, np.random.default_rng([cfg.seed, 7]))
+    conf = [true_class_confidence(m, X, y, n_classes) for m, (X, y, _) in zip(models, groups)]
+    member = np.concatenate([g[2] for g in groups])
+    if attack == "loss":
+        scores = np.concatenate([np.log(np.clip(c, EPS, 1.0)) for c in conf])
+    else:
+        outside = np.setdiff1d(np.arange(n_pool), target_pool)
+        size = len(target_pool)
+        if len(outside) < size:
+            raise DataError(f"LiRA's shadows need {size} pool points the target never saw, there are {len(outside)}: "
+                            f"use --train-size ≤ {n_pool // 2}")
+        phis = []
+        for k in range(shadows):
+            pool = np.sort(np.random.default_rng([cfg.seed, 1000 + k]).choice(outside, size, replace=False))
+            s_sites, s_public, s_test, _ = prepare(cfg, pool=pool)
+            s_models = _released(train(cfg, s_sites, s_public, s_test, n_classes))
+            phis.append(np.concatenate([logit(true_class_confidence(m, X, y, n_classes))
+                                        for m, (X, y, _) in zip(s_models, groups)]))
+        phis = np.stack(phis)
+        target_phi = np.concatenate([logit(c) for c in conf])
+        mu = phis.mean(axis=0)
+        sigma = float(np.sqrt(np.mean(phis.var(axis=0, ddof=1)))) or 1.0
+        scores = (target_phi - mu) / sigma
+    summary = roc_summary(scores, member)
+    return {"algorithm": cfg.algorithm, "attack": attack, "target": "model", "shadows": shadows if attack == "lira" else 0,
+            "released_models": len(models), **summary, "model_test_accuracy": out["final_accuracy"],
+            "privacy": out.get("privacy"), "config": {k: v for k, v in vars(cfg).items() if k not in ("json", "plot")}}
+
+
+def plot_roc(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    roc = result["roc"]
+    ax.plot(np.maximum(roc["fpr"], 1e-5), np.maximum(roc["tpr"], 1e-5),
+            label=f"{result['algorithm']} ({result['attack']}): AUC {result['auc']:.3f}")
+    ax.plot([1e-5, 1], [1e-5, 1], ls="--", c="grey", lw=0.8, label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_audit(args) -> int:
+    import json
+    import sys
+    from dataclasses import fields
+    from pathlib import Path
+
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and k not in ("json", "plot")})
+    try:
+        res = run_audit(cfg, args.attack, args.shadows)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot_roc(res, args.plot)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(_json_safe(res), indent=1))
+    print(f"{res['algorithm']}: membership inference ({res['attack']}) AUC {res['auc']:.3f}, TPR {res['tpr_at_1pct_fpr']:.3f} "
+          f"at 1% FPR, {res['tpr_at_0.1pct_fpr']:.3f} at 0.1% FPR ({res['members']} members, {res['non_members']} "
+          f"non-members; released model's test accuracy {res['model_test_accuracy']:.4f})")
+    return 0
+
+
+def _json_safe(v):
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, (np.floating, float)):
+        return None if math.isnan(float(v)) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
