@@ -115,8 +115,10 @@ def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4
     groups = _candidates(sites, test, models, np.random.default_rng([cfg.seed, 7]))
     conf = [true_class_confidence(m, X, y, n_classes) for m, (X, y, _) in zip(models, groups)]
     member = np.concatenate([g[2] for g in groups])
+    loss = roc_summary(np.concatenate([np.log(np.clip(c, EPS, 1.0)) for c in conf]), member)
+    extra = {}
     if attack == "loss":
-        scores = np.concatenate([np.log(np.clip(c, EPS, 1.0)) for c in conf])
+        summary = loss
     else:
         outside = np.setdiff1d(np.arange(n_pool), target_pool)
         size = len(target_pool)
@@ -134,10 +136,10 @@ def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4
         target_phi = np.concatenate([logit(c) for c in conf])
         mu = phis.mean(axis=0)
         sigma = float(np.sqrt(np.mean(phis.var(axis=0, ddof=1)))) or 1.0
-        scores = (target_phi - mu) / sigma
-    summary = roc_summary(scores, member)
+        summary = roc_summary((target_phi - mu) / sigma, member)
+        extra = {"loss_attack": {k: v for k, v in loss.items() if k != "roc"}}  # the same target, the simpler attack
     return {"algorithm": cfg.algorithm, "attack": attack, "target": "model", "shadows": shadows if attack == "lira" else 0,
-            "released_models": len(models), **summary, "model_test_accuracy": out["final_accuracy"],
+            "released_models": len(models), **summary, **extra, "model_test_accuracy": out["final_accuracy"],
             "privacy": out.get("privacy"), "config": {k: v for k, v in vars(cfg).items() if k not in ("json", "plot")}}
 
 
