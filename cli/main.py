@@ -281,7 +281,7 @@ def cmd_job_submit_train(args) -> int:
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
                                            "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
                                            "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation",
-                                           "dp_epsilon", "dp_delta")}
+                                           "dp_epsilon", "dp_delta", "clip", "noise_multiplier")}
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
         names = [m for m in args.model.split(",") if m]
@@ -483,9 +483,13 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--seed", type=int, default=0)
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
     jt.add_argument("--dp-epsilon", type=float, default=None,
-                    help="fedct: a differential-privacy budget ε over the job (randomized response on each site's "
-                         "labels, at the site); the job status reports the ε spent")
+                    help="a differential-privacy budget ε over the job — fedct: randomized response on each site's "
+                         "labels, at the site; fedavg: Gaussian noise shares in the secure sum (with --clip); "
+                         "the job status reports the ε spent")
     jt.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
+    jt.add_argument("--clip", type=float, default=None, help="DP-FedAvg: L2 bound C on each site's update")
+    jt.add_argument("--noise-multiplier", type=float, default=None,
+                    help="DP-FedAvg: noise std z·C on each round's sum (default: calibrated to --dp-epsilon)")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
                          "the coordinator sees only their sum)")

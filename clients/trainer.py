@@ -230,7 +230,9 @@ class Trainer:
         masked = secagg.masked_update(state, template, me=self.site, job=job_id, t=t, attempt=int(status["attempt"]),
                                       private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                                       public_keys={s: bytes.fromhex(k) for s, k in keys.items()},
-                                      participants=participants)
+                                      participants=participants,
+                                      # DP-FedAvg: this site's noise share, fresh from os.urandom at every attempt
+                                      noise=s.noise_share(secagg.n_values(template)) if cfg.dp else None)
         return self._put(st, job_id, topic, dump_masked(masked, {**meta, "participants": participants}),
                          made_for=(t, int(status["attempt"]), participants))
 

@@ -58,8 +58,15 @@ class TrainJobCreate(RequestBody):
     dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False,
                                      description="a differential-privacy budget ε over the whole job, where the "
                                                  "algorithm has a mechanism (fedct: randomized response on each "
-                                                 "site's labels); the job status reports the ε spent")
+                                                 "site's labels; fedavg: Gaussian noise shares in the secure sum, "
+                                                 "with clip); the job status reports the ε spent")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the DP budget")
+    clip: float | None = Field(None, gt=0, allow_inf_nan=False,
+                               description="DP-FedAvg: the L2 bound on each site's update (with dp_epsilon or "
+                                           "noise_multiplier; needs secure_aggregation)")
+    noise_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                           description="DP-FedAvg: z, the noise std on each round's sum is z·clip "
+                                                       "(default: calibrated to dp_epsilon)")
     max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
@@ -81,7 +88,7 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             raise ValueError(f"{body.algorithm} needs the public set U pinned: public_sha256 (64 hex digits) and "
                              "public_size")
         params.update(public_sha256=body.public_sha256, public_size=int(body.public_size))
-    if body.dp_epsilon is not None:
+    if body.dp_epsilon is not None or body.noise_multiplier is not None:
         try:
             check_dp_budget(body.algorithm)
         except ValueError as exc:

@@ -184,7 +184,7 @@ def _round(db, job: Job) -> None:
         strikes[s] = strikes.get(s, 0) + 1 if s in row["left_out"] else 0
     gone = {s for s, n in strikes.items() if n >= int(job.params.get("max_missed_rounds", 3)) and s in job.live}
     job.update_training(history=[*job.training.history, row], strikes=strikes)
-    _account(job, t)
+    _account(job, t, row)
     drop(job, gone)  # missed too many rounds in a row: no longer waited for
     log.info(json.dumps({"event": "round", "job": job.id, "round": t, "left_out": row["left_out"]}))
     if t >= strategy(job).total_rounds():
@@ -212,7 +212,7 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
                                     what=f"{s.broadcast}/{t - 1}")
     metrics, bad, up = {}, [], 0
     if s.secure_sum:
-        shared, metrics, up = _masked_sum(db, job, s, topic, previous)
+        shared, metrics, up, decoded = _masked_sum(db, job, s, topic, previous)
         left_out = list(job.training.round_left_out)
     else:
         uploads = []
@@ -237,26 +237,33 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
     fresh = [site for site, m in metrics.items() if m.get("pseudo") == "fresh"]  # pseudo-labels adopted this round
     job.update_training(cached=sorted(set(job.training.cached) | set(fresh)))
     return {"round": t, "sites": plan["sites"], "left_out": left_out, "xclp_job": plan.get("xclp_job"),
+            **({"decoded": decoded} if s.secure_sum else {}),
             "attempts": job.attempt + 1, **s.summarize(plan, metrics, shared),
             "bytes": {"up": up, "down": len(body) * len(plan["sites"])}, "site_metrics": metrics}
 
 
-def _account(job: Job, t: int) -> None:
+def _account(job: Job, t: int, row: dict) -> None:
     """Round t released every site's uploads through the strategy's DP mechanism: spend it in the
-    job's ledger (its noise was calibrated so that all the job's rounds fit the budget)."""
+    job's ledger (its noise was calibrated so that all the job's rounds fit the budget). A masked sum
+    is released only if it was decoded, with the noise shares of every site in it."""
     s = strategy(job)
-    spent = s.releases()
+    contributed = None
+    if s.secure_sum:
+        if not row.get("decoded"):
+            return
+        contributed = len(job.training.participants)
+    spent = s.releases(contributed)
     if spent is None:
         return
-    cfg = s.cfg
     record = job.training.privacy
-    ledger = PrivacyLedger.from_json(record) if record else PrivacyLedger(cfg.dp_delta, cfg.dp_epsilon)
+    ledger = PrivacyLedger.from_json(record) if record else s.new_ledger()
     ledger.spend(f"round {t}: each site's {s.upload}, {s.dp_mechanism}", *spent)
     job.update_training(privacy=ledger.to_json())
 
 
-def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object, dict, int]:
-    """The average from the sum of the masked updates (the masks cancel in it): (model, metrics, bytes)."""
+def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object, dict, int, bool]:
+    """The average from the sum of the masked updates (the masks cancel in it): (model, metrics, bytes,
+    whether the sum was decoded)."""
     parts, metrics, up = [], {}, 0
     for site in job.training.participants:
         body = message_body(db, job.id, site, COORDINATOR, topic)
@@ -269,7 +276,8 @@ def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object
     # decode it; the round keeps the previous model (as the simulation does).
     if parts and trained < secagg.MIN_CONTRIBUTORS:
         log.info(json.dumps({"event": "sum_not_decoded", "job": job.id, "round": job.round, "trained": trained}))
-    return s.aggregate_masked(server_sum(parts) if parts else None, trained, previous), metrics, up
+    decoded = bool(parts) and trained >= secagg.MIN_CONTRIBUTORS
+    return s.aggregate_masked(server_sum(parts) if parts else None, trained, previous), metrics, up, decoded
 
 
 def _sites_final(row: dict) -> dict:

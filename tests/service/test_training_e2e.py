@@ -91,6 +91,25 @@ def test_fedavg_job_survives_coordinator_and_agent_kills_and_equals_the_simulati
 
 
 @sqlite_only
+def test_a_dp_fedavg_job_adds_noise_shares_inside_the_secure_sum_and_keeps_its_ledger(cluster_factory):
+    # Each agent clips its update and adds its Gaussian share (os.urandom) inside the masked sum; the
+    # coordinator decodes the noisy average and spends one Gaussian release per decoded round.
+    c = cluster_factory()
+    c.start_agents()
+    job = c.admin.submit_train(algorithm="fedavg", sites=c.ds.sites, classes=10, crypto="plaintext",
+                               clip=0.5, dp_epsilon=200.0, **{**FEDAVG, "rounds": 2})
+    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
+    led = st["training"]["privacy"]
+    assert len(led["events"]) == 2 and all(e["event"]["mechanism"] == "gaussian" for e in led["events"])
+    assert 0 < led["epsilon"] <= 200.0 and led["neighbouring"] == "replace the whole data of one site"
+    assert all(r["decoded"] for r in st["training"]["history"])
+    noisy = _service_weights(c, job)
+    clean = _sim_fedavg(c, "fedavg", rounds=2, clip=0.5)["model"].state_dict()  # clipped, no noise
+    assert any(not torch.equal(noisy[k], clean[k]) for k in clean)  # the shares did not cancel
+    assert all(torch.isfinite(v).all() for v in noisy.values())
+
+
+@sqlite_only
 def test_fedavg_xclp_job_runs_secure_xclp_children_and_a_dropped_site_is_left_out(cluster_factory):
     c = cluster_factory()
     c.start_agents()

@@ -88,8 +88,10 @@ def test_fedct_under_a_budget_reports_its_ledger_and_stays_within_it():
 def test_a_budget_is_refused_where_no_mechanism_backs_it():
     from xclp.data import DataError
 
-    with pytest.raises(DataError, match="no DP mechanism"):
-        run_training({"algorithm": "fedavg", "dp_epsilon": 1.0, "quiet": True})
+    with pytest.raises(DataError, match="fedavg-xclp has no DP mechanism"):
+        run_training({"algorithm": "fedavg-xclp", "dp_epsilon": 1.0, "quiet": True})
+    with pytest.raises(DataError, match="--clip"):  # DP-FedAvg: a mechanism, but it needs its clipping bound
+        run_training({"algorithm": "fedavg", "dp_epsilon": 1.0, "secure_aggregation": True, "quiet": True})
     with pytest.raises(DataError, match="fedct-xclp has no DP mechanism"):
         run_training({"algorithm": "fedct-xclp", "dp_epsilon": 1.0, "quiet": True})
     with pytest.raises(ValueError, match="XCLP's row sums are not noised"):  # the config says so too

@@ -1,7 +1,7 @@
 """The privacy ledger: every release that touches private data, composed into one (ε, δ).
 
-Each release is an event spent `count` times — dp-accounting's `RandomizedResponseDpEvent`, or
-:class:`DiscreteLaplaceEvent` (the noisy vote counts of FedKT and FREDY; dp-accounting 0.6 has the
+Each release is an event spent `count` times — dp-accounting's `RandomizedResponseDpEvent` or
+`GaussianDpEvent` (DP-FedAvg's noisy sums), or :class:`DiscreteLaplaceEvent` (the noisy vote counts of FedKT and FREDY; dp-accounting 0.6 has the
 PLD of the discrete Laplace mechanism but no event for it) — and the ledger composes their privacy
 loss distributions (PLD: Meiser & Mohammadi 2018, Koskela et al. 2020; dp_accounting.pld,
 pessimistic estimates) and reports ε(δ) of everything spent so far. With a budget, a release that
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import dp_accounting as dpa
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy.optimize import brentq
+from scipy.stats import norm
 
 NEIGHBOURING = "replace one training example of one site"
 SITE_LEVEL = "replace the whole data of one site"
@@ -57,7 +59,9 @@ def _pld(event):
     if isinstance(event, DiscreteLaplaceEvent):
         return pld_lib.from_discrete_laplace_mechanism(event.parameter, sensitivity=event.sensitivity,
                                                        value_discretization_interval=DISCRETIZATION)
-    # (Gaussian noise — DP-FedAvg — comes with that mechanism.)
+    if isinstance(event, dpa.GaussianDpEvent):  # σ/Δ = noise_multiplier (the ledger composes these apart)
+        return pld_lib.from_gaussian_mechanism(event.noise_multiplier, sensitivity=1.0,
+                                               value_discretization_interval=DISCRETIZATION)
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
@@ -67,6 +71,8 @@ def _describe(event) -> dict:
                 "num_buckets": event.num_buckets}
     if isinstance(event, DiscreteLaplaceEvent):
         return {"mechanism": "discrete_laplace", "parameter": event.parameter, "sensitivity": event.sensitivity}
+    if isinstance(event, dpa.GaussianDpEvent):
+        return {"mechanism": "gaussian", "noise_multiplier": event.noise_multiplier}
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
@@ -76,11 +82,33 @@ def _event(d: dict):
                                              num_buckets=int(d["num_buckets"]))
     if d.get("mechanism") == "discrete_laplace":
         return DiscreteLaplaceEvent(float(d["parameter"]), int(d["sensitivity"]))
+    if d.get("mechanism") == "gaussian":
+        return dpa.GaussianDpEvent(float(d["noise_multiplier"]))
     raise ValueError(f"unknown mechanism in a stored ledger: {d!r}")
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """ε(δ) of a Gaussian mechanism with Δ/σ = μ, exactly (Balle & Wang 2018, Thm. 8):
+    δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2). T Gaussian releases compose to one with
+    μ = √(Σ μ_i²) (Dong, Roth & Su 2019), so a run of Gaussian rounds needs no discretised PLD."""
+    if mu <= 0:
+        return 0.0
+
+    def excess(eps: float) -> float:
+        return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2))) - delta
+
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2
+    return float(brentq(excess, 0.0, hi, xtol=1e-12))
 
 
 def epsilon_of(event, count: int, delta: float) -> float:
     """ε(δ) of `event` released `count` times (and nothing else)."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return gaussian_epsilon(math.sqrt(count) / event.noise_multiplier, delta)
     return float(_pld(event).self_compose(count).get_epsilon_for_delta(delta))
 
 
@@ -96,23 +124,32 @@ class PrivacyLedger:
             raise ValueError(f"δ must be in (0, 1), got {self.delta}")
         if self.budget is not None and not (self.budget > 0 and math.isfinite(self.budget)):
             raise ValueError(f"an ε budget must be a positive number, got {self.budget}")
-        self._pld = None
+        self._pld = None  # the composed PLD of every non-Gaussian release
+        self._mu2 = 0.0  # Σ μ² of the Gaussian releases (their composition is one Gaussian)
 
-    def _composed(self, event, count: int):
-        new = _pld(event).self_compose(count)
-        return new if self._pld is None else self._pld.compose(new)
+    def _epsilon(self, pld, mu2: float) -> float | None:
+        if pld is None:
+            return gaussian_epsilon(math.sqrt(mu2), self.delta) if mu2 > 0 else None
+        if mu2 > 0:
+            pld = pld.compose(_pld(dpa.GaussianDpEvent(1 / math.sqrt(mu2))))
+        return float(pld.get_epsilon_for_delta(self.delta))
 
     def spend(self, what: str, event, count: int = 1) -> float:
         """Record a release (`count` independent uses of `event`); returns ε(δ) of all spent so far.
         Raises BudgetExceeded, recording nothing, if it would exceed the budget."""
         if count < 1:
             raise ValueError("a release is spent at least once")
-        pld = self._composed(event, count)
-        eps = float(pld.get_epsilon_for_delta(self.delta))
+        pld, mu2 = self._pld, self._mu2
+        if isinstance(event, dpa.GaussianDpEvent):
+            mu2 += count / event.noise_multiplier**2
+        else:
+            new = _pld(event).self_compose(count)
+            pld = new if pld is None else pld.compose(new)
+        eps = self._epsilon(pld, mu2)
         if self.budget is not None and eps > self.budget * (1 + 1e-9):
             raise BudgetExceeded(f"{what}: ε would reach {eps:.4g} at δ = {self.delta:g}, past the budget "
                                  f"{self.budget:g}; not released")
-        self._pld = pld
+        self._pld, self._mu2 = pld, mu2
         self.events.append({"what": what, "event": _describe(event), "count": int(count), "epsilon_after": eps})
         return eps
 
@@ -126,7 +163,7 @@ class PrivacyLedger:
 
     def epsilon(self) -> float | None:
         """ε(δ) of everything spent (None: nothing private released through a mechanism yet)."""
-        return None if self._pld is None else float(self._pld.get_epsilon_for_delta(self.delta))
+        return self._epsilon(self._pld, self._mu2)
 
     def to_json(self) -> dict:
         return {"epsilon": self.epsilon(), "delta": self.delta, "budget": self.budget, "accountant": ACCOUNTANT,

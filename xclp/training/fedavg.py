@@ -27,6 +27,7 @@ and its strategy for both drivers.)
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import zlib
 from collections.abc import Callable, Iterable
@@ -37,14 +38,15 @@ import torch
 
 from xclp.baselines import label_spreading
 from xclp.data import UNLABELLED, make_dataset
-from xclp.privacy.ledger import no_privacy
+from xclp.privacy import gaussian_shares
+from xclp.privacy.ledger import SITE_LEVEL, epsilon_of, no_privacy
 from xclp.propagation import class_weights, predict_from_scores
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
-from xclp.training.secure_aggregation import MIN_CONTRIBUTORS, mean_from_total, quantized_mean
+from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
 from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
 
 MAX_LABELLED_BATCH = 50
@@ -95,6 +97,17 @@ class FedAvgConfig:
     seed: int = 0
     eval_every: int = 1
     threads: int | None = 1  # torch intra-op threads (1: small models on a shared machine); None = leave
+    # DP-FedAvg (xclp.privacy.gaussian_shares): each site clips its update to L2 norm `clip` and adds a
+    # Gaussian noise share inside the secure sum; `noise_multiplier` z (noise std on the sum: z·clip),
+    # or a budget ε at δ over all rounds that calibrates it.
+    clip: float | None = None
+    noise_multiplier: float | None = None
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
+
+    @property
+    def dp(self) -> bool:
+        return self.noise_multiplier is not None or self.dp_epsilon is not None
 
     def validate(self) -> FedAvgConfig:
         if self.algorithm not in FEDAVG_ALGORITHMS:
@@ -115,6 +128,22 @@ class FedAvgConfig:
                              "update is that update, in the clear")
         if self.algorithm == "fedavg-xclp" and self.sites_per_round < 2:
             raise ValueError("fedavg-xclp needs at least 2 sites per round (XCLP is a protocol between sites)")
+        if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
+            raise ValueError(f"clip must be a positive number, got {self.clip}")
+        if self.dp:
+            if self.clip is None:
+                raise ValueError("DP-FedAvg needs --clip C: the L2 bound on each site's update that the noise is scaled to")
+            if not self.secure_aggregation:
+                raise ValueError("DP-FedAvg adds its noise shares inside the secure sum: use secure aggregation "
+                                 "(--secure-aggregation in simulate train)")
+            if self.algorithm == "fedavg-xclp":
+                raise ValueError("a DP budget covers FedAvg's averages only; XCLP's row sums carry no noise yet, so "
+                                 "fedavg-xclp cannot promise it")
+            if self.noise_multiplier is not None and not self.noise_multiplier >= gaussian_shares.MIN_MULTIPLIER:
+                raise ValueError(f"noise_multiplier must be at least {gaussian_shares.MIN_MULTIPLIER}, got "
+                                 f"{self.noise_multiplier}")
+            if self.dp_epsilon is not None and (not self.dp_epsilon > 0 or not 0 < self.dp_delta < 1):
+                raise ValueError(f"a DP budget needs ε > 0 and δ in (0, 1), got ε = {self.dp_epsilon}, δ = {self.dp_delta}")
         return self
 
 
@@ -149,11 +178,12 @@ def average_states(states: list[dict], weights: list[float] | None = None) -> di
     return out
 
 
-def aggregate(results: list[tuple[dict, int]], how: str = "mean", secure: bool = False) -> dict:
+def aggregate(results: list[tuple[dict, int]], how: str = "mean", secure: bool = False,
+              noise: list[np.ndarray] | None = None) -> dict:
     """ServerUpdate: the plain mean of the site models (the paper), or weighted by site size; `secure`:
-    the plain mean in the fixed-point arithmetic of secure aggregation."""
+    the plain mean in the fixed-point arithmetic of secure aggregation (with the sites' noise shares)."""
     if secure:
-        return quantized_mean([st for st, _ in results])
+        return quantized_mean([st for st, _ in results], noise)
     return average_states([st for st, _ in results], [n for _, n in results] if how == "weighted" else None)
 
 
@@ -347,7 +377,8 @@ class FedAvgStrategy(Strategy):
     broadcast = "model"
     global_model = True
     public_set = False
-    dp_mechanism = None  # (DP-FedAvg inside the secure sum: not built yet)
+    dp_mechanism = "Gaussian noise shares inside the secure sum of clipped updates (DP-FedAvg)"
+    neighbouring = SITE_LEVEL
 
     def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)
@@ -392,7 +423,40 @@ class FedAvgStrategy(Strategy):
         # Under secure aggregation a round with fewer than two trained sites keeps the previous model:
         # its "average" would be one site's own weights (the service refuses to decode such a sum).
         enough = len(uploads) >= (MIN_CONTRIBUTORS if self.secure_sum else 1)
-        return aggregate(uploads, self.cfg.aggregate, self.secure_sum) if enough else previous
+        if not enough:
+            return previous
+        noise = None
+        if self.cfg.dp:  # the simulation draws each uploading site's share here, as the site would
+            n = secagg_n_values(uploads[0][0])
+            noise = [self.noise_share(n, key=_share_key(self.cfg.seed, t, i)) for i in range(len(uploads))]
+        return aggregate(uploads, self.cfg.aggregate, self.secure_sum, noise)
+
+    @functools.cached_property
+    def noise_multiplier(self) -> float | None:
+        """z: given, or the least that keeps every round (all planned shares in each sum) within the budget."""
+        c = self.cfg
+        if not c.dp:
+            return None
+        if c.noise_multiplier is not None:
+            if c.dp_epsilon is not None:
+                eps = epsilon_of(gaussian_shares.event(c.noise_multiplier, 1, 1), self.total_rounds(), c.dp_delta)
+                if eps > c.dp_epsilon:
+                    raise ValueError(f"noise multiplier {c.noise_multiplier:g} spends ε = {eps:.4g} at δ = {c.dp_delta:g} "
+                                     f"over {self.total_rounds()} rounds, past the budget ε = {c.dp_epsilon:g}")
+            return c.noise_multiplier
+        return gaussian_shares.multiplier_for_budget(c.dp_epsilon, c.dp_delta, self.total_rounds())
+
+    def noise_share(self, n_values: int, key: bytes | None = None) -> np.ndarray:
+        """A site's DP noise share, sized for a sum of `sites_per_round` sites (None key: os.urandom)."""
+        std = gaussian_shares.share_std(self.noise_multiplier, self.cfg.clip, self.cfg.sites_per_round)
+        return gaussian_shares.noise_share(n_values, std, FRAC_BITS, key)
+
+    def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
+        """One decoded sum with `contributed` sites' shares in it: σ² = (contributed / sites_per_round)·(zC)²."""
+        if not self.cfg.dp or not contributed:
+            return None
+        planned = max(contributed, self.cfg.sites_per_round)
+        return gaussian_shares.event(self.noise_multiplier, contributed, planned), 1
 
     def aggregate_masked(self, total: np.ndarray | None, trained: int, previous: dict) -> dict:
         """The same average from the sum of masked updates (the service's secure path): never decoded
@@ -413,10 +477,15 @@ class FedAvgStrategy(Strategy):
                 "pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
     def update(self, model: torch.nn.Module, site: Site, pl: PseudoLabels, t: int, plan: dict):
-        """ClientUpdate from the global model already loaded in `model`: (weights, n) or None."""
+        """ClientUpdate from the global model already loaded in `model`: (weights, n) or None; under
+        DP-FedAvg the update w − w_global is clipped to L2 norm `clip` first."""
         c = self.cfg
-        return client_update(model, site, pl, self.n_classes, c.local_epochs, plan["lr"], c.momentum, c.weight_decay,
-                             site_rng(c.seed, t, site.name), c.max_labelled_batch)
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()} if c.clip is not None else None
+        r = client_update(model, site, pl, self.n_classes, c.local_epochs, plan["lr"], c.momentum, c.weight_decay,
+                          site_rng(c.seed, t, site.name), c.max_labelled_batch)
+        if r is None or start is None:
+            return r
+        return clip_update(r[0], start, c.clip), r[1]
 
     def dump_broadcast(self, shared: dict) -> bytes:
         return dump_state(shared)
@@ -426,6 +495,24 @@ class FedAvgStrategy(Strategy):
 
     def load_upload(self, body: bytes, what: str = "update") -> tuple[dict, dict]:
         return load_state(body, self.network().state_dict(), what=what)
+
+
+def clip_update(state: dict, start: dict, clip: float) -> dict:
+    """start + Δ·min(1, clip/‖Δ‖₂), Δ = state − start over every weight (the site's whole update)."""
+    delta = {k: state[k].double() - start[k].double() for k in state}
+    norm = math.sqrt(sum(float((d * d).sum()) for d in delta.values()))
+    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    return {k: (start[k].double() + scale * delta[k]).to(state[k].dtype) for k in state}
+
+
+def _share_key(seed: int, t: int, i: int) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(f"xclp/simulation/dp-fedavg/{seed}/{t}/{i}".encode()).digest()
+
+
+def secagg_n_values(state: dict) -> int:
+    return int(sum(v.numel() for v in state.values()))
 
 
 class FedAvgFederation(Federation):
@@ -445,6 +532,9 @@ class FedAvgFederation(Federation):
             "fedavg-network": NetworkLabeller(),
         }[cfg.algorithm]
         self.n_params = n_parameters(self.model)
+        self.ledger = strategy.new_ledger() if cfg.dp else None
+        if cfg.dp:
+            strategy.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
         self.cache: dict[str, PseudoLabels] = {}
         self.pls: dict[str, PseudoLabels] = {}
         self.comm = {"model_bytes": 0, "xclp_bytes": 0}
@@ -476,6 +566,11 @@ class FedAvgFederation(Federation):
         self.model.load_state_dict(self.shared)
         row = {"round": t, "stage": plan["stage"], "sites": plan["sites"], "lr": plan["lr"],
                "pseudo_label_accuracy": _pseudo_accuracy([self.sites[s] for s in plan["sites"]], self.pls)}
+        spent = self.strategy.releases(len(uploads)) if len(uploads) >= MIN_CONTRIBUTORS else None
+        if self.ledger is not None and spent is not None:  # a decoded sum with every uploader's share in it
+            self.ledger.spend(f"round {t}: the noisy average of {len(uploads)} clipped updates", *spent)
+        if self.ledger is not None:
+            row["epsilon"] = self.ledger.epsilon()
         if t % self.strategy.cfg.eval_every == 0 or t == self.strategy.total_rounds():
             row["accuracy"] = accuracy(self.model, *self.test)
         return row
@@ -494,7 +589,8 @@ class FedAvgFederation(Federation):
             "communication_bytes": {"total": comm["model_bytes"] + comm["xclp_bytes"], **comm,
                                     "per_round_model_bytes": 8 * self.n_params * self.strategy.cfg.sites_per_round,
                                     "n_parameters": self.n_params},
-            "privacy": no_privacy(),  # no noise: the weights and labels are released as they are
+            "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
+            "noise_multiplier": self.strategy.noise_multiplier,
             "model": self.model,
         }
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from xclp.data import UNLABELLED, make_dataset
 from xclp.privacy import randomized_response
-from xclp.privacy.ledger import PrivacyLedger, no_privacy
+from xclp.privacy.ledger import no_privacy
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
@@ -393,7 +393,7 @@ class FedCTStrategy(Strategy):
             votes = randomized_response.respond(votes, self.label_noise, self.n_classes, noise_key)
         return votes, mix
 
-    def releases(self) -> tuple[object, int] | None:
+    def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         """What one exchange releases of a site's data, for the ledger: (event, count) or None."""
         p = self.label_noise
         return None if p is None else (randomized_response.event(p, self.n_classes), self.n_public)
@@ -426,7 +426,7 @@ class FedCTFederation(Federation):
         self.comm = {"labels_up": 0, "labels_down": 0, "xclp_bytes": 0}
         self.xclp_pseudo_acc = float("nan")
         self.mixes: list[float] = []
-        self.ledger = None if cfg.dp_epsilon is None else PrivacyLedger(cfg.dp_delta, cfg.dp_epsilon)
+        self.ledger = None if cfg.dp_epsilon is None else strategy.new_ledger()
 
     def roster(self) -> Roster:
         names = list(self.states)

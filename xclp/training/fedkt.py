@@ -44,7 +44,7 @@ import numpy as np
 
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
-from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, PrivacyLedger, epsilon_of, no_privacy
+from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, epsilon_of, no_privacy
 from xclp.training.fedavg import Site, site_rng
 from xclp.training.fedct import PublicSet, label_bytes, vote_counts
 from xclp.training.messages import dump_votes, load_votes
@@ -242,17 +242,15 @@ class FedKTStrategy(Strategy):
     def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
         return {"voted": sorted(metrics), "labelled_queries": round(float((shared >= 0).mean()), 6)}
 
-    def releases(self) -> tuple[object, int] | None:
+    def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         if self.gamma is None:
             return None
         count, sensitivity, _ = release_count(self.cfg, len(self.u1), len(self.u2))
         return discrete_laplace.event(self.gamma, sensitivity), count
 
-    def new_ledger(self) -> PrivacyLedger | None:
-        if self.gamma is None:
-            return None
-        _, _, relation = release_count(self.cfg, len(self.u1), len(self.u2))
-        return PrivacyLedger(self.cfg.dp_delta, self.cfg.dp_epsilon, neighbouring=relation)
+    @property
+    def neighbouring(self) -> str:  # L1 protects a party, L2 an example
+        return release_count(self.cfg, len(self.u1), len(self.u2))[2]
 
     def dump_upload(self, votes: np.ndarray) -> bytes:
         return dump_votes(votes, {})
@@ -279,7 +277,7 @@ class FedKTFederation(Federation):
         self.public = PublicSet.create(public_X)
         self.baselines = baselines
         self.shared = None
-        self.ledger = strategy.new_ledger()
+        self.ledger = None if strategy.gamma is None else strategy.new_ledger()
         self.final = None
         seed = strategy.cfg.seed
         strategy.noise_key = hashlib.sha256(f"xclp/simulation/fedkt/server/{seed}".encode()).digest()

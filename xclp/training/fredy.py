@@ -37,7 +37,7 @@ import torch
 
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
-from xclp.privacy.ledger import PrivacyLedger, epsilon_of, no_privacy
+from xclp.privacy.ledger import epsilon_of, no_privacy
 from xclp.training.fedavg import (
     FedAvgConfig,
     FedAvgFederation,
@@ -178,7 +178,7 @@ class FREDYStrategy(Strategy):
     def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
         return {"voted": sorted(metrics), "labelled_queries": round(float((shared >= 0).mean()), 6)}
 
-    def releases(self) -> tuple[object, int] | None:
+    def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         return None if self.gamma is None else (discrete_laplace.event(self.gamma, self.n_sites), 2 * self.n_queries)
 
     def dump_upload(self, votes: np.ndarray) -> bytes:
@@ -206,7 +206,7 @@ class FREDYFederation(Federation):
         self.queries = self.public.X[: strategy.n_queries]
         self.queries_y = None if public_y is None else public_y[: strategy.n_queries]
         self.global_state, self.network, self.lr = global_state, network, lr
-        self.ledger = None if strategy.gamma is None else PrivacyLedger(strategy.cfg.dp_delta, strategy.cfg.dp_epsilon)
+        self.ledger = None if strategy.gamma is None else strategy.new_ledger()
         strategy.noise_key = hashlib.sha256(f"xclp/simulation/fredy/server/{strategy.cfg.seed}".encode()).digest()
         self.shared = None
         self.student = None

@@ -57,6 +57,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "site's labels, calibrated to it); fedkt, fredy: over the noisy vote counts (γ calibrated to it); "
                         "--json reports the ledger")
     p.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
+    p.add_argument("--clip", type=float, default=None,
+                   help="DP-FedAvg: L2 bound C on each site's update (with --dp-epsilon or --noise-multiplier and "
+                        "--secure-aggregation)")
+    p.add_argument("--noise-multiplier", type=float, default=None,
+                   help="DP-FedAvg: noise std z·C on each round's sum (default: calibrated to --dp-epsilon)")
     kt = p.add_argument_group("FedKT (one shot) and FREDY (FedAvg teachers, noisy votes): --rounds are FREDY's FedAvg rounds")
     kt.add_argument("--partitions", type=int, default=None, help="FedKT: partitions s of each party's data (default 2)")
     kt.add_argument("--teachers", type=int, default=None, help="FedKT: teachers t per partition (default 5)")

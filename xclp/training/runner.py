@@ -74,6 +74,8 @@ class TrainConfig:
     quiet: bool = False
     dp_epsilon: float | None = None  # a DP budget (fedct: randomized response on the released labels)
     dp_delta: float = 1e-5
+    clip: float | None = None  # DP-FedAvg (xclp.privacy.gaussian_shares)
+    noise_multiplier: float | None = None
     # FedKT (xclp/training/fedkt.py); None: its defaults
     partitions: int | None = None
     teachers: int | None = None
@@ -86,7 +88,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
             raise DataError(f"--algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.dp_epsilon is not None:
+        if self.dp_epsilon is not None or self.noise_multiplier is not None:
             try:
                 check_dp_budget(self.algorithm)
             except ValueError as exc:

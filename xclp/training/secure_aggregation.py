@@ -83,19 +83,23 @@ def mean_from_total(total: np.ndarray, m: int, template: dict[str, torch.Tensor]
     return unflatten(mean, template)
 
 
-def quantized_mean(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The plain mean of the states, computed exactly as the secure sum computes it (no masks)."""
+def quantized_mean(states: list[dict[str, torch.Tensor]], noise: list[np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+    """The plain mean of the states, computed exactly as the secure sum computes it (no masks), with
+    the sites' DP noise shares (xclp.privacy.gaussian_shares) where there are some."""
     template = states[0]
     total = np.zeros(n_values(template), dtype=np.uint64)
     for s in states:
         total += encode_update(s, template)  # uint64 arithmetic wraps mod 2^64, as the masked sum does
+    for share in noise or []:
+        total += share
     return mean_from_total(total, len(states), template)
 
 
 def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, torch.Tensor], *, me: str,
                   private: SiteKeyPair, public_keys: dict[str, bytes], participants: list[str], job: str,
-                  t: int, attempt: int) -> np.ndarray:
-    """enc(w_me) + M^(me) over this attempt's participants (in the job's site order).
+                  t: int, attempt: int, noise: np.ndarray | None = None) -> np.ndarray:
+    """enc(w_me) [+ the site's DP noise share] + M^(me) over this attempt's participants (in the job's
+    site order). The masks cancel in the sum; the noise shares do not (DP-FedAvg).
 
     Refused with fewer than MIN_CONTRIBUTORS participants: with no peer there is no mask, and the
     upload would be the site's weights in the clear (a site's own check, whatever the coordinator asks)."""
@@ -104,4 +108,7 @@ def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, tor
                             f"in a sum of at least {MIN_CONTRIBUTORS} participants that includes it")
     keys = pairwise_keys(private, public_keys, job=job, purpose=purpose(t), attempt=attempt, me=me,
                          peers=[p for p in participants if p != me])
-    return encode_update(state, template) + site_mask(me, keys, participants, (n_values(template),))
+    encoded = encode_update(state, template)
+    if noise is not None:
+        encoded += noise
+    return encoded + site_mask(me, keys, participants, (n_values(template),))

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
+
 
 @dataclass(frozen=True)
 class Roster:
@@ -43,6 +45,7 @@ class Strategy(ABC):
     global_model: ClassVar[bool]  # the server holds a model: sent before round 1, scored by the sites at the end
     public_set: ClassVar[bool]  # the sites share a public unlabelled set U (pinned by its SHA-256)
     dp_mechanism: ClassVar[str | None]  # what releases its uploads under a DP budget (None: no budget can be given)
+    neighbouring: ClassVar[str] = NEIGHBOURING  # the relation its DP budget is stated in
 
     def __init__(self, cfg, n_classes: int):
         self.cfg = cfg
@@ -65,10 +68,14 @@ class Strategy(ABC):
     def algorithm(self) -> str:
         return self.cfg.algorithm
 
-    def releases(self) -> tuple[object, int] | None:
+    def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         """What one round releases of a site's data under the run's DP budget, for the privacy
-        ledger: (a dp-accounting DpEvent, how many times), or None without one."""
+        ledger: (an event, how many times), or None without one. `contributed`: how many sites' noise
+        is in what was released, where the noise is shared among them (DP-FedAvg)."""
         return None
+
+    def new_ledger(self) -> PrivacyLedger:
+        return PrivacyLedger(self.cfg.dp_delta, self.cfg.dp_epsilon, neighbouring=self.neighbouring)
 
     @property
     def secure_sum(self) -> bool:
