@@ -281,7 +281,8 @@ def cmd_job_submit_train(args) -> int:
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
                                            "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
                                            "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation",
-                                           "dp_epsilon", "dp_delta", "clip", "noise_multiplier")}
+                                           "dp_epsilon", "dp_delta", "clip", "noise_multiplier", "partitions",
+                                           "teachers", "levels", "gamma", "queries", "student_model")}
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
         names = [m for m in args.model.split(",") if m]
@@ -488,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "the job status reports the ε spent")
     jt.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
     jt.add_argument("--clip", type=float, default=None, help="DP-FedAvg: L2 bound C on each site's update")
+    jt.add_argument("--partitions", type=int, default=None, help="FedKT: partitions s of each party's data (default 2)")
+    jt.add_argument("--teachers", type=int, default=None, help="FedKT: teachers t per partition (default 5)")
+    jt.add_argument("--levels", choices=("L1", "L2"), default=None, help="FedKT: where the vote noise goes")
+    jt.add_argument("--gamma", type=float, default=None, help="FedKT: discrete Laplace parameter of the vote counts")
+    jt.add_argument("--queries", type=int, default=None, help="FedKT: points of U2 the server labels")
+    jt.add_argument("--student-model", default=None, help="FedKT: the students' and the final model's learner")
     jt.add_argument("--noise-multiplier", type=float, default=None,
                     help="DP-FedAvg: noise std z·C on each round's sum (default: calibrated to --dp-epsilon)")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",

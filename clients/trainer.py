@@ -168,7 +168,8 @@ class Trainer:
                                 f"{status['params']['classes']} classes")
             return self._put(st, job_id, "hello", dump_json(hello))
         if phase == "round":
-            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round}[s.family](job_id, status, st, s)
+            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round,
+                    "fedkt": self._fedkt_round}[s.family](job_id, status, st, s)
         if phase == "evaluate":
             if st["sent:coordinator:eval"]:
                 return False
@@ -342,6 +343,25 @@ class Trainer:
                        **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)}
         return self._put(st, job_id, f"{s.upload}/{t}", dump_votes(votes, metrics))
 
+    def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
+        """FedKT's one round: teachers, students and the consistent votes on U2, computed once and saved
+        before they are sent (a restarted site re-sends them: its L2 noise is never drawn twice)."""
+        t = int(status["round"])
+        plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
+        if plan is None:
+            return False
+        self._check_public(status)
+        path = job_file(self.agent.state_dir, job_id, ".votes.npy")
+        if path.exists():
+            votes = np.load(path, allow_pickle=False)
+        else:
+            with torch_threads(s.cfg.threads):
+                votes = s.update(self.site_data(), self.public.X)
+            buf = io.BytesIO()
+            np.save(buf, votes.astype(np.int64), allow_pickle=False)
+            _atomic_write(path, buf.getvalue())
+        return self._put(st, job_id, f"{s.upload}/{t}", s.dump_upload(votes))
+
     # --- results -------------------------------------------------------------------------------------
     def _finish(self, job_id: str, status: dict, s: Strategy) -> bool:
         path = self.agent.result_path(job_id)
@@ -354,6 +374,16 @@ class Trainer:
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
             _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
+        elif s.family == "fedkt":  # the released model, trained here on the server's labels of U2
+            body = self.api.shared(job_id, f"{s.broadcast}/{s.total_rounds()}")
+            if body is None:
+                return False
+            with torch_threads(s.cfg.threads):
+                learner = s.final_model(self.public.X, s.load_broadcast(body))
+            if learner is None:
+                raise ProtocolError(f"job {job_id}: the server labelled none of the queries: there is no final model")
+            proba = np.eye(int(status["params"]["classes"]))[np.asarray(learner.predict(X), dtype=np.int64)]
+            _atomic_write(job_file(self.agent.out, job_id, ".model.pkl"), pickle.dumps(learner))
         else:
             state, _ = self._fedct_state(job_id, status, s.cfg)
             learner = state.learner

@@ -67,6 +67,12 @@ class TrainJobCreate(RequestBody):
     noise_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False,
                                            description="DP-FedAvg: z, the noise std on each round's sum is z·clip "
                                                        "(default: calibrated to dp_epsilon)")
+    partitions: int | None = Field(None, ge=1, le=100, description="FedKT: partitions s of each party's data (default 2)")
+    teachers: int | None = Field(None, ge=1, le=1000, description="FedKT: teachers t per partition (default 5)")
+    levels: Literal["L1", "L2"] | None = Field(None, description="FedKT: where the vote noise goes (default L1)")
+    gamma: float | None = Field(None, gt=0, allow_inf_nan=False, description="FedKT: discrete Laplace parameter")
+    queries: int | None = Field(None, ge=1, description="FedKT: points of U2 the server labels")
+    student_model: Literal[LEARNERS] | None = Field(None, description="FedKT: the students' and the final model's learner")
     max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
@@ -77,7 +83,7 @@ class TrainJobCreate(RequestBody):
 def training_params(body: TrainJobCreate, job_id: str) -> dict:
     """The job's params, validated by the training loops' own config classes (422 on any error)."""
     if body.algorithm not in SERVICE_ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {SERVICE_ALGORITHMS} (FedKT runs in simulation only so far)")
+        raise ValueError(f"algorithm must be one of {SERVICE_ALGORITHMS} (FREDY runs in simulation only so far)")
     JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
               crypto=body.crypto, key_bits=body.key_bits).validate()
     params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,
@@ -88,7 +94,7 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             raise ValueError(f"{body.algorithm} needs the public set U pinned: public_sha256 (64 hex digits) and "
                              "public_size")
         params.update(public_sha256=body.public_sha256, public_size=int(body.public_size))
-    if body.dp_epsilon is not None or body.noise_multiplier is not None:
+    if body.dp_epsilon is not None or body.noise_multiplier is not None or body.gamma is not None:
         try:
             check_dp_budget(body.algorithm)
         except ValueError as exc:

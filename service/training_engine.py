@@ -282,7 +282,7 @@ def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object
 
 def _sites_final(row: dict) -> dict:
     """A run with no global model ends with the sites' own models: their accuracies."""
-    return {"local_accuracy": row["local_accuracy"], "local_accuracy_std": row["local_accuracy_std"],
+    return {"local_accuracy": row.get("local_accuracy"), "local_accuracy_std": row.get("local_accuracy_std"),
             "local_accuracy_by_site": {s: (m["eval_correct"] / m["eval_n"] if m.get("eval_n") else None)
                                        for s, m in row["site_metrics"].items()}}
 

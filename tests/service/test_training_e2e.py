@@ -17,6 +17,7 @@ from xclp.data import load_arrays
 from xclp.splits import simulate_sites
 from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
 from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
+from xclp.training.fedkt import FedKTConfig, run_fedkt
 from xclp.training.messages import load_state
 from xclp.training.models import build_network
 
@@ -180,6 +181,31 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
         with open(c.result(job3, s, ".model.pkl"), "rb") as f:
             differ.append(not np.array_equal(pickle.load(f).predict(c.public_X), sim["models"][i].predict(c.public_X)))
     assert any(differ)
+
+
+@sqlite_only
+def test_a_fedkt_job_gives_every_site_the_simulations_final_model_and_accounts_its_noise(cluster_factory):
+    c = cluster_factory(public=200)
+    c.start_agents()
+    pin = dict(public_sha256=public_digest(c.public_X), public_size=len(c.public_X))
+    cfg = dict(partitions=2, teachers=3, seed=4)
+    job = c.admin.submit_train(algorithm="fedkt", sites=c.ds.sites, classes=10, model="tree", **pin, **cfg)
+    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
+    assert [r["round"] for r in st["training"]["history"]] == [1] and not st["training"].get("privacy")
+    sim = run_fedkt(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10,
+                    FedKTConfig(teacher="tree", **cfg))
+    for s in c.ds.sites:  # one upload a party, the server's labels back, the same final model at every site
+        with open(c.result(job, s, ".model.pkl"), "rb") as f:
+            assert np.array_equal(pickle.load(f).predict(c.public_X), sim["model"].predict(c.public_X)), s
+        assert np.load(c.result(job, s))["labels"].size == (c.ds.site == s).sum()
+    # under L2 noise each party draws once, keeps its votes, and the ledger spends 2·s·|U1| counts
+    job2 = c.admin.submit_train(algorithm="fedkt", sites=c.ds.sites, classes=10, model="tree", levels="L2",
+                                gamma=2.0, **pin, **cfg)
+    st = c.wait(job2, lambda st: st["status"] == "done", what="job done")
+    (event,) = st["training"]["privacy"]["events"]
+    assert event["count"] == 2 * 2 * 100 and event["event"]["mechanism"] == "discrete_laplace"
+    assert st["training"]["privacy"]["neighbouring"] == "replace one training example of one site"
+    assert all((c.tmp / f"out-{s}" / ".agent-state" / f"{job2}.votes.npy").exists() for s in c.ds.sites)
 
 
 @sqlite_only

@@ -16,7 +16,9 @@ is trained on the labelled points of U2.
 
 One upload per party: the consistent votes on U2, a hard label or −1 per point (the same message
 as FedCT's votes); the server's labels on U2 go back, and the final model is trained on them (by
-the simulation here; at every site, identically, in a deployment). Any learner: decision-tree
+the simulation here; in a training job by every site, identically, from the same seed). A site
+saves its votes before it sends them: restarted, it sends the same ones and never draws its L2
+noise twice. Any learner: decision-tree
 teachers with forest students, as the authors' code, or MLP/CNN.
 
 Privacy (xclp.privacy): "Laplace(1/γ)" on vote counts, drawn as the discrete Laplace mechanism with
@@ -240,7 +242,9 @@ class FedKTStrategy(Strategy):
         return payload
 
     def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
-        return {"voted": sorted(metrics), "labelled_queries": round(float((shared >= 0).mean()), 6)}
+        # no local accuracy: the final model is trained at the sites once the labels are back
+        return {"voted": sorted(metrics), "labelled_queries": round(float((shared >= 0).mean()), 6),
+                "local_accuracy": None, "local_accuracy_std": None}
 
     def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         if self.gamma is None:
@@ -251,6 +255,15 @@ class FedKTStrategy(Strategy):
     @property
     def neighbouring(self) -> str:  # L1 protects a party, L2 an example
         return release_count(self.cfg, len(self.u1), len(self.u2))[2]
+
+    def final_model(self, public_X: np.ndarray, labels: np.ndarray):
+        """The released model: the student learner on the labelled points of U2 (the same seed at every
+        site and in the simulation, so every site trains the same model); None if nothing was labelled."""
+        keep = labels >= 0
+        if not keep.any():
+            return None
+        return _fit(self.cfg.student_name, public_X[self.u2][keep], labels[keep], public_X.shape[1], self.n_classes,
+                    self.cfg, 7)
 
     def dump_upload(self, votes: np.ndarray) -> bytes:
         return dump_votes(votes, {})
@@ -303,8 +316,7 @@ class FedKTFederation(Federation):
         self.comm["votes_up"] += label_bytes(len(u2), n_classes + 1) * len(uploads)
         self.comm["labels_down"] += label_bytes(len(u2), n_classes + 1) * len(self.sites)
         keep = labels >= 0
-        self.final = _fit(s.cfg.student_name, self.public.X[u2][keep], labels[keep], self.public.X.shape[1],
-                          n_classes, s.cfg, 7) if keep.any() else None
+        self.final = s.final_model(self.public.X, labels)
         acc = float(np.mean(self.final.predict(self.test[0]) == self.test[1])) if self.final is not None else float("nan")
         y = self.public_y[u2] if self.public_y is not None else None
         row = {"round": t, "accuracy": acc, "parties_voted": len(uploads), "labelled_queries": float(keep.mean()),
