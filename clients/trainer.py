@@ -233,8 +233,11 @@ class Trainer:
                                       public_keys={s: bytes.fromhex(k) for s, k in keys.items()},
                                       participants=participants,
                                       # DP-FedAvg: this site's noise share, fresh from os.urandom at every attempt
-                                      noise=s.noise_share(secagg.n_values(template)) if cfg.dp else None)
-        return self._put(st, job_id, topic, dump_masked(masked, {**meta, "participants": participants}),
+                                      noise=s.noise_share(secagg.n_values(template), len(plan["sites"]))
+                                      if cfg.dp else None)
+        # Under DP the upload says nothing in the clear about the site's data: no counts, no accuracy
+        sent_meta = {} if cfg.dp else meta
+        return self._put(st, job_id, topic, dump_masked(masked, {**sent_meta, "participants": participants}),
                          made_for=(t, int(status["attempt"]), participants))
 
     def _update_path(self, job_id: str) -> Path:

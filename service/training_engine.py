@@ -212,7 +212,7 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
                                     what=f"{s.broadcast}/{t - 1}")
     metrics, bad, up = {}, [], 0
     if s.secure_sum:
-        shared, metrics, up, decoded = _masked_sum(db, job, s, topic, previous)
+        shared, metrics, up, decoded = _masked_sum(db, job, s, topic, previous, len(plan["sites"]))
         left_out = list(job.training.round_left_out)
     else:
         uploads = []
@@ -247,12 +247,9 @@ def _account(job: Job, t: int, row: dict) -> None:
     job's ledger (its noise was calibrated so that all the job's rounds fit the budget). A masked sum
     is released only if it was decoded, with the noise shares of every site in it."""
     s = strategy(job)
-    contributed = None
     if s.secure_sum:
-        if not row.get("decoded"):
-            return
-        contributed = len(job.training.participants)
-    spent = s.releases(contributed)
+        return  # DP-FedAvg spends each sum as it decodes it (_masked_sum), before the release
+    spent = s.releases()
     if spent is None:
         return
     record = job.training.privacy
@@ -261,7 +258,7 @@ def _account(job: Job, t: int, row: dict) -> None:
     job.update_training(privacy=ledger.to_json())
 
 
-def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object, dict, int, bool]:
+def _masked_sum(db, job: Job, s: Strategy, topic: str, previous, planned: int) -> tuple[object, dict, int, bool]:
     """The average from the sum of the masked updates (the masks cancel in it): (model, metrics, bytes,
     whether the sum was decoded)."""
     parts, metrics, up = [], {}, 0
@@ -276,6 +273,15 @@ def _masked_sum(db, job: Job, s: Strategy, topic: str, previous) -> tuple[object
     # decode it; the round keeps the previous model (as the simulation does).
     if parts and trained < secagg.MIN_CONTRIBUTORS:
         log.info(json.dumps({"event": "sum_not_decoded", "job": job.id, "round": job.round, "trained": trained}))
+    if s.cfg.dp:  # the job's ledger, spent by the strategy before it decodes (or refuses to)
+        s.ledger = PrivacyLedger.from_json(job.training.privacy) if job.training.privacy else s.new_ledger()
+        before = len(s.ledger.events)
+        shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, previous, t=job.round,
+                                    contributed=len(parts), planned=planned)
+        decoded = len(s.ledger.events) > before
+        if decoded:
+            job.update_training(privacy=s.ledger.to_json())
+        return shared, metrics, up, decoded
     decoded = bool(parts) and trained >= secagg.MIN_CONTRIBUTORS
     return s.aggregate_masked(server_sum(parts) if parts else None, trained, previous), metrics, up, decoded
 

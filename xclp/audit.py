@@ -78,7 +78,10 @@ def roc_summary(scores: np.ndarray, member: np.ndarray) -> dict:
 
 def _released(out: dict) -> list:
     """The run's released models: one (FedAvg, FedKT, FREDY), or one per site (FedCT)."""
-    return list(out["models"]) if "models" in out else [out["model"]]
+    models = list(out["models"]) if "models" in out else [out["model"]]
+    if any(m is None for m in models):
+        raise DataError(f"{out['algorithm']} released no model in this run (no query was labelled): nothing to audit")
+    return models
 
 
 def _candidates(sites, test, models: list, rng: np.random.Generator):

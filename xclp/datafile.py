@@ -27,6 +27,7 @@ import numpy as np
 from xclp.data import UNLABELLED, DataError, Dataset, load_npz, make_dataset
 
 FORMATS = (".npz", ".csv", ".parquet")
+MAX_LABEL = 1 << 16  # more classes than the service takes: a label beyond it is a wrong column
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
         raise DataError(f"{path}: no such file")
     if suffix == ".npz":
         return load_npz(path, require_site=require_site)
-    header, cells = _read_csv(path) if suffix == ".csv" else _read_parquet(path)
-    return _arrays(path, header, cells, columns, require_site)
+    header, cells, lines = _read_csv(path) if suffix == ".csv" else _read_parquet(path)
+    return _arrays(path, header, cells, columns, require_site, lines)
 
 
 def dataset_from_file(path: str | os.PathLike, columns: Columns | None = None) -> Dataset:
@@ -65,7 +66,7 @@ def dataset_from_file(path: str | os.PathLike, columns: Columns | None = None) -
     return make_dataset(a["X"], a["y"], a["site"], a.get("y_true"))
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[list]]:
+def _read_csv(path: Path) -> tuple[list[str], list[list], list[int]]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = list(csv.reader(f))
@@ -74,14 +75,15 @@ def _read_csv(path: Path) -> tuple[list[str], list[list]]:
     if not rows:
         raise DataError(f"{path}: empty file; expected a header row and one row per point")
     header = [h.strip() for h in rows[0]]
-    body = [r for r in rows[1:] if any(c.strip() for c in r)]  # blank lines are not points
-    for i, r in enumerate(body):
+    numbered = [(n, r) for n, r in enumerate(rows[1:], start=2) if any(c.strip() for c in r)]  # blank: no point
+    for n, r in numbered:
         if len(r) != len(header):
-            raise DataError(f"{path}: row {i + 2} has {len(r)} cells, the header has {len(header)}")
-    return header, [[r[j] for r in body] for j in range(len(header))]
+            raise DataError(f"{path}: row {n} has {len(r)} cells, the header has {len(header)}")
+    cells = [[r[j] for _, r in numbered] for j in range(len(header))]
+    return header, cells, [n for n, _ in numbered]
 
 
-def _read_parquet(path: Path) -> tuple[list[str], list[list]]:
+def _read_parquet(path: Path) -> tuple[list[str], list[list], list[int]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -90,10 +92,12 @@ def _read_parquet(path: Path) -> tuple[list[str], list[list]]:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError family
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
-    return [str(n) for n in table.column_names], [table.column(j).to_pylist() for j in range(table.num_columns)]
+    return ([str(n) for n in table.column_names], [table.column(j).to_pylist() for j in range(table.num_columns)],
+            list(range(2, table.num_rows + 2)))  # row k of the table is "line" k + 1, after a header line
 
 
-def _arrays(path: Path, header: list[str], cells: list[list], columns: Columns, require_site: bool) -> dict:
+def _arrays(path: Path, header: list[str], cells: list[list], columns: Columns, require_site: bool,
+            lines: list[int]) -> dict:
     if len(set(header)) != len(header):
         raise DataError(f"{path}: repeated column names in the header {header}")
     if columns.label not in header:
@@ -107,43 +111,44 @@ def _arrays(path: Path, header: list[str], cells: list[list], columns: Columns, 
     n = len(cells[0]) if cells else 0
     X = np.empty((n, len(features)), dtype=np.float64)
     for j, name in enumerate(features):
-        X[:, j] = [_number(path, name, i, v) for i, v in enumerate(col[name])]
-    out = {"X": X, "y": np.array([_label(path, columns.label, i, v) for i, v in enumerate(col[columns.label])],
+        X[:, j] = [_number(path, name, line, v) for line, v in zip(lines, col[name])]
+    out = {"X": X, "y": np.array([_label(path, columns.label, line, v) for line, v in zip(lines, col[columns.label])],
                                  dtype=np.int64).reshape(n)}
     if columns.site in col:
         sites = ["" if v is None else str(v).strip() for v in col[columns.site]]
         if any(s == "" for s in sites):
-            raise DataError(f"{path}: row {sites.index('') + 2}: empty site name in column {columns.site!r}")
+            raise DataError(f"{path}: row {lines[sites.index('')]}: empty site name in column {columns.site!r}")
         out["site"] = np.array(sites, dtype=str).reshape(n)
     if columns.truth in col:
-        out["y_true"] = np.array([_label(path, columns.truth, i, v) for i, v in enumerate(col[columns.truth])],
+        out["y_true"] = np.array([_label(path, columns.truth, line, v) for line, v in zip(lines, col[columns.truth])],
                                  dtype=np.int64).reshape(n)
     return out
 
 
-def _number(path: Path, column: str, i: int, value) -> float:
+def _number(path: Path, column: str, line: int, value) -> float:
     """A feature cell as a float; an empty or non-numeric cell is an error naming where it is (a NaN
     that the user did write goes on to validate_features, which refuses it with the same words as
     for .npz)."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise DataError(f"{path}: row {i + 2}, column {column!r}: empty feature value")
+        raise DataError(f"{path}: row {line}, column {column!r}: empty feature value")
     if isinstance(value, bool):
         return float(value)
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise DataError(f"{path}: row {i + 2}, column {column!r}: {value!r} is not a number") from None
+        raise DataError(f"{path}: row {line}, column {column!r}: {value!r} is not a number") from None
 
 
-def _label(path: Path, column: str, i: int, value) -> int:
+def _label(path: Path, column: str, line: int, value) -> int:
     """An integer class label; empty, null or −1 is unlabelled. '3.0' is 3; 'cat' or 2.5 is an error."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return UNLABELLED
     try:
         v = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
-        raise DataError(f"{path}: row {i + 2}, column {column!r}: {value!r} is not an integer class label "
+        raise DataError(f"{path}: row {line}, column {column!r}: {value!r} is not an integer class label "
                         "(0..C−1; empty or −1 for unlabelled)") from None
-    if not math.isfinite(v) or v != int(v):
-        raise DataError(f"{path}: row {i + 2}, column {column!r}: {value!r} is not an integer class label")
+    if not math.isfinite(v) or v != int(v) or abs(v) > MAX_LABEL:
+        raise DataError(f"{path}: row {line}, column {column!r}: {value!r} is not an integer class label"
+                        + (f" below {MAX_LABEL}" if math.isfinite(v) and v == int(v) else ""))
     return int(v)

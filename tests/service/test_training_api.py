@@ -303,9 +303,13 @@ def test_a_fedct_job_under_a_dp_budget_keeps_its_ledger_in_the_status(app_client
     for bad in ({"algorithm": "fedavg-xclp"}, {"algorithm": "fedct-xclp", "public_sha256": pin, "public_size": 7}):
         r = submit(app_client, sites=["a", "b"], classes=C, rounds=2, dp_epsilon=5.0, **bad)
         assert r.status_code == 422 and "no DP mechanism" in r.json()["detail"]
-    for bad, says in (({}, "clip"), ({"clip": 1.0, "secure_aggregation": False}, "secure sum")):
+    for bad, says in (({}, "clip"), ({"clip": 1.0, "secure_aggregation": False}, "secure sum"),
+                      ({"clip": 1.0, "noise_multiplier": 0.2}, "past the budget")):
         r = submit(app_client, algorithm="fedavg", sites=["a", "b"], classes=C, rounds=2, dp_epsilon=5.0, **bad)
         assert r.status_code == 422 and says in r.json()["detail"]
+    r = submit(app_client, algorithm="fedct", sites=["a", "b"], classes=C, rounds=2, public_sha256=pin, public_size=7,
+               clip=1.0, noise_multiplier=1.0)
+    assert r.status_code == 422 and "DP-FedAvg's" in r.json()["detail"]  # not silently ignored
     job = submit(app_client, algorithm="fedct", sites=["a", "b"], classes=C, rounds=2, model="tree",
                  public_sha256=pin, public_size=len(U), dp_epsilon=5.0).json()["job"]
     url = f"/jobs/{job}/messages"

@@ -104,6 +104,8 @@ def test_a_dp_fedavg_job_adds_noise_shares_inside_the_secure_sum_and_keeps_its_l
     assert len(led["events"]) == 2 and all(e["event"]["mechanism"] == "gaussian" for e in led["events"])
     assert 0 < led["epsilon"] <= 200.0 and led["neighbouring"] == "replace the whole data of one site"
     assert all(r["decoded"] for r in st["training"]["history"])
+    # under DP the uploads carry no statistics of the sites' data in the clear
+    assert all(set(m) <= {"participants"} for r in st["training"]["history"] for m in r["site_metrics"].values())
     noisy = _service_weights(c, job)
     clean = _sim_fedavg(c, "fedavg", rounds=2, clip=0.5)["model"].state_dict()  # clipped, no noise
     assert any(not torch.equal(noisy[k], clean[k]) for k in clean)  # the shares did not cancel

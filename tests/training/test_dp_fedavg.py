@@ -92,6 +92,21 @@ def test_a_budget_calibrates_z_and_bad_settings_are_refused():
         s.noise_multiplier  # noqa: B018
 
 
+def test_rounds_short_of_sites_are_spent_as_they_are_and_a_round_past_the_budget_is_not_decoded():
+    # Only the 2 labelled sites of 5 are planned each round: each share is sized for the 2 planned
+    # (σ on the sum = zC), so every round costs what was calibrated and the run ends within budget.
+    out = run_training({"algorithm": "fedavg", "dataset": "digits", "sites": 5, "labeled_sites": 2, "labels": 200,
+                        "rounds": 3, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 2.0, "quiet": True})
+    assert len(out["privacy"]["events"]) == 3 and out["privacy"]["epsilon"] <= 2.0
+    # a sum with fewer shares than planned costs more: past the budget it is refused, nothing decoded
+    s = FedAvgStrategy(FedAvgConfig(algorithm="fedavg", secure_aggregation=True, clip=1.0, dp_epsilon=2.0,
+                                    rounds=2, sites_per_round=4).validate(), 10, 4)
+    assert s.release(1, 4, 4) and not s.release(2, 2, 4)
+    assert len(s.ledger.events) == 1 and s.ledger.epsilon() <= 2.0
+    previous = {"w": torch.zeros(2)}
+    assert s.aggregate_masked(np.zeros(2, dtype=np.uint64), 0, previous, t=2, contributed=2, planned=4) is previous
+
+
 def test_a_dp_fedavg_run_spends_one_gaussian_per_decoded_round():
     out = run_training({"algorithm": "fedavg", "dataset": "digits", "sites": 4, "labels": 400, "rounds": 3,
                         "sites_per_round": 4, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 30.0,

@@ -102,6 +102,12 @@ def test_malformed_files(tmp_path):
                           ("missing.csv", "no such file")]:
         with pytest.raises(DataError, match=message):
             dataset_from_file(tmp_path / name)
+    (tmp_path / "blank.csv").write_text("f0,label,site\n\n1,0,a\n2,x,a\n\n")  # blank lines skipped, rows named by line
+    with pytest.raises(DataError, match="row 4, column 'label'"):
+        dataset_from_file(tmp_path / "blank.csv")
+    (tmp_path / "huge.csv").write_text("f0,label,site\n1,99999999999999999999,a\n2,1,b\n")
+    with pytest.raises(DataError, match="not an integer class label below"):
+        dataset_from_file(tmp_path / "huge.csv")
     (tmp_path / "nosite.csv").write_text("f0,label\n1,0\n2,1\n")
     with pytest.raises(DataError, match="no site column 'site'"):
         dataset_from_file(tmp_path / "nosite.csv")

@@ -39,7 +39,7 @@ import torch
 from xclp.baselines import label_spreading
 from xclp.data import UNLABELLED, make_dataset
 from xclp.privacy import gaussian_shares
-from xclp.privacy.ledger import SITE_LEVEL, epsilon_of, no_privacy
+from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of, no_privacy
 from xclp.propagation import class_weights, predict_from_scores
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
@@ -383,6 +383,7 @@ class FedAvgStrategy(Strategy):
     def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)
         self.n_features = n_features
+        self.ledger: PrivacyLedger | None = None  # DP-FedAvg: the run's ledger, spent as sums are decoded
 
     @classmethod
     def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FedAvgConfig:
@@ -426,9 +427,13 @@ class FedAvgStrategy(Strategy):
         if not enough:
             return previous
         noise = None
-        if self.cfg.dp:  # the simulation draws each uploading site's share here, as the site would
+        if self.cfg.dp:
+            planned = len(plan["sites"])
+            if not self.release(t, len(uploads), planned):
+                return previous  # past the budget: nothing decoded, nothing released
+            # the simulation draws each site's share here, as the site would before masking
             n = secagg_n_values(uploads[0][0])
-            noise = [self.noise_share(n, key=_share_key(self.cfg.seed, t, i)) for i in range(len(uploads))]
+            noise = [self.noise_share(n, planned, key=_share_key(self.cfg.seed, t, i)) for i in range(len(uploads))]
         return aggregate(uploads, self.cfg.aggregate, self.secure_sum, noise)
 
     @functools.cached_property
@@ -446,21 +451,37 @@ class FedAvgStrategy(Strategy):
             return c.noise_multiplier
         return gaussian_shares.multiplier_for_budget(c.dp_epsilon, c.dp_delta, self.total_rounds())
 
-    def noise_share(self, n_values: int, key: bytes | None = None) -> np.ndarray:
-        """A site's DP noise share, sized for a sum of `sites_per_round` sites (None key: os.urandom)."""
-        std = gaussian_shares.share_std(self.noise_multiplier, self.cfg.clip, self.cfg.sites_per_round)
+    def noise_share(self, n_values: int, planned: int, key: bytes | None = None) -> np.ndarray:
+        """A site's DP noise share for a round planned over `planned` sites (None key: os.urandom)."""
+        std = gaussian_shares.share_std(self.noise_multiplier, self.cfg.clip, planned)
         return gaussian_shares.noise_share(n_values, std, FRAC_BITS, key)
 
-    def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
-        """One decoded sum with `contributed` sites' shares in it: σ² = (contributed / sites_per_round)·(zC)²."""
-        if not self.cfg.dp or not contributed:
-            return None
-        planned = max(contributed, self.cfg.sites_per_round)
-        return gaussian_shares.event(self.noise_multiplier, contributed, planned), 1
+    def release(self, t: int, contributed: int, planned: int) -> bool:
+        """Spend, in `self.ledger`, the decoding of round t's sum with `contributed` of `planned` shares
+        in it (σ² = (contributed / planned)·(zC)²) — before it is decoded. False, spending nothing, if
+        it would take the run past its budget (a round short of sites costs more than calibrated)."""
+        if not self.cfg.dp:
+            return True
+        if self.ledger is None:
+            self.ledger = self.new_ledger()
+        event = gaussian_shares.event(self.noise_multiplier, contributed, max(contributed, planned))
+        try:
+            self.ledger.spend(f"round {t}: the noisy average of {contributed} clipped updates ({planned} planned)",
+                              event, 1)
+        except BudgetExceeded:
+            return False
+        return True
 
-    def aggregate_masked(self, total: np.ndarray | None, trained: int, previous: dict) -> dict:
+    def aggregate_masked(self, total: np.ndarray | None, trained: int, previous: dict, *, t: int = 0,
+                         contributed: int = 0, planned: int = 0) -> dict:
         """The same average from the sum of masked updates (the service's secure path): never decoded
-        unless at least MIN_CONTRIBUTORS sites trained."""
+        unless at least MIN_CONTRIBUTORS sites trained. Under DP every participant's upload is in the
+        mean (w_global + its clipped update, a zero update if it had nothing to learn, and its share),
+        so it divides by `contributed`, whatever the data say, and the decoding is spent first."""
+        if self.cfg.dp:
+            if total is None or contributed < MIN_CONTRIBUTORS or not self.release(t, contributed, planned):
+                return previous
+            return mean_from_total(total, contributed, previous, noisy=True)
         if total is None or trained < MIN_CONTRIBUTORS:
             return previous
         return mean_from_total(total, trained, previous)
@@ -483,8 +504,10 @@ class FedAvgStrategy(Strategy):
         start = {k: v.detach().clone() for k, v in model.state_dict().items()} if c.clip is not None else None
         r = client_update(model, site, pl, self.n_classes, c.local_epochs, plan["lr"], c.momentum, c.weight_decay,
                           site_rng(c.seed, t, site.name), c.max_labelled_batch)
-        if r is None or start is None:
+        if start is None:
             return r
+        if r is None:  # under DP a site with nothing to learn still sends w_global (+ its share): the
+            return start, 0  # mean's divisor and what it reveals do not depend on whether it trained
         return clip_update(r[0], start, c.clip), r[1]
 
     def dump_broadcast(self, shared: dict) -> bytes:
@@ -501,7 +524,7 @@ def clip_update(state: dict, start: dict, clip: float) -> dict:
     """start + Δ·min(1, clip/‖Δ‖₂), Δ = state − start over every weight (the site's whole update)."""
     delta = {k: state[k].double() - start[k].double() for k in state}
     norm = math.sqrt(sum(float((d * d).sum()) for d in delta.values()))
-    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    scale = min(1.0, clip * (1 - 1e-6) / norm) if norm > 0 else 1.0  # the margin: float32 rounding after
     return {k: (start[k].double() + scale * delta[k]).to(state[k].dtype) for k in state}
 
 
@@ -532,9 +555,9 @@ class FedAvgFederation(Federation):
             "fedavg-network": NetworkLabeller(),
         }[cfg.algorithm]
         self.n_params = n_parameters(self.model)
-        self.ledger = strategy.new_ledger() if cfg.dp else None
         if cfg.dp:
             strategy.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
+            strategy.ledger = strategy.new_ledger()
         self.cache: dict[str, PseudoLabels] = {}
         self.pls: dict[str, PseudoLabels] = {}
         self.comm = {"model_bytes": 0, "xclp_bytes": 0}
@@ -566,11 +589,8 @@ class FedAvgFederation(Federation):
         self.model.load_state_dict(self.shared)
         row = {"round": t, "stage": plan["stage"], "sites": plan["sites"], "lr": plan["lr"],
                "pseudo_label_accuracy": _pseudo_accuracy([self.sites[s] for s in plan["sites"]], self.pls)}
-        spent = self.strategy.releases(len(uploads)) if len(uploads) >= MIN_CONTRIBUTORS else None
-        if self.ledger is not None and spent is not None:  # a decoded sum with every uploader's share in it
-            self.ledger.spend(f"round {t}: the noisy average of {len(uploads)} clipped updates", *spent)
-        if self.ledger is not None:
-            row["epsilon"] = self.ledger.epsilon()
+        if self.strategy.ledger is not None:  # spent by the strategy as it decoded the round's sum
+            row["epsilon"] = self.strategy.ledger.epsilon()
         if t % self.strategy.cfg.eval_every == 0 or t == self.strategy.total_rounds():
             row["accuracy"] = accuracy(self.model, *self.test)
         return row
@@ -589,7 +609,7 @@ class FedAvgFederation(Federation):
             "communication_bytes": {"total": comm["model_bytes"] + comm["xclp_bytes"], **comm,
                                     "per_round_model_bytes": 8 * self.n_params * self.strategy.cfg.sites_per_round,
                                     "n_parameters": self.n_params},
-            "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
+            "privacy": no_privacy() if self.strategy.ledger is None else self.strategy.ledger.to_json(),
             "noise_multiplier": self.strategy.noise_multiplier,
             "model": self.model,
         }

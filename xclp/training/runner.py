@@ -93,6 +93,8 @@ class TrainConfig:
                 check_dp_budget(self.algorithm)
             except ValueError as exc:
                 raise DataError(f"--dp-epsilon: {exc}") from None
+        if (self.clip is not None or self.noise_multiplier is not None) and self.algorithm not in FEDAVG_ALGORITHMS:
+            raise DataError("--clip and --noise-multiplier are DP-FedAvg's: this algorithm would ignore them")
         if self.sites < 2:
             raise DataError(f"--sites must be at least 2, got {self.sites}")
         m = self.labeled_sites if self.labeled_sites is not None else self.sites

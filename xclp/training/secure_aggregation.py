@@ -68,8 +68,9 @@ def encode_update(state: dict[str, torch.Tensor] | None, template: dict[str, tor
     return encode(w, FRAC_BITS)
 
 
-def mean_from_total(total: np.ndarray, m: int, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """dec(Σ enc(w_j)) / m as a state dict shaped like `template`."""
+def mean_from_total(total: np.ndarray, m: int, template: dict[str, torch.Tensor],
+                    noisy: bool = False) -> dict[str, torch.Tensor]:
+    """dec(Σ enc(w_j)) / m as a state dict shaped like `template` (`noisy`: DP noise shares are in it)."""
     if not 1 <= m <= MAX_SITES:
         raise ProtocolError(f"cannot average over {m} sites")
     check_bound(MAX_ABS_WEIGHT, FRAC_BITS, m)
@@ -79,7 +80,8 @@ def mean_from_total(total: np.ndarray, m: int, template: dict[str, torch.Tensor]
     # spread over ±2^31: refuse them rather than hand every site a random model.
     if mean.size and float(np.max(np.abs(mean))) > MAX_ABS_WEIGHT:
         raise ProtocolError("the masked updates did not cancel: a participant masked with a key or attempt "
-                            "other than the round's")
+                            "other than the round's" + (", or the DP noise is too large for the model (a larger "
+                                                        "budget or more sites per round)" if noisy else ""))
     return unflatten(mean, template)
 
 
@@ -92,7 +94,7 @@ def quantized_mean(states: list[dict[str, torch.Tensor]], noise: list[np.ndarray
         total += encode_update(s, template)  # uint64 arithmetic wraps mod 2^64, as the masked sum does
     for share in noise or []:
         total += share
-    return mean_from_total(total, len(states), template)
+    return mean_from_total(total, len(states), template, noisy=bool(noise))
 
 
 def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, torch.Tensor], *, me: str,
