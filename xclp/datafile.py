@@ -111,7 +111,7 @@ def _arrays(path: Path, header: list[str], cells: list[list], columns: Columns, 
     n = len(cells[0]) if cells else 0
     X = np.empty((n, len(features)), dtype=np.float64)
     for j, name in enumerate(features):
-        X[:, j] = [_number(path, name, line, v) for line, v in zip(lines, col[name])]
+        X[:, j] = _numbers(path, name, lines, col[name])
     out = {"X": X, "y": np.array([_label(path, columns.label, line, v) for line, v in zip(lines, col[columns.label])],
                                  dtype=np.int64).reshape(n)}
     if columns.site in col:
@@ -123,6 +123,18 @@ def _arrays(path: Path, header: list[str], cells: list[list], columns: Columns, 
         out["y_true"] = np.array([_label(path, columns.truth, line, v) for line, v in zip(lines, col[columns.truth])],
                                  dtype=np.int64).reshape(n)
     return out
+
+
+def _numbers(path: Path, column: str, lines: list[int], values: list) -> np.ndarray:
+    """A feature column as floats: numpy's own parser for the whole column, and cell by cell only to
+    name the cell that is wrong (an empty cell or a null also lands there)."""
+    try:
+        x = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        x = None
+    if x is None or np.isnan(x).any():
+        x = np.array([_number(path, column, line, v) for line, v in zip(lines, values)], dtype=np.float64)
+    return x
 
 
 def _number(path: Path, column: str, line: int, value) -> float:
