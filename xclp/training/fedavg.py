@@ -507,7 +507,7 @@ class FedAvgStrategy(Strategy):
         if start is None:
             return r
         if r is None:  # under DP a site with nothing to learn still sends w_global (+ its share): the
-            return start, 0  # mean's divisor and what it reveals do not depend on whether it trained
+            return (start, 0) if c.dp else None  # mean's divisor and what it reveals do not depend on it
         return clip_update(r[0], start, c.clip), r[1]
 
     def dump_broadcast(self, shared: dict) -> bytes:
