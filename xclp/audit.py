@@ -21,13 +21,12 @@ The labels and scores that runs share (FedCT's consensus, XCLP's row sums) are n
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
 from xclp.data import DataError
-from xclp.training.runner import TrainConfig, load_train_test, pool_indices, prepare, train
+from xclp.training.runner import TrainConfig, json_safe, load_train_test, pool_indices, prepare, train
 
 ATTACKS = ("loss", "lira")
 EPS = 1e-12
@@ -185,20 +184,9 @@ def cmd_audit(args) -> int:
         plot_roc(res, args.plot)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(_json_safe(res), indent=1))
+        Path(args.json).write_text(json.dumps(json_safe(res), indent=1))
     print(f"{res['algorithm']}: membership inference ({res['attack']}) AUC {res['auc']:.3f}, TPR {res['tpr_at_1pct_fpr']:.3f} "
           f"at 1% FPR, {res['tpr_at_0.1pct_fpr']:.3f} at 0.1% FPR ({res['members']} members, {res['non_members']} "
           f"non-members; released model's test accuracy {res['model_test_accuracy']:.4f})")
     return 0
 
-
-def _json_safe(v):
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, (np.floating, float)):
-        return None if math.isnan(float(v)) else float(v)
-    if isinstance(v, np.integer):
-        return int(v)
-    return v

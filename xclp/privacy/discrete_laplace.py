@@ -58,6 +58,20 @@ def noisy_argmax(counts: np.ndarray, gamma: float | None, threshold: float, key:
     return np.where(top >= threshold, label, -1).astype(np.int64)
 
 
+def run_gamma(gamma: float | None, epsilon: float | None, delta: float, releases: int,
+              sensitivity: int = 1) -> float | None:
+    """γ of a run that releases `releases` noisy counts: the γ given (refused if it would spend more
+    than a budget also given), else the least noise within the budget, else None (no noise)."""
+    if gamma is not None:
+        if epsilon is not None:
+            eps = epsilon_of(event(gamma, sensitivity), releases, delta)
+            if eps > epsilon:
+                raise ValueError(f"γ = {gamma:g} spends ε = {eps:.4g} at δ = {delta:g} over the {releases} noisy counts, "
+                                 f"past the budget ε = {epsilon:g}: give a smaller γ, or only the budget")
+        return gamma
+    return None if epsilon is None else gamma_for_budget(epsilon, delta, releases, sensitivity)
+
+
 @functools.lru_cache(maxsize=64)
 def gamma_for_budget(epsilon: float, delta: float, releases: int, sensitivity: int = 1) -> float:
     """The largest γ (least noise) for which `releases` uses of a sensitivity-`sensitivity` query with

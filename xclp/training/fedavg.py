@@ -563,9 +563,7 @@ class FedAvgFederation(Federation):
         self.comm = {"model_bytes": 0, "xclp_bytes": 0}
 
     def roster(self) -> Roster:
-        names = list(self.sites)
-        labelled = [s for s in names if self.sites[s].n_labelled > 0]
-        return Roster(names, labelled, [s for s in names if s not in labelled], list(self.cache))
+        return Roster.of(self.sites.values(), self.cache)
 
     def relabel(self, t: int, plan: dict) -> None:
         chosen = plan["sites"]

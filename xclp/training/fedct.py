@@ -45,11 +45,9 @@ from xclp.privacy.ledger import no_privacy
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
-from xclp.training.messages import load_votes
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import LEARNERS, TIE_RULES
-from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
-from xclp.wire import dump_array, load_array
+from xclp.training.strategy import Federation, Roster, VotingStrategy, pooled_rate, run_rounds
 
 # --- the public set ------------------------------------------------------------------------------
 
@@ -306,7 +304,7 @@ def run_fedct(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
 
 # --- the strategy: the hooks the simulation and the service call -----------------------------------
 
-class FedCTStrategy(Strategy):
+class FedCTStrategy(VotingStrategy):
     """Federated co-training: every site takes part in every exchange; a site uploads hard labels on
     U, the server sends back their consensus."""
 
@@ -398,14 +396,9 @@ class FedCTStrategy(Strategy):
         p = self.label_noise
         return None if p is None else (randomized_response.event(p, self.n_classes), self.n_public)
 
-    def dump_broadcast(self, shared: np.ndarray) -> bytes:
-        return dump_array(shared)
-
-    def load_broadcast(self, body: bytes, what: str = "consensus") -> np.ndarray:
-        return load_array(body, dtype="int64", shape=(self.n_public,), what=what)
-
-    def load_upload(self, body: bytes, what: str = "votes") -> tuple[np.ndarray, dict]:
-        return load_votes(body, self.n_public, self.n_classes)
+    @property
+    def voted_points(self) -> int:
+        return self.n_public
 
 
 class FedCTFederation(Federation):
@@ -429,9 +422,7 @@ class FedCTFederation(Federation):
         self.ledger = None if cfg.dp_epsilon is None else strategy.new_ledger()
 
     def roster(self) -> Roster:
-        names = list(self.states)
-        labelled = [s for s in names if self.states[s].site.n_labelled > 0]
-        return Roster(names, labelled, [s for s in names if s not in labelled])
+        return Roster.of(st.site for st in self.states.values())
 
     def relabel(self, t: int, plan: dict) -> None:
         if plan["xclp"]:

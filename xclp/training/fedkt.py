@@ -46,13 +46,11 @@ import numpy as np
 
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
-from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, epsilon_of, no_privacy
+from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, no_privacy
 from xclp.training.fedavg import Site, site_rng
 from xclp.training.fedct import PublicSet, label_bytes, vote_counts
-from xclp.training.messages import dump_votes, load_votes
 from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, torch_threads
-from xclp.training.strategy import Federation, Roster, Strategy, run_rounds
-from xclp.wire import dump_array, load_array
+from xclp.training.strategy import Federation, Roster, VotingStrategy, run_rounds
 
 LEVELS = ("L1", "L2")
 
@@ -165,21 +163,12 @@ def release_count(cfg: FedKTConfig, n_u1: int, n_u2: int) -> tuple[int, int, str
 def noise_gamma(cfg: FedKTConfig, n_u1: int, n_u2: int) -> float | None:
     """γ of the run: given, or the least noise within the budget, or None (no noise)."""
     count, sensitivity, _ = release_count(cfg, n_u1, n_u2)
-    if cfg.gamma is not None:
-        if cfg.dp_epsilon is not None:
-            eps = epsilon_of(discrete_laplace.event(cfg.gamma, sensitivity), count, cfg.dp_delta)
-            if eps > cfg.dp_epsilon:
-                raise ValueError(f"γ = {cfg.gamma:g} spends ε = {eps:.4g} at δ = {cfg.dp_delta:g} over the {count} noisy "
-                                 f"counts, past the budget ε = {cfg.dp_epsilon:g}: give a smaller γ, or only the budget")
-        return cfg.gamma
-    if cfg.dp_epsilon is None:
-        return None
-    return discrete_laplace.gamma_for_budget(cfg.dp_epsilon, cfg.dp_delta, count, sensitivity)
+    return discrete_laplace.run_gamma(cfg.gamma, cfg.dp_epsilon, cfg.dp_delta, count, sensitivity)
 
 
 # --- the strategy ----------------------------------------------------------------------------------
 
-class FedKTStrategy(Strategy):
+class FedKTStrategy(VotingStrategy):
     """One round: every labelled party uploads its consistent votes on U2; the server sends back the
     labels of U2 that the final model is trained on."""
 
@@ -265,17 +254,9 @@ class FedKTStrategy(Strategy):
         return _fit(self.cfg.student_name, public_X[self.u2][keep], labels[keep], public_X.shape[1], self.n_classes,
                     self.cfg, 7)
 
-    def dump_upload(self, votes: np.ndarray) -> bytes:
-        return dump_votes(votes, {})
-
-    def dump_broadcast(self, shared: np.ndarray) -> bytes:
-        return dump_array(shared)
-
-    def load_broadcast(self, body: bytes, what: str = "labels") -> np.ndarray:
-        return load_array(body, dtype="int64", shape=(len(self.u2),), what=what)
-
-    def load_upload(self, body: bytes, what: str = "votes") -> tuple[np.ndarray, dict]:
-        return load_votes(body, len(self.u2), self.n_classes)
+    @property
+    def voted_points(self) -> int:
+        return len(self.u2)
 
 
 # --- the simulation --------------------------------------------------------------------------------
@@ -297,9 +278,7 @@ class FedKTFederation(Federation):
         self.comm = {"votes_up": 0, "labels_down": 0}
 
     def roster(self) -> Roster:
-        names = list(self.sites)
-        labelled = [s for s in names if self.sites[s].n_labelled > 0]
-        return Roster(names, labelled, [s for s in names if s not in labelled])
+        return Roster.of(self.sites.values())
 
     def relabel(self, t: int, plan: dict) -> None:
         if self.ledger is not None:  # spent before the noisy counts are released, refused past the budget

@@ -37,7 +37,7 @@ import torch
 
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
-from xclp.privacy.ledger import epsilon_of, no_privacy
+from xclp.privacy.ledger import no_privacy
 from xclp.training.fedavg import (
     FedAvgConfig,
     FedAvgFederation,
@@ -49,10 +49,8 @@ from xclp.training.fedavg import (
     site_rng,
 )
 from xclp.training.fedct import PublicSet, label_bytes, vote_counts
-from xclp.training.messages import dump_votes, load_votes
 from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, predict_proba_array, torch_threads
-from xclp.training.strategy import Federation, Roster, Strategy, run_rounds
-from xclp.wire import dump_array, load_array
+from xclp.training.strategy import Federation, Roster, VotingStrategy, run_rounds
 
 
 @dataclass
@@ -106,7 +104,7 @@ def teacher_votes(global_state: dict, network: torch.nn.Module, site: Site, quer
     return predict_proba_array(model, queries_X).argmax(axis=1).astype(np.int64)
 
 
-class FREDYStrategy(Strategy):
+class FREDYStrategy(VotingStrategy):
     """The voting round: every site uploads its teacher's labels on the queries, the server sends back
     the noisy-vote labels the student is trained on."""
 
@@ -121,22 +119,10 @@ class FREDYStrategy(Strategy):
         super().__init__(cfg, n_classes)
         self.n_queries = min(cfg.queries or n_public, n_public)
         self.n_sites = int(n_sites)
-        self.gamma = self._gamma()
+        # every query: two counts that all m teachers' votes may move (see the module's docstring)
+        self.gamma = discrete_laplace.run_gamma(cfg.gamma, cfg.dp_epsilon, cfg.dp_delta, 2 * self.n_queries,
+                                                self.n_sites)
         self.noise_key: bytes | None = None  # os.urandom unless a simulation sets a key
-
-    def _gamma(self) -> float | None:
-        c = self.cfg
-        count, sens = 2 * self.n_queries, self.n_sites
-        if c.gamma is not None:
-            if c.dp_epsilon is not None:
-                eps = epsilon_of(discrete_laplace.event(c.gamma, sens), count, c.dp_delta)
-                if eps > c.dp_epsilon:
-                    raise ValueError(f"γ = {c.gamma:g} spends ε = {eps:.4g} at δ = {c.dp_delta:g}, past the budget "
-                                     f"ε = {c.dp_epsilon:g}: give a smaller γ, or only the budget")
-            return c.gamma
-        if c.dp_epsilon is None:
-            return None
-        return discrete_laplace.gamma_for_budget(c.dp_epsilon, c.dp_delta, count, sens)
 
     @classmethod
     def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FREDYConfig:
@@ -181,17 +167,9 @@ class FREDYStrategy(Strategy):
     def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         return None if self.gamma is None else (discrete_laplace.event(self.gamma, self.n_sites), 2 * self.n_queries)
 
-    def dump_upload(self, votes: np.ndarray) -> bytes:
-        return dump_votes(votes, {})
-
-    def dump_broadcast(self, shared: np.ndarray) -> bytes:
-        return dump_array(shared)
-
-    def load_broadcast(self, body: bytes, what: str = "labels") -> np.ndarray:
-        return load_array(body, dtype="int64", shape=(self.n_queries,), what=what)
-
-    def load_upload(self, body: bytes, what: str = "votes") -> tuple[np.ndarray, dict]:
-        return load_votes(body, self.n_queries, self.n_classes)
+    @property
+    def voted_points(self) -> int:
+        return self.n_queries
 
 
 class FREDYFederation(Federation):
@@ -213,9 +191,7 @@ class FREDYFederation(Federation):
         self.comm = {"votes_up": 0, "labels_down": 0}
 
     def roster(self) -> Roster:
-        names = list(self.sites)
-        labelled = [s for s in names if self.sites[s].n_labelled > 0]
-        return Roster(names, labelled, [s for s in names if s not in labelled])
+        return Roster.of(self.sites.values())
 
     def relabel(self, t: int, plan: dict) -> None:
         if self.ledger is not None:  # spent before the noisy counts are released, refused past the budget

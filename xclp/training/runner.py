@@ -212,7 +212,7 @@ def run_training(config: TrainConfig | dict) -> dict:
     for key in ("model", "models"):  # the released model(s): objects, not JSON
         out.pop(key, None)
     out["seconds"] = time.perf_counter() - t0
-    out = _clean(out)
+    out = json_safe(out)
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(out, indent=1))
@@ -249,12 +249,12 @@ def train(cfg: TrainConfig, sites: list[Site], public, test, n_classes: int) -> 
     return out
 
 
-def _clean(v):
+def json_safe(v):
     """JSON-safe: NaN → None, numpy scalars → Python."""
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return [json_safe(x) for x in v]
     if isinstance(v, (np.floating, float)):
         return None if math.isnan(float(v)) else float(v)
     if isinstance(v, np.integer):

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
+from xclp.training.messages import dump_votes, load_votes
+from xclp.wire import dump_array, load_array
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,13 @@ class Roster:
     labelled: list[str]  # those of them that hold labels
     unlabelled: list[str]
     cached: list[str] = field(default_factory=list)  # sites holding pseudo-labels from an earlier round
+
+    @classmethod
+    def of(cls, sites, cached=()) -> Roster:
+        """The roster of a simulation's sites (anything with .name and .n_labelled), in their order."""
+        sites = list(sites)
+        return cls([s.name for s in sites], [s.name for s in sites if s.n_labelled > 0],
+                   [s.name for s in sites if s.n_labelled == 0], list(cached))
 
 
 class Strategy(ABC):
@@ -115,6 +124,27 @@ class Strategy(ABC):
     @abstractmethod
     def load_upload(self, body: bytes, what: str = "upload") -> tuple[object, dict]:
         """(payload, the site's metrics): refuses a body of the wrong shape, type or range."""
+
+
+class VotingStrategy(Strategy):
+    """A strategy whose sites upload hard labels on `voted_points` public points (−1: none) and whose
+    server sends labels for them back (FedCT, FedKT, FREDY): the messages and their checks, once."""
+
+    @property
+    @abstractmethod
+    def voted_points(self) -> int: ...
+
+    def dump_upload(self, votes, meta: dict | None = None) -> bytes:
+        return dump_votes(votes, meta or {})
+
+    def dump_broadcast(self, shared) -> bytes:
+        return dump_array(shared)
+
+    def load_broadcast(self, body: bytes, what: str | None = None):
+        return load_array(body, dtype="int64", shape=(self.voted_points,), what=what or self.broadcast)
+
+    def load_upload(self, body: bytes, what: str = "votes"):
+        return load_votes(body, self.voted_points, self.n_classes)
 
 
 def pooled_rate(metrics: dict[str, dict], hits: str, count: str) -> float | None:
