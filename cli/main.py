@@ -48,6 +48,38 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="write the results as JSON")
     p.add_argument("--predictions", type=Path, help="write labels and confidence (.npz, aligned with the rows)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    dp = p.add_argument_group("label-DP of what the sums release (xclp/privacy/label_dp.py)")
+    dp.add_argument("--dp-epsilon", type=float, default=None,
+                    help="a budget ε for the job's releases about the labels (calibrates the mechanism below)")
+    dp.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the budget (default 1e-5)")
+    dp.add_argument("--label-dp", choices=("rr", "gaussian"), default="rr",
+                    help="rr: randomized response on each site's labels (default; far more accurate at equal ε); "
+                         "gaussian: noise shares inside the secure sums")
+    dp.add_argument("--label-flip", type=float, default=None, help="rr's noise parameter p, instead of a budget")
+    dp.add_argument("--dp-noise", type=float, default=None, help="gaussian's noise multiplier z, instead of a budget")
+    dp.add_argument("--dp-clip", type=float, default=None,
+                    help="gaussian: L2 bound C of each influence column over the other sites' rows (default 1)")
+
+
+def label_dp_params(args, n_classes: int, jobs: int = 1) -> dict:
+    """JobParams' label-DP fields from the flags: a budget calibrates the chosen mechanism."""
+    from xclp.privacy import label_dp
+
+    out = {}
+    if args.dp_clip is not None:
+        out["dp_clip"] = args.dp_clip
+    if args.label_flip is not None:
+        out["label_flip"] = args.label_flip
+    if args.dp_noise is not None:
+        out["dp_noise"] = args.dp_noise
+    if args.dp_epsilon is not None:
+        if args.label_flip is not None or args.dp_noise is not None:
+            raise ValueError("give either --dp-epsilon or the noise itself (--label-flip / --dp-noise), not both")
+        if args.label_dp == "rr":
+            out["label_flip"] = label_dp.flip_for_budget(args.dp_epsilon, args.dp_delta, n_classes)
+        else:
+            out["dp_noise"] = label_dp.multiplier_for_budget(args.dp_epsilon, args.dp_delta, jobs)
+    return out
 
 
 def _add_column_args(p: argparse.ArgumentParser) -> None:
@@ -94,13 +126,20 @@ def _peak_memory() -> int:
 
 def cmd_simulate_predict(args) -> int:
     from xclp.baselines import centralized_lp, per_site_lp
+    from xclp.privacy import label_dp
+    from xclp.privacy.ledger import PrivacyLedger, no_privacy
     from xclp.protocol import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
 
     ds, source = load_dataset(args)
     params = JobParams(job_id=f"sim-{args.seed}", n_classes=ds.n_classes, bits=args.bits, k=args.k,
                        alpha=args.alpha, power=args.power, similarity=args.similarity, crypto=args.crypto,
-                       solver=args.solver, key_bits=args.key_bits).validate()
+                       solver=args.solver, key_bits=args.key_bits, **label_dp_params(args, ds.n_classes)).validate()
+    privacy = no_privacy()
+    if params.label_flip > 0 or params.dp_noise > 0:
+        ledger = PrivacyLedger(args.dp_delta, args.dp_epsilon, neighbouring=label_dp.LABEL_LEVEL)
+        label_dp.spend(ledger, params)  # before the run: a job past the budget never starts
+        privacy = ledger.to_json()
     say = (lambda m: None) if args.quiet else (lambda m: print(f"  · {m}", file=sys.stderr, flush=True))
     say(f"{source}: {ds.n} points, {len(ds.sites)} sites, {ds.n_classes} classes, "
         f"{int((ds.y >= 0).sum())} labelled")
@@ -136,6 +175,8 @@ def cmd_simulate_predict(args) -> int:
         "bytes": res.bytes,
         "solver": res.solver,
         "peak_memory_bytes": _peak_memory(),
+        "privacy": privacy,
+        "label_dp": {"label_flip": params.label_flip, "dp_noise": params.dp_noise, "dp_clip": params.dp_clip},
     }
     _print_table(out)
     if args.json:
@@ -169,6 +210,9 @@ def _print_table(out: dict) -> None:
     t = out["timings"]
     print("seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()) + f"  (solver: {out['solver']})")
     print(f"bytes sent: {out['bytes']['total']:,}")
+    if out["privacy"]["epsilon"] is not None:
+        pr = out["privacy"]
+        print(f"label-DP: ε = {pr['epsilon']:.4g} at δ = {pr['delta']:g} ({pr['neighbouring']})")
 
 
 def cmd_plot(args) -> int:

@@ -160,6 +160,7 @@ class Agent:
         if st["key"] is None:
             return False
         st.data.pop("key", None)
+        st.data.pop("noise", None)
         st["wiped"] = reason
         self.sessions.pop(job_id, None)
         self.pairs.pop(job_id, None)
@@ -218,9 +219,18 @@ class Agent:
         X = self.trainer.features(status) if status.get("parent") else self.X
         sess = SiteSession(params, self.site, X, self.y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
-                           contribution=bytes.fromhex(st["contribution"]))
+                           contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st))
         self.sessions[job_id] = sess
         return sess
+
+    def _noise_seed(self, status: dict, st: JobState) -> bytes:
+        """The secret of this site's label-DP noise (xclp.privacy.label_dp), kept with the job's key: a
+        restart draws the same noise again, never a second release. A round's predict job takes its
+        training job's, so that every round propagates the same randomized labels (spent once)."""
+        owner = self.state(status["parent"]) if status.get("parent") else st
+        if owner["noise"] is None:
+            owner["noise"] = os.urandom(32).hex()
+        return bytes.fromhex(owner["noise"])
 
     def step(self, job_id: str) -> bool:
         """Do whatever this site can do now for the job. Returns True if anything happened.

@@ -19,6 +19,7 @@ from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import train_progress
+from xclp.privacy import label_dp
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams, Topic
 
 log = logging.getLogger("xclp.service")
@@ -40,6 +41,14 @@ class JobCreate(RequestBody):
                                                               "they accept; 2048 by default)")
     deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                          description="phase -> seconds")
+    dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="label-DP budget ε of what the job releases about the sites' labels "
+                                                 "(xclp/privacy/label_dp.py); none: exact sums")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the budget")
+    label_dp: Literal["rr", "gaussian"] = Field("rr", description="rr: randomized response on each site's labels; "
+                                                                  "gaussian: noise shares inside the secure sums")
+    dp_clip: float = Field(1.0, gt=0, allow_inf_nan=False,
+                           description="gaussian: L2 bound of each influence column over the other sites' rows")
 
 
 class JobCreated(BaseModel):
@@ -59,6 +68,8 @@ class JobStatus(BaseModel):
     dropped: dict[str, str]
     attempts: dict[str, int]
     params: dict
+    privacy: dict = Field(default_factory=dict, description="predict jobs: the label-DP ledger of what the job "
+                                                            "releases (epsilon null: exact sums)")
     progress: dict
     timings: dict
     failure: str | None
@@ -90,7 +101,8 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     job_id = uuid.uuid4().hex[:16]
     try:
         params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
-                           power=body.power, crypto=body.crypto, key_bits=body.key_bits).validate()
+                           power=body.power, crypto=body.crypto, key_bits=body.key_bits, dp_delta=body.dp_delta,
+                           dp_clip=body.dp_clip, **_label_dp(body)).validate()
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
@@ -99,6 +111,15 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     request.app.state.engine.wakeup.set()
     log.info("job %s submitted: %s sites, crypto=%s", job_id, len(body.sites), body.crypto)
     return JobCreated(job=job_id)
+
+
+def _label_dp(body: JobCreate) -> dict:
+    """The noise that meets the job's label-DP budget (none without one)."""
+    if body.dp_epsilon is None:
+        return {}
+    if body.label_dp == "rr":
+        return {"label_flip": label_dp.flip_for_budget(body.dp_epsilon, body.dp_delta, body.classes)}
+    return {"dp_noise": label_dp.multiplier_for_budget(body.dp_epsilon, body.dp_delta)}
 
 
 @router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403))
@@ -114,7 +135,9 @@ def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
     return JobStatus(job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
                      sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
-                     dropped=job.dropped, attempts=job.attempts, params=job.params, progress=_progress(db, job),
+                     dropped=job.dropped, attempts=job.attempts, params=job.params,
+                     privacy=JobParams(**job.params).privacy() if job.kind == "predict" else {},
+                     progress=_progress(db, job),
                      timings=job.timings,
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
                      finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",

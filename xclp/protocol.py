@@ -56,6 +56,7 @@ from xclp import graph as graphs
 from xclp import lsh
 from xclp.data import validate_features, validate_labels
 from xclp.influence import influence_columns
+from xclp.privacy import label_dp
 from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
 from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
 
@@ -129,6 +130,13 @@ class JobParams:
     frac_bits: int = SECURE_ROW_SUMS_FRAC_BITS
     key_bits: int = 2048  # Paillier modulus
     max_message_bytes: int = 1 << 31
+    # Label-DP of the released sums (xclp.privacy.label_dp), by either or both of: randomized response
+    # on each site's labels before they enter any sum (noise parameter p; 0: none), and Gaussian noise
+    # shares inside the sums (noise multiplier z; 0: none) with each influence column clipped to C.
+    label_flip: float = 0.0
+    dp_noise: float = 0.0
+    dp_clip: float = label_dp.DEFAULT_CLIP
+    dp_delta: float = 1e-5  # the δ at which the job's ε is stated (accounting only)
 
     def validate(self) -> JobParams:
         if self.crypto not in CRYPTO_CHOICES:
@@ -147,7 +155,25 @@ class JobParams:
             raise ValueError(f"power must be positive, got {self.power}")
         if self.n_classes < 2:
             raise ValueError(f"n_classes must be at least 2, got {self.n_classes}")
+        label_dp.validate(self.dp_noise, self.dp_clip, self.label_flip)
+        if not 0 < self.dp_delta < 1:
+            raise ValueError(f"dp_delta must be in (0, 1), got {self.dp_delta}")
         return self
+
+    @property
+    def dp(self) -> bool:
+        """Gaussian noise shares in the sums (label_flip needs nothing of the protocol's sums)."""
+        return self.dp_noise > 0
+
+    def privacy(self, jobs: int = 1) -> dict:
+        """The ledger of what `jobs` jobs with these parameters release about the labels (JSON)."""
+        from xclp.privacy.ledger import PrivacyLedger, no_privacy
+
+        if self.label_flip == 0 and self.dp_noise == 0:
+            return no_privacy()
+        ledger = PrivacyLedger(self.dp_delta, neighbouring=label_dp.LABEL_LEVEL)
+        label_dp.spend(ledger, self, jobs)
+        return ledger.to_json()
 
     @property
     def secure(self) -> bool:
@@ -283,6 +309,11 @@ def simulation_contribution(seed: int, site: str) -> bytes:
     return hashlib.sha256(f"xclp/simulation-contribution/{seed}/{site}".encode()).digest()
 
 
+def simulation_noise_seed(seed: int, site: str) -> bytes:
+    """The key of a simulated site's DP noise shares (reproducible runs only; agents draw os.urandom)."""
+    return hashlib.sha256(f"xclp/simulation-noise/{seed}/{site}".encode()).digest()
+
+
 class SiteSession:
     """One site's side of a job. It holds the site's data, keys and results; none of it leaves.
 
@@ -294,7 +325,8 @@ class SiteSession:
     """
 
     def __init__(self, params: JobParams, site: str, X: np.ndarray, y: np.ndarray,
-                 keypair: SiteKeyPair | None = None, contribution: bytes | None = None):
+                 keypair: SiteKeyPair | None = None, contribution: bytes | None = None,
+                 noise_seed: bytes | None = None):
         self.params = params.validate()
         self.site = site
         self.X = validate_features(X, what=f"{site}: X")
@@ -304,6 +336,16 @@ class SiteSession:
         self.keys = keypair or SiteKeyPair.generate()
         self.phase = "setup"
         self._contribution = new_contribution(contribution)  # drawn now: its commitment goes in the announce
+        # A site's secret for its DP noise. None (a prediction job's agent): every draw from a fresh
+        # os.urandom key. Given: the randomized labels derive from it alone, so every job of a training
+        # run sees the same ones and spends the budget once (label_dp.respond_key).
+        self._noise_seed = noise_seed
+        self.y_released = self.y  # the labels that enter the sums (randomized under label_flip)
+        if params.label_flip > 0:
+            lab = self.labelled_rows
+            self.y_released = self.y.copy()
+            self.y_released[lab] = label_dp.respond(self.y[lab], params.label_flip, params.n_classes,
+                                                    label_dp.respond_key(noise_seed))
         self._seed: SeedAgreement | None = None
         self.roster: dict[str, RosterEntry] = {}
         self.order: list[str] = []
@@ -406,23 +448,50 @@ class SiteSession:
         keys = {p: self._pair_key(p, purpose, attempt) for p in participants if p != self.site}
         return site_mask(self.site, keys, [s for s in self.order if s in participants], shape)
 
+    def _noise(self, purpose: str, attempt: int, shape: tuple[int, ...], sensitivity: float,
+               participants: list[str]) -> np.ndarray:
+        """This site's DP noise share for one attempt of a sum (label_dp): zeros without DP."""
+        if not self.params.dp:
+            return np.zeros(shape)
+        std = label_dp.share_std(self.params.dp_noise, sensitivity, len(participants))
+        key = None if self._noise_seed is None else hashlib.sha256(
+            self._noise_seed + f"/{self.params.job_id}/{purpose}/{attempt}".encode()).digest()
+        return label_dp.noise(shape, std, key)
+
+    @property
+    def _counts_frac_bits(self) -> int:
+        return self.params.frac_bits if self.params.dp else 0  # noisy counts are not integers
+
     def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
         self._expect("counts")
         C = self.params.n_classes
         first = self.site == [s for s in self.order if s in participants][0]
         shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
-        counts = class_counts(self.y, C).astype(np.float64)
-        return dump_array(mask_vector(counts, self._mask("counts", attempt, participants, (C,)), 0, shared))
+        counts = class_counts(self.y_released, C).astype(np.float64)
+        counts += self._noise("counts", attempt, (C,), label_dp.counts_sensitivity(), participants)
+        return dump_array(mask_vector(counts, self._mask("counts", attempt, participants, (C,)),
+                                      self._counts_frac_bits, shared))
 
     def receive_counts(self, total: bytes, attempt: int = 0) -> None:
         self._expect("counts")
         C = self.params.n_classes
         t = load_array(total, dtype=np.uint64, shape=(C,), what="counts total")
-        counts = unmask_total(t, 0, self._shared_mask("counts", attempt, C) if self.params.secure else None)
+        counts = unmask_total(t, self._counts_frac_bits,
+                              self._shared_mask("counts", attempt, C) if self.params.secure else None)
         # Masks that do not cancel leave uniform values: checking only the sign would accept them with
         # probability 2^-C (a quarter of the time with two classes). No count can exceed the points in
         # the roster, which a uniform 64-bit value does with probability below 2^-40 per class.
         most = sum(e.n for e in self.roster.values())
+        if self.params.dp:
+            # Noisy counts: neither integers nor ≥ 0, but within 40 σ of [0, most] (a uniform 64-bit
+            # value read at 2^-40 lies beyond that with overwhelming probability).
+            slack = 40 * self.params.dp_noise * label_dp.counts_sensitivity()
+            if np.any(counts < -slack) or np.any(counts > most + slack):
+                raise ProtocolError(f"{self.site}: the noisy label-count total lies outside [0, {most}] by more than "
+                                    "40 σ (masks disagree?)")
+            self.global_counts = counts
+            self._advance("hamming")
+            return
         if np.any(counts < 0) or np.any(counts != np.round(counts)) or counts.sum() > most:
             raise ProtocolError(f"{self.site}: the label-count total is not a vector of counts of at most {most} "
                                 "points (masks disagree?)")
@@ -479,12 +548,20 @@ class SiteSession:
         self._expect("row_sums")
         if self._influence is None or self.layout is None or self.global_counts is None:
             raise ProtocolError(f"{self.site}: row sums before the influence columns and counts arrived")
-        zbar = contribution(self._influence, self.y[self.labelled_rows], self.global_counts, self.params.balanced)
+        others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])
+        if self.params.dp:
+            # Clipped columns, one-hot labels (balanced afterwards by the noisy counts), noise on what is sent.
+            cols = label_dp.clip_columns(self._influence, others, self.params.dp_clip)
+            zbar = contribution(cols, self.y_released[self.labelled_rows], self.global_counts, balanced=False)
+            zbar[others] += self._noise("row_sums", attempt, (others.size, self.params.n_classes),
+                                        label_dp.rows_sensitivity(self.params.dp_clip), participants)
+        else:
+            zbar = contribution(self._influence, self.y_released[self.labelled_rows], self.global_counts,
+                                self.params.balanced)
         # No wrap-around: every participant's |Z̄| stays below 2^(63−f) / (number of participants).
         limit = 2.0 ** (63 - self.params.frac_bits) / max(1, len(participants))
         if np.abs(zbar).max(initial=0.0) >= limit:
             raise ProtocolError(f"{self.site}: scores exceed the fixed-point bound {limit:.3g}")
-        others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])
         out, self._kept = mask_rows(zbar, self.layout.rows(self.site), self._mask("row_sums", attempt, participants,
                                     zbar.shape), self.params.frac_bits, send_rows=others)
         return dump_array(out)
@@ -496,7 +573,9 @@ class SiteSession:
         C = self.params.n_classes
         summed = load_array(rows, dtype=np.uint64, shape=(self.X.shape[0], C), what="row sums")
         Z = unmask_rows(summed, self._kept, self.params.frac_bits)
-        self.result = predict_from_scores(Z, self.y)
+        if self.params.dp and self.params.balanced:  # post-processing of two DP releases
+            Z = Z / np.maximum(self.global_counts, 1.0)[None, :]
+        self.result = predict_from_scores(Z, self.y)  # the site's own labelled points keep their true labels
         self._advance("done")
         return self.result
 

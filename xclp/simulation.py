@@ -24,6 +24,7 @@ from xclp.protocol import (
     encode_roster,
     restart_without,
     simulation_contribution,
+    simulation_noise_seed,
 )
 
 PHASES = ("setup", "seed", "counts", "lsh", "hamming", "graph", "influence", "row_sums")
@@ -100,7 +101,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.LabelSpreadingXCLP")
     sessions = {
         s: SiteSession(params, s, ds.X[idx], ds.y[idx],
-                       contribution=(contributions or {}).get(s) or simulation_contribution(seed, s))
+                       contribution=(contributions or {}).get(s) or simulation_contribution(seed, s),
+                       noise_seed=simulation_noise_seed(seed, s))
         for s, idx in rows.items()
     }
     coord = CoordinatorSession(params)

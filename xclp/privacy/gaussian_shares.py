@@ -30,12 +30,12 @@ import functools
 import math
 import os
 
-import dp_accounting as dpa
 import numpy as np
-from scipy.optimize import brentq
 
 from crypto.secure_sum import prg_uint64
-from xclp.privacy.ledger import epsilon_of
+
+# dp-accounting (half a second to import) waits until a run accounts: the protocol imports the
+# noise of this module (through xclp.privacy.label_dp) on every site.
 
 # Below this z the noise hides nothing worth accounting (one round alone costs ε in the hundreds), and
 # the PLD of so sharp a Gaussian would need more memory than the machine has: such z are refused.
@@ -70,8 +70,11 @@ def noise_share(n_values: int, std: float, frac_bits: int, key: bytes | None = N
     return grid.astype(np.int64).view(np.uint64)
 
 
-def event(noise_multiplier: float, contributed: int, planned: int) -> dpa.GaussianDpEvent:
-    """One round's release: Gaussian on the sum with σ/Δ = z·√(m'/m)/2 (Δ = 2C, site-level replace)."""
+def event(noise_multiplier: float, contributed: int, planned: int):
+    """One round's release, a GaussianDpEvent: Gaussian on the sum with σ/Δ = z·√(m'/m)/2 (Δ = 2C,
+    site-level replace)."""
+    import dp_accounting as dpa
+
     if not 1 <= contributed:
         raise ValueError("a sum that was decoded has at least one share in it")
     return dpa.GaussianDpEvent(noise_multiplier * math.sqrt(contributed / planned) / 2.0)
@@ -81,6 +84,10 @@ def event(noise_multiplier: float, contributed: int, planned: int) -> dpa.Gaussi
 def multiplier_for_budget(epsilon: float, delta: float, rounds: int) -> float:
     """The least noise multiplier z (≥ MIN_MULTIPLIER) for which `rounds` rounds with every planned
     share in the sum compose (PLD) to at most ε at δ."""
+    from scipy.optimize import brentq
+
+    from xclp.privacy.ledger import epsilon_of
+
     if rounds < 1:
         raise ValueError("at least one round")
 

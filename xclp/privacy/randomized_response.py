@@ -16,12 +16,12 @@ import functools
 import math
 import os
 
-import dp_accounting as dpa
 import numpy as np
-from scipy.optimize import brentq
 
 from crypto.secure_sum import prg_uint64
-from xclp.privacy.ledger import epsilon_of
+
+# dp-accounting (half a second to import) waits until a run accounts: the protocol imports `respond`
+# on every site (through xclp.privacy.label_dp).
 
 
 def epsilon_one(p: float, k: int) -> float:
@@ -29,7 +29,9 @@ def epsilon_one(p: float, k: int) -> float:
     return math.inf if p <= 0 else math.log1p(k * (1 - p) / p)
 
 
-def event(p: float, k: int) -> dpa.RandomizedResponseDpEvent:
+def event(p: float, k: int):
+    import dp_accounting as dpa
+
     return dpa.RandomizedResponseDpEvent(noise_parameter=float(p), num_buckets=int(k))
 
 
@@ -37,6 +39,10 @@ def event(p: float, k: int) -> dpa.RandomizedResponseDpEvent:
 def noise_for_budget(epsilon: float, delta: float, releases: int, k: int) -> float:
     """The smallest noise parameter p for which `releases` randomized responses over k labels
     compose (PLD) to at most ε at δ."""
+    from scipy.optimize import brentq
+
+    from xclp.privacy.ledger import epsilon_of
+
     if releases < 1 or k < 2:
         raise ValueError("randomized response needs at least one release and two labels")
 
