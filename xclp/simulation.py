@@ -72,6 +72,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              progress: Callable[[str], None] | None = None,
              contributions: dict[str, bytes] | None = None,
              drops: dict[str, str] | None = None,
+             noise_seeds: dict[str, bytes] | None = None,
              tap: Callable[[str, str, bytes], None] | None = None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
@@ -82,7 +83,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     gets no labels (−1, confidence 0).
 
     The sites' seed contributions derive from `seed` (reproducible simulations), unless given in
-    `contributions` (e.g. those of real agents, to replay a service job in process).
+    `contributions` (e.g. those of real agents, to replay a service job in process); so do the secrets
+    of their label-DP noise (`noise_seeds`).
     """
     say = progress or (lambda _msg: None)
     meter = ByteMeter(tap=tap)
@@ -102,7 +104,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     sessions = {
         s: SiteSession(params, s, ds.X[idx], ds.y[idx],
                        contribution=(contributions or {}).get(s) or simulation_contribution(seed, s),
-                       noise_seed=simulation_noise_seed(seed, s))
+                       noise_seed=(noise_seeds or {}).get(s) or simulation_noise_seed(seed, s))
         for s, idx in rows.items()
     }
     coord = CoordinatorSession(params)

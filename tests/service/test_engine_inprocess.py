@@ -78,6 +78,30 @@ def test_site_gone_inside_row_sums_restarts_the_sums_without_it(rig):
     assert not agents[gone].result_path(job).exists()
 
 
+def test_a_label_dp_job_states_its_epsilon_and_equals_the_simulation_with_the_sites_noise(rig):
+    ds, admin, agents = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10,
+                           dp_epsilon=40.0, label_dp="gaussian")
+    st = drive(admin, job, agents.values(), lambda st: st["phase"] == "row_sums")
+    assert 0 < st["params"]["dp_noise"] and st["privacy"]["epsilon"] <= 40.0
+    assert [e["what"] for e in st["privacy"]["events"]] == ["xclp: label counts", "xclp: row sums"]
+    secrets = {s: bytes.fromhex(a.state(job)["noise"]) for s, a in agents.items()}  # wiped with the keys at the end
+    first = ds.sites[0]  # restarts here: the same secret, the same noise (never a second release)
+    agents[first] = Agent(agents[first].api, first, agents[first].out.parent / f"{first}.npz", agents[first].out,
+                          policy=REFERENCE_OK)
+    drive(admin, job, agents.values(), lambda st: st["status"] == "done")
+    for a in agents.values():
+        a.step(job)  # collect
+        assert a.state(job)["noise"] is None
+    contributions = {s: bytes.fromhex(a.state(job)["contribution"]) for s, a in agents.items()}
+    ref = run_xclp(ds, JobParams(**{**st["params"], "job_id": job}), contributions=contributions, noise_seeds=secrets)
+    exact = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="ot"), contributions=contributions)
+    for s in ds.sites:
+        got = np.load(agents[s].result_path(job))
+        assert np.array_equal(got["labels"], ref.predictions[s].labels)
+    assert not np.array_equal(ref.labels, exact.labels)
+
+
 def test_site_that_never_announces_is_as_if_never_there(rig):
     ds, admin, agents = rig
     silent = ds.sites[0]
