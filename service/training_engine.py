@@ -110,10 +110,19 @@ def _setup(db, job: Job) -> None:
 
 def _spawn_xclp(db, job: Job, t: int, sites: list[str], features: str) -> str:
     """A child predict job over `sites`: the XCLP protocol itself, run by the ordinary predict engine."""
-    cfg = strategy(job).cfg
+    s = strategy(job)
+    cfg = s.cfg
     child = f"{job.id}r{t}"
+    # Under a budget, every round's job propagates the same randomized labels (each agent keeps one
+    # noise secret per training job): spent once, before the first of them.
     params = JobParams(job_id=child, n_classes=int(job.params["classes"]), bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
-                       crypto=cfg.crypto, key_bits=cfg.key_bits).validate()
+                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=s.xclp_label_flip,
+                       dp_delta=getattr(cfg, "dp_delta", 1e-5)).validate()
+    if params.label_flip > 0:
+        record = job.training.privacy
+        ledger = PrivacyLedger.from_json(record) if record else s.new_ledger()
+        s.spend_xclp_labels(ledger)
+        job.update_training(privacy=ledger.to_json())
     db.add(Job(id=child, kind="predict", params=dataclasses.asdict(params), sites=list(sites), live=list(sites),
                parent=job.id, round=t, state=RoundXCLPState(features=features, model_round=t - 1).model_dump(),
                deadlines={**CHILD_DEADLINES, **job.params.get("xclp_deadlines", {})}))

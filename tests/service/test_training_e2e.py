@@ -169,6 +169,18 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     assert first["xclp_pseudo_label_accuracy"] > 0.5
     assert all(m["n_pseudo"] > 0 for m in first["site_metrics"].values())
 
+    # FedCT+XCLP under a budget: half of it for the randomized labels XCLP propagates, drawn once per
+    # site for the whole job (one event, whatever the rounds), half for FedCT's labels on U.
+    job4 = c.admin.submit_train(algorithm="fedct-xclp", sites=c.ds.sites, classes=10, model="tree",
+                                crypto="plaintext", dp_epsilon=16.0, **pin, **cfg)
+    st = c.wait(job4, lambda st: st["status"] == "done", what="job done")
+    led = st["training"]["privacy"]
+    assert [e["what"].startswith("xclp:") for e in led["events"]] == [True, False, False, False]
+    assert 0 < led["epsilon"] <= 16.0 and "label" in led["neighbouring"]
+    child = c.admin.job(st["training"]["history"][0]["xclp_job"])
+    assert 0 < child["params"]["label_flip"] < 1 and child["privacy"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    assert st["training"]["history"][-1]["xclp_pseudo_label_accuracy"] > 0.3
+
     # Under a DP budget every site draws randomized-response noise for its labels and the coordinator
     # keeps the job's ledger: the consensus is no longer the noise-free one, and ε stays in budget.
     job3 = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", dp_epsilon=20.0,

@@ -12,7 +12,6 @@ from scipy.stats import binomtest, chisquare
 
 from xclp.privacy import randomized_response as rr
 from xclp.privacy.ledger import BudgetExceeded, PrivacyLedger, epsilon_of
-from xclp.training.fedct import FedCTConfig
 from xclp.training.runner import run_training
 
 DELTA = 1e-5
@@ -88,11 +87,26 @@ def test_fedct_under_a_budget_reports_its_ledger_and_stays_within_it():
 def test_a_budget_is_refused_where_no_mechanism_backs_it():
     from xclp.data import DataError
 
-    with pytest.raises(DataError, match="fedavg-xclp has no DP mechanism"):
-        run_training({"algorithm": "fedavg-xclp", "dp_epsilon": 1.0, "quiet": True})
     with pytest.raises(DataError, match="--clip"):  # DP-FedAvg: a mechanism, but it needs its clipping bound
         run_training({"algorithm": "fedavg", "dp_epsilon": 1.0, "secure_aggregation": True, "quiet": True})
-    with pytest.raises(DataError, match="fedct-xclp has no DP mechanism"):
-        run_training({"algorithm": "fedct-xclp", "dp_epsilon": 1.0, "quiet": True})
-    with pytest.raises(ValueError, match="XCLP's row sums are not noised"):  # the config says so too
-        FedCTConfig(xclp=True, dp_epsilon=1.0).validate(3)
+    with pytest.raises(DataError, match="needs --dp-epsilon"):  # z alone would leave XCLP's sums exact
+        run_training({"algorithm": "fedavg-xclp", "noise_multiplier": 1.0, "clip": 1.0, "secure_aggregation": True,
+                      "quiet": True})
+
+
+
+
+def test_xclp_in_a_budgeted_run_spends_its_randomized_labels_once():
+    # fedct-xclp relabels by XCLP before each exchange: the same randomized labels every time (one
+    # noise secret per site for the run), so their release is one event; FedCT's labels on U take the
+    # other half of the budget. The run promises label-DP, the relation XCLP's graph allows.
+    out = run_training({"algorithm": "fedct-xclp", "dp_epsilon": 8.0, "rounds": 3, "public_size": 60, "bits": 128,
+                        "quiet": True})
+    led = out["privacy"]
+    assert [e["what"].startswith("xclp:") for e in led["events"]] == [True, False, False, False]
+    assert led["events"][0]["epsilon_after"] == pytest.approx(4.0, rel=1e-3)
+    assert 0 < led["epsilon"] <= 8.0 and "label" in led["neighbouring"]
+    plain = run_training({"algorithm": "fedct-xclp", "rounds": 3, "public_size": 60, "bits": 128, "quiet": True})
+    assert [h["xclp_pseudo_label_accuracy"] for h in out["history"]] != \
+        [h["xclp_pseudo_label_accuracy"] for h in plain["history"]]  # the randomized labels reach the propagation
+    assert len({h["xclp_pseudo_label_accuracy"] for h in out["history"]}) == 1  # the same labels each exchange

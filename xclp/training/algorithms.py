@@ -20,16 +20,13 @@ STRATEGIES: dict[str, type[Strategy]] = {**{a: FedAvgStrategy for a in FEDAVG_AL
 assert tuple(STRATEGIES) == ALGORITHMS, "a strategy for every algorithm the command line offers"
 
 
-NO_DP = ("fedct-xclp", "fedavg-xclp")  # XCLP's row sums carry no noise yet
-
-
 def check_dp_budget(algorithm: str) -> None:
-    """Refuse a DP budget that no mechanism backs: an algorithm whose strategy has none, or one that
-    also runs XCLP, whose row sums carry no noise yet (the drivers' one check, before any config)."""
-    if STRATEGIES[algorithm].dp_mechanism is None or algorithm in NO_DP:
-        raise ValueError(f"{algorithm} has no DP mechanism yet: XCLP's row sums carry no noise, so no budget can be "
-                         f"promised (without XCLP: fedct — {STRATEGIES['fedct'].dp_mechanism}; fedavg — "
-                         f"{STRATEGIES['fedavg'].dp_mechanism})")
+    """Refuse a DP budget that no mechanism backs (the drivers' one check, before any config). With
+    XCLP (fedct-xclp, fedavg-xclp) part of the budget goes to the randomized labels it propagates
+    (xclp/privacy/label_dp.py; Strategy.xclp_label_flip)."""
+    if STRATEGIES[algorithm].dp_mechanism is None:
+        raise ValueError(f"{algorithm} has no DP mechanism: no budget can be promised (fedct — "
+                         f"{STRATEGIES['fedct'].dp_mechanism}; fedavg — {STRATEGIES['fedavg'].dp_mechanism})")
 
 
 def strategy_for(algorithm: str, config: dict, n_classes: int, n_sites: int, *, n_features: int | None = None,

@@ -41,7 +41,7 @@ from xclp.data import UNLABELLED, make_dataset
 from xclp.privacy import gaussian_shares
 from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of, no_privacy
 from xclp.propagation import class_weights, predict_from_scores
-from xclp.protocol import JobParams
+from xclp.protocol import JobParams, simulation_noise_seed
 from xclp.simulation import run_xclp
 from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
@@ -136,9 +136,9 @@ class FedAvgConfig:
             if not self.secure_aggregation:
                 raise ValueError("DP-FedAvg adds its noise shares inside the secure sum: use secure aggregation "
                                  "(--secure-aggregation in simulate train)")
-            if self.algorithm == "fedavg-xclp":
-                raise ValueError("a DP budget covers FedAvg's averages only; XCLP's row sums carry no noise yet, so "
-                                 "fedavg-xclp cannot promise it")
+            if self.algorithm == "fedavg-xclp" and self.dp_epsilon is None:
+                raise ValueError("fedavg-xclp under DP needs --dp-epsilon, a budget it shares with the randomized "
+                                 "labels XCLP propagates: a noise multiplier alone would leave XCLP's sums exact")
             if self.noise_multiplier is not None and not self.noise_multiplier >= gaussian_shares.MIN_MULTIPLIER:
                 raise ValueError(f"noise_multiplier must be at least {gaussian_shares.MIN_MULTIPLIER}, got "
                                  f"{self.noise_multiplier}")
@@ -251,9 +251,11 @@ def labelled_only(site: Site) -> PseudoLabels:
 class XCLPLabeller:
     """XCLP over the sampled sites' embeddings: run_xclp on a Dataset of φ(X^(j)), j ∈ P."""
 
-    def __init__(self, n_classes: int, bits: int, k: int, alpha: float, crypto: str, key_bits: int, seed: int):
+    def __init__(self, n_classes: int, bits: int, k: int, alpha: float, crypto: str, key_bits: int, seed: int,
+                 label_flip: float = 0.0, dp_delta: float = 1e-5):
         self.n_classes, self.bits, self.k, self.alpha = n_classes, bits, k, alpha
         self.crypto, self.key_bits, self.seed = crypto, key_bits, seed
+        self.label_flip, self.dp_delta = label_flip, dp_delta
         self.last_bytes = 0
 
     def __call__(self, model, sites: list[Site], rnd: int) -> dict[str, PseudoLabels]:
@@ -261,8 +263,11 @@ class XCLPLabeller:
         ds = make_dataset(np.concatenate(V), np.concatenate([s.y for s in sites]),
                           np.concatenate([np.full(s.n, s.name) for s in sites]), n_classes=self.n_classes)
         params = JobParams(job_id=f"fedavg-round{rnd}", n_classes=self.n_classes, bits=self.bits, k=self.k,
-                           alpha=self.alpha, crypto=self.crypto, key_bits=self.key_bits).validate()
-        res = run_xclp(ds, params, seed=self.seed * 100_003 + rnd)
+                           alpha=self.alpha, crypto=self.crypto, key_bits=self.key_bits, label_flip=self.label_flip,
+                           dp_delta=self.dp_delta).validate()
+        # One noise secret per site for the whole run: the same randomized labels in every round.
+        res = run_xclp(ds, params, seed=self.seed * 100_003 + rnd,
+                       noise_seeds={s.name: simulation_noise_seed(self.seed, s.name) for s in sites})
         self.last_bytes = int(res.bytes["total"])
         out = {}
         for s in sites:
@@ -445,11 +450,12 @@ class FedAvgStrategy(Strategy):
         if c.noise_multiplier is not None:
             if c.dp_epsilon is not None:
                 eps = epsilon_of(gaussian_shares.event(c.noise_multiplier, 1, 1), self.total_rounds(), c.dp_delta)
-                if eps > c.dp_epsilon:
+                if eps > self.mechanism_epsilon:
                     raise ValueError(f"noise multiplier {c.noise_multiplier:g} spends ε = {eps:.4g} at δ = {c.dp_delta:g} "
-                                     f"over {self.total_rounds()} rounds, past the budget ε = {c.dp_epsilon:g}")
+                                     f"over {self.total_rounds()} rounds, past the budget ε = {self.mechanism_epsilon:g}"
+                                     + (" that XCLP's labels leave" if self.runs_xclp else ""))
             return c.noise_multiplier
-        return gaussian_shares.multiplier_for_budget(c.dp_epsilon, c.dp_delta, self.total_rounds())
+        return gaussian_shares.multiplier_for_budget(self.mechanism_epsilon, c.dp_delta, self.total_rounds())
 
     def noise_share(self, n_values: int, planned: int, key: bytes | None = None) -> np.ndarray:
         """A site's DP noise share for a round planned over `planned` sites (None key: os.urandom)."""
@@ -550,7 +556,8 @@ class FedAvgFederation(Federation):
         self.shared = copy.deepcopy(self.model.state_dict())
         self.labeller = {
             "fedavg": None,
-            "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed),
+            "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed,
+                                        strategy.xclp_label_flip, cfg.dp_delta),
             "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
             "fedavg-network": NetworkLabeller(),
         }[cfg.algorithm]
@@ -569,6 +576,8 @@ class FedAvgFederation(Federation):
         chosen = plan["sites"]
         if plan["relabel"]:
             self.model.load_state_dict(self.shared)
+            if self.strategy.ledger is not None and self.strategy.xclp_label_flip > 0:
+                self.strategy.spend_xclp_labels(self.strategy.ledger)
             fresh = self.labeller(self.model, [self.sites[s] for s in chosen], t)
             self.comm["xclp_bytes"] += self.labeller.last_bytes
             self.cache.update({s: fresh[s] for s in plan["adopt"]})

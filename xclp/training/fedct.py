@@ -42,7 +42,7 @@ import numpy as np
 from xclp.data import UNLABELLED, make_dataset
 from xclp.privacy import randomized_response
 from xclp.privacy.ledger import no_privacy
-from xclp.protocol import JobParams
+from xclp.protocol import JobParams, simulation_noise_seed
 from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
@@ -201,9 +201,6 @@ class FedCTConfig:
             if not self.dp_epsilon > 0 or not 0 < self.dp_delta < 1:
                 raise ValueError(f"a DP budget needs ε > 0 and δ in (0, 1), got ε = {self.dp_epsilon}, "
                                  f"δ = {self.dp_delta}")
-            if self.xclp:
-                raise ValueError("a DP budget covers FedCT's label releases only; XCLP's row sums are not noised "
-                                 "yet, so fedct-xclp cannot promise it")
         if self.xclp and n_sites < 2 and not self.public_in_graph:
             raise ValueError("FedCT+XCLP needs at least 2 sites")
         return self
@@ -378,7 +375,7 @@ class FedCTStrategy(VotingStrategy):
         that keeps all `rounds` × |U| label releases of a site within the budget."""
         if self.cfg.dp_epsilon is None:
             return None  # (noise_for_budget caches its answer: drivers build a strategy at every step)
-        return randomized_response.noise_for_budget(self.cfg.dp_epsilon, self.cfg.dp_delta,
+        return randomized_response.noise_for_budget(self.mechanism_epsilon, self.cfg.dp_delta,
                                                     self.cfg.rounds * self.n_public, self.n_classes)
 
     def update(self, state: SiteState, public: PublicSet, consensus: np.ndarray | None, t: int,
@@ -426,8 +423,11 @@ class FedCTFederation(Federation):
 
     def relabel(self, t: int, plan: dict) -> None:
         if plan["xclp"]:
+            if self.ledger is not None:
+                self.strategy.spend_xclp_labels(self.ledger)
             self.xclp_pseudo_acc, nbytes = _xclp_labels(list(self.states.values()), self.public, self.shared,
-                                                        self.strategy.n_classes, self.strategy.cfg, t)
+                                                        self.strategy.n_classes, self.strategy.cfg, t,
+                                                        self.strategy.xclp_label_flip)
             self.comm["xclp_bytes"] += nbytes
 
     def update(self, site: str, t: int, plan: dict) -> np.ndarray:
@@ -481,7 +481,7 @@ class FedCTFederation(Federation):
 
 
 def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes: int, cfg: FedCTConfig,
-                 t: int) -> tuple[float, int]:
+                 t: int, label_flip: float = 0.0) -> tuple[float, int]:
     sites = [st.site for st in states]
     X = [s.X for s in sites]
     y = [s.y for s in sites]
@@ -492,8 +492,10 @@ def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes
         names.append(np.full(len(public.X), "public"))
     ds = make_dataset(np.concatenate(X), np.concatenate(y), np.concatenate(names), n_classes=n_classes)
     params = JobParams(job_id=f"fedct-exchange{t}", n_classes=n_classes, bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
-                       crypto=cfg.crypto, key_bits=cfg.key_bits).validate()
-    res = run_xclp(ds, params, seed=cfg.seed * 100_003 + t)
+                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=label_flip, dp_delta=cfg.dp_delta).validate()
+    # One noise secret per site for the whole run: the same randomized labels in every exchange.
+    res = run_xclp(ds, params, seed=cfg.seed * 100_003 + t,
+                   noise_seeds={s: simulation_noise_seed(cfg.seed, s) for s in np.unique(ds.site)})
     hit = tot = 0
     for st in states:
         m = ds.site == st.site.name

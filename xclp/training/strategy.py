@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from xclp.privacy import label_dp
 from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
 from xclp.training.messages import dump_votes, load_votes
 from xclp.wire import dump_array, load_array
@@ -84,7 +85,41 @@ class Strategy(ABC):
         return None
 
     def new_ledger(self) -> PrivacyLedger:
-        return PrivacyLedger(self.cfg.dp_delta, self.cfg.dp_epsilon, neighbouring=self.neighbouring)
+        # With XCLP under a budget, the features that build its graph are not protected: what the run
+        # promises holds for a label (label-DP), which every other mechanism here implies.
+        relation = label_dp.LABEL_LEVEL if self.xclp_label_flip > 0 else self.neighbouring
+        return PrivacyLedger(self.cfg.dp_delta, self.cfg.dp_epsilon, neighbouring=relation)
+
+    # --- XCLP's share of a DP budget ---------------------------------------------------------------
+    XCLP_SHARE: ClassVar[float] = 0.5  # of the budget, for the randomized labels XCLP propagates
+
+    @property
+    def runs_xclp(self) -> bool:
+        return self.algorithm.endswith("-xclp")
+
+    @property
+    def xclp_label_flip(self) -> float:
+        """p of the randomized labels every XCLP job of the run propagates (0: no budget or no XCLP).
+        Each site draws them once per run (label_dp.respond_key): one release, whatever the rounds."""
+        eps = getattr(self.cfg, "dp_epsilon", None)
+        if eps is None or not self.runs_xclp:
+            return 0.0
+        return label_dp.flip_for_budget(eps * self.XCLP_SHARE, self.cfg.dp_delta, self.n_classes)
+
+    @property
+    def mechanism_epsilon(self) -> float | None:
+        """The budget left to the strategy's own mechanism: all of it, or what XCLP's labels leave (basic
+        composition, ε_xclp + ε_rest; the ledger's PLD composition states the tighter total)."""
+        eps = getattr(self.cfg, "dp_epsilon", None)
+        if eps is None or not self.runs_xclp:
+            return eps
+        return eps * (1 - self.XCLP_SHARE)
+
+    def spend_xclp_labels(self, ledger: PrivacyLedger) -> None:
+        """Record the randomized labels' release (once per run, before the first XCLP job)."""
+        if self.xclp_label_flip > 0 and not any(e["what"].startswith("xclp:") for e in ledger.events):
+            ledger.spend("xclp: each site's randomized labels (once per run)",
+                         label_dp.label_event(self.xclp_label_flip, self.n_classes))
 
     @property
     def secure_sum(self) -> bool:
