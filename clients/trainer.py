@@ -58,10 +58,12 @@ class Trainer:
 
     # --- shared helpers ----------------------------------------------------------------------------
     def strategy(self, status: dict) -> Strategy:
-        """The job's algorithm: the same strategy whose hooks the coordinator and the simulation call."""
+        """The job's algorithm at its current round: the same strategy whose hooks the coordinator and
+        the simulation call (FREDY: FedAvg's for its FedAvg rounds, then its vote's)."""
         p = status["params"]
-        return strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(status["sites"]),
-                            n_features=int(self.agent.X.shape[1]), n_public=p.get("public_size"))
+        whole = strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(status["sites"]),
+                             n_features=int(self.agent.X.shape[1]), n_public=p.get("public_size"))
+        return whole.at_round(int(status.get("round") or 0))
 
     def site_data(self) -> Site:
         return Site(self.site, self.agent.X.astype(np.float32), self.agent.y, self.y_true)
@@ -138,8 +140,8 @@ class Trainer:
         with torch_threads(1):
             return embed_array(model, self.agent.X.astype(np.float32))
 
-    def _model(self, job_id: str, status: dict, r: int):
-        s = self.strategy(status)
+    def _model(self, job_id: str, status: dict, r: int, s: Strategy | None = None):
+        s = s or self.strategy(status)
         body = self.api.shared(job_id, f"{s.broadcast}/{r}")
         if body is None:
             return None
@@ -168,8 +170,8 @@ class Trainer:
                                 f"{status['params']['classes']} classes")
             return self._put(st, job_id, "hello", dump_json(hello))
         if phase == "round":
-            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round,
-                    "fedkt": self._fedkt_round}[s.family](job_id, status, st, s)
+            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round, "fedkt": self._fedkt_round,
+                    "fredy": self._fredy_round}[s.family](job_id, status, st, s)
         if phase == "evaluate":
             if st["sent:coordinator:eval"]:
                 return False
@@ -347,8 +349,28 @@ class Trainer:
         return self._put(st, job_id, f"{s.upload}/{t}", dump_votes(votes, metrics))
 
     def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        """FedKT's one round: teachers, students and the consistent votes on U2, computed once and saved
-        before they are sent (a restarted site re-sends them: its L2 noise is never drawn twice)."""
+        """FedKT's one round: teachers, students and the consistent votes on U2."""
+        return self._vote_once(job_id, status, st, s, lambda: s.update(self.site_data(), self.public.X))
+
+    def _fredy_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
+        """FREDY's vote: this site's teacher (FedAvg's last model fine-tuned on its labels) labels the queries."""
+        from xclp.training.fredy import teacher_votes
+
+        fedavg = s.fedavg
+        last = fedavg.total_rounds()
+
+        def votes():
+            model = self._model(job_id, status, last, fedavg)
+            if model is None:
+                raise ProtocolError(f"job {job_id}: FedAvg's last model (round {last}) is not on the coordinator")
+            return teacher_votes(model.state_dict(), model, self.site_data(), self.public.X[: s.n_queries],
+                                 s.n_classes, s.cfg, s.teacher_lr())
+
+        return self._vote_once(job_id, status, st, s, votes)
+
+    def _vote_once(self, job_id: str, status: dict, st, s: Strategy, compute) -> bool:
+        """A voting round's upload, computed once and saved before it is sent (a restarted site re-sends
+        it: noise it drew is never drawn twice)."""
         t = int(status["round"])
         plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
         if plan is None:
@@ -359,7 +381,7 @@ class Trainer:
             votes = np.load(path, allow_pickle=False)
         else:
             with torch_threads(s.cfg.threads):
-                votes = s.update(self.site_data(), self.public.X)
+                votes = compute()
             buf = io.BytesIO()
             np.save(buf, votes.astype(np.int64), allow_pickle=False)
             _atomic_write(path, buf.getvalue())
@@ -377,8 +399,8 @@ class Trainer:
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
             _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
-        elif s.family == "fedkt":  # the released model, trained here on the server's labels of U2
-            body = self.api.shared(job_id, f"{s.broadcast}/{s.total_rounds()}")
+        elif s.family in ("fedkt", "fredy"):  # the released model, trained here on the server's labels
+            body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
             if body is None:
                 return False
             with torch_threads(s.cfg.threads):

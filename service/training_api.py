@@ -71,8 +71,8 @@ class TrainJobCreate(RequestBody):
     teachers: int | None = Field(None, ge=1, le=1000, description="FedKT: teachers t per partition (default 5)")
     levels: Literal["L1", "L2"] | None = Field(None, description="FedKT: where the vote noise goes (default L1)")
     gamma: float | None = Field(None, gt=0, allow_inf_nan=False, description="FedKT: discrete Laplace parameter")
-    queries: int | None = Field(None, ge=1, description="FedKT: points of U2 the server labels")
-    student_model: Literal[LEARNERS] | None = Field(None, description="FedKT: the students' and the final model's learner")
+    queries: int | None = Field(None, ge=1, description="FedKT: points of U2 the server labels; FREDY: public queries the teachers label")
+    student_model: Literal[LEARNERS] | None = Field(None, description="FedKT: the students' and the final model's learner; FREDY: the student's")
     max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
@@ -83,7 +83,7 @@ class TrainJobCreate(RequestBody):
 def training_params(body: TrainJobCreate, job_id: str) -> dict:
     """The job's params, validated by the training loops' own config classes (422 on any error)."""
     if body.algorithm not in SERVICE_ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {SERVICE_ALGORITHMS} (FREDY runs in simulation only so far)")
+        raise ValueError(f"algorithm must be one of {SERVICE_ALGORITHMS}")
     JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
               crypto=body.crypto, key_bits=body.key_bits).validate()
     params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,

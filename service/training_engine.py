@@ -56,12 +56,17 @@ TRAIN_DEADLINES = {"setup": 600.0, "round": 1800.0, "evaluate": 600.0}
 CHILD_DEADLINES = {"setup": 120.0, "seed": 120.0, "counts": 120.0, "hamming": 1200.0, "row_sums": 300.0}
 
 
-def strategy(job: Job) -> Strategy:
-    """The job's algorithm, as the strategy whose hooks this engine calls."""
+def job_strategy(job: Job) -> Strategy:
+    """The job's algorithm as a whole (its number of rounds: `job_rounds`)."""
     p = job.params
     features = job.training.features
     return strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(job.sites),
                         n_features=None if features is None else int(features), n_public=p.get("public_size"))
+
+
+def strategy(job: Job) -> Strategy:
+    """The strategy whose hooks run the job's current round (FREDY: FedAvg's, then its vote's)."""
+    return job_strategy(job).at_round(job.round or 0)
 
 
 def _put(db, job: Job, recipient: str, topic: str, body: bytes) -> None:
@@ -196,7 +201,7 @@ def _round(db, job: Job) -> None:
     _account(job, t, row)
     drop(job, gone)  # missed too many rounds in a row: no longer waited for
     log.info(json.dumps({"event": "round", "job": job.id, "round": t, "left_out": row["left_out"]}))
-    if t >= strategy(job).total_rounds():
+    if t >= job_strategy(job).job_rounds():
         if strategy(job).global_model:
             _phase(job, "evaluate")  # the sites score the final model
         else:
@@ -400,7 +405,7 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
 
 def train_progress(job: Job, db) -> dict:
     """Rounds done out of rounds planned, and the current round's parts received."""
-    total = strategy(job).total_rounds()
+    total = job_strategy(job).job_rounds()
     done = len(job.training.history)
     got = expected = 0
     if job.phase == "round":

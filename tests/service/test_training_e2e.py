@@ -18,6 +18,7 @@ from xclp.splits import simulate_sites
 from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
 from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
 from xclp.training.fedkt import FedKTConfig, run_fedkt
+from xclp.training.fredy import FREDYConfig, run_fredy
 from xclp.training.messages import load_state
 from xclp.training.models import build_network
 
@@ -220,6 +221,29 @@ def test_a_fedkt_job_gives_every_site_the_simulations_final_model_and_accounts_i
     assert event["count"] == 2 * 2 * 100 and event["event"]["mechanism"] == "discrete_laplace"
     assert st["training"]["privacy"]["neighbouring"] == "replace one training example of one site"
     assert all((c.tmp / f"out-{s}" / ".agent-state" / f"{job2}.votes.npy").exists() for s in c.ds.sites)
+
+
+@sqlite_only
+def test_a_fredy_job_runs_fedavg_then_the_vote_and_gives_every_site_the_simulations_student(cluster_factory):
+    # FedAvg's rounds (secure aggregation), then one vote round: each site's teacher (FedAvg's last model
+    # fine-tuned on its labels) labels the queries, the coordinator takes the noisy argmax, every site
+    # trains the same student. γ = 40: noise that (almost surely) changes no argmax, so the labels are
+    # the simulation's, and the ledger still spends 2·Q counts of sensitivity m.
+    c = cluster_factory(public=200)
+    c.start_agents()
+    pin = dict(public_sha256=public_digest(c.public_X), public_size=len(c.public_X))
+    cfg = dict(rounds=2, sites_per_round=3, local_epochs=1, queries=120, gamma=40.0, seed=4)
+    job = c.admin.submit_train(algorithm="fredy", sites=c.ds.sites, classes=10, model="mlp", student_model="tree",
+                               **pin, **cfg)
+    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
+    assert [r["round"] for r in st["training"]["history"]] == [1, 2, 3]
+    (event,) = st["training"]["privacy"]["events"]
+    assert event["count"] == 2 * 120 and event["event"]["sensitivity"] == 3
+    sim = run_fredy(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10,
+                    FREDYConfig(model="mlp", student="tree", secure_aggregation=True, **cfg))
+    for s in c.ds.sites:
+        with open(c.result(job, s, ".model.pkl"), "rb") as f:
+            assert np.array_equal(pickle.load(f).predict(c.public_X), sim["model"].predict(c.public_X)), s
 
 
 @sqlite_only

@@ -50,7 +50,7 @@ from xclp.training.fedavg import (
 )
 from xclp.training.fedct import PublicSet, label_bytes, vote_counts
 from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, predict_proba_array, torch_threads
-from xclp.training.strategy import Federation, Roster, VotingStrategy, run_rounds
+from xclp.training.strategy import Federation, Roster, Strategy, VotingStrategy, run_rounds
 
 
 @dataclass
@@ -69,6 +69,7 @@ class FREDYConfig:
     dp_delta: float = 1e-5
     seed: int = 0
     threads: int | None = 1
+    secure_aggregation: bool = False  # FedAvg's rounds (a training job's default: True)
 
     def validate(self) -> FREDYConfig:
         self.fedavg_config()  # FedAvg's own checks of its part
@@ -91,7 +92,7 @@ class FREDYConfig:
     def fedavg_config(self) -> FedAvgConfig:
         return FedAvgConfig(algorithm="fedavg", rounds=self.rounds, sites_per_round=self.sites_per_round,
                             local_epochs=self.local_epochs, model=self.model, lr=self.lr, seed=self.seed,
-                            threads=self.threads).validate()
+                            threads=self.threads, secure_aggregation=self.secure_aggregation).validate()
 
 
 def teacher_votes(global_state: dict, network: torch.nn.Module, site: Site, queries_X: np.ndarray, n_classes: int,
@@ -115,8 +116,9 @@ class FREDYStrategy(VotingStrategy):
     public_set = True
     dp_mechanism = "discrete Laplace noise on the teachers' vote counts (the server's)"
 
-    def __init__(self, cfg: FREDYConfig, n_classes: int, n_public: int, n_sites: int):
+    def __init__(self, cfg: FREDYConfig, n_classes: int, n_public: int, n_sites: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)
+        self.fedavg = FedAvgStrategy(cfg.fedavg_config(), n_classes, n_features)  # the rounds before the vote
         self.n_queries = min(cfg.queries or n_public, n_public)
         self.n_sites = int(n_sites)
         # every query: two counts that all m teachers' votes may move (see the module's docstring)
@@ -140,14 +142,36 @@ class FREDYStrategy(VotingStrategy):
                     n_public: int | None = None) -> FREDYStrategy:
         if n_public is None:
             raise ValueError("FREDY needs the size of the public set")
-        return cls(FREDYConfig(**config).validate(), n_classes, n_public, n_sites)
+        return cls(FREDYConfig(**config).validate(), n_classes, n_public, n_sites, n_features)
 
     @property
     def algorithm(self) -> str:
         return "fredy"
 
     def total_rounds(self) -> int:
-        return 1
+        return 1  # the vote (the simulation runs FedAvg's rounds as a loop of their own)
+
+    def at_round(self, t: int) -> Strategy:
+        return self.fedavg if t <= self.fedavg.total_rounds() else self
+
+    def job_rounds(self) -> int:
+        return self.fedavg.total_rounds() + 1
+
+    def teacher_lr(self) -> float:
+        """The teachers fine-tune at the learning rate of FedAvg's last round, as their last local update did."""
+        return round_lr(self.fedavg.cfg, self.fedavg.total_rounds())
+
+    def final_model(self, public_X: np.ndarray, labels: np.ndarray):
+        """The released student: the student learner on the labelled queries (the same seed at every site
+        and in the simulation, so every site trains the same model); None if no query was labelled."""
+        queries = public_X[: self.n_queries]
+        keep = labels >= 0
+        if not keep.any():
+            return None
+        kw = {"epochs": self.cfg.student_epochs, "warm_start": False} if self.cfg.student_name in TORCH_LEARNERS else {}
+        student = make_learner(self.cfg.student_name, queries.shape[1], self.n_classes, seed=self.cfg.seed, **kw)
+        student.fit(queries[keep], labels[keep])
+        return student
 
     def configure_round(self, t: int, roster: Roster) -> dict:
         return {"round": t, "sites": list(roster.sites), "xclp": None}
@@ -209,10 +233,7 @@ class FREDYFederation(Federation):
         n_bytes = label_bytes(len(labels), s.n_classes + 1)
         self.comm["votes_up"] += n_bytes * len(uploads)
         self.comm["labels_down"] += n_bytes * len(self.sites)
-        if keep.any():
-            kw = {"epochs": s.cfg.student_epochs, "warm_start": False} if s.cfg.student_name in TORCH_LEARNERS else {}
-            self.student = make_learner(s.cfg.student_name, self.queries.shape[1], s.n_classes, seed=s.cfg.seed, **kw)
-            self.student.fit(self.queries[keep], labels[keep])
+        self.student = s.final_model(self.public.X, labels)
         acc = float(np.mean(self.student.predict(self.test[0]) == self.test[1])) if self.student is not None else float("nan")
         y = self.queries_y
         return {"round": s.cfg.rounds + 1, "stage": "vote", "accuracy": acc, "teachers": len(uploads),
@@ -237,11 +258,11 @@ def run_fredy(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
     """FedAvg for `rounds` rounds, then the voting round; the released student's test accuracy."""
     cfg = config.validate()
     with torch_threads(cfg.threads):
-        strategy = FREDYStrategy(cfg, n_classes, len(public_X), len(sites))  # refuses a γ past the budget first
-        fedavg = FedAvgFederation(FedAvgStrategy(cfg.fedavg_config(), n_classes, sites[0].X.shape[1]), sites, test)
+        # refuses a γ past the budget first
+        strategy = FREDYStrategy(cfg, n_classes, len(public_X), len(sites), n_features=sites[0].X.shape[1])
+        fedavg = FedAvgFederation(strategy.fedavg, sites, test)
         teachers_from = run_rounds(fedavg, progress)
-        # the teachers fine-tune at the learning rate of FedAvg's last round, as their last local update did
-        lr = round_lr(fedavg.strategy.cfg, fedavg.strategy.total_rounds())
+        lr = strategy.teacher_lr()
         voting = FREDYFederation(strategy, sites, public_X, fedavg.shared, fedavg.model, lr, test, public_y)
         vote = run_rounds(voting, progress)
     fa = teachers_from["communication_bytes"]

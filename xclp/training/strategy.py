@@ -129,6 +129,16 @@ class Strategy(ABC):
     @abstractmethod
     def total_rounds(self) -> int: ...
 
+    # --- a job whose rounds are of two kinds (FREDY: FedAvg's rounds, then its vote) -----------------
+    def at_round(self, t: int) -> Strategy:
+        """The strategy whose hooks run round t of a job (0: its setup): this one, unless the algorithm
+        is a sequence of two (the service's engine and agents ask this before every step)."""
+        return self
+
+    def job_rounds(self) -> int:
+        """All the rounds of a job of this algorithm."""
+        return self.total_rounds()
+
     # --- the server's hooks ------------------------------------------------------------------------
     @abstractmethod
     def configure_round(self, t: int, roster: Roster) -> dict:
