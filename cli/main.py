@@ -415,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--attack", choices=("loss", "lira"), default="lira",
                     help="lira (shadow runs, Carlini et al. 2022; default) or loss (the loss threshold, Yeom et al. 2018)")
     au.add_argument("--shadows", type=int, default=4, help="LiRA: shadow runs on points the target never saw (default 4)")
+    au.add_argument("--target", choices=("model", "labels"), default="model",
+                    help="model: the released model(s) (default); labels: the labels the run shares on public points "
+                         "(FedCT's consensus, FedKT's and FREDY's vote labels), through a k-NN proxy")
     au.set_defaults(func=cmd_audit)
 
     pl = sub.add_parser("plot", help="accuracy curves of training runs (simulation or job status JSON files)")

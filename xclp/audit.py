@@ -14,9 +14,17 @@ Two attacks:
   confidence in y; score = (φ_target − mean of φ over the shadows) / σ, σ pooled over all candidates.
   It calibrates away how easy each point is, which the loss attack cannot.
 
-What is audited per algorithm: FedAvg — the global model; FedCT — each site's model, against that
-site's members (the non-members shared), pooled; FedKT — the final model; FREDY — the student.
-The labels and scores that runs share (FedCT's consensus, XCLP's row sums) are not audited here.
+What is audited (`target`):
+- "model" (the default): FedAvg — the global model; FedCT — each site's model, against that site's
+  members (the non-members shared), pooled; FedKT — the final model; FREDY — the student.
+- "labels": the labels a run shares on public points — FedCT's last consensus on U (every site
+  receives it), FedKT's server labels of U2, FREDY's labels of the queries. The attacker rebuilds
+  the best model it can from them alone, a k-nearest-neighbour classifier over the labelled public
+  points (`LabelProxy`), and attacks that, against every site's labelled points; with LiRA, the
+  shadow runs' labels are rebuilt the same way. A proxy is a lower bound on what an optimal attack
+  on the labels finds; whatever it finds, the labels do leak.
+XCLP's scores stay at the site that owns the points and are not a target: what they reveal about the
+other sites' labels is bounded by label-DP (xclp/privacy/label_dp.py), not measured here.
 """
 
 from __future__ import annotations
@@ -29,7 +37,28 @@ from xclp.data import DataError
 from xclp.training.runner import TrainConfig, json_safe, load_train_test, pool_indices, prepare, train
 
 ATTACKS = ("loss", "lira")
+TARGETS = ("model", "labels")
 EPS = 1e-12
+PROXY_NEIGHBOURS = 5
+
+
+class LabelProxy:
+    """What an attacker rebuilds from released labels alone: k-NN over the labelled public points,
+    probabilities over all C classes (a class absent from the labels gets 0)."""
+
+    def __init__(self, X: np.ndarray, labels: np.ndarray, n_classes: int, k: int = PROXY_NEIGHBOURS):
+        from sklearn.neighbors import KNeighborsClassifier
+
+        keep = np.asarray(labels) >= 0
+        if not keep.any():
+            raise DataError("the run released no label on its public points: nothing to audit")
+        self.n_classes = n_classes
+        self.knn = KNeighborsClassifier(n_neighbors=min(k, int(keep.sum()))).fit(X[keep], labels[keep])
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(X), self.n_classes))
+        out[:, self.knn.classes_.astype(int)] = self.knn.predict_proba(X)
+        return out
 
 
 def proba(model, X: np.ndarray, n_classes: int) -> np.ndarray:
@@ -75,8 +104,14 @@ def roc_summary(scores: np.ndarray, member: np.ndarray) -> dict:
             "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()}}
 
 
-def _released(out: dict) -> list:
-    """The run's released models: one (FedAvg, FedKT, FREDY), or one per site (FedCT)."""
+def _released(out: dict, target: str = "model", n_classes: int | None = None) -> list:
+    """What the run releases, as models to attack: one (FedAvg, FedKT, FREDY) or one per site (FedCT);
+    for target "labels", the one proxy rebuilt from the shared labels."""
+    if target == "labels":
+        if "released_labels" not in out:
+            raise DataError(f"{out['algorithm']} shares no labels on public points: audit its model (--target model)")
+        X, labels = out["released_labels"]
+        return [LabelProxy(np.asarray(X), np.asarray(labels, dtype=np.int64), n_classes)]
     models = list(out["models"]) if "models" in out else [out["model"]]
     if any(m is None for m in models):
         raise DataError(f"{out['algorithm']} released no model in this run (no query was labelled): nothing to audit")
@@ -99,12 +134,14 @@ def _candidates(sites, test, models: list, rng: np.random.Generator):
              np.concatenate([np.ones(len(ym), bool), np.zeros(n_non, bool)])) for Xm, ym in groups]
 
 
-def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4) -> dict:
+def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4, target: str = "model") -> dict:
     """Train the target run, attack what it releases; {"algorithm", "auc", "tpr_at_1pct_fpr", ...}."""
     cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
     cfg = replace(cfg, json=None, plot=None, baselines=False)
     if attack not in ATTACKS:
         raise DataError(f"--attack must be one of {ATTACKS}, got {attack!r}")
+    if target not in TARGETS:
+        raise DataError(f"--target must be one of {TARGETS}, got {target!r}")
     if attack == "lira" and shadows < 2:
         raise DataError("LiRA needs at least 2 shadow runs (--shadows)")
     n_pool = len(load_train_test(cfg.dataset, cfg.seed)[1])
@@ -113,7 +150,7 @@ def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4
     target_pool = pool_indices(cfg, n_pool)
     sites, public, test, n_classes = prepare(cfg)
     out = train(cfg, sites, public, test, n_classes)
-    models = _released(out)
+    models = _released(out, target, n_classes)
     groups = _candidates(sites, test, models, np.random.default_rng([cfg.seed, 7]))
     conf = [true_class_confidence(m, X, y, n_classes) for m, (X, y, _) in zip(models, groups)]
     member = np.concatenate([g[2] for g in groups])
@@ -131,7 +168,7 @@ def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4
         for k in range(shadows):
             pool = np.sort(np.random.default_rng([cfg.seed, 1000 + k]).choice(outside, size, replace=False))
             s_sites, s_public, s_test, _ = prepare(cfg, pool=pool)
-            s_models = _released(train(cfg, s_sites, s_public, s_test, n_classes))
+            s_models = _released(train(cfg, s_sites, s_public, s_test, n_classes), target, n_classes)
             phis.append(np.concatenate([logit(true_class_confidence(m, X, y, n_classes))
                                         for m, (X, y, _) in zip(s_models, groups)]))
         phis = np.stack(phis)
@@ -140,7 +177,7 @@ def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4
         sigma = float(np.sqrt(np.mean(phis.var(axis=0, ddof=1)))) or 1.0
         summary = roc_summary((target_phi - mu) / sigma, member)
         extra = {"loss_attack": {k: v for k, v in loss.items() if k != "roc"}}  # the same target, the simpler attack
-    return {"algorithm": cfg.algorithm, "attack": attack, "target": "model", "shadows": shadows if attack == "lira" else 0,
+    return {"algorithm": cfg.algorithm, "attack": attack, "target": target, "shadows": shadows if attack == "lira" else 0,
             "released_models": len(models), **summary, **extra, "model_test_accuracy": out["final_accuracy"],
             "privacy": out.get("privacy"), "config": {k: v for k, v in vars(cfg).items() if k not in ("json", "plot")}}
 
@@ -176,7 +213,7 @@ def cmd_audit(args) -> int:
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and k not in ("json", "plot")})
     try:
-        res = run_audit(cfg, args.attack, args.shadows)
+        res = run_audit(cfg, args.attack, args.shadows, args.target)
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -185,7 +222,7 @@ def cmd_audit(args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(json_safe(res), indent=1))
-    print(f"{res['algorithm']}: membership inference ({res['attack']}) AUC {res['auc']:.3f}, TPR {res['tpr_at_1pct_fpr']:.3f} "
+    print(f"{res['algorithm']} {res['target']}: membership inference ({res['attack']}) AUC {res['auc']:.3f}, TPR {res['tpr_at_1pct_fpr']:.3f} "
           f"at 1% FPR, {res['tpr_at_0.1pct_fpr']:.3f} at 0.1% FPR ({res['members']} members, {res['non_members']} "
           f"non-members; released model's test accuracy {res['model_test_accuracy']:.4f})")
     return 0

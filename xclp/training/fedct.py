@@ -477,6 +477,9 @@ class FedCTFederation(Federation):
             "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
             "learners": self.names,
             "models": [st.learner for st in self.states.values()],
+            # the last consensus every site received: U's points and their labels (−1: no consensus)
+            "released_labels": (self.public.X, np.asarray(self.shared if self.shared is not None
+                                                          else np.full(len(self.public.X), -1))),
         }
 
 

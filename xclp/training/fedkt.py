@@ -355,4 +355,5 @@ def run_fedkt(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
         federation = FedKTFederation(strategy, sites, public_X, test, public_y, baselines)
         out = run_rounds(federation, progress)
     out["model"] = federation.final
+    out["released_labels"] = (np.asarray(public_X)[strategy.u2], np.asarray(federation.shared))  # the server's labels of U2
     return out

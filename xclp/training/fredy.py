@@ -272,4 +272,5 @@ def run_fredy(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, n
             "communication_bytes": {"total": fa["total"] + sum(vote["communication_bytes"].values()),
                                     "fedavg_model_bytes": fa["model_bytes"], **vote["communication_bytes"],
                                     "queries": strategy.n_queries},
-            "privacy": vote["privacy"], "gamma": vote["gamma"], "student": vote["student"], "model": voting.student}
+            "privacy": vote["privacy"], "gamma": vote["gamma"], "student": vote["student"], "model": voting.student,
+            "released_labels": (voting.queries, np.asarray(voting.shared))}  # the noisy-vote labels of the queries

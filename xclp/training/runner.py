@@ -209,7 +209,7 @@ def run_training(config: TrainConfig | dict) -> dict:
     t0 = time.perf_counter()
     sites, public, test, n_classes = prepare(cfg)
     out = train(cfg, sites, public, test, n_classes)
-    for key in ("model", "models"):  # the released model(s): objects, not JSON
+    for key in ("model", "models", "released_labels"):  # what the run releases: objects and arrays, not JSON
         out.pop(key, None)
     out["seconds"] = time.perf_counter() - t0
     out = json_safe(out)
