@@ -152,12 +152,12 @@ class Agent:
                 time.sleep(self.poll)
 
     def wipe_keys(self, job_id: str, reason: str) -> bool:
-        """Forget a job's private key (X25519) once the job cannot need it: finished, failed, or this
-        site dropped from it. A later theft of the state folder then opens none of the sealed messages
-        the coordinator keeps. (The seed contribution stays: it reproduces the job's LSH seed for an
+        """Forget a job's private key (X25519) and its label-DP noise secret once the job cannot need
+        them: finished, failed, or this site dropped from it. A later theft of the state folder then
+        opens none of the sealed messages the coordinator keeps, nor strips this site's noise. (The seed contribution stays: it reproduces the job's LSH seed for an
         audit or a replay in process, and opens nothing.) Returns True if there was a key to wipe."""
         st = self.state(job_id)
-        if st["key"] is None:
+        if st["key"] is None and st["noise"] is None:
             return False
         st.data.pop("key", None)
         st.data.pop("noise", None)

@@ -41,10 +41,13 @@ class JobCreate(RequestBody):
                                                               "they accept; 2048 by default)")
     deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                          description="phase -> seconds")
-    dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False,
+    # Bounds that every budget inside them can be met with: below ε = 0.01 no noise leaves anything to
+    # learn (and the Gaussian shares would outgrow the fixed-point sums), and a δ below 1e-15 is not a
+    # number the accountant resolves.
+    dp_epsilon: float | None = Field(None, ge=0.01, le=1e6, allow_inf_nan=False,
                                      description="label-DP budget ε of what the job releases about the sites' labels "
                                                  "(xclp/privacy/label_dp.py); none: exact sums")
-    dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the budget")
+    dp_delta: float = Field(1e-5, ge=1e-15, lt=1, description="δ of the budget")
     label_dp: Literal["rr", "gaussian"] = Field("rr", description="rr: randomized response on each site's labels; "
                                                                   "gaussian: noise shares inside the secure sums")
     dp_clip: float = Field(1.0, gt=0, allow_inf_nan=False,
