@@ -84,12 +84,17 @@ def test_a_budget_calibrates_z_and_bad_settings_are_refused():
     ok = dict(algorithm="fedavg", secure_aggregation=True, clip=1.0, dp_epsilon=4.0)
     FedAvgConfig(**ok).validate()
     for bad, says in (({"clip": None}, "--clip"), ({"secure_aggregation": False}, "secure sum"),
-                      ({"algorithm": "fedavg-xclp"}, "XCLP"), ({"noise_multiplier": 0.01}, "at least")):
+                      ({"algorithm": "fedavg-xclp", "dp_epsilon": None, "noise_multiplier": 1.0}, "XCLP"),
+                      ({"noise_multiplier": 0.01}, "at least")):
         with pytest.raises(ValueError, match=says):
             FedAvgConfig(**{**ok, **bad}).validate()
     s = FedAvgStrategy(FedAvgConfig(**{**ok, "noise_multiplier": 0.5}).validate(), 10, 4)
     with pytest.raises(ValueError, match="past the budget"):
         s.noise_multiplier  # noqa: B018
+    # fedavg-xclp: XCLP's randomized labels take half the budget, the noise on the sums the other half
+    x = FedAvgStrategy(FedAvgConfig(**{**ok, "algorithm": "fedavg-xclp"}).validate(), 10, 4)
+    assert x.mechanism_epsilon == 2.0 and x.xclp_label_flip > 0
+    assert x.noise_multiplier == pytest.approx(gs.multiplier_for_budget(2.0, 1e-5, x.total_rounds()))
 
 
 def test_rounds_short_of_sites_are_spent_as_they_are_and_a_round_past_the_budget_is_not_decoded():

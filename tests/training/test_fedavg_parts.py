@@ -114,9 +114,9 @@ def test_refresh_reuses_pseudo_labels_between_graph_rounds(monkeypatch):
     calls = []
     real = fa.run_xclp
 
-    def counting(ds, params, seed=0, progress=None):
+    def counting(ds, params, seed=0, progress=None, **kw):
         calls.append(params.job_id)
-        return real(ds, params, seed)
+        return real(ds, params, seed, **kw)
 
     monkeypatch.setattr(fa, "run_xclp", counting)
     rng = np.random.default_rng(0)
