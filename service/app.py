@@ -23,11 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import jobs_api, ops_api, sites_api, training_api
+from service import jobs_api, ops_api, sites_api, training_api, ui_api
 from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
 from service.db import Message, make_engine, make_sessionmaker
 from service.engine import JobEngine
@@ -96,6 +97,8 @@ def create_app(settings: Settings) -> FastAPI:
     # What the routes' dependencies (service.deps) and the routers read.
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
     app.state.metrics = metrics
+    app.state.ui_sessions, app.state.last_seen = ui_api.Sessions(), {}  # the dashboard's (service.ui_api)
+    app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
     @app.exception_handler(RequestValidationError)
     async def one_error_model(request: Request, exc: RequestValidationError):
@@ -116,6 +119,8 @@ def create_app(settings: Settings) -> FastAPI:
             hits = [r for r in api_routes if r.path_regex.match(request.url.path)]
             literal = [r for r in hits if r.path == request.url.path]
             headers["Allow"] = ", ".join(sorted({m for r in (literal or hits) for m in r.methods}))
+        if ui_api.is_page(request):  # a person at the dashboard reads a page, not JSON
+            return ui_api.error_page(request, exc.status_code, str(exc.detail))
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
 
     @app.middleware("http")
@@ -125,7 +130,8 @@ def create_app(settings: Settings) -> FastAPI:
         return response
 
     messages = make_messages_router(Session, settings, blobs, job_engine, metrics.upload_bytes, registry)
-    for router in (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router):
+    for router in (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, ui_api.router):
         app.include_router(router)
+    app.mount("/ui/static", StaticFiles(directory=str(ui_api.UI / "static")), name="ui-static")
     api_routes.extend(r for r in app.router.routes if isinstance(r, APIRoute))
     return app

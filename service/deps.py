@@ -10,7 +10,7 @@ import hmac
 from fastapi import Depends, HTTPException, Request
 from sqlalchemy import select
 
-from service.db import Job, Site
+from service.db import Job, Site, utcnow
 
 
 def hash_token(token: str) -> str:
@@ -38,10 +38,16 @@ def require_admin(request: Request, token: str = Depends(bearer)) -> None:
         raise HTTPException(403, "this call needs the admin token")
 
 
-def require_site(token: str = Depends(bearer), db=Depends(get_db)) -> str:
+def _seen(request: Request, site: str) -> None:
+    """A site's last authenticated request (the dashboard's "last contact"; memory only)."""
+    request.app.state.last_seen[site] = utcnow()
+
+
+def require_site(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
     site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
     if site is None:
         raise HTTPException(401, "unknown site token", headers={"WWW-Authenticate": "Bearer"})
+    _seen(request, site)
     return site
 
 
@@ -52,6 +58,7 @@ def caller(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -
     site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
     if site is None:
         raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
+    _seen(request, site)
     return site
 
 

@@ -128,9 +128,9 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
                 raise HTTPException(403, f"site {site!r} is not in job {job_id}")
             return message_ref(db, job_id, sender, site, topic)
 
-    def site_of_token(token: str = Depends(bearer)) -> str:
+    def site_of_token(request: Request, token: str = Depends(bearer)) -> str:
         with Session() as db:  # closed at once: a long poll holds no database connection
-            return require_site(token, db)
+            return require_site(request, token, db)
 
     @r.get("/jobs/{job_id}/messages/{topic:path}", responses=errors(401, 403, 404, 422),
            response_class=Response)

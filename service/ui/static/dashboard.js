@@ -1,0 +1,136 @@
+// The dashboard's live parts: each page polls /ui/api/… (the session cookie) and redraws.
+// Plain DOM, no library: the coordinator's machines are offline and the page must ship whole.
+"use strict";
+const XCLP = (() => {
+  const POLL_MS = 1000;
+
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+    }
+    for (const c of children) if (c != null) e.append(c);
+    return e;
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}});
+    if (r.status === 401) { window.location = "/ui/login"; throw new Error("logged out"); }
+    if (!r.ok) throw new Error(`${url}: ${r.status}`);
+    return r.json();
+  }
+
+  function poll(fn) {
+    const tick = async () => {
+      try { await fn(); document.body.dataset.updated = String(Date.now()); }
+      catch (err) { console.warn(err); }
+      if (!document.body.dataset.stopped) setTimeout(tick, POLL_MS);
+    };
+    tick();
+  }
+
+  const bytes = (n) => n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : n >= 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${n} B`;
+  const pct = (v) => v == null ? "–" : `${(100 * v).toFixed(1)} %`;
+  const when = (iso) => iso ? new Date(iso).toLocaleString() : "never";
+
+  function jobsPage() {
+    poll(async () => {
+      const [{jobs}, {sites}] = await Promise.all([getJSON("/ui/api/jobs"), getJSON("/ui/api/sites")]);
+      const body = document.getElementById("jobs");
+      body.replaceChildren(...(jobs.length ? jobs.map((j) => el("tr", {"data-job": j.job},
+        el("td", {}, el("a", {href: `/ui/jobs/${j.job}`, text: j.job})),
+        el("td", {text: j.kind === "train" ? `train (${j.algorithm})` : j.parent ? "predict (a round's)" : "predict"}),
+        el("td", {}, el("span", {class: "badge", "data-status": j.status, text: j.status})),
+        el("td", {text: j.phase}), el("td", {text: j.kind === "train" ? String(j.round) : ""}),
+        el("td", {text: j.sites.join(", ")}), el("td", {text: j.crypto || ""}), el("td", {text: when(j.created_at)})))
+        : [el("tr", {}, el("td", {colspan: "8", class: "muted", text: "no jobs yet"}))]));
+      document.getElementById("sites").replaceChildren(...sites.map((s) => el("tr", {"data-site": s.site},
+        el("td", {}, el("a", {href: `/ui/sites/${s.site}`, text: s.site})), el("td", {text: when(s.last_contact)}),
+        el("td", {text: String(s.jobs)}), el("td", {text: String(s.running)}))));
+    });
+  }
+
+  function timeline(job) {
+    const known = job.timeline.map((p) => p.seconds || 0);
+    const total = known.reduce((a, b) => a + b, 0) || 1;
+    return job.timeline.map((p) => el("div", {class: `phase ${p.state}`, "data-phase": p.phase, "data-state": p.state},
+      el("div", {class: "bar", style: `width:${Math.max(4, 100 * (p.seconds || 0) / total)}%`}),
+      el("span", {class: "name", text: p.phase}),
+      el("span", {class: "facts", text: `${p.seconds == null ? (p.state === "running" ? "running" : "–") : p.seconds.toFixed(2) + " s"} · ${bytes(p.bytes)}`}),
+      p.dropped.length ? el("span", {class: "dropped", text: `dropped: ${p.dropped.join(", ")}`}) : null));
+  }
+
+  function curves(history) {
+    // accuracies on [0, 1] as lines, sites left out as bars, one column per round (inline SVG)
+    const W = 640, H = 220, L = 40, B = 24, n = history.length;
+    const x = (i) => L + (n > 1 ? i * (W - L - 10) / (n - 1) : (W - L) / 2);
+    const y = (v) => H - B - v * (H - B - 10);
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    svg.setAttribute("class", "curves");
+    const add = (tag, attrs, text) => {
+      const e = document.createElementNS(ns, tag);
+      for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+      if (text != null) e.textContent = text;
+      svg.append(e);
+      return e;
+    };
+    for (const v of [0, 0.5, 1]) {
+      add("line", {x1: L, x2: W - 10, y1: y(v), y2: y(v), class: "grid"});
+      add("text", {x: 4, y: y(v) + 4, class: "axis"}, `${v * 100}%`);
+    }
+    const maxLeft = Math.max(1, ...history.map((r) => r.left_out));
+    history.forEach((r, i) => {
+      if (r.left_out) add("rect", {x: x(i) - 4, width: 8, y: y(0.25 * r.left_out / maxLeft), height: y(0) - y(0.25 * r.left_out / maxLeft), class: "left-out"});
+      add("text", {x: x(i) - 4, y: H - 6, class: "axis"}, String(r.round));
+    });
+    const series = [["local_accuracy", "accuracy"], ["pseudo_label_accuracy", "pseudo-label accuracy"],
+                    ["xclp_pseudo_label_accuracy", "XCLP pseudo-label accuracy"]];
+    const legend = [];
+    series.forEach(([key, label], k) => {
+      const pts = history.map((r, i) => r[key] == null ? null : `${x(i)},${y(r[key])}`).filter(Boolean);
+      if (!pts.length) return;
+      add("polyline", {points: pts.join(" "), class: `s${k}`, "data-series": key});
+      legend.push(el("span", {class: `key s${k}`, text: `${label}: ${pct(history[history.length - 1][key])}`}));
+    });
+    if (history.some((r) => r.left_out)) legend.push(el("span", {class: "key left-out", text: "sites left out (bars)"}));
+    return [svg, el("p", {class: "legend"}, ...legend)];
+  }
+
+  function jobPage(id) {
+    poll(async () => {
+      const job = await getJSON(`/ui/api/jobs/${id}`);
+      const status = document.getElementById("status");
+      status.textContent = job.status;
+      status.dataset.status = job.status;
+      document.getElementById("phase").textContent = job.phase;
+      document.getElementById("bytes").textContent = bytes(job.bytes_total);
+      document.getElementById("round-info").textContent = job.kind === "train" ?
+        `round ${job.progress.round} of ${job.progress.rounds}` : (job.attempt ? `attempt ${job.attempt}` : "");
+      const frac = job.status === "done" ? 1 : job.progress.fraction || 0;
+      document.getElementById("progress-bar").style.width = `${(100 * frac).toFixed(1)}%`;
+      document.getElementById("progress-text").textContent = job.status === "running" ?
+        `${job.progress.received} of ${job.progress.expected} parts of this phase received` : "";
+      document.getElementById("failure").textContent = job.failure || "";
+      document.getElementById("timeline").replaceChildren(...timeline(job));
+      const training = document.getElementById("training");
+      training.hidden = job.kind !== "train";
+      if (job.kind === "train") {
+        document.getElementById("curves").replaceChildren(
+          ...(job.history.length ? curves(job.history) : [el("p", {class: "muted", text: "no round has closed yet"})]));
+      }
+      const privacy = document.getElementById("privacy");
+      privacy.hidden = !job.privacy;
+      if (job.privacy) {
+        document.getElementById("epsilon").textContent =
+          `ε = ${job.privacy.epsilon.toPrecision(4)} at δ = ${job.privacy.delta} spent so far` +
+          (job.privacy.budget ? ` of a budget of ${job.privacy.budget}` : "") + ` (${job.privacy.neighbouring}); ` +
+          `${job.privacy.events.length} release(s) in the ledger`;
+      }
+      if (job.status !== "running") document.body.dataset.stopped = "1";  // a finished job changes no more
+    });
+  }
+
+  return {jobsPage, jobPage};
+})();

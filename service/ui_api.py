@@ -1,0 +1,288 @@
+"""The operator dashboard: `GET /ui`, pages for people, served by the coordinator itself.
+
+Who sees what. The operator logs in with the admin token and sees every job and site. A site logs in
+with its own token and sees only its own view: the jobs it takes part in and its own contact; any
+other job's or site's page answers 403. The token is typed once into the login form (POST, never a
+URL) and exchanged for a session: a random 32-byte id in an HttpOnly, SameSite=Strict cookie scoped
+to /ui, mapped server-side to who logged in. SameSite=Strict and POST-only state changes (login,
+logout) are the CSRF defence: a page on another origin can neither send the cookie nor read a page.
+Sessions live in the coordinator's memory and last 8 hours: a restarted coordinator asks everyone to
+log in again (tokens are never stored, only their hashes, so nothing to re-derive a session from).
+
+What the pages show comes from what the coordinator already keeps: each job's phases with their
+seconds (`Job.timings`), who dropped in which phase (`Job.dropped`), the bytes of the messages each
+phase carried (`Message.size`, by topic), live progress (the same counts the API's status reports),
+a training job's per-round history and privacy ledger, and each site's last contact (its last
+authenticated request since the coordinator started, else its last upload). The pages are plain
+HTML and one small script (service/ui/static), no CDN: the machines are offline. The script polls
+`/ui/api/…` (the same cookie) every second and redraws the live parts, curves as inline SVG.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import func, select
+
+from service.db import Job, Message, Site
+from service.deps import _is_admin, get_db, hash_token, load_job
+from xclp.protocol import JOB_PHASES, TOPIC_PHASE
+
+UI = Path(__file__).resolve().parent / "ui"
+templates = Jinja2Templates(directory=str(UI / "templates"))
+COOKIE = "xclp_session"
+SESSION_SECONDS = 8 * 3600
+MAX_LOGIN_BYTES = 4096  # a token is 43 characters; the form is refused long before it could hurt
+TRAIN_PHASES = ("setup", "round", "evaluate", "done")
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+@dataclass
+class Viewer:
+    who: str  # "admin" or a site's name
+    expires: float
+
+    @property
+    def admin(self) -> bool:
+        return self.who == "admin"
+
+
+class Sessions:
+    """Session id → viewer, in memory (see the module's docstring)."""
+
+    def __init__(self):
+        self._by_id: dict[str, Viewer] = {}
+
+    def open(self, who: str) -> str:
+        now = time.time()
+        self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}  # forget the expired
+        sid = secrets.token_urlsafe(32)
+        self._by_id[sid] = Viewer(who, now + SESSION_SECONDS)
+        return sid
+
+    def get(self, sid: str | None) -> Viewer | None:
+        v = self._by_id.get(sid or "")
+        return v if v is not None and v.expires > time.time() else None
+
+    def close(self, sid: str | None) -> None:
+        self._by_id.pop(sid or "", None)
+
+
+class LoginRequired(Exception):
+    """No valid session: pages redirect to the login page, the JSON endpoints answer 401."""
+
+
+def viewer(request: Request) -> Viewer:
+    v = request.app.state.ui_sessions.get(request.cookies.get(COOKIE))
+    if v is None:
+        raise LoginRequired
+    return v
+
+
+def login_required_handler(request: Request, exc: LoginRequired) -> Response:
+    if request.url.path.startswith("/ui/api/"):
+        return Response('{"detail": "log in at /ui/login"}', status_code=401, media_type="application/json")
+    return RedirectResponse("/ui/login", status_code=303)
+
+
+def is_page(request: Request) -> bool:
+    return request.url.path.startswith("/ui") and not request.url.path.startswith("/ui/api/")
+
+
+def error_page(request: Request, status: int, detail: str) -> Response:
+    return templates.TemplateResponse(request, "error.html", {"status": status, "detail": detail}, status_code=status)
+
+
+def _forbidden(what: str) -> HTTPException:
+    return HTTPException(403, f"this session may not see {what}")
+
+
+# --- login ---------------------------------------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request):
+    return templates.TemplateResponse(request, "login.html", {"error": None})
+
+
+@router.post("/login")
+async def login(request: Request, db=Depends(get_db)):
+    body = await request.body()
+    if len(body) > MAX_LOGIN_BYTES:
+        return templates.TemplateResponse(request, "login.html", {"error": "that is not a token"}, status_code=413)
+    token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
+    who = None
+    if token and _is_admin(request, token):
+        who = "admin"
+    elif token:
+        who = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
+    if who is None:
+        return templates.TemplateResponse(request, "login.html",
+                                          {"error": "unknown token: give the admin token or a site's token"},
+                                          status_code=401)
+    response = RedirectResponse("/ui", status_code=303)
+    response.set_cookie(COOKIE, request.app.state.ui_sessions.open(who), max_age=SESSION_SECONDS, path="/ui",
+                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request):
+    request.app.state.ui_sessions.close(request.cookies.get(COOKIE))
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+# --- what the pages show -------------------------------------------------------------------------
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.isoformat(timespec="seconds") + "Z"
+
+
+def _visible_jobs(db, v: Viewer) -> list[Job]:
+    jobs = db.scalars(select(Job).order_by(Job.created_at.desc())).all()
+    return [j for j in jobs if v.admin or v.who in j.sites]
+
+
+def job_row(job: Job) -> dict:
+    return {"job": job.id, "kind": job.kind, "status": job.status, "phase": job.phase, "sites": job.sites,
+            "parent": job.parent, "round": job.round or 0, "crypto": job.params.get("crypto"),
+            "algorithm": job.params.get("algorithm"), "created_at": _iso(job.created_at),
+            "finished_at": _iso(job.finished_at)}
+
+
+# What the coordinator sends, by phase (what sites send is in xclp.protocol.TOPIC_PHASE).
+COORDINATOR_TOPIC_PHASE = {"roster": "setup", "counts-total": "counts", "influence": "row_sums", "sums": "row_sums"}
+
+
+def _phase_of(job: Job, topic: str) -> str:
+    kind, _, rest = topic.partition("/")
+    if job.kind == "predict":
+        return TOPIC_PHASE.get(kind) or COORDINATOR_TOPIC_PHASE.get(kind, "setup")
+    if kind in ("hello", "keys") or topic == "model/0":
+        return "setup"
+    return "evaluate" if kind == "eval" else "round"  # plan/t, update/t, votes/t, model/t, consensus/t, labels/t
+
+
+def _phase_bytes(db, job: Job) -> dict[str, int]:
+    """Bytes of the messages each phase carried (uploads, relayed site-to-site messages, broadcasts)."""
+    rows = db.execute(select(Message.topic, func.sum(Message.size)).where(Message.job_id == job.id)
+                      .group_by(Message.topic)).all()
+    out: dict[str, int] = {}
+    for topic, size in rows:
+        phase = _phase_of(job, topic)
+        out[phase] = out.get(phase, 0) + int(size or 0)
+    return out
+
+
+def job_detail(db, job: Job, v: Viewer) -> dict:
+    from service.jobs_api import _progress, _training_view
+
+    phases = JOB_PHASES if job.kind == "predict" else TRAIN_PHASES
+    reached = phases.index(job.phase) if job.phase in phases else len(phases) - 1
+    nbytes = _phase_bytes(db, job)
+    timeline = []
+    for i, p in enumerate(phases[:-1]):  # "done" is where a job ends, not a phase it spends time in
+        state = "done" if i < reached or job.status == "done" else ("failed" if job.status == "failed" else "running") \
+            if i == reached else "pending"
+        timeline.append({"phase": p, "state": state, "seconds": job.timings.get(p), "bytes": nbytes.get(p, 0),
+                         "dropped": sorted(s for s, at in job.dropped.items() if at == p)})
+    training = _training_view(job, v.who) if job.kind == "train" else {}
+    privacy = training.get("privacy") if job.kind == "train" else None
+    if job.kind == "predict":
+        from xclp.protocol import JobParams
+
+        privacy = JobParams(**job.params).privacy()
+    children = [] if job.kind != "train" else [
+        r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
+    return {**job_row(job), "attempt": job.attempt, "live": job.live, "dropped": job.dropped, "failure": job.failure,
+            "progress": _progress(db, job), "timeline": timeline, "bytes_total": sum(nbytes.values()),
+            "params": {k: job.params.get(k) for k in ("crypto", "bits", "k", "classes", "n_classes", "algorithm",
+                                                      "rounds", "label_flip", "dp_noise") if k in job.params},
+            "history": _curves(training.get("history") or []), "final": training.get("final"),
+            "privacy": privacy if privacy and privacy.get("epsilon") is not None else None,
+            "children": children}
+
+
+def _curves(history: list[dict]) -> list[dict]:
+    """Per round: the accuracies a job measures and how many sites were left out."""
+    keys = ("local_accuracy", "pseudo_label_accuracy", "xclp_pseudo_label_accuracy")
+    return [{"round": r.get("round"), **{k: r.get(k) for k in keys}, "left_out": len(r.get("left_out") or []),
+             "epsilon": r.get("epsilon")} for r in history if r]
+
+
+def site_rows(request: Request, db, v: Viewer) -> list[dict]:
+    names = list(db.scalars(select(Site.name).order_by(Site.name)))
+    if not v.admin:
+        names = [n for n in names if n == v.who]
+    uploads = dict(db.execute(select(Message.sender, func.max(Message.created_at))
+                              .where(Message.sender.in_(names)).group_by(Message.sender)).all())
+    seen = request.app.state.last_seen
+    jobs = db.execute(select(Job.id, Job.status, Job.sites, Job.live)).all()
+    out = []
+    for n in names:
+        times = [t for t in (seen.get(n), uploads.get(n)) if t is not None]
+        mine = [j for j in jobs if n in j.sites]
+        out.append({"site": n, "last_contact": _iso(max(times)) if times else None,
+                    "jobs": len(mine), "running": sum(1 for j in mine if j.status == "running" and n in j.live)})
+    return out
+
+
+# --- JSON for the page script ----------------------------------------------------------------------
+
+
+@router.get("/api/jobs")
+def api_jobs(v: Viewer = Depends(viewer), db=Depends(get_db)):
+    return {"jobs": [job_row(j) for j in _visible_jobs(db, v)]}
+
+
+@router.get("/api/jobs/{job_id}")
+def api_job(job_id: str, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    job = load_job(db, job_id)
+    if not v.admin and v.who not in job.sites:
+        raise _forbidden(f"job {job_id}")
+    return job_detail(db, job, v)
+
+
+@router.get("/api/sites")
+def api_sites(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    return {"sites": site_rows(request, db, v)}
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+@router.get("", response_class=HTMLResponse)
+def jobs_page(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    return templates.TemplateResponse(request, "jobs.html", {
+        "viewer": v, "jobs": [job_row(j) for j in _visible_jobs(db, v)], "sites": site_rows(request, db, v)})
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: str, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    job = load_job(db, job_id)
+    if not v.admin and v.who not in job.sites:
+        raise _forbidden(f"job {job_id}")
+    return templates.TemplateResponse(request, "job.html", {"viewer": v, "job": job_detail(db, job, v)})
+
+
+@router.get("/sites/{name}", response_class=HTMLResponse)
+def site_page(request: Request, name: str, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    if not v.admin and v.who != name:
+        raise _forbidden(f"site {name}")
+    rows = [r for r in site_rows(request, db, v) if r["site"] == name]
+    if not rows:
+        raise HTTPException(404, f"unknown site {name!r}")
+    jobs = [job_row(j) for j in _visible_jobs(db, v) if name in j.sites]
+    return templates.TemplateResponse(request, "site.html", {"viewer": v, "site": rows[0], "jobs": jobs})

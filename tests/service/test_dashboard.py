@@ -1,0 +1,111 @@
+"""The operator dashboard over HTTP (service/ui_api.py): login by token into a session cookie, what
+the operator and a site may see, and the live JSON the pages draw from — with a real job run by
+in-process agents. The same pages in a real browser: test_dashboard_browser.py."""
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from svc import ADMIN, expire_deadline
+
+from clients.agent import Agent
+from clients.api import CoordinatorClient
+from clients.policy import SitePolicy
+from service.app import Settings, create_app
+from xclp.data import load_arrays
+from xclp.splits import simulate_sites
+
+
+@pytest.fixture
+def rig(tmp_path):
+    settings = Settings(database=f"sqlite:///{tmp_path / 'd.db'}", admin_token=ADMIN, engine_interval=0.02)
+    with TestClient(create_app(settings)) as tc:
+        X, y = load_arrays("digits", limit=240, seed=2)
+        ds = simulate_sites(X, y, 3, "iid", 0.2, seed=2)
+        admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
+        agents, tokens = {}, {}
+        for s in ds.sites:
+            tokens[s] = admin.add_site(s)["token"]
+            idx = np.flatnonzero(ds.site == s)
+            np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
+            client = CoordinatorClient("http://testserver", tokens[s], transport=tc._transport)
+            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}",
+                              policy=SitePolicy(allow_plaintext=True))
+        yield tc, ds, admin, agents, tokens
+
+
+def login(tc: TestClient, token: str):
+    tc.cookies.clear()
+    return tc.post("/ui/login", data={"token": token}, follow_redirects=False)
+
+
+def test_a_login_page_first_and_the_token_only_in_a_post(rig):
+    tc, ds, admin, agents, tokens = rig
+    tc.cookies.clear()
+    r = tc.get("/ui", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+    assert tc.get("/ui/api/jobs").status_code == 401  # the page script's endpoints: 401, not a redirect
+    page = tc.get("/ui/login")
+    assert page.status_code == 200 and 'method="post"' in page.text and "<script src=\"/ui/static/" in page.text
+    bad = login(tc, "not-a-token")
+    assert bad.status_code == 401 and "unknown token" in bad.text and "xclp_session" not in bad.headers.get("set-cookie", "")
+    assert login(tc, "x" * 10_000).status_code == 413
+    ok = login(tc, ADMIN)
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui"  # no token in any URL
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie and ADMIN not in cookie
+    assert tc.get("/ui").status_code == 200
+    assert tc.get("/ui/static/dashboard.js").status_code == 200 and tc.get("/ui/static/style.css").status_code == 200
+    assert tc.post("/ui/logout", follow_redirects=False).status_code == 303
+    assert tc.get("/ui/api/jobs").status_code == 401  # the session is gone on the server, not only the cookie
+
+
+def test_the_operator_sees_a_job_move_through_its_phases_with_its_bytes_seconds_and_dropouts(rig):
+    tc, ds, admin, agents, tokens = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10)
+    login(tc, ADMIN)
+    first = tc.get(f"/ui/api/jobs/{job}").json()
+    assert first["status"] == "running" and first["phase"] == "setup"
+    assert [p["phase"] for p in first["timeline"]] == ["setup", "seed", "counts", "hamming", "row_sums"]
+    assert first["timeline"][0]["state"] == "running" and first["timeline"][1]["state"] == "pending"
+    gone = ds.sites[-1]  # vanishes inside SecureRowSums: it never sends its masked rows
+    send = agents[gone]._put_once
+    agents[gone]._put_once = lambda st, j, topic, body, to="coordinator": (
+        False if topic.startswith("rows/") else send(st, j, topic, body, to))
+    end = time.monotonic() + 120
+    while admin.job(job)["status"] == "running":
+        assert time.monotonic() < end, "the job did not finish"
+        st = admin.job(job)
+        if st["phase"] == "row_sums" and st["progress"]["received"] == 2:
+            expire_deadline(tc.app.state.sessionmaker, job)  # the others' rows are in; gone's never come
+        for a in agents.values():
+            a.step(job)
+    done = tc.get(f"/ui/api/jobs/{job}").json()
+    assert done["status"] == "done" and all(p["state"] == "done" for p in done["timeline"])
+    assert all(p["seconds"] is not None and p["bytes"] > 0 for p in done["timeline"])
+    assert [p["dropped"] for p in done["timeline"]] == [[], [], [], [], [gone]]  # who dropped where
+    assert done["bytes_total"] == sum(p["bytes"] for p in done["timeline"])
+    rows = {r["job"]: r for r in tc.get("/ui/api/jobs").json()["jobs"]}
+    assert rows[job]["status"] == "done"
+    sites = {r["site"]: r for r in tc.get("/ui/api/sites").json()["sites"]}
+    assert set(sites) == set(ds.sites) and all(r["last_contact"] for r in sites.values())
+    html = tc.get(f"/ui/jobs/{job}").text
+    assert job in html and "XCLP.jobPage" in html
+
+
+def test_a_site_sees_only_its_own_jobs_and_its_own_page(rig):
+    tc, ds, admin, agents, tokens = rig
+    a, b, c = ds.sites
+    theirs = admin.submit_job(kind="predict", sites=[b, c], crypto="ot", bits=128, classes=10)
+    ours = admin.submit_job(kind="predict", sites=[a, b], crypto="ot", bits=128, classes=10)
+    assert login(tc, tokens[a]).status_code == 303
+    assert [r["job"] for r in tc.get("/ui/api/jobs").json()["jobs"]] == [ours]
+    assert [r["site"] for r in tc.get("/ui/api/sites").json()["sites"]] == [a]
+    assert tc.get(f"/ui/api/jobs/{ours}").status_code == 200
+    assert tc.get(f"/ui/api/jobs/{theirs}").status_code == 403
+    page = tc.get(f"/ui/jobs/{theirs}")
+    assert page.status_code == 403 and "may not see" in page.text and "<html" in page.text  # a page, not JSON
+    assert tc.get(f"/ui/sites/{b}").status_code == 403
+    assert tc.get(f"/ui/sites/{a}").status_code == 200
+    assert tc.get("/ui/jobs/no-such-job").status_code == 404
