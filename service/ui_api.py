@@ -157,7 +157,8 @@ def _visible_jobs(db, v: Viewer) -> list[Job]:
 
 def job_row(job: Job) -> dict:
     return {"job": job.id, "kind": job.kind, "status": job.status, "phase": job.phase, "sites": job.sites,
-            "parent": job.parent, "round": job.round or 0, "crypto": job.params.get("crypto"),
+            "parent": job.parent, "round": job.round or 0,
+            "crypto": job.params.get("crypto") or (job.params.get("config") or {}).get("crypto"),
             "algorithm": job.params.get("algorithm"), "created_at": _iso(job.created_at),
             "finished_at": _iso(job.finished_at)}
 

@@ -51,13 +51,19 @@ const XCLP = (() => {
   }
 
   function timeline(job) {
-    const known = job.timeline.map((p) => p.seconds || 0);
-    const total = known.reduce((a, b) => a + b, 0) || 1;
-    return job.timeline.map((p) => el("div", {class: `phase ${p.state}`, "data-phase": p.phase, "data-state": p.state},
-      el("div", {class: "bar", style: `width:${Math.max(4, 100 * (p.seconds || 0) / total)}%`}),
+    // a Gantt row per phase: each bar starts where the phases before it ended (seconds to scale)
+    const secs = job.timeline.map((p) => p.seconds || 0);
+    const total = secs.reduce((a, b) => a + b, 0) || 1;
+    let start = 0;
+    return job.timeline.map((p, i) => {
+      const left = 100 * start / total, width = Math.max(0.8, 100 * secs[i] / total);
+      start += secs[i];
+      return el("div", {class: `phase ${p.state}`, "data-phase": p.phase, "data-state": p.state},
       el("span", {class: "name", text: p.phase}),
+      el("div", {class: "track"}, el("div", {class: "bar", style: `margin-left:${Math.min(left, 99.2)}%;width:${width}%`})),
       el("span", {class: "facts", text: `${p.seconds == null ? (p.state === "running" ? "running" : "–") : p.seconds.toFixed(2) + " s"} · ${bytes(p.bytes)}`}),
-      p.dropped.length ? el("span", {class: "dropped", text: `dropped: ${p.dropped.join(", ")}`}) : null));
+      p.dropped.length ? el("span", {class: "dropped", text: `dropped here: ${p.dropped.join(", ")}`}) : null);
+    });
   }
 
   function curves(history) {
@@ -85,7 +91,7 @@ const XCLP = (() => {
       if (r.left_out) add("rect", {x: x(i) - 4, width: 8, y: y(0.25 * r.left_out / maxLeft), height: y(0) - y(0.25 * r.left_out / maxLeft), class: "left-out"});
       add("text", {x: x(i) - 4, y: H - 6, class: "axis"}, String(r.round));
     });
-    const series = [["local_accuracy", "accuracy"], ["pseudo_label_accuracy", "pseudo-label accuracy"],
+    const series = [["local_accuracy", "accuracy on the sites' own points"], ["pseudo_label_accuracy", "pseudo-label accuracy"],
                     ["xclp_pseudo_label_accuracy", "XCLP pseudo-label accuracy"]];
     const legend = [];
     series.forEach(([key, label], k) => {

@@ -1,0 +1,139 @@
+"""The dashboard in a real browser: Debian's headless Chromium, driven by Selenium through Debian's
+chromedriver, against a real coordinator process with real agent processes. Pages render, a running
+job's page updates by itself as the job moves on, a training job's page draws its curves, and a site
+cannot open another site's page. XCLP_SCREENSHOTS=DIR also saves the pages as PNG (docs/ has them)."""
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from svc import ADMIN, ProcessCluster
+
+from xclp.data import load_arrays
+from xclp.splits import simulate_sites
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the dev extra has it)")
+if not (shutil.which(CHROMIUM) and shutil.which(DRIVER)):
+    pytest.skip(f"no browser: {CHROMIUM} and {DRIVER} come from Debian's chromium and chromium-driver "
+                "(.ci/run installs them)", allow_module_level=True)
+
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+pytestmark = pytest.mark.slow
+WAIT = 180  # seconds: generous, a loaded machine is slow, and nothing here is timed
+
+
+@pytest.fixture
+def browser(tmp_path):
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    # the flags a closed network needs (no background fetches), and a fresh profile
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1000"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    X, y = load_arrays("digits", limit=300, seed=6)
+    X = (X / 16.0).astype(np.float32)
+    ds = simulate_sites(X, y, 3, "iid", 0.2, seed=6)
+    sites = {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s], "y_true": ds.y_true[ds.site == s]}
+             for s in ds.sites}
+    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites)
+    try:
+        yield c, ds.sites
+    finally:
+        c.close()
+
+
+def wait(driver, what, pred):
+    return WebDriverWait(driver, WAIT, poll_frequency=0.2).until(lambda d: pred(d), message=what)
+
+
+def text(driver, css: str) -> str:
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else ""
+
+
+def log_in(driver, url: str, token: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(f"{url}/ui")
+    wait(driver, "the login page", lambda d: d.current_url.endswith("/ui/login"))
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.ID, "login").click()
+    wait(driver, "the jobs page", lambda d: d.current_url.endswith("/ui") and d.find_elements(By.ID, "jobs"))
+
+
+def shot(driver, name: str) -> None:
+    folder = os.environ.get("XCLP_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(folder) / name))
+
+
+def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser, cluster):
+    c, sites = cluster
+    a, b, s3 = sites
+    # a wrong token: the login page again, with the reason
+    browser.get(f"{c.url}/ui/login")
+    browser.find_element(By.ID, "token").send_keys("not-a-token")
+    browser.find_element(By.ID, "login").click()
+    wait(browser, "the login error", lambda d: "unknown token" in text(d, "#error"))
+
+    job = c.admin.submit_job(kind="predict", sites=sites, crypto="ot", bits=128, k=6, classes=10)
+    log_in(browser, c.url, ADMIN)
+    wait(browser, "the job in the list", lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job}"]'))
+    browser.find_element(By.LINK_TEXT, job).click()
+    wait(browser, "the job page in setup", lambda d: text(d, "#phase") == "setup" and text(d, "#status") == "running")
+    assert ADMIN not in browser.current_url
+    for s in sites:  # the sites come: the open page follows the job to its end without a reload
+        c.start_agent(s)
+    wait(browser, "the page to show the job done",
+         lambda d: text(d, "#status") == "done"
+         and len(d.find_elements(By.CSS_SELECTOR, '.timeline .phase[data-state="done"]')) == 5)
+    assert browser.execute_script("return performance.getEntriesByType('navigation').length") == 1  # never reloaded
+    shot(browser, "dashboard-job.png")
+
+    # FedAvg+XCLP: the curves of accuracy and pseudo-label accuracy; DP-FedAvg: the ledger's ε (under DP
+    # the sites send no statistics in the clear, so that job has no curves to draw)
+    train = c.admin.submit_train(algorithm="fedavg-xclp", sites=sites, classes=10, crypto="plaintext", rounds=3,
+                                 sites_per_round=3, local_epochs=1, lr=0.1, seed=1)
+    private = c.admin.submit_train(algorithm="fedavg", sites=sites, classes=10, rounds=2, sites_per_round=3,
+                                   local_epochs=1, seed=1, clip=1.0, dp_epsilon=50.0)
+    browser.get(f"{c.url}/ui/jobs/{train}")
+    wait(browser, "three rounds drawn",
+         lambda d: text(d, "#status") == "done" and len(d.find_elements(By.CSS_SELECTOR, "#curves polyline")) == 2)
+    assert browser.find_element(By.ID, "privacy").get_attribute("hidden") is not None  # no noise, no ε
+    shot(browser, "dashboard-training.png")
+    browser.get(f"{c.url}/ui/jobs/{private}")
+    wait(browser, "the ledger's ε", lambda d: text(d, "#status") == "done" and "ε = " in text(d, "#epsilon"))
+    browser.get(f"{c.url}/ui")
+    wait(browser, "both jobs listed", lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-job]")) >= 2)
+    wait(browser, "every site's last contact",
+         lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-site]")) == 3 and "never" not in text(d, "#sites"))
+    shot(browser, "dashboard-jobs.png")
+
+    # a site: its own jobs only; another site's page and a job without it answer 403
+    theirs = c.admin.submit_job(kind="predict", sites=[b, s3], crypto="ot", bits=128, classes=10)
+    log_in(browser, c.url, c.tokens[a])
+    wait(browser, "the site's jobs", lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job}"]'))
+    assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-job="{theirs}"]')
+    assert [e.get_attribute("data-site") for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-site]")] == [a]
+    browser.get(f"{c.url}/ui/jobs/{theirs}")
+    wait(browser, "403 on another site's job", lambda d: text(d, "#status") == "403")
+    browser.get(f"{c.url}/ui/sites/{b}")
+    wait(browser, "403 on another site's page", lambda d: text(d, "#status") == "403")
+    browser.get(f"{c.url}/ui/sites/{a}")
+    wait(browser, "its own page", lambda d: text(d, "#site-name") == a)
