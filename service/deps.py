@@ -29,12 +29,12 @@ def bearer(request: Request) -> str:
     return auth[7:].strip()
 
 
-def _is_admin(request: Request, token: str) -> bool:
+def is_admin(request: Request, token: str) -> bool:
     return hmac.compare_digest(token.encode(), request.app.state.settings.admin_token.encode())
 
 
 def require_admin(request: Request, token: str = Depends(bearer)) -> None:
-    if not _is_admin(request, token):
+    if not is_admin(request, token):
         raise HTTPException(403, "this call needs the admin token")
 
 
@@ -53,7 +53,7 @@ def require_site(request: Request, token: str = Depends(bearer), db=Depends(get_
 
 def caller(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
     """'admin' or the site's name."""
-    if _is_admin(request, token):
+    if is_admin(request, token):
         return "admin"
     site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
     if site is None:

@@ -33,7 +33,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import func, select
 
 from service.db import Job, Message, Site
-from service.deps import _is_admin, get_db, hash_token, load_job
+from service.deps import get_db, hash_token, is_admin, load_job
 from xclp.protocol import JOB_PHASES, TOPIC_PHASE
 
 UI = Path(__file__).resolve().parent / "ui"
@@ -121,7 +121,7 @@ async def login(request: Request, db=Depends(get_db)):
         return templates.TemplateResponse(request, "login.html", {"error": "that is not a token"}, status_code=413)
     token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
     who = None
-    if token and _is_admin(request, token):
+    if token and is_admin(request, token):
         who = "admin"
     elif token:
         who = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
