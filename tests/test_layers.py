@@ -8,12 +8,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("xclp", "crypto", "service", "clients", "cli")
+PACKAGES = ("xclp", "crypto", "service", "clients", "cli", "xclp_flower")
 MAY_IMPORT = {
     "crypto": {"crypto"},
     "xclp": {"xclp", "crypto"},
     "service": {"service", "xclp", "crypto"},
     "clients": {"clients", "xclp", "crypto"},
+    "xclp_flower": {"xclp_flower", "clients", "xclp", "crypto"},  # a third driver, beside service/ and clients/
     "cli": set(PACKAGES),
 }
 

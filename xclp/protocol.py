@@ -326,7 +326,7 @@ class SiteSession:
 
     def __init__(self, params: JobParams, site: str, X: np.ndarray, y: np.ndarray,
                  keypair: SiteKeyPair | None = None, contribution: bytes | None = None,
-                 noise_seed: bytes | None = None):
+                 noise_seed: bytes | None = None, hamming: HammingProtocol | None = None):
         self.params = params.validate()
         self.site = site
         self.X = validate_features(X, what=f"{site}: X")
@@ -357,7 +357,7 @@ class SiteSession:
         self._influence: np.ndarray | None = None
         self._kept: np.ndarray | None = None  # this site's own masked rows, kept at home
         self.result: Prediction | None = None
-        self._hamming: HammingProtocol | None = None
+        self._hamming: HammingProtocol | None = hamming  # None: hamming_protocol(params) when first needed
         self._paillier_keys = None
 
     @property

@@ -1,0 +1,86 @@
+"""XCLP inside Flower, in one process (xclp_flower/grid.py: the ServerApp's messages go straight to
+each node's ClientApp, every Context through Flower's serialisation between calls): the labels equal
+the in-process simulation's with the same seed contributions, for the plaintext reference and the
+lattice protocol; the sites' policy and bad inputs give clear errors."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]' (.ci/run installs it)")
+
+from xclp.data import load_arrays  # noqa: E402
+from xclp.protocol import JobParams  # noqa: E402
+from xclp.simulation import run_xclp  # noqa: E402
+from xclp.splits import simulate_sites  # noqa: E402
+from xclp_flower.client_app import app as client_app  # noqa: E402
+from xclp_flower.grid import InProcessGrid  # noqa: E402
+from xclp_flower.replay import KeystreamRandom  # noqa: E402
+from xclp_flower.server_app import FlowerXCLP, SiteFailed, params_from  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("flower")
+    X, y = load_arrays("digits", limit=300, seed=1)
+    ds = simulate_sites(X, y, 3, "iid", 0.2, seed=1)
+    configs = []
+    for s in ds.sites:
+        m = ds.site == s
+        np.savez(tmp / f"{s}.npz", X=ds.X[m], y=ds.y[m])
+        configs.append({"site": s, "data-path": str(tmp / f"{s}.npz"), "out": str(tmp / f"out-{s}"),
+                        "allow-plaintext": "true"})
+    return ds, configs
+
+
+def run(configs, **kw):
+    grid = InProcessGrid(client_app, configs)
+    params = JobParams(job_id=f"flower-test-{kw.get('crypto', 'lattice')}", n_classes=10, bits=128, k=6, **kw)
+    return grid, params, FlowerXCLP(grid, params).run()
+
+
+@pytest.mark.parametrize("crypto", ["plaintext", "lattice"])
+def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, crypto):
+    ds, configs = federation
+    grid, params, out = run(configs, crypto=crypto)
+    assert out["sites"] == ds.sites and out["bytes_total"] > 0
+    # the sites' own seed contributions, from their node-local state: the same LSH seed in the simulation
+    contributions = {str(c.node_config["site"]): bytes(c.state["xclp"]["contribution"]) for c in grid.contexts.values()}
+    ref = run_xclp(ds, params, contributions=contributions)
+    for s in ds.sites:
+        got = np.load(out["written"][s])
+        assert np.array_equal(got["labels"], ref.predictions[s].labels), s
+        assert np.array_equal(got["confidence"], ref.predictions[s].confidence), s
+
+
+def test_flower_runs_a_label_dp_job_like_the_simulation(federation):
+    ds, configs = federation
+    grid, params, out = run(configs, crypto="lattice", label_flip=0.3, dp_noise=0.5)
+    state = {str(c.node_config["site"]): c.state["xclp"] for c in grid.contexts.values()}
+    ref = run_xclp(ds, params, contributions={s: bytes(v["contribution"]) for s, v in state.items()},
+                   noise_seeds={s: bytes(v["noise"]) for s, v in state.items()})
+    for s in ds.sites:
+        assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
+
+
+def test_flower_sites_keep_their_policy_and_bad_configs_are_clear_errors(federation):
+    ds, configs = federation
+    strict = [{**c, "allow-plaintext": "false"} for c in configs]
+    with pytest.raises(SiteFailed, match="crypto='plaintext'"):
+        run(strict, crypto="plaintext")
+    with pytest.raises(SiteFailed, match="cannot run inside Flower yet"):
+        run(configs, crypto="ot")
+    with pytest.raises(SiteFailed, match="lacks \\['data-path'\\]"):
+        run([{k: v for k, v in c.items() if k != "data-path"} for c in configs])
+    with pytest.raises(SiteFailed, match="same site name"):
+        run([{**c, "site": "twin"} for c in configs])
+    with pytest.raises(ValueError, match="unknown run config"):
+        params_from({"crypto": "lattice", "bitz": 3}, 1)
+    assert params_from({"crypto": "plaintext", "bits": 64, "classes": 10}, 7).job_id == "flower-7"
+
+
+def test_flower_replay_keystream_is_a_stream():
+    # os.urandom's stand-in reads one keystream: split reads give the same bytes as one read
+    a, b = KeystreamRandom(b"k" * 32), KeystreamRandom(b"k" * 32)
+    whole = a(100)
+    assert b(7) + b(30) + b(63) == whole and len(set(whole)) > 40
+    assert KeystreamRandom(b"j" * 32)(100) != whole

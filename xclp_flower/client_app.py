@@ -1,0 +1,168 @@
+"""The site's side of XCLP as a Flower ClientApp: `@app.query("xclp")`, one handler for every step.
+
+The node's configuration names the site and its data (`flower-supernode --node-config
+"site=hospital-a data-path=a.csv out=results allow-plaintext=false"`); vectors, labels and results
+stay at the site: a step's reply carries only what the same step sends to the coordinator in the
+service (announce, sealed site-to-site messages, masked sums, the pair protocol's shares). The
+site's policy is the agent's (clients/policy.py): no plaintext job unless `allow-plaintext=true`.
+
+Each message carries a step and its inputs (a ConfigRecord "xclp"); the reply carries its outputs
+("to:PEER" — sealed, for the ServerApp to relay —, "share:PEER", the masked parts). State between
+messages: xclp_flower/replay.py (secrets and the inputs taken so far, replayed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.agent import load_site_data
+from clients.policy import PolicyError, SitePolicy
+from crypto.errors import ProtocolError
+from crypto.keys import SiteKeyPair
+from xclp.data import DataError
+from xclp.protocol import JobParams, SiteSession, decode_roster
+from xclp_flower.replay import REPLAYABLE, deterministic_urandom
+
+STATE = "xclp"  # the node's records for the run: its secrets ("xclp") and inputs ("xclp-in-0", …)
+STEPS = ("announce", "roster", "seed", "counts", "pairs", "influence", "sums")
+
+app = ClientApp()
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
+class FlowerSite:
+    """One site in one run, rebuilt from its node config and its Context.state."""
+
+    def __init__(self, context: Context):
+        cfg = context.node_config
+        missing = [k for k in ("site", "data-path", "out") if not cfg.get(k)]
+        if missing:
+            raise DataError(f"this SuperNode's --node-config lacks {missing} (site=NAME data-path=FILE out=FOLDER)")
+        self.name, self.out = str(cfg["site"]), Path(str(cfg["out"]))
+        self.policy = SitePolicy(allow_plaintext=_flag(cfg.get("allow-plaintext", "false")))
+        self.X, self.y, _ = load_site_data(str(cfg["data-path"]))
+        self.state = context.state
+        self.session: SiteSession | None = None
+        self.parties: dict[str, object] = {}
+
+    # --- the run's secrets and inputs, in Context.state -------------------------------------------
+    def _secrets(self) -> ConfigRecord | None:
+        return self.state.get(STATE)
+
+    def _inputs(self) -> list[ConfigRecord]:
+        n = int(self._secrets()["inputs"]) if self._secrets() is not None else 0
+        return [self.state[f"{STATE}-in-{i}"] for i in range(n)]
+
+    def _keep(self, step: ConfigRecord) -> None:
+        secrets = self._secrets()
+        n = int(secrets["inputs"])
+        self.state[f"{STATE}-in-{n}"] = ConfigRecord(dict(step))
+        secrets["inputs"] = n + 1
+
+    # --- one call -----------------------------------------------------------------------------------
+    def handle(self, step: ConfigRecord) -> ConfigRecord:
+        name = str(step.get("step", ""))
+        if name not in STEPS:
+            raise ProtocolError(f"unknown XCLP step {name!r}")
+        if name == "announce":
+            if self._secrets() is not None:
+                raise ProtocolError(f"{self.name}: this run has already started here")
+            self._start(step)
+        elif self._secrets() is None:
+            raise ProtocolError(f"{self.name}: step {name!r} before the run's announce")
+        secrets = self._secrets()
+        with deterministic_urandom(bytes(secrets["replay"])):
+            self._open(secrets)
+            for earlier in self._inputs():
+                self._take(earlier)  # what it answered then was sent then
+            out = self._take(step, final=True)
+        self._keep(step)
+        return out
+
+    def _start(self, step: ConfigRecord) -> None:
+        params = JobParams(**json.loads(str(step["params"]))).validate()
+        self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
+        if params.crypto not in REPLAYABLE:
+            raise PolicyError(f"job {params.job_id}: crypto={params.crypto!r} cannot run inside Flower yet: a site "
+                              f"replays its steps between messages, which needs {REPLAYABLE}")
+        self.state[STATE] = ConfigRecord({
+            "params": str(step["params"]), "inputs": 0,
+            # drawn once from the real os.urandom; never leave this node
+            "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
+            "noise": os.urandom(32), "replay": os.urandom(32)})
+
+    def _open(self, secrets: ConfigRecord) -> None:
+        params = JobParams(**json.loads(str(secrets["params"]))).validate()
+        hamming = None
+        if params.crypto == "lattice":
+            from crypto.lattice_hamming import LatticeHamming
+
+            hamming = LatticeHamming(threads=1)  # one thread: the random draws in a fixed order
+        self.session = SiteSession(params, self.name, self.X, self.y,
+                                   keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
+                                   contribution=bytes(secrets["contribution"]), noise_seed=bytes(secrets["noise"]),
+                                   hamming=hamming)
+
+    def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
+        s, name = self.session, str(step["step"])
+        if name == "announce":
+            return ConfigRecord({"site": self.name, "announce": s.announce()})
+        if name == "roster":
+            s.set_roster(decode_roster(bytes(step["roster"])))
+            return ConfigRecord({f"to:{peer}": body for peer, body in s.seed_messages().items()})
+        if name == "seed":
+            sent = {k[5:]: bytes(v) for k, v in step.items() if k.startswith("from:")}
+            participants = list(step["participants"])
+            s.receive_seed(sent, participants=participants)
+            return ConfigRecord({"counts": s.counts_message(participants)})
+        if name == "counts":
+            s.receive_counts(bytes(step["total"]))
+            if s.params.similarity == "lsh":
+                s.hash()
+            return ConfigRecord({"intra": s.intra_message()})
+        if name == "pairs":
+            out: dict = {}
+            for key in sorted(k for k in step if k.startswith("from:")):
+                peer = key[5:]
+                party = self.parties.get(peer) or self.parties.setdefault(peer, s.hamming_party(peer))
+                body = bytes(step[key])
+                o = party.receive(body if body else None)  # empty: "start" (A speaks first)
+                if o.to_peer is not None:
+                    out[f"to:{peer}"] = o.to_peer
+                if o.to_server is not None:
+                    out[f"share:{peer}"] = o.to_server
+            return ConfigRecord(out)
+        if name == "influence":
+            s.receive_influence(bytes(step["influence"]))
+            return ConfigRecord({"rows": s.row_sums_message(list(step["participants"]), 0)})
+        # "sums": this site's scores, its labels — written here, never sent
+        pred = s.receive_row_sums(bytes(step["rows"]))
+        path = self.out / f"{s.params.job_id}.npz"
+        if final:
+            self.out.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.stem + ".partial.npz")
+            np.savez(tmp, labels=pred.labels, confidence=pred.confidence)
+            os.replace(tmp, path)
+        return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
+
+
+@app.query("xclp")
+def xclp_step(message: Message, context: Context) -> Message:
+    """One XCLP step at this site. A refusal or a bad input is a reply with "error" (what and why),
+    for the ServerApp to report: it is never a traceback, and the site's state is left as it was."""
+    try:
+        step = message.content["xclp"]
+        out = FlowerSite(context).handle(step)
+    except (DataError, PolicyError, ProtocolError, ValueError, KeyError) as exc:
+        site = context.node_config.get("site", f"node {context.node_id}")
+        out = ConfigRecord({"error": f"{site}: {exc}"})
+    return Message(RecordDict({"xclp": out}), reply_to=message)

@@ -1,0 +1,197 @@
+"""The coordinator's side of XCLP as a Flower ServerApp: `@app.main()` drives CoordinatorSession
+(xclp.protocol) over the Grid, one message round per phase, and relays the sites' sealed messages.
+
+What the ServerApp sees is what the coordinator sees: announces, distances within each site, the
+pair protocol's shares, masked sums — and bytes sealed end to end between sites, which it passes on
+unread. It never sees LSH bits (unless the job is the plaintext reference, which every site must
+opt in to), labels or scores; each site writes its own labels (xclp_flower/client_app.py).
+
+Run config (pyproject's [tool.flwr.app.config] or `flwr run --run-config`): crypto (default
+lattice), bits, k, alpha, classes, and timeout (seconds a round may wait for its replies). A site
+that does not answer, or answers with an error, ends the run with that site's reason (this first
+version has no dropouts: every node of the federation is a site of the job).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from crypto.errors import ProtocolError
+from xclp.protocol import CoordinatorSession, JobParams, encode_roster
+
+app = ServerApp()
+MESSAGE_TYPE = "query.xclp"
+
+
+class SiteFailed(RuntimeError):
+    """A site refused a step or did not answer: the run ends, naming it and its reason."""
+
+
+class FlowerXCLP:
+    """One XCLP job over the Grid's nodes; `bytes_by_phase` and `seconds_by_phase` as it goes."""
+
+    def __init__(self, grid: Grid, params: JobParams, timeout: float = 600.0,
+                 say: Callable[[str], None] | None = None):
+        self.grid, self.params, self.timeout = grid, params.validate(), timeout
+        self.say = say or (lambda _m: None)
+        self.coord = CoordinatorSession(params)
+        self.node_of: dict[str, int] = {}  # site → node id
+        self.bytes_by_phase: dict[str, int] = {}
+        self.seconds_by_phase: dict[str, float] = {}
+
+    def _round(self, phase: str, inputs: dict[int, dict]) -> dict[int, ConfigRecord]:
+        """Send each node its step; the replies' records, by node. Counts the bytes both ways."""
+        t0 = time.perf_counter()
+        messages = []
+        for node, fields in inputs.items():
+            messages.append(self.grid.create_message(RecordDict({"xclp": ConfigRecord(fields)}), MESSAGE_TYPE, node,
+                                                     group_id=f"{self.params.job_id}/{phase}"))
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        out: dict[int, ConfigRecord] = {}
+        for r in replies:
+            if r.has_error():
+                raise SiteFailed(f"node {r.metadata.src_node_id}: the ClientApp failed in {phase}: {r.error.reason}")
+            rec = r.content["xclp"]
+            if "error" in rec:
+                raise SiteFailed(str(rec["error"]))
+            out[r.metadata.src_node_id] = rec
+        missing = set(inputs) - set(out)
+        if missing:
+            raise SiteFailed(f"no answer in {phase} from node(s) {sorted(missing)} within {self.timeout:g} s")
+        size = sum(_record_bytes(f) for f in inputs.values()) + sum(_record_bytes(dict(r)) for r in out.values())
+        self.bytes_by_phase[phase] = self.bytes_by_phase.get(phase, 0) + size
+        self.seconds_by_phase[phase] = self.seconds_by_phase.get(phase, 0.0) + time.perf_counter() - t0
+        return out
+
+    def _to_sites(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
+        back = self._round(phase, {self.node_of[s]: {"step": phase, **f} for s, f in fields.items()})
+        site_of = {n: s for s, n in self.node_of.items()}
+        return {site_of[n]: rec for n, rec in back.items()}
+
+    def run(self) -> dict:
+        p = self.params
+        nodes = sorted(self.grid.get_node_ids())
+        if len(nodes) < 2:
+            raise SiteFailed(f"XCLP needs at least two sites; the federation has {len(nodes)} node(s)")
+        self.say(f"setup: {len(nodes)} sites")
+        names = [f"node-{n}" for n in nodes]  # until they say their names
+        hello = self._round("announce", {n: {"step": "announce", "params": json.dumps(asdict(p)), "sites": names}
+                                         for n in nodes})
+        by_site = {str(r["site"]): (n, bytes(r["announce"])) for n, r in hello.items()}
+        if len(by_site) != len(nodes):
+            raise SiteFailed("two nodes gave the same site name: each SuperNode needs its own --node-config site=…")
+        sites = sorted(by_site)
+        self.node_of = {s: by_site[s][0] for s in sites}
+        for s in sites:
+            self.coord.register(s, by_site[s][1])
+        roster = encode_roster([by_site[s][1] for s in sites])
+
+        self.say("seed: the sites agree the LSH seed (sealed, relayed)")
+        sealed = self._to_sites("roster", {s: {"roster": roster} for s in sites})
+        inbox = {s: {f"from:{peer}": bytes(sealed[peer][f"to:{s}"]) for peer in sites if peer != s} for s in sites}
+        counts = self._to_sites("seed", {s: {**inbox[s], "participants": sites} for s in sites})
+        for s in sites:
+            self.coord.receive_counts(s, bytes(counts[s]["counts"]))
+        total = self.coord.counts_total(sites)
+
+        self.say("counts: the label-count total")
+        intra = self._to_sites("counts", {s: {"total": total} for s in sites})
+        for s in sites:
+            self.coord.receive_intra(s, bytes(intra[s]["intra"]))
+
+        self.say(f"hamming: {len(self.coord.pairs(sites))} pairs ({p.crypto})")
+        self._pairs(sites)
+
+        self.say("graph and influence")
+        t0 = time.perf_counter()
+        W = self.coord.build_graph(sites)
+        self.coord.compute_influence(W)
+        self.seconds_by_phase["graph"] = time.perf_counter() - t0
+
+        self.say("row sums")
+        rows = self._to_sites("influence", {s: {"influence": self.coord.influence_message(s), "participants": sites}
+                                            for s in sites})
+        self.coord.start_row_sums()
+        for s in sites:
+            self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
+        back = self.coord.row_sums_for(sites)
+        done = self._to_sites("sums", {s: {"rows": back[s]} for s in sites})
+        return {"job": p.job_id, "sites": sites, "crypto": p.crypto, "points": {s: int(done[s]["points"]) for s in sites},
+                "written": {s: str(done[s]["written"]) for s in sites}, "bytes": dict(self.bytes_by_phase),
+                "bytes_total": sum(self.bytes_by_phase.values()),
+                "seconds": {k: round(v, 4) for k, v in self.seconds_by_phase.items()}}
+
+    def _pairs(self, sites: list[str]) -> None:
+        """Every pair's protocol at once: each round, every site with messages waiting takes them all;
+        what a site sends its peer waits in the peer's inbox for the next round."""
+        pairs = self.coord.pairs(sites)
+        inbox: dict[str, dict[str, bytes]] = {s: {} for s in sites}
+        for a, b in pairs:
+            inbox[a][f"from:{b}"] = b""  # A speaks first
+        shares: dict[tuple[str, str], dict[str, bytes]] = {pair: {} for pair in pairs}
+        rounds = 0
+        while any(inbox.values()):
+            rounds += 1
+            if rounds > 4096:
+                raise ProtocolError("the pair protocols did not finish within 4096 rounds")
+            waiting = {s: box for s, box in inbox.items() if box}
+            inbox = {s: {} for s in sites}
+            replies = self._to_sites("pairs", waiting)
+            for s, rec in replies.items():
+                for key in rec:
+                    kind, _, peer = str(key).partition(":")
+                    if peer not in sites or peer == s:
+                        raise SiteFailed(f"{s} addressed {key!r}, not a peer of this job")
+                    pair = (s, peer) if sites.index(s) < sites.index(peer) else (peer, s)
+                    if kind == "to":
+                        inbox[peer][f"from:{s}"] = bytes(rec[key])
+                    elif kind == "share":
+                        shares[pair][s] = bytes(rec[key])
+        for a, b in pairs:
+            if set(shares[(a, b)]) != {a, b}:
+                raise SiteFailed(f"pair ({a}, {b}) ended without both shares")
+            self.coord.receive_pair(a, b, shares[(a, b)][a], shares[(a, b)][b])
+
+
+def _record_bytes(fields: dict) -> int:
+    n = 0
+    for v in fields.values():
+        if isinstance(v, bytes):
+            n += len(v)
+        elif isinstance(v, list):
+            n += sum(len(x) if isinstance(x, bytes) else len(str(x)) for x in v)
+        else:
+            n += len(str(v))
+    return n
+
+
+def params_from(run_config: dict, run_id: int) -> JobParams:
+    """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
+    known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float}
+    bad = sorted(set(run_config) - set(known) - {"timeout", "out"})
+    if bad:
+        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known)} and timeout")
+    kw = {k: cast(run_config[k]) for k, cast in known.items() if k in run_config}
+    return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes", 10), **kw).validate()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """`flwr run`: one XCLP prediction over the federation's nodes; its summary in the log."""
+    params = params_from(dict(context.run_config), context.run_id)
+    job = FlowerXCLP(grid, params, float(context.run_config.get("timeout", 600)), say=print)
+    try:
+        summary = job.run()
+    except (SiteFailed, ProtocolError, ValueError) as exc:
+        print(f"xclp: the run failed: {exc}")
+        raise SystemExit(1) from None
+    print("xclp: done " + json.dumps(summary))
+
+
+__all__ = ["FlowerXCLP", "Message", "SiteFailed", "app", "params_from"]
