@@ -150,7 +150,10 @@ class FlowerSite:
         if final:
             self.out.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.stem + ".partial.npz")
-            np.savez(tmp, labels=pred.labels, confidence=pred.confidence)
+            # with the site's seed contribution (public once the seed phase revealed it to its peers): an
+            # audit can replay the job in process with the same LSH seed, as an agent's state allows
+            np.savez(tmp, labels=pred.labels, confidence=pred.confidence,
+                     seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
             os.replace(tmp, path)
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
 

@@ -36,7 +36,7 @@ class InProcessGrid(Grid):
         return None
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+                       ttl: float | None = None) -> Message:  # (deprecated in Flower: the ServerApp builds Messages)
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
 
     def get_node_ids(self) -> Iterable[int]:

@@ -7,7 +7,8 @@ unread. It never sees LSH bits (unless the job is the plaintext reference, which
 opt in to), labels or scores; each site writes its own labels (xclp_flower/client_app.py).
 
 Run config (pyproject's [tool.flwr.app.config] or `flwr run --run-config`): crypto (default
-lattice), bits, k, alpha, classes, and timeout (seconds a round may wait for its replies). A site
+lattice), bits, k, alpha, classes, nodes (how many SuperNodes to wait for before the job starts,
+default 2) and timeout (seconds a round, or that wait, may take). A site
 that does not answer, or answers with an error, ends the run with that site's reason (this first
 version has no dropouts: every node of the federation is a site of the job).
 """
@@ -37,8 +38,8 @@ class FlowerXCLP:
     """One XCLP job over the Grid's nodes; `bytes_by_phase` and `seconds_by_phase` as it goes."""
 
     def __init__(self, grid: Grid, params: JobParams, timeout: float = 600.0,
-                 say: Callable[[str], None] | None = None):
-        self.grid, self.params, self.timeout = grid, params.validate(), timeout
+                 say: Callable[[str], None] | None = None, nodes: int = 2):
+        self.grid, self.params, self.timeout, self.nodes = grid, params.validate(), timeout, max(2, int(nodes))
         self.say = say or (lambda _m: None)
         self.coord = CoordinatorSession(params)
         self.node_of: dict[str, int] = {}  # site → node id
@@ -50,8 +51,8 @@ class FlowerXCLP:
         t0 = time.perf_counter()
         messages = []
         for node, fields in inputs.items():
-            messages.append(self.grid.create_message(RecordDict({"xclp": ConfigRecord(fields)}), MESSAGE_TYPE, node,
-                                                     group_id=f"{self.params.job_id}/{phase}"))
+            messages.append(Message(RecordDict({"xclp": ConfigRecord(fields)}), dst_node_id=node,
+                                    message_type=MESSAGE_TYPE, group_id=f"{self.params.job_id}/{phase}"))
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
         out: dict[int, ConfigRecord] = {}
         for r in replies:
@@ -76,9 +77,14 @@ class FlowerXCLP:
 
     def run(self) -> dict:
         p = self.params
+        end = time.monotonic() + self.timeout
         nodes = sorted(self.grid.get_node_ids())
-        if len(nodes) < 2:
-            raise SiteFailed(f"XCLP needs at least two sites; the federation has {len(nodes)} node(s)")
+        while len(nodes) < self.nodes and time.monotonic() < end:  # SuperNodes connect when they are ready
+            time.sleep(0.5)
+            nodes = sorted(self.grid.get_node_ids())
+        if len(nodes) < self.nodes:
+            raise SiteFailed(f"{len(nodes)} SuperNode(s) connected within {self.timeout:g} s; the run waits for "
+                             f"{self.nodes} (run config 'nodes')")
         self.say(f"setup: {len(nodes)} sites")
         names = [f"node-{n}" for n in nodes]  # until they say their names
         hello = self._round("announce", {n: {"step": "announce", "params": json.dumps(asdict(p)), "sites": names}
@@ -174,9 +180,9 @@ def _record_bytes(fields: dict) -> int:
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
     known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float}
-    bad = sorted(set(run_config) - set(known) - {"timeout", "out"})
+    bad = sorted(set(run_config) - set(known) - {"timeout", "nodes"})
     if bad:
-        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known)} and timeout")
+        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known)}, nodes and timeout")
     kw = {k: cast(run_config[k]) for k, cast in known.items() if k in run_config}
     return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes", 10), **kw).validate()
 
@@ -185,7 +191,8 @@ def params_from(run_config: dict, run_id: int) -> JobParams:
 def main(grid: Grid, context: Context) -> None:
     """`flwr run`: one XCLP prediction over the federation's nodes; its summary in the log."""
     params = params_from(dict(context.run_config), context.run_id)
-    job = FlowerXCLP(grid, params, float(context.run_config.get("timeout", 600)), say=print)
+    job = FlowerXCLP(grid, params, float(context.run_config.get("timeout", 600)), say=print,
+                     nodes=int(context.run_config.get("nodes", 2)))
     try:
         summary = job.run()
     except (SiteFailed, ProtocolError, ValueError) as exc:
@@ -194,4 +201,3 @@ def main(grid: Grid, context: Context) -> None:
     print("xclp: done " + json.dumps(summary))
 
 
-__all__ = ["FlowerXCLP", "Message", "SiteFailed", "app", "params_from"]

@@ -1,0 +1,6 @@
+"""The ClientApp: xclp_flower.client_app; each SuperNode's --node-config names its site, data and output:
+site=NAME data-path=FILE out=FOLDER [allow-plaintext=true]."""
+
+from xclp_flower import client_app as _xclp
+
+app = _xclp.app  # an assignment: `flwr run` looks for `app = …` in this file before it imports anything

@@ -1,0 +1,41 @@
+"""XCLP in a real Flower deployment: a `flower-superlink` and three `flower-supernode` processes on
+loopback, `flwr run` of the example app (examples/flower-xclp) with the lattice protocol. Each site's
+labels, written at the site, equal the in-process simulation's with the same inputs and the same
+seed contributions (which each site writes beside its labels)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]' (.ci/run installs it)")
+
+from xclp.data import load_arrays  # noqa: E402
+from xclp.protocol import JobParams  # noqa: E402
+from xclp.simulation import run_xclp  # noqa: E402
+from xclp.splits import simulate_sites  # noqa: E402
+from xclp_flower.deployment import LocalFlower  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path):
+    X, y = load_arrays("digits", limit=300, seed=5)
+    ds = simulate_sites(X, y, 3, "iid", 0.2, seed=5)
+    files = {}
+    for s in ds.sites:
+        m = ds.site == s
+        files[s] = tmp_path / f"{s}.npz"
+        np.savez(files[s], X=ds.X[m], y=ds.y[m])
+    flower = LocalFlower(tmp_path, files)
+    try:
+        summary = flower.run("bits=128 k=6 crypto='lattice'")
+    finally:
+        flower.close()
+    assert all(p.poll() is not None for p in flower.procs.values())  # every process ended
+    assert summary["crypto"] == "lattice" and summary["sites"] == ds.sites
+    results = {s: np.load(summary["written"][s]) for s in ds.sites}
+    contributions = {s: results[s]["seed_contribution"].tobytes() for s in ds.sites}
+    params = JobParams(job_id=summary["job"], n_classes=10, bits=128, k=6, crypto="lattice")
+    ref = run_xclp(ds, params, contributions=contributions)
+    for s in ds.sites:
+        assert np.array_equal(results[s]["labels"], ref.predictions[s].labels), s
+        assert np.array_equal(results[s]["confidence"], ref.predictions[s].confidence), s
