@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     ForeignKey,
     Integer,
@@ -131,6 +132,31 @@ class Message(Base):
     # SHA-256 (hex) of a body kept as a file beside the database (service.blobs), else NULL
     blob: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class PrunedBytes(Base):
+    """Bytes a job's phase carried in messages that were deleted once no step needed them (a
+    finished job's relayed pair traffic, a training job's old updates and models): the operator's
+    count of bytes per phase (service.ui_api) is what is stored plus this. (A table of its own: a
+    coordinator upgraded on an older database gets it from create_all, with nothing to migrate.)"""
+
+    __tablename__ = "pruned_bytes"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    phase: Mapped[str] = mapped_column(String(32), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+def message_phase(job_kind: str, topic: str) -> str:
+    """The phase a job's message belongs to, from its topic."""
+    from xclp.protocol import TOPIC_PHASE
+
+    kind = topic.split("/")[0]
+    if job_kind == "predict":  # what sites send (TOPIC_PHASE), then what the coordinator sends
+        return TOPIC_PHASE.get(kind) or {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums"}.get(
+            kind, "setup")
+    if kind in ("hello", "keys") or topic == "model/0":
+        return "setup"
+    return "evaluate" if kind == "eval" else "round"  # plan/t, update/t, votes/t, model/t, consensus/t, labels/t
 
 
 COORDINATOR = "coordinator"

@@ -30,7 +30,7 @@ import time
 from sqlalchemy import delete, select
 
 from crypto.errors import ProtocolError
-from service.db import COORDINATOR, Job, Message, has_messages, message_body, utcnow
+from service.db import COORDINATOR, Job, Message, PrunedBytes, has_messages, message_body, message_phase, utcnow
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
 from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, Layout, Topic, encode_roster, restart_without
@@ -114,6 +114,13 @@ class JobEngine:
             if not ids:
                 return
             keys = set(db.scalars(select(Message.blob).where(Message.id.in_(ids), Message.blob.is_not(None))))
+            for topic, size in db.execute(select(Message.topic, Message.size).where(Message.id.in_(ids))).all():
+                phase = message_phase(job.kind, topic)  # the operator still counts the bytes they carried
+                row = db.get(PrunedBytes, (job.id, phase))
+                if row is None:
+                    row = PrunedBytes(job_id=job.id, phase=phase, bytes=0)
+                    db.add(row)
+                row.bytes += int(size)
             db.execute(delete(Message).where(Message.id.in_(ids)))
             db.commit()
             store = db.info.get("blobs")

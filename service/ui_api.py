@@ -11,7 +11,7 @@ log in again (tokens are never stored, only their hashes, so nothing to re-deriv
 
 What the pages show comes from what the coordinator already keeps: each job's phases with their
 seconds (`Job.timings`), who dropped in which phase (`Job.dropped`), the bytes of the messages each
-phase carried (`Message.size`, by topic), live progress (the same counts the API's status reports),
+phase carried (`Message.size` by topic, and `PrunedBytes` for those deleted since), live progress (the same counts the API's status reports),
 a training job's per-round history and privacy ledger, and each site's last contact (its last
 authenticated request since the coordinator started, else its last upload). The pages are plain
 HTML and one small script (service/ui/static), no CDN: the machines are offline. The script polls
@@ -32,9 +32,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import func, select
 
-from service.db import Job, Message, Site
+from service.db import Job, Message, PrunedBytes, Site, message_phase
 from service.deps import get_db, hash_token, is_admin, load_job
-from xclp.protocol import JOB_PHASES, TOPIC_PHASE
+from xclp.protocol import JOB_PHASES
 
 UI = Path(__file__).resolve().parent / "ui"
 templates = Jinja2Templates(directory=str(UI / "templates"))
@@ -163,27 +163,17 @@ def job_row(job: Job) -> dict:
             "finished_at": _iso(job.finished_at)}
 
 
-# What the coordinator sends, by phase (what sites send is in xclp.protocol.TOPIC_PHASE).
-COORDINATOR_TOPIC_PHASE = {"roster": "setup", "counts-total": "counts", "influence": "row_sums", "sums": "row_sums"}
-
-
-def _phase_of(job: Job, topic: str) -> str:
-    kind, _, rest = topic.partition("/")
-    if job.kind == "predict":
-        return TOPIC_PHASE.get(kind) or COORDINATOR_TOPIC_PHASE.get(kind, "setup")
-    if kind in ("hello", "keys") or topic == "model/0":
-        return "setup"
-    return "evaluate" if kind == "eval" else "round"  # plan/t, update/t, votes/t, model/t, consensus/t, labels/t
-
-
 def _phase_bytes(db, job: Job) -> dict[str, int]:
-    """Bytes of the messages each phase carried (uploads, relayed site-to-site messages, broadcasts)."""
+    """Bytes of the messages each phase carried (uploads, relayed site-to-site messages, broadcasts):
+    those stored, and those deleted once no step needed them (PrunedBytes)."""
     rows = db.execute(select(Message.topic, func.sum(Message.size)).where(Message.job_id == job.id)
                       .group_by(Message.topic)).all()
     out: dict[str, int] = {}
     for topic, size in rows:
-        phase = _phase_of(job, topic)
+        phase = message_phase(job.kind, topic)
         out[phase] = out.get(phase, 0) + int(size or 0)
+    for row in db.scalars(select(PrunedBytes).where(PrunedBytes.job_id == job.id)):
+        out[row.phase] = out.get(row.phase, 0) + int(row.bytes)
     return out
 
 

@@ -86,6 +86,21 @@ def test_the_operator_sees_a_job_move_through_its_phases_with_its_bytes_seconds_
     assert all(p["seconds"] is not None and p["bytes"] > 0 for p in done["timeline"])
     assert [p["dropped"] for p in done["timeline"]] == [[], [], [], [], [gone]]  # who dropped where
     assert done["bytes_total"] == sum(p["bytes"] for p in done["timeline"])
+    # the relayed pair traffic is deleted once the job is done; its bytes still count for the phase
+    from sqlalchemy import func, select
+
+    from service.db import Message
+
+    with tc.app.state.sessionmaker() as db:
+        end = time.monotonic() + 60
+        while db.scalar(select(func.count()).where(Message.job_id == job, Message.topic.startswith("pair/"))):
+            assert time.monotonic() < end, "the pair messages were not pruned"
+            time.sleep(0.05)
+            db.expire_all()
+        stored = db.scalar(select(func.sum(Message.size)).where(Message.job_id == job, (Message.topic == "intra")
+                                                                | Message.topic.startswith("share/")))
+    hamming = tc.get(f"/ui/api/jobs/{job}").json()["timeline"][3]
+    assert hamming["phase"] == "hamming" and hamming["bytes"] > 2 * stored
     rows = {r["job"]: r for r in tc.get("/ui/api/jobs").json()["jobs"]}
     assert rows[job]["status"] == "done"
     sites = {r["site"]: r for r in tc.get("/ui/api/sites").json()["sites"]}
