@@ -26,6 +26,7 @@ class InProcessGrid(Grid):
                                           run_config={}) for i, cfg in enumerate(node_configs)}
         self._ids = itertools.count(1)
         self._replies: dict[str, Message] = {}
+        self.seen: list[tuple[str, int, dict]] = []  # every payload both ways ("to"/"from", node, fields)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE, 0
 
     def set_run(self, run) -> None:  # the run is fixed at construction
@@ -48,7 +49,9 @@ class InProcessGrid(Grid):
             mid = f"m{next(self._ids)}"
             m.metadata.__dict__["_message_id"] = mid  # what the SuperLink would assign
             node = m.metadata.dst_node_id
+            self.seen.extend(("to", node, dict(r)) for r in m.content.config_records.values())
             reply = self.client_app(m, self.contexts[node])
+            self.seen.extend(("from", node, dict(r)) for r in reply.content.config_records.values())
             self.contexts[node] = context_from_proto(context_to_proto(self.contexts[node]))
             self._replies[mid] = reply
             ids.append(mid)

@@ -52,6 +52,34 @@ def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, cryp
         assert np.array_equal(got["confidence"], ref.predictions[s].confidence), s
 
 
+def test_the_flower_serverapp_never_sees_lsh_bits_seed_contributions_or_labels(federation):
+    # Everything the ServerApp sent and received in a lattice job: the seed contributions crossed it
+    # sealed, and no site's LSH bits or labels appear in any payload.
+    from crypto.seed import derive_seed
+    from xclp import lsh
+
+    ds, configs = federation
+
+    def bits_seen(crypto: str) -> tuple[int, int]:
+        grid, params, out = run(configs, crypto=crypto)
+        state = {str(c.node_config["site"]): c.state["xclp"] for c in grid.contexts.values()}
+        contributions = {s: bytes(v["contribution"]) for s, v in state.items()}
+        seed = derive_seed(contributions, ds.sites, params.job_id)
+        payloads = [v for _, _, fields in grid.seen for v in fields.values() if isinstance(v, bytes)]
+        assert payloads and sum(map(len, payloads)) > 10_000
+        rows = []
+        for s in ds.sites:
+            bits = lsh.hash_vectors(ds.X[ds.site == s], seed, params.bits, params.normalise)
+            rows += [bits[i].tobytes() for i in range(0, len(bits), 10)]  # 16-byte rows, every tenth point
+        others = list(contributions.values()) + [np.ascontiguousarray(ds.y[ds.site == s]).tobytes()[:64]
+                                                 for s in ds.sites]
+        return sum(any(r in p for p in payloads) for r in rows), sum(any(o in p for p in payloads) for o in others)
+
+    assert bits_seen("lattice") == (0, 0)
+    # the check can see: the plaintext reference sends the bits to the ServerApp, and it finds them
+    assert bits_seen("plaintext")[0] > 0
+
+
 def test_flower_runs_a_label_dp_job_like_the_simulation(federation):
     ds, configs = federation
     grid, params, out = run(configs, crypto="lattice", label_flip=0.3, dp_noise=0.5)
