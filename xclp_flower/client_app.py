@@ -31,6 +31,8 @@ from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
 STATE = "xclp"  # the node's records for the run: its secrets ("xclp") and inputs ("xclp-in-0", …)
 STEPS = ("announce", "roster", "seed", "counts", "pairs", "influence", "sums")
+RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (FedCT+XCLP trains on them)
+FEDCT = "fedct"  # this site's FedCT state (its model, pickled) between rounds
 
 app = ClientApp()
 
@@ -49,7 +51,9 @@ class FlowerSite:
             raise DataError(f"this SuperNode's --node-config lacks {missing} (site=NAME data-path=FILE out=FOLDER)")
         self.name, self.out = str(cfg["site"]), Path(str(cfg["out"]))
         self.policy = SitePolicy(allow_plaintext=_flag(cfg.get("allow-plaintext", "false")))
-        self.X, self.y, _ = load_site_data(str(cfg["data-path"]))
+        self.X, self.y, self.y_true = load_site_data(str(cfg["data-path"]))
+        self.public_path = cfg.get("public-path")
+        self.run_id = context.run_id
         self.state = context.state
         self.session: SiteSession | None = None
         self.parties: dict[str, object] = {}
@@ -148,24 +152,69 @@ class FlowerSite:
         pred = s.receive_row_sums(bytes(step["rows"]))
         path = self.out / f"{s.params.job_id}.npz"
         if final:
-            self.out.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.stem + ".partial.npz")
             # with the site's seed contribution (public once the seed phase revealed it to its peers): an
             # audit can replay the job in process with the same LSH seed, as an agent's state allows
-            np.savez(tmp, labels=pred.labels, confidence=pred.confidence,
-                     seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
-            os.replace(tmp, path)
+            self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
+                              seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
+            self.state[RESULT] = ConfigRecord({"labels": pred.labels.astype(np.int64).tobytes(),
+                                               "confidence": pred.confidence.astype(np.float64).tobytes()})
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
 
+    def write_result(self, name: str, model: bytes | None = None, **arrays) -> Path:
+        """`out/NAME.npz` (and `out/NAME.model.pkl`), written whole or not at all."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"{name}.npz"
+        tmp = path.with_name(path.stem + ".partial.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+        if model is not None:
+            (self.out / f"{name}.model.pkl").write_bytes(model)
+        return path
 
-@app.query("xclp")
-def xclp_step(message: Message, context: Context) -> Message:
-    """One XCLP step at this site. A refusal or a bad input is a reply with "error" (what and why),
-    for the ServerApp to report: it is never a traceback, and the site's state is left as it was."""
+    # --- FedCT rounds (xclp_flower.training) ------------------------------------------------------------
+    def public(self):
+        from xclp.training.fedct import PublicSet
+
+        if not self.public_path:
+            raise DataError(f"{self.name}: FedCT needs the public set U: --node-config public-path=U.npz")
+        return PublicSet.load(str(self.public_path))
+
+    def train(self, step: ConfigRecord) -> ConfigRecord:
+        from xclp_flower.training import site_round
+
+        self.classes = int(step.get("classes", 10))
+        kept = self.state.get(FEDCT)
+        result = self.state.get(RESULT)
+        xclp = None if result is None else (np.frombuffer(bytes(result["labels"]), dtype=np.int64).copy(),
+                                            np.frombuffer(bytes(result["confidence"]), dtype=np.float64).copy())
+        out, state = site_round(self, step, None if kept is None else kept["state"], xclp)
+        if state:
+            self.state[FEDCT] = ConfigRecord({"state": state})
+        return out
+
+
+def _answer(message: Message, context: Context, work) -> Message:
+    """A step's reply; a refusal or a bad input is a reply with "error" (what and why), for the
+    ServerApp to report: never a traceback, and the site's state is left as it was."""
     try:
         step = message.content["xclp"]
-        out = FlowerSite(context).handle(step)
+        if str(step.get("step")) == "who":  # which site this node is (no state)
+            out = ConfigRecord({"site": str(context.node_config.get("site", ""))})
+        else:
+            out = work(FlowerSite(context), step)
     except (DataError, PolicyError, ProtocolError, ValueError, KeyError) as exc:
         site = context.node_config.get("site", f"node {context.node_id}")
         out = ConfigRecord({"error": f"{site}: {exc}"})
     return Message(RecordDict({"xclp": out}), reply_to=message)
+
+
+@app.query("xclp")
+def xclp_step(message: Message, context: Context) -> Message:
+    """One step of an XCLP job at this site."""
+    return _answer(message, context, lambda site, step: site.handle(step))
+
+
+@app.train("fedct")
+def fedct_step(message: Message, context: Context) -> Message:
+    """One FedCT step at this site: hello (its U's digest checked), a round, or the finish."""
+    return _answer(message, context, lambda site, step: site.train(step))

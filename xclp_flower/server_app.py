@@ -46,13 +46,13 @@ class FlowerXCLP:
         self.bytes_by_phase: dict[str, int] = {}
         self.seconds_by_phase: dict[str, float] = {}
 
-    def _round(self, phase: str, inputs: dict[int, dict]) -> dict[int, ConfigRecord]:
+    def _round(self, phase: str, inputs: dict[int, dict], message_type: str = MESSAGE_TYPE) -> dict[int, ConfigRecord]:
         """Send each node its step; the replies' records, by node. Counts the bytes both ways."""
         t0 = time.perf_counter()
         messages = []
         for node, fields in inputs.items():
             messages.append(Message(RecordDict({"xclp": ConfigRecord(fields)}), dst_node_id=node,
-                                    message_type=MESSAGE_TYPE, group_id=f"{self.params.job_id}/{phase}"))
+                                    message_type=message_type, group_id=f"{self.params.job_id}/{phase}"))
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
         out: dict[int, ConfigRecord] = {}
         for r in replies:
@@ -70,13 +70,15 @@ class FlowerXCLP:
         self.seconds_by_phase[phase] = self.seconds_by_phase.get(phase, 0.0) + time.perf_counter() - t0
         return out
 
-    def _to_sites(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
-        back = self._round(phase, {self.node_of[s]: {"step": phase, **f} for s, f in fields.items()})
+    def round_to_sites(self, phase: str, fields: dict[str, dict],
+                       message_type: str = MESSAGE_TYPE) -> dict[str, ConfigRecord]:
+        """One message round to the named sites (each its own fields); their replies, by site."""
+        back = self._round(phase, {self.node_of[s]: {"step": phase, **f} for s, f in fields.items()}, message_type)
         site_of = {n: s for s, n in self.node_of.items()}
         return {site_of[n]: rec for n, rec in back.items()}
 
-    def run(self) -> dict:
-        p = self.params
+    def connect(self) -> list[str]:
+        """Wait for the run's SuperNodes and learn each one's site name; the sites, sorted."""
         end = time.monotonic() + self.timeout
         nodes = sorted(self.grid.get_node_ids())
         while len(nodes) < self.nodes and time.monotonic() < end:  # SuperNodes connect when they are ready
@@ -85,29 +87,35 @@ class FlowerXCLP:
         if len(nodes) < self.nodes:
             raise SiteFailed(f"{len(nodes)} SuperNode(s) connected within {self.timeout:g} s; the run waits for "
                              f"{self.nodes} (run config 'nodes')")
-        self.say(f"setup: {len(nodes)} sites")
-        names = [f"node-{n}" for n in nodes]  # until they say their names
-        hello = self._round("announce", {n: {"step": "announce", "params": json.dumps(asdict(p)), "sites": names}
-                                         for n in nodes})
-        by_site = {str(r["site"]): (n, bytes(r["announce"])) for n, r in hello.items()}
+        names = self._round("who", {n: {"step": "who"} for n in nodes})
+        by_site = {str(r["site"]): n for n, r in names.items()}
         if len(by_site) != len(nodes):
             raise SiteFailed("two nodes gave the same site name: each SuperNode needs its own --node-config site=…")
-        sites = sorted(by_site)
-        self.node_of = {s: by_site[s][0] for s in sites}
+        self.node_of = {s: by_site[s] for s in sorted(by_site)}
+        return sorted(by_site)
+
+    def run(self, connected: bool = False) -> dict:
+        p = self.params
+        sites = sorted(self.node_of) if connected else self.connect()
+        self.say(f"setup: {len(sites)} sites")
+        hello = self.round_to_sites("announce", {s: {"params": json.dumps(asdict(p)), "sites": sites} for s in sites})
         for s in sites:
-            self.coord.register(s, by_site[s][1])
+            if str(hello[s]["site"]) != s:
+                raise SiteFailed(f"node {self.node_of[s]} said it is {s}, then {hello[s]['site']}")
+            self.coord.register(s, bytes(hello[s]["announce"]))
+        by_site = {s: (self.node_of[s], bytes(hello[s]["announce"])) for s in sites}
         roster = encode_roster([by_site[s][1] for s in sites])
 
         self.say("seed: the sites agree the LSH seed (sealed, relayed)")
-        sealed = self._to_sites("roster", {s: {"roster": roster} for s in sites})
+        sealed = self.round_to_sites("roster", {s: {"roster": roster} for s in sites})
         inbox = {s: {f"from:{peer}": bytes(sealed[peer][f"to:{s}"]) for peer in sites if peer != s} for s in sites}
-        counts = self._to_sites("seed", {s: {**inbox[s], "participants": sites} for s in sites})
+        counts = self.round_to_sites("seed", {s: {**inbox[s], "participants": sites} for s in sites})
         for s in sites:
             self.coord.receive_counts(s, bytes(counts[s]["counts"]))
         total = self.coord.counts_total(sites)
 
         self.say("counts: the label-count total")
-        intra = self._to_sites("counts", {s: {"total": total} for s in sites})
+        intra = self.round_to_sites("counts", {s: {"total": total} for s in sites})
         for s in sites:
             self.coord.receive_intra(s, bytes(intra[s]["intra"]))
 
@@ -121,13 +129,13 @@ class FlowerXCLP:
         self.seconds_by_phase["graph"] = time.perf_counter() - t0
 
         self.say("row sums")
-        rows = self._to_sites("influence", {s: {"influence": self.coord.influence_message(s), "participants": sites}
+        rows = self.round_to_sites("influence", {s: {"influence": self.coord.influence_message(s), "participants": sites}
                                             for s in sites})
         self.coord.start_row_sums()
         for s in sites:
             self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
         back = self.coord.row_sums_for(sites)
-        done = self._to_sites("sums", {s: {"rows": back[s]} for s in sites})
+        done = self.round_to_sites("sums", {s: {"rows": back[s]} for s in sites})
         return {"job": p.job_id, "sites": sites, "crypto": p.crypto, "points": {s: int(done[s]["points"]) for s in sites},
                 "written": {s: str(done[s]["written"]) for s in sites}, "bytes": dict(self.bytes_by_phase),
                 "bytes_total": sum(self.bytes_by_phase.values()),
@@ -148,7 +156,7 @@ class FlowerXCLP:
                 raise ProtocolError("the pair protocols did not finish within 4096 rounds")
             waiting = {s: box for s, box in inbox.items() if box}
             inbox = {s: {} for s in sites}
-            replies = self._to_sites("pairs", waiting)
+            replies = self.round_to_sites("pairs", waiting)
             for s, rec in replies.items():
                 for key in rec:
                     kind, _, peer = str(key).partition(":")
@@ -177,24 +185,39 @@ def _record_bytes(fields: dict) -> int:
     return n
 
 
+TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": str, "public-size": int, "seed": int}
+
+
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
     known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float}
-    bad = sorted(set(run_config) - set(known) - {"timeout", "nodes"})
+    bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - {"timeout", "nodes"})
     if bad:
-        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known)}, nodes and timeout")
+        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS)}, nodes and timeout")
+    run_config = {k: v for k, v in run_config.items() if k in known}
     kw = {k: cast(run_config[k]) for k, cast in known.items() if k in run_config}
     return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes", 10), **kw).validate()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """`flwr run`: one XCLP prediction over the federation's nodes; its summary in the log."""
-    params = params_from(dict(context.run_config), context.run_id)
-    job = FlowerXCLP(grid, params, float(context.run_config.get("timeout", 600)), say=print,
-                     nodes=int(context.run_config.get("nodes", 2)))
+    """`flwr run`: one XCLP prediction over the federation's nodes (run config algorithm="predict",
+    the default), or FedCT / FedCT+XCLP rounds (algorithm="fedct" | "fedct-xclp"); the summary in the log."""
+    cfg = dict(context.run_config)
+    timeout, nodes = float(cfg.get("timeout", 600)), int(cfg.get("nodes", 2))
     try:
-        summary = job.run()
+        params = params_from(cfg, context.run_id)
+        algorithm = str(cfg.get("algorithm", "predict"))
+        if algorithm == "predict":
+            summary = FlowerXCLP(grid, params, timeout, say=print, nodes=nodes).run()
+        else:
+            from xclp_flower.training import FlowerFedCT
+
+            options = {"rounds": cfg.get("rounds"), "model": cfg.get("model"), "seed": cfg.get("seed"),
+                       "crypto": params.crypto, "bits": params.bits, "k": params.k}
+            summary = FlowerFedCT(grid, algorithm, {k: v for k, v in options.items() if v is not None},
+                                  params.n_classes, str(cfg.get("public-sha256", "")), int(cfg.get("public-size", 0)),
+                                  timeout, say=print, nodes=nodes, run_id=context.run_id).run()
     except (SiteFailed, ProtocolError, ValueError) as exc:
         print(f"xclp: the run failed: {exc}")
         raise SystemExit(1) from None
