@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 
 class LocalFlower:
-    def __init__(self, work: Path, sites: dict[str, Path], allow_plaintext: bool = False):
+    def __init__(self, work: Path, sites: dict[str, Path], allow_plaintext: bool = False, public: Path | None = None):
         self.work, self.sites = Path(work), dict(sites)
         bin_dir = str(Path(sys.executable).parent)  # flower-superexec and flwr-clientapp are found on PATH
         self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
@@ -44,6 +44,8 @@ class LocalFlower:
                 cfg = f'site="{name}" data-path="{data}" out="{self.out(name)}"'
                 if allow_plaintext:
                     cfg += " allow-plaintext=true"
+                if public is not None:
+                    cfg += f' public-path="{public}"'  # FedCT's public set U
                 self._start(name, ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
                                    "--port", str(_free_port()), "--node-config", cfg])
         except BaseException:

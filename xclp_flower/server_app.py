@@ -208,6 +208,8 @@ def main(grid: Grid, context: Context) -> None:
     try:
         params = params_from(cfg, context.run_id)
         algorithm = str(cfg.get("algorithm", "predict"))
+        if algorithm not in ("predict", "fedct", "fedct-xclp"):
+            raise ValueError(f"run config algorithm must be 'predict', 'fedct' or 'fedct-xclp', got {algorithm!r}")
         if algorithm == "predict":
             summary = FlowerXCLP(grid, params, timeout, say=print, nodes=nodes).run()
         else:

@@ -39,3 +39,34 @@ def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path):
     for s in ds.sites:
         assert np.array_equal(results[s]["labels"], ref.predictions[s].labels), s
         assert np.array_equal(results[s]["confidence"], ref.predictions[s].confidence), s
+
+
+def test_flower_deployment_runs_fedct_rounds_like_the_simulation(tmp_path):
+    import pickle
+
+    from xclp.training.fedavg import Site
+    from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
+
+    X, y = load_arrays("digits", limit=600, seed=3)
+    X = (X / 16.0).astype(np.float32)
+    U = X[:100]
+    ds = simulate_sites(X[100:], y[100:], 3, "iid", 0.1, seed=3)
+    np.savez(tmp_path / "public.npz", X=U)
+    files = {}
+    for s in ds.sites:
+        m = ds.site == s
+        files[s] = tmp_path / f"{s}.npz"
+        np.savez(files[s], X=ds.X[m], y=ds.y[m], y_true=ds.y_true[m])
+    flower = LocalFlower(tmp_path, files, public=tmp_path / "public.npz")
+    try:
+        summary = flower.run(f"algorithm='fedct' rounds=2 model='tree' seed=4 public-sha256='{public_digest(U)}' "
+                             f"public-size={len(U)}")
+    finally:
+        flower.close()
+    assert [r["round"] for r in summary["history"]] == [1, 2]
+    sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
+             for s in ds.sites]
+    sim = run_fedct(sites, U, (U[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", rounds=2, seed=4))
+    for i, s in enumerate(ds.sites):
+        with open(summary["written"][s].replace(".npz", ".model.pkl"), "rb") as f:
+            assert np.array_equal(pickle.load(f).predict(U), sim["models"][i].predict(U)), s
