@@ -50,6 +50,28 @@ def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
+def eval_metrics(X: np.ndarray, truth: np.ndarray, predict) -> dict:
+    """A model scored at the site on the points whose truth it knows: counts, never the points."""
+    m = truth >= 0
+    if not m.any():
+        return {"eval_n": 0, "eval_correct": 0}
+    return {"eval_n": int(m.sum()), "eval_correct": int((predict(X[m].astype(np.float32)) == truth[m]).sum())}
+
+
+def pseudo_metrics(y: np.ndarray, y_true: np.ndarray | None, labels: np.ndarray | None,
+                   weights: np.ndarray | None) -> dict:
+    """How many pseudo-labels a site trains on, and (where it knows the truth) how many are right."""
+    out = {"n_labelled": int((y >= 0).sum())}
+    if labels is None:
+        return {**out, "n_pseudo": 0}
+    use = (y < 0) & (labels >= 0) & (weights > 0)
+    out["n_pseudo"] = int(use.sum())
+    if y_true is not None:
+        m = use & (y_true >= 0)
+        out.update(pseudo_n=int(m.sum()), pseudo_correct=int((labels[m] == y_true[m]).sum()))
+    return out
+
+
 class Trainer:
     def __init__(self, agent, public: str | os.PathLike | None = None):
         self.agent, self.api, self.site = agent, agent.api, agent.site
@@ -78,27 +100,6 @@ class Trainer:
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
         return pseudo_metrics(self.agent.y, self.y_true, labels, weights)
 
-
-def eval_metrics(X: np.ndarray, truth: np.ndarray, predict) -> dict:
-    """A model scored at the site on the points whose truth it knows: counts, never the points."""
-    m = truth >= 0
-    if not m.any():
-        return {"eval_n": 0, "eval_correct": 0}
-    return {"eval_n": int(m.sum()), "eval_correct": int((predict(X[m].astype(np.float32)) == truth[m]).sum())}
-
-
-def pseudo_metrics(y: np.ndarray, y_true: np.ndarray | None, labels: np.ndarray | None,
-                   weights: np.ndarray | None) -> dict:
-    """How many pseudo-labels a site trains on, and (where it knows the truth) how many are right."""
-    out = {"n_labelled": int((y >= 0).sum())}
-    if labels is None:
-        return {**out, "n_pseudo": 0}
-    use = (y < 0) & (labels >= 0) & (weights > 0)
-    out["n_pseudo"] = int(use.sum())
-    if y_true is not None:
-        m = use & (y_true >= 0)
-        out.update(pseudo_n=int(m.sum()), pseudo_correct=int((labels[m] == y_true[m]).sum()))
-    return out
 
     def _put(self, st, job_id: str, topic: str, body: bytes, made_for: tuple | None = None) -> bool:
         """Send `topic` once. `made_for` = (round, attempt, participants) of a masked update: refused
