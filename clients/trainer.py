@@ -100,7 +100,6 @@ class Trainer:
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
         return pseudo_metrics(self.agent.y, self.y_true, labels, weights)
 
-
     def _put(self, st, job_id: str, topic: str, body: bytes, made_for: tuple | None = None) -> bool:
         """Send `topic` once. `made_for` = (round, attempt, participants) of a masked update: refused
         because the sum moved on while it was made, it is not marked sent, and the next step masks anew."""
