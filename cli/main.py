@@ -89,6 +89,17 @@ def _add_column_args(p: argparse.ArgumentParser) -> None:
                    help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
 
 
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (ε, δ), else a clear usage error."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (v > 0 and np.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return v
+
+
 def _columns(args):
     from xclp.datafile import Columns
 
@@ -305,7 +316,8 @@ def cmd_agent_run(args) -> int:
     from clients.policy import SitePolicy
 
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
-                        min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites)
+                        min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
+                        max_epsilon=args.max_epsilon, max_delta=args.max_delta)
     Agent(CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN")), args.site, args.data, args.out, args.poll,
           public=args.public, policy=policy, columns=_columns(args)).run(once=args.once)
     return 0
@@ -478,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--min-key-bits", type=int, default=2048, help="refuse Paillier keys below this size")
     ar.add_argument("--min-bits", type=int, default=1, help="refuse jobs with an LSH length L below this")
     ar.add_argument("--min-sites", type=int, default=2, help="refuse jobs with fewer participants")
+    ar.add_argument("--max-epsilon", type=_positive_float, default=None,
+                    help="require differential privacy: refuse jobs that state no DP budget, or one above ε = E")
+    ar.add_argument("--max-delta", type=_positive_float, default=1e-5, help="... or a δ above this (default 1e-5)")
     ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
                     ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
     _add_column_args(ar)

@@ -7,6 +7,12 @@ job without secure aggregation makes every site send its weights in the clear. S
 every job against its own policy before it sends anything, and gives the job up with a clear
 message when it falls short. Weaker settings are the site's explicit choice, never the default:
 ``xclp agent run --allow-plaintext --allow-unmasked-training``.
+
+A site may also ask for differential privacy (``--max-epsilon E [--max-delta D]``): it then takes part
+only in jobs that state a budget ε ≤ E at δ ≤ D for what they release of its labels — a predict job
+with label-DP (its ε from JobParams.privacy()), a training job with a DP budget (``dp_epsilon``, which
+the run calibrates its noise to or stops before exceeding). A job that states no budget is refused:
+the site cannot tell from noise settings alone what the run will spend.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ class SitePolicy:
     min_key_bits: int = 2048  # Paillier moduli (NIST SP 800-57: at least 2048 bits for 112-bit security)
     min_bits: int = 1  # LSH length L
     min_sites: int = 2  # participants of a job
+    max_epsilon: float | None = None  # DP required: the job's stated ε at most this (None: no requirement)
+    max_delta: float = 1e-5  # ... at a δ at most this
 
     def check(self, job_id: str, status: dict) -> None:
         """Raise PolicyError if the job (its status as the coordinator reports it) asks for less."""
@@ -51,5 +59,26 @@ class SitePolicy:
                 why = f"its Paillier key of {params.get('key_bits')} bits is below this site's minimum of {self.min_key_bits}"
             elif int(params.get("bits", 0)) < self.min_bits:
                 why = f"its LSH length L = {params.get('bits')} is below this site's minimum of {self.min_bits}"
+        if why is None and self.max_epsilon is not None:
+            why = self._dp_shortfall(status, params)
         if why:
             raise PolicyError(f"job {job_id}: refused by this site's policy: {why}")
+
+    def _dp_shortfall(self, status: dict, params: dict) -> str | None:
+        """Why the job's differential privacy falls short of this site's (None: it does not)."""
+        if status.get("kind") == "train":
+            cfg = params.get("config") or {}
+            eps, delta = cfg.get("dp_epsilon"), cfg.get("dp_delta", 1e-5)
+        else:
+            from xclp.protocol import JobParams
+
+            privacy = JobParams(**params).privacy()
+            eps, delta = privacy.get("epsilon"), privacy.get("delta", params.get("dp_delta", 1e-5))
+        if eps is None:
+            return (f"it states no DP budget for what it releases of this site's labels; this site takes part only "
+                    f"under ε ≤ {self.max_epsilon:g} (--max-epsilon)")
+        if float(eps) > self.max_epsilon:
+            return f"its DP budget ε = {float(eps):.4g} is above this site's maximum of {self.max_epsilon:g}"
+        if float(delta) > self.max_delta:
+            return f"its δ = {float(delta):g} is above this site's maximum of {self.max_delta:g}"
+        return None

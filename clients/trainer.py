@@ -31,7 +31,7 @@ from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
-from xclp.training.fedavg import NetworkLabeller, PerSiteLPLabeller, PseudoLabels, Site, labelled_only
+from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels
 from xclp.training.fedct import PublicSet, new_site_state
 from xclp.training.messages import dump_json, dump_masked, dump_state, dump_votes, load_json, load_state
 from xclp.training.models import predict_proba_array, torch_threads
@@ -280,29 +280,25 @@ class Trainer:
         return state, {"n": int(n), **metrics}
 
     def _pseudo_labels(self, job_id, cfg, plan: dict, model, site: Site, n_classes: int):
-        if plan["stage"] == 1 or cfg.algorithm == "fedavg":
-            return labelled_only(site), "none"
-        cache = job_file(self.agent.state_dir, job_id, ".pseudo.npz")
-        if self.site not in plan["adopt"]:
-            if cache.exists():
-                with np.load(cache, allow_pickle=False) as f:
-                    return PseudoLabels(f["labels"], f["weights"]), "cached"
-            log.warning("job %s: no cached pseudo-labels (state folder lost?): labels only this round", job_id)
-            return labelled_only(site), "none"
-        if cfg.algorithm == "fedavg-xclp":
-            state, pl = self._child_result(plan.get("xclp_job"))
+        """The round's pseudo-labels and their source (None, None while its XCLP job runs)."""
+        xclp = None
+        if cfg.algorithm == "fedavg-xclp" and plan["stage"] == 2 and self.site in plan["adopt"]:
+            state, xclp = self._child_result(plan.get("xclp_job"))
             if state == "wait":
                 return None, None
-            if pl is None:
-                return labelled_only(site), "none"
-        elif cfg.algorithm == "fedavg-per-site-lp":
-            pl = PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha)(model, [site], plan["round"])[self.site]
-        else:
-            pl = NetworkLabeller()(model, [site], plan["round"])[self.site]
-        buf = io.BytesIO()
-        np.savez(buf, labels=pl.labels, weights=pl.weights)
-        _atomic_write(cache, buf.getvalue())
-        return pl, "fresh"
+        cache, cached = job_file(self.agent.state_dir, job_id, ".pseudo.npz"), None
+        if cache.exists():
+            with np.load(cache, allow_pickle=False) as f:
+                cached = PseudoLabels(f["labels"], f["weights"])
+        pl, source = round_pseudo_labels(cfg, plan, model=model, site=site, n_classes=n_classes, cached=cached,
+                                         xclp=xclp)
+        if source == "none" and plan["stage"] == 2 and cfg.algorithm != "fedavg" and self.site not in plan["adopt"]:
+            log.warning("job %s: no cached pseudo-labels (state folder lost?): labels only this round", job_id)
+        if source == "fresh":
+            buf = io.BytesIO()
+            np.savez(buf, labels=pl.labels, weights=pl.weights)
+            _atomic_write(cache, buf.getvalue())
+        return pl, source
 
     # --- FedCT ---------------------------------------------------------------------------------------
     def _fedct_state(self, job_id: str, status: dict, cfg):

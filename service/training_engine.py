@@ -43,7 +43,7 @@ from service.db import COORDINATOR, Job, Message, RoundXCLPState, has_messages, 
 from service.lifecycle import drop, expired, put_message
 from service.lifecycle import next_phase as _phase
 from xclp.privacy.ledger import PrivacyLedger
-from xclp.protocol import JobParams, restart_without
+from xclp.protocol import restart_without
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.messages import dump_json, load_json, load_masked
@@ -116,13 +116,10 @@ def _setup(db, job: Job) -> None:
 def _spawn_xclp(db, job: Job, t: int, sites: list[str], features: str) -> str:
     """A child predict job over `sites`: the XCLP protocol itself, run by the ordinary predict engine."""
     s = strategy(job)
-    cfg = s.cfg
     child = f"{job.id}r{t}"
     # Under a budget, every round's job propagates the same randomized labels (each agent keeps one
     # noise secret per training job): spent once, before the first of them.
-    params = JobParams(job_id=child, n_classes=int(job.params["classes"]), bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
-                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=s.xclp_label_flip,
-                       dp_delta=getattr(cfg, "dp_delta", 1e-5)).validate()
+    params = s.xclp_params(child)
     if params.label_flip > 0:
         record = job.training.privacy
         ledger = PrivacyLedger.from_json(record) if record else s.new_ledger()

@@ -4,7 +4,9 @@ The node's configuration names the site and its data (`flower-supernode --node-c
 "site=hospital-a data-path=a.csv out=results allow-plaintext=false"`); vectors, labels and results
 stay at the site: a step's reply carries only what the same step sends to the coordinator in the
 service (announce, sealed site-to-site messages, masked sums, the pair protocol's shares). The
-site's policy is the agent's (clients/policy.py): no plaintext job unless `allow-plaintext=true`.
+site's policy is the agent's (clients/policy.py), checked at every step: no plaintext job unless
+`allow-plaintext=true`, no FedAvg without secure aggregation unless `allow-unmasked-training=true`,
+and with `max-epsilon=E` no job that states no DP budget, or one above E.
 
 Each message carries a step and its inputs (a ConfigRecord "xclp"); the reply carries its outputs
 ("to:PEER" — sealed, for the ServerApp to relay —, "share:PEER", the masked parts). State between
@@ -29,10 +31,11 @@ from xclp.data import DataError
 from xclp.protocol import JobParams, SiteSession, decode_roster
 from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
-STATE = "xclp"  # the node's records for the run: its secrets ("xclp") and inputs ("xclp-in-0", …)
+STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
+RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
 STEPS = ("announce", "roster", "seed", "counts", "pairs", "influence", "sums")
-RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (FedCT+XCLP trains on them)
-FEDCT = "fedct"  # this site's FedCT state (its model, pickled) between rounds
+RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
+TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
 
 app = ClientApp()
 
@@ -50,59 +53,81 @@ class FlowerSite:
         if missing:
             raise DataError(f"this SuperNode's --node-config lacks {missing} (site=NAME data-path=FILE out=FOLDER)")
         self.name, self.out = str(cfg["site"]), Path(str(cfg["out"]))
-        self.policy = SitePolicy(allow_plaintext=_flag(cfg.get("allow-plaintext", "false")))
+        self.policy = SitePolicy(allow_plaintext=_flag(cfg.get("allow-plaintext", "false")),
+                                 allow_unmasked=_flag(cfg.get("allow-unmasked-training", "false")),
+                                 max_epsilon=float(cfg["max-epsilon"]) if cfg.get("max-epsilon") else None)
         self.X, self.y, self.y_true = load_site_data(str(cfg["data-path"]))
         self.public_path = cfg.get("public-path")
         self.run_id = context.run_id
         self.state = context.state
         self.session: SiteSession | None = None
         self.parties: dict[str, object] = {}
+        self.job = ""
 
-    # --- the run's secrets and inputs, in Context.state -------------------------------------------
+    # --- the job's secrets and inputs, in Context.state --------------------------------------------
     def _secrets(self) -> ConfigRecord | None:
-        return self.state.get(STATE)
+        return self.state.get(f"{STATE}:{self.job}")
 
     def _inputs(self) -> list[ConfigRecord]:
         n = int(self._secrets()["inputs"]) if self._secrets() is not None else 0
-        return [self.state[f"{STATE}-in-{i}"] for i in range(n)]
+        return [self.state[f"{STATE}:{self.job}-in-{i}"] for i in range(n)]
 
     def _keep(self, step: ConfigRecord) -> None:
         secrets = self._secrets()
         n = int(secrets["inputs"])
-        self.state[f"{STATE}-in-{n}"] = ConfigRecord(dict(step))
+        self.state[f"{STATE}:{self.job}-in-{n}"] = ConfigRecord(dict(step))
         secrets["inputs"] = n + 1
+
+    def _forget(self) -> None:
+        """The finished job's secrets and inputs, wiped (its labels stay, in RESULT and the out folder)."""
+        for i in range(int(self._secrets()["inputs"])):
+            del self.state[f"{STATE}:{self.job}-in-{i}"]
+        del self.state[f"{STATE}:{self.job}"]
 
     # --- one call -----------------------------------------------------------------------------------
     def handle(self, step: ConfigRecord) -> ConfigRecord:
-        name = str(step.get("step", ""))
+        name, self.job = str(step.get("step", "")), str(step.get("job", ""))
         if name not in STEPS:
             raise ProtocolError(f"unknown XCLP step {name!r}")
+        if not self.job:
+            raise ProtocolError(f"{self.name}: an XCLP step that names no job")
         if name == "announce":
             if self._secrets() is not None:
-                raise ProtocolError(f"{self.name}: this run has already started here")
+                raise ProtocolError(f"{self.name}: job {self.job} has already started here")
             self._start(step)
         elif self._secrets() is None:
-            raise ProtocolError(f"{self.name}: step {name!r} before the run's announce")
+            raise ProtocolError(f"{self.name}: step {name!r} of job {self.job} before its announce (or after its end)")
         secrets = self._secrets()
         with deterministic_urandom(bytes(secrets["replay"])):
             self._open(secrets)
             for earlier in self._inputs():
                 self._take(earlier)  # what it answered then was sent then
             out = self._take(step, final=True)
-        self._keep(step)
+        if name == "sums":
+            self._forget()
+        else:
+            self._keep(step)
         return out
 
     def _start(self, step: ConfigRecord) -> None:
         params = JobParams(**json.loads(str(step["params"]))).validate()
+        if params.job_id != self.job:
+            raise ProtocolError(f"{self.name}: the announce of job {self.job} carries the parameters of {params.job_id}")
         self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
         if params.crypto not in REPLAYABLE:
             raise PolicyError(f"job {params.job_id}: crypto={params.crypto!r} cannot run inside Flower yet: a site "
                               f"replays its steps between messages, which needs {REPLAYABLE}")
-        self.state[STATE] = ConfigRecord({
-            "params": str(step["params"]), "inputs": 0,
-            # drawn once from the real os.urandom; never leave this node
-            "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
-            "noise": os.urandom(32), "replay": os.urandom(32)})
+        if RUN not in self.state:
+            # one label-noise secret for the run: every XCLP job of a training run propagates the same
+            # randomized labels (label-DP is spent once), as an agent keeps one per training job
+            self.state[RUN] = ConfigRecord({"noise": os.urandom(32)})
+        secrets = {"params": str(step["params"]), "inputs": 0,
+                   # drawn once from the real os.urandom; never leave this node
+                   "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
+                   "replay": os.urandom(32)}
+        if "features-model" in step:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
+            secrets.update({k: step[k] for k in ("features-model", "features-config")})
+        self.state[f"{STATE}:{self.job}"] = ConfigRecord(secrets)
 
     def _open(self, secrets: ConfigRecord) -> None:
         params = JobParams(**json.loads(str(secrets["params"]))).validate()
@@ -111,10 +136,15 @@ class FlowerSite:
             from crypto.lattice_hamming import LatticeHamming
 
             hamming = LatticeHamming(threads=1)  # one thread: the random draws in a fixed order
-        self.session = SiteSession(params, self.name, self.X, self.y,
+        X = self.X
+        if "features-model" in secrets:
+            from xclp_flower.training import embeddings
+
+            X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]))
+        self.session = SiteSession(params, self.name, X, self.y,
                                    keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
-                                   contribution=bytes(secrets["contribution"]), noise_seed=bytes(secrets["noise"]),
-                                   hamming=hamming)
+                                   contribution=bytes(secrets["contribution"]),
+                                   noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming)
 
     def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
         s, name = self.session, str(step["step"])
@@ -156,19 +186,20 @@ class FlowerSite:
             # audit can replay the job in process with the same LSH seed, as an agent's state allows
             self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
                               seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
-            self.state[RESULT] = ConfigRecord({"labels": pred.labels.astype(np.int64).tobytes(),
+            self.state[RESULT] = ConfigRecord({"job": s.params.job_id, "labels": pred.labels.astype(np.int64).tobytes(),
                                                "confidence": pred.confidence.astype(np.float64).tobytes()})
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
 
-    def write_result(self, name: str, model: bytes | None = None, **arrays) -> Path:
-        """`out/NAME.npz` (and `out/NAME.model.pkl`), written whole or not at all."""
+    def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.pkl", **arrays) -> Path:
+        """`out/NAME.npz` (and the model: `out/NAME.model.pkl`, or .model.npz for a network's weights),
+        written whole or not at all."""
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / f"{name}.npz"
         tmp = path.with_name(path.stem + ".partial.npz")
         np.savez(tmp, **arrays)
         os.replace(tmp, path)
         if model is not None:
-            (self.out / f"{name}.model.pkl").write_bytes(model)
+            (self.out / f"{name}{model_suffix}").write_bytes(model)
         return path
 
     # --- FedCT rounds (xclp_flower.training) ------------------------------------------------------------
@@ -179,17 +210,23 @@ class FlowerSite:
             raise DataError(f"{self.name}: FedCT needs the public set U: --node-config public-path=U.npz")
         return PublicSet.load(str(self.public_path))
 
-    def train(self, step: ConfigRecord) -> ConfigRecord:
-        from xclp_flower.training import site_round
+    def xclp_result(self, job: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """(labels, confidence) of the last XCLP job here (of `job`, if named), or None."""
+        r = self.state.get(RESULT)
+        if r is None or (job is not None and str(r["job"]) != job):
+            return None
+        return (np.frombuffer(bytes(r["labels"]), dtype=np.int64).copy(),
+                np.frombuffer(bytes(r["confidence"]), dtype=np.float64).copy())
+
+    def train(self, step: ConfigRecord, family: str) -> ConfigRecord:
+        from xclp_flower import training
 
         self.classes = int(step.get("classes", 10))
-        kept = self.state.get(FEDCT)
-        result = self.state.get(RESULT)
-        xclp = None if result is None else (np.frombuffer(bytes(result["labels"]), dtype=np.int64).copy(),
-                                            np.frombuffer(bytes(result["confidence"]), dtype=np.float64).copy())
-        out, state = site_round(self, step, None if kept is None else kept["state"], xclp)
-        if state:
-            self.state[FEDCT] = ConfigRecord({"state": state})
+        kept = self.state.get(TRAINING)
+        work = training.fedct_site_round if family == "fedct" else training.fedavg_site_round
+        out, state = work(self, step, kept)
+        if state is not None:
+            self.state[TRAINING] = state
         return out
 
 
@@ -217,4 +254,10 @@ def xclp_step(message: Message, context: Context) -> Message:
 @app.train("fedct")
 def fedct_step(message: Message, context: Context) -> Message:
     """One FedCT step at this site: hello (its U's digest checked), a round, or the finish."""
-    return _answer(message, context, lambda site, step: site.train(step))
+    return _answer(message, context, lambda site, step: site.train(step, "fedct"))
+
+
+@app.train("fedavg")
+def fedavg_step(message: Message, context: Context) -> Message:
+    """One FedAvg step at this site: hello (its key for the masked sums), a round, or the finish."""
+    return _answer(message, context, lambda site, step: site.train(step, "fedavg"))

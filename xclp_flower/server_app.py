@@ -8,7 +8,8 @@ opt in to), labels or scores; each site writes its own labels (xclp_flower/clien
 
 Run config (pyproject's [tool.flwr.app.config] or `flwr run --run-config`): crypto (default
 lattice), bits, k, alpha, classes, nodes (how many SuperNodes to wait for before the job starts,
-default 2) and timeout (seconds a round, or that wait, may take). A site
+default 2) and timeout (seconds a round, or that wait, may take); for training runs
+(xclp_flower/training.py) `algorithm` and TRAIN_KEYS below. A site
 that does not answer, or answers with an error, ends the run with that site's reason (this first
 version has no dropouts: every node of the federation is a site of the job).
 """
@@ -34,25 +35,23 @@ class SiteFailed(RuntimeError):
     """A site refused a step or did not answer: the run ends, naming it and its reason."""
 
 
-class FlowerXCLP:
-    """One XCLP job over the Grid's nodes; `bytes_by_phase` and `seconds_by_phase` as it goes."""
+class FlowerLink:
+    """The ServerApp's way to the sites: which node is which site, one message round at a time, and
+    the bytes and seconds of each phase. A training run keeps one for all its rounds and XCLP jobs."""
 
-    def __init__(self, grid: Grid, params: JobParams, timeout: float = 600.0,
-                 say: Callable[[str], None] | None = None, nodes: int = 2):
-        self.grid, self.params, self.timeout, self.nodes = grid, params.validate(), timeout, max(2, int(nodes))
-        self.say = say or (lambda _m: None)
-        self.coord = CoordinatorSession(params)
+    def __init__(self, grid: Grid, timeout: float = 600.0, nodes: int = 2):
+        self.grid, self.timeout, self.nodes = grid, timeout, max(2, int(nodes))
         self.node_of: dict[str, int] = {}  # site → node id
         self.bytes_by_phase: dict[str, int] = {}
         self.seconds_by_phase: dict[str, float] = {}
 
-    def _round(self, phase: str, inputs: dict[int, dict], message_type: str = MESSAGE_TYPE) -> dict[int, ConfigRecord]:
+    def _round(self, phase: str, inputs: dict[int, dict], message_type: str, group: str) -> dict[int, ConfigRecord]:
         """Send each node its step; the replies' records, by node. Counts the bytes both ways."""
         t0 = time.perf_counter()
         messages = []
         for node, fields in inputs.items():
             messages.append(Message(RecordDict({"xclp": ConfigRecord(fields)}), dst_node_id=node,
-                                    message_type=message_type, group_id=f"{self.params.job_id}/{phase}"))
+                                    message_type=message_type, group_id=f"{group}/{phase}"))
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
         out: dict[int, ConfigRecord] = {}
         for r in replies:
@@ -70,10 +69,11 @@ class FlowerXCLP:
         self.seconds_by_phase[phase] = self.seconds_by_phase.get(phase, 0.0) + time.perf_counter() - t0
         return out
 
-    def round_to_sites(self, phase: str, fields: dict[str, dict],
-                       message_type: str = MESSAGE_TYPE) -> dict[str, ConfigRecord]:
+    def round_to_sites(self, phase: str, fields: dict[str, dict], message_type: str = MESSAGE_TYPE,
+                       group: str = "xclp") -> dict[str, ConfigRecord]:
         """One message round to the named sites (each its own fields); their replies, by site."""
-        back = self._round(phase, {self.node_of[s]: {"step": phase, **f} for s, f in fields.items()}, message_type)
+        back = self._round(phase, {self.node_of[s]: {"step": phase, **f} for s, f in fields.items()}, message_type,
+                           group)
         site_of = {n: s for s, n in self.node_of.items()}
         return {site_of[n]: rec for n, rec in back.items()}
 
@@ -87,18 +87,52 @@ class FlowerXCLP:
         if len(nodes) < self.nodes:
             raise SiteFailed(f"{len(nodes)} SuperNode(s) connected within {self.timeout:g} s; the run waits for "
                              f"{self.nodes} (run config 'nodes')")
-        names = self._round("who", {n: {"step": "who"} for n in nodes})
+        names = self._round("who", {n: {"step": "who"} for n in nodes}, MESSAGE_TYPE, "connect")
         by_site = {str(r["site"]): n for n, r in names.items()}
         if len(by_site) != len(nodes):
             raise SiteFailed("two nodes gave the same site name: each SuperNode needs its own --node-config site=…")
         self.node_of = {s: by_site[s] for s in sorted(by_site)}
         return sorted(by_site)
 
-    def run(self, connected: bool = False) -> dict:
+
+class FlowerXCLP:
+    """One XCLP job over the Grid's nodes (or over some of the sites of a `link` already connected);
+    `bytes_by_phase` and `seconds_by_phase` as it goes (the link's: a training run's totals)."""
+
+    def __init__(self, grid: Grid, params: JobParams, timeout: float = 600.0,
+                 say: Callable[[str], None] | None = None, nodes: int = 2, link: FlowerLink | None = None):
+        self.params = params.validate()
+        self.link = link or FlowerLink(grid, timeout, nodes)
+        self.say = say or (lambda _m: None)
+        self.coord = CoordinatorSession(params)
+
+    @property
+    def bytes_by_phase(self) -> dict[str, int]:
+        return self.link.bytes_by_phase
+
+    @property
+    def seconds_by_phase(self) -> dict[str, float]:
+        return self.link.seconds_by_phase
+
+    @property
+    def node_of(self) -> dict[str, int]:
+        return self.link.node_of
+
+    def round_to_sites(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
+        """One step of this job (every message names the job: a site keeps each job's state apart)."""
+        return self.link.round_to_sites(phase, {s: {"job": self.params.job_id, **f} for s, f in fields.items()},
+                                        group=self.params.job_id)
+
+    def run(self, sites: list[str] | None = None, announce: dict | None = None) -> dict:
+        """The job over `sites` (default: every node, connecting first); `announce`: fields every site
+        gets with the job's parameters (a training round's model, whose embeddings it propagates over)."""
         p = self.params
-        sites = sorted(self.node_of) if connected else self.connect()
+        sites = sorted(sites) if sites is not None else self.link.connect()
+        if len(sites) < 2:
+            raise SiteFailed(f"an XCLP job needs at least 2 sites, got {sites}")
         self.say(f"setup: {len(sites)} sites")
-        hello = self.round_to_sites("announce", {s: {"params": json.dumps(asdict(p)), "sites": sites} for s in sites})
+        hello = self.round_to_sites("announce", {s: {"params": json.dumps(asdict(p)), "sites": sites, **(announce or {})}
+                                                 for s in sites})
         for s in sites:
             if str(hello[s]["site"]) != s:
                 raise SiteFailed(f"node {self.node_of[s]} said it is {s}, then {hello[s]['site']}")
@@ -185,7 +219,14 @@ def _record_bytes(fields: dict) -> int:
     return n
 
 
-TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": str, "public-size": int, "seed": int}
+TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": str, "public-size": int, "seed": int,
+              "sites-per-round": int, "local-epochs": int, "lr": float, "warmup-rounds": int,
+              "secure-aggregation": lambda v: v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes"),
+              "clip": float, "dp-epsilon": float, "dp-delta": float}
+
+# A Flower app declares every run config key with a value (TOML has no null): 0 or "" stands for "the
+# algorithm's default" (no clip, no budget) for these.
+ZERO_IS_DEFAULT = {"model", "sites-per-round", "local-epochs", "lr", "clip", "dp-epsilon", "dp-delta"}
 
 
 def params_from(run_config: dict, run_id: int) -> JobParams:
@@ -202,27 +243,29 @@ def params_from(run_config: dict, run_id: int) -> JobParams:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """`flwr run`: one XCLP prediction over the federation's nodes (run config algorithm="predict",
-    the default), or FedCT / FedCT+XCLP rounds (algorithm="fedct" | "fedct-xclp"); the summary in the log."""
+    the default), or training rounds (algorithm="fedct" | "fedct-xclp" | "fedavg" | "fedavg-xclp" | …);
+    the summary in the log."""
+    from xclp_flower.training import ALGORITHMS, FlowerTraining
+
     cfg = dict(context.run_config)
     timeout, nodes = float(cfg.get("timeout", 600)), int(cfg.get("nodes", 2))
     try:
         params = params_from(cfg, context.run_id)
         algorithm = str(cfg.get("algorithm", "predict"))
-        if algorithm not in ("predict", "fedct", "fedct-xclp"):
-            raise ValueError(f"run config algorithm must be 'predict', 'fedct' or 'fedct-xclp', got {algorithm!r}")
+        if algorithm not in ("predict", *ALGORITHMS):
+            raise ValueError(f"run config algorithm must be 'predict' or one of {ALGORITHMS}, got {algorithm!r}")
         if algorithm == "predict":
             summary = FlowerXCLP(grid, params, timeout, say=print, nodes=nodes).run()
         else:
-            from xclp_flower.training import FlowerFedCT
-
-            options = {"rounds": cfg.get("rounds"), "model": cfg.get("model"), "seed": cfg.get("seed"),
-                       "crypto": params.crypto, "bits": params.bits, "k": params.k}
-            summary = FlowerFedCT(grid, algorithm, {k: v for k, v in options.items() if v is not None},
-                                  params.n_classes, str(cfg.get("public-sha256", "")), int(cfg.get("public-size", 0)),
-                                  timeout, say=print, nodes=nodes, run_id=context.run_id).run()
+            # the training keys as the strategies' options (sites-per-round → sites_per_round)
+            options = {k.replace("-", "_"): cast(cfg[k]) for k, cast in TRAIN_KEYS.items()
+                       if k in cfg and k not in ("algorithm", "public-sha256", "public-size")
+                       and not (k in ZERO_IS_DEFAULT and cast(cfg[k]) in (0, ""))}
+            options.update(crypto=params.crypto, bits=params.bits, k=params.k, alpha=params.alpha)
+            summary = FlowerTraining(grid, algorithm, options, params.n_classes, str(cfg.get("public-sha256", "")),
+                                     int(cfg.get("public-size", 0)), timeout, say=print, nodes=nodes,
+                                     run_id=context.run_id).run()
     except (SiteFailed, ProtocolError, ValueError) as exc:
         print(f"xclp: the run failed: {exc}")
         raise SystemExit(1) from None
     print("xclp: done " + json.dumps(summary))
-
-

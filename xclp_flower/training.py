@@ -1,14 +1,25 @@
-"""FedCT (+XCLP) rounds inside Flower: the same strategy (xclp/training/fedct.py) whose hooks the
-coordinator's engine and the simulation call — `configure_round` and `aggregate` here in the
-ServerApp, `update` in each site's ClientApp (`@app.train("fedct")`).
+"""Training rounds inside Flower — FedCT(+XCLP) and FedAvg(+XCLP, + per-site LP, + the network's own
+labels) — with the same strategy (xclp/training/strategy.py) whose hooks the coordinator's engine and
+the simulation call: `configure_round` and `aggregate` here in the ServerApp, `update` in each
+site's ClientApp (`@app.train("fedct")`, `@app.train("fedavg")`).
 
-A round: the ServerApp sends each planned site the previous consensus on the public set U; the site
-trains its own model one step on its private data ∪ that consensus (∪ its XCLP pseudo-labels) and
-answers with its hard labels on U only; the ServerApp forms the next consensus. With fedct-xclp an
-XCLP job (xclp_flower.server_app.FlowerXCLP, over the raw features) labels every site's points before
-round 1. A site's model lives between messages in its node-local Context.state (pickled: the
-site's own model, never sent); its data stay in its files. The sites' copies of U must have the
-digest the run pins (run config `public-sha256`), checked at every site before anything else.
+A FedCT round: the ServerApp sends each planned site the previous consensus on the public set U; the
+site trains its own model one step on its private data ∪ that consensus (∪ its XCLP pseudo-labels)
+and answers with its hard labels on U only; the ServerApp forms the next consensus. With fedct-xclp
+an XCLP job over the raw features labels every site's points before round 1. The sites' copies of U
+must have the digest the run pins (run config `public-sha256`), checked at every site first.
+
+A FedAvg round: the ServerApp sends the planned sites the round's model; each trains it on its labels
+(and its pseudo-labels: with fedavg-xclp an XCLP job over the round model's embeddings φ(X), run by
+the ServerApp over the planned sites just before) and answers with its weights — under secure
+aggregation masked with pairwise keys (X25519, each site's key pair made at hello and kept in its
+node state), so that the ServerApp decodes only their average (xclp/training/secure_aggregation.py),
+with DP-FedAvg's noise shares inside it when the run has a budget. The final model labels each
+site's points at the site.
+
+What a site keeps between messages is in its node-local Context.state (record "training"): its
+FedCT model (pickled: the site's own object, never sent), its FedAvg key and cached pseudo-labels.
+Its data stay in its files; its results are written to its `out` folder.
 """
 
 from __future__ import annotations
@@ -24,99 +35,196 @@ import numpy as np
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from xclp.protocol import JobParams
+from crypto.errors import ProtocolError
+from crypto.keys import SiteKeyPair
+from crypto.secure_sum import server_sum
+from xclp.data import DataError
+from xclp.privacy.ledger import no_privacy
+from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.strategy import Roster
+from xclp.training.messages import dump_masked, dump_state, load_masked
+from xclp.training.strategy import Roster, pooled_rate
 
-TRAIN_TYPE = "train.fedct"
-ALGORITHMS = ("fedct", "fedct-xclp")
+ALGORITHMS = ("fedct", "fedct-xclp", "fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 
 
-class FlowerFedCT:
-    """One FedCT run over the Grid's nodes (every node a site); the rounds' records as it goes."""
+def message_type(family: str) -> str:
+    return f"train.{family}"  # the ClientApp's @app.train(family) handler
 
-    def __init__(self, grid: Grid, algorithm: str, options: dict, n_classes: int, public_sha256: str, public_size: int,
-                 timeout: float = 600.0, say: Callable[[str], None] | None = None, nodes: int = 2, run_id: int = 0):
+
+class FlowerTraining:
+    """One training run over the Grid's nodes (every node a site); the rounds' records as it goes."""
+
+    def __init__(self, grid: Grid, algorithm: str, options: dict, n_classes: int, public_sha256: str = "",
+                 public_size: int = 0, timeout: float = 600.0, say: Callable[[str], None] | None = None,
+                 nodes: int = 2, run_id: int = 0):
+        from xclp_flower.server_app import FlowerLink
+
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS} inside Flower, got {algorithm!r}")
-        self.grid, self.algorithm, self.n_classes = grid, algorithm, int(n_classes)
+        self.algorithm, self.family, self.n_classes = algorithm, STRATEGIES[algorithm].family, int(n_classes)
         self.public_sha256, self.public_size = public_sha256, int(public_size)
-        self.timeout, self.nodes, self.run_id = timeout, nodes, run_id
+        self.run_id = run_id
         self.say = say or (lambda _m: None)
-        self.options = dict(options)
+        self.options = {"crypto": "lattice", **options}  # XCLP inside Flower: the secure default
+        self.link = FlowerLink(grid, timeout, nodes)
         self.history: list[dict] = []
 
-    def run(self) -> dict:
-        from xclp_flower.server_app import FlowerXCLP, SiteFailed
+    def _step(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
+        return self.link.round_to_sites(phase, fields, message_type=message_type(self.family),
+                                        group=f"flower-{self.run_id}-train")
 
-        xclp = FlowerXCLP(self.grid, JobParams(job_id=f"flower-{self.run_id}-xclp", n_classes=self.n_classes,
-                                               crypto=self.options.get("crypto", "lattice"),
-                                               bits=int(self.options.get("bits", 1024)), k=int(self.options.get("k", 10))),
-                          self.timeout, self.say, self.nodes)
-        sites = xclp.connect()  # the sites' names and their nodes (the announce round); hello below
-        hello = xclp.round_to_sites("hello", {s: {"public_sha256": self.public_sha256, "classes": self.n_classes}
-                                              for s in sites}, message_type=TRAIN_TYPE)
-        labelled = [s for s in sites if int(hello[s]["labelled"]) > 0]
-        if not labelled:
-            raise SiteFailed("no site holds labels: nothing to learn from")
+    def _xclp(self, s, t: int, sites: list[str], announce: dict | None = None) -> str:
+        """An XCLP job over `sites` before round t (its labels stay at the sites); its id."""
+        from xclp_flower.server_app import FlowerXCLP
+
+        if s.ledger is not None:
+            s.spend_xclp_labels(s.ledger)  # the randomized labels, once per run, before the first job
+        params = s.xclp_params(f"flower-{self.run_id}-r{t}")
+        self.say(f"xclp: labelling the points of {sites} before round {t}")
+        FlowerXCLP(self.link.grid, params, say=self.say, link=self.link).run(sites=sites, announce=announce)
+        return params.job_id
+
+    def run(self) -> dict:
+        sites = self.link.connect()
         config = asdict(STRATEGIES[self.algorithm].config_from_options(self.algorithm, self.options, len(sites)))
-        s = strategy_for(self.algorithm, config, self.n_classes, len(sites), n_public=self.public_size)
-        shared = None
+        common = {"algorithm": self.algorithm, "config": json.dumps(config), "sites": sites, "classes": self.n_classes}
+        hello = self._step("hello", {x: {**common, "public_sha256": self.public_sha256} for x in sites})
+        labelled = [x for x in sites if int(hello[x]["labelled"]) > 0]
+        if not labelled:
+            raise ValueError("no site holds labels: nothing to learn from")
+        features = {int(hello[x]["features"]) for x in sites}
+        if len(features) != 1:
+            raise ValueError(f"the sites' points have different numbers of features: { {x: int(hello[x]['features']) for x in sites} }")
+        s = strategy_for(self.algorithm, config, self.n_classes, len(sites), n_public=self.public_size,
+                         n_features=features.pop())
+        s.ledger = s.new_ledger() if getattr(s.cfg, "dp_epsilon", None) is not None or getattr(s.cfg, "dp", False) \
+            else None
+        if s.family == "fedavg" and s.cfg.dp:
+            s.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
+        if s.family == "fedavg":
+            keys = {x: bytes(hello[x]["public_key"]).hex() for x in sites}
+            shared = s.network().state_dict()  # the round-0 model, fixed by the seed
+            finish = self._fedavg_rounds(s, sites, labelled, common, keys, shared)
+        else:
+            finish = self._fedct_rounds(s, sites, labelled, common)
+        done = self._step("finish", {x: {**common, **finish} for x in sites})
+        result = {"algorithm": self.algorithm, "sites": sites, "history": self.history,
+                  "written": {x: str(done[x]["written"]) for x in sites}, "bytes": dict(self.link.bytes_by_phase),
+                  "privacy": no_privacy() if s.ledger is None else s.ledger.to_json()}
+        if s.family == "fedavg":  # the final model scored by each site on its own labelled points, pooled
+            result["final_local_accuracy"] = pooled_rate({x: json.loads(str(done[x]["metrics"])) for x in sites},
+                                                         "eval_correct", "eval_n")
+        return result
+
+    def _record(self, s, t: int, plan: dict, metrics: dict, shared, t0: float) -> None:
+        row = {"round": t, "sites": plan["sites"], **s.summarize(plan, metrics, shared),
+               "seconds": round(time.perf_counter() - t0, 3)}
+        if s.ledger is not None:
+            if not s.secure_sum and (spent := s.releases()) is not None:  # DP-FedAvg spends as it decodes
+                s.ledger.spend(f"round {t}: each site's {s.upload}, {s.dp_mechanism}", *spent)
+            row["epsilon"] = s.ledger.epsilon()
+        self.history.append(row)
+        self.say(f"round {t}: {row}")
+
+    def _fedct_rounds(self, s, sites: list[str], labelled: list[str], common: dict) -> dict:
         if s.cfg.xclp:
-            self.say("xclp: labelling every site's points before round 1")
-            xclp.run(connected=True)
+            self._xclp(s, 0, sites)
+        shared = None
         for t in range(1, s.total_rounds() + 1):
             t0 = time.perf_counter()
             plan = s.configure_round(t, Roster(sites, labelled, [x for x in sites if x not in labelled]))
             body = b"" if shared is None else s.dump_broadcast(shared)
-            back = xclp.round_to_sites("round", {x: {"round": t, "config": json.dumps(config), "consensus": body,
-                                                     "sites": sites, "classes": self.n_classes} for x in plan["sites"]},
-                                       message_type=TRAIN_TYPE)
-            uploads, metrics = [], {}
-            for x in plan["sites"]:
-                votes, meta = s.load_upload(bytes(back[x]["votes"]), what=f"votes from {x}")
-                metrics[x] = meta
-                if (c := s.contribution(votes, meta)) is not None:
-                    uploads.append(c)
-            shared = s.aggregate(t, plan, uploads, shared)
-            row = {"round": t, **s.summarize(plan, metrics, shared), "seconds": round(time.perf_counter() - t0, 3)}
-            self.history.append(row)
-            self.say(f"round {t}: {row}")
-        done = xclp.round_to_sites("finish", {x: {"config": json.dumps(config), "sites": sites,
-                                                  "classes": self.n_classes} for x in sites},
-                                   message_type=TRAIN_TYPE)
-        return {"algorithm": self.algorithm, "sites": sites, "history": self.history,
-                "written": {x: str(done[x]["written"]) for x in sites}, "bytes": dict(xclp.bytes_by_phase)}
+            back = self._step("round", {x: {**common, "round": t, "consensus": body} for x in plan["sites"]})
+            metrics = {}
+            shared = self._aggregate(s, t, plan, {x: bytes(back[x]["votes"]) for x in plan["sites"]}, shared, metrics)
+            self._record(s, t, plan, metrics, shared, t0)
+        return {}
+
+    @staticmethod
+    def _aggregate(s, t: int, plan: dict, uploads: dict[str, bytes], shared, metrics: dict):
+        """The strategy's aggregate over the round's uploads, each checked on receipt; `metrics` filled."""
+        taken = []
+        for x, body in uploads.items():
+            payload, metrics[x] = s.load_upload(body, what=f"{s.upload} from {x}")
+            if (c := s.contribution(payload, metrics[x])) is not None:
+                taken.append(c)
+        return s.aggregate(t, plan, taken, shared)
+
+    def _fedavg_rounds(self, s, sites: list[str], labelled: list[str], common: dict, keys: dict, shared) -> dict:
+        cached: set[str] = set()
+        for t in range(1, s.total_rounds() + 1):
+            t0 = time.perf_counter()
+            plan = s.configure_round(t, Roster(sites, labelled, [x for x in sites if x not in labelled], sorted(cached)))
+            model = s.dump_broadcast(shared)
+            plan["xclp_job"] = None
+            if plan["xclp"]:  # over the planned sites' embeddings under the round's model
+                plan["xclp_job"] = self._xclp(s, t, plan["sites"], {
+                    "features-model": model,
+                    "features-config": json.dumps({"config": json.loads(common["config"]), "classes": self.n_classes})})
+            if plan["relabel"]:
+                cached |= set(plan["adopt"])
+            back = self._step("round", {x: {**common, "round": t, "plan": json.dumps(plan), "model": model,
+                                            "keys": json.dumps(keys)} for x in plan["sites"]})
+            metrics, planned = {}, len(plan["sites"])
+            if s.secure_sum:
+                parts = []
+                for x in plan["sites"]:
+                    masked, metrics[x] = load_masked(bytes(back[x]["update"]), secagg.n_values(shared))
+                    if metrics[x].pop("participants", None) != plan["sites"]:
+                        raise ProtocolError(f"{x} masked its update over other participants than round {t}'s")
+                    parts.append(masked)
+                trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
+                shared = s.aggregate_masked(server_sum(parts), trained, shared, t=t, contributed=len(parts),
+                                            planned=planned)
+            else:
+                shared = self._aggregate(s, t, plan, {x: bytes(back[x]["update"]) for x in plan["sites"]}, shared,
+                                         metrics)
+            self._record(s, t, plan, metrics, shared, t0)
+        return {"model": s.dump_broadcast(shared)}
 
 
 # --- the site's side ---------------------------------------------------------------------------------
 
-def site_round(site, step: ConfigRecord, state_record: ConfigRecord | None, xclp_labels) -> tuple[ConfigRecord, bytes]:
-    """One FedCT step at a site (`site`: the ClientApp's FlowerSite): (reply, the site's state to keep)."""
-    from clients.trainer import eval_metrics, pseudo_metrics
+def _open_step(site, step: ConfigRecord) -> tuple[str, dict, list[str]]:
+    """(algorithm, config, sites) of a training step, after the site's policy has accepted them: the
+    ServerApp sends them with every step, so a run cannot weaken them after its hello."""
+    algorithm, config, sites = str(step["algorithm"]), json.loads(str(step["config"])), list(step["sites"])
+    site.policy.check(f"flower-{site.run_id}", {"kind": "train", "sites": sites,
+                                                "params": {"algorithm": algorithm, "config": config}})
+    return algorithm, config, sites
+
+
+def _site_data(site):
     from xclp.training.fedavg import Site
+
+    return Site(site.name, site.X.astype(np.float32), site.y, site.y_true)
+
+
+def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[ConfigRecord, ConfigRecord | None]:
+    """One FedCT step at a site (`site`: the ClientApp's FlowerSite): (reply, its state to keep or None)."""
+    from clients.trainer import eval_metrics, pseudo_metrics
     from xclp.training.fedct import new_site_state
 
     name = str(step["step"])
+    algorithm, config, sites = _open_step(site, step)
     public = site.public()
     if name == "hello":
         public.verify(str(step["public_sha256"]))
-        return ConfigRecord({"labelled": int((site.y >= 0).sum()), "n": int(site.y.size)}), b""
-    config = json.loads(str(step["config"]))
-    sites = list(step["sites"])
-    algorithm = "fedct-xclp" if config.get("xclp") else "fedct"
+        return ConfigRecord({"labelled": int((site.y >= 0).sum()), "features": int(site.X.shape[1])}), None
     s = strategy_for(algorithm, config, int(site.classes), len(sites), n_public=len(public.X))
-    data = Site(site.name, site.X.astype(np.float32), site.y, None)
-    if state_record is None:
+    data = _site_data(site)
+    if kept is None:
         state = new_site_state(data, s.cfg.learner_names(len(sites))[sites.index(site.name)], sites.index(site.name),
                                int(site.classes), public.digest, s.cfg)
     else:
-        state = pickle.loads(bytes(state_record))  # noqa: S301 — this node's own state, written below
+        state = pickle.loads(bytes(kept["state"]))  # noqa: S301 — this node's own state, written below
         state.site = data
-    if xclp_labels is not None and state.xclp_labels is None:
-        state.xclp_labels, state.xclp_weights = xclp_labels
+    xclp = site.xclp_result()
+    if xclp is not None and state.xclp_labels is None:
+        state.xclp_labels, state.xclp_weights = xclp
     if name == "finish":
-        labels = np.asarray(state.learner.predict(site.X.astype(np.float32)), dtype=np.int64)
+        labels = np.asarray(state.learner.predict(data.X), dtype=np.int64)
         path = site.write_result(f"flower-fedct-{site.run_id}", labels=labels, confidence=np.ones(labels.size),
                                  model=pickle.dumps(state.learner))
         return ConfigRecord({"written": str(path)}), _keep(state)
@@ -130,13 +238,85 @@ def site_round(site, step: ConfigRecord, state_record: ConfigRecord | None, xclp
     return ConfigRecord({"votes": s.dump_upload(votes, metrics)}), _keep(state)
 
 
-def _keep(state) -> bytes:
+def _keep(state) -> ConfigRecord:
     data, state.site = state.site, None  # the data stay in the site's files; the pickle holds its model
     try:
         buf = io.BytesIO()
         pickle.dump(state, buf)
-        return buf.getvalue()
+        return ConfigRecord({"state": buf.getvalue()})
     finally:
         state.site = data
 
 
+def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[ConfigRecord, ConfigRecord | None]:
+    """One FedAvg step at a site: hello (its key pair for the masked sums, made once), a round's update
+    (masked under secure aggregation), or the finish (the final model's labels, written here)."""
+    from clients.trainer import eval_metrics, pseudo_metrics
+    from xclp.training.fedavg import PseudoLabels, round_pseudo_labels
+    from xclp.training.models import predict_proba_array, torch_threads
+
+    name = str(step["step"])
+    algorithm, config, sites = _open_step(site, step)
+    kept = ConfigRecord(dict(kept)) if kept is not None else ConfigRecord({"key": SiteKeyPair.generate().private_bytes()})
+    key = SiteKeyPair.from_private_bytes(bytes(kept["key"]))
+    if name == "hello":
+        if site.y.size and int(site.y.max()) >= int(step["classes"]):
+            raise DataError(f"{site.name}: label {int(site.y.max())} is out of range for the run's "
+                            f"{int(step['classes'])} classes")
+        return ConfigRecord({"labelled": int((site.y >= 0).sum()), "features": int(site.X.shape[1]),
+                             "public_key": key.public_bytes()}), kept
+    s = strategy_for(algorithm, config, int(site.classes), len(sites), n_features=int(site.X.shape[1]))
+    model = s.network()
+    model.load_state_dict(s.load_broadcast(bytes(step["model"])))
+    data = _site_data(site)
+    truth = site.y_true if site.y_true is not None else site.y
+    if name == "finish":
+        with torch_threads(1):
+            proba = predict_proba_array(model, data.X)
+            metrics = eval_metrics(site.X, truth, lambda X: proba.argmax(axis=1))
+        path = site.write_result(f"flower-{s.algorithm}-{site.run_id}", labels=proba.argmax(axis=1),
+                                 confidence=proba.max(axis=1), model=dump_state(model.state_dict()),
+                                 model_suffix=".model.npz")
+        return ConfigRecord({"written": str(path), "metrics": json.dumps(metrics)}), kept
+    plan, t = json.loads(str(step["plan"])), int(step["round"])
+    template = {k: v.clone() for k, v in model.state_dict().items()}
+    cached = None
+    if "pseudo-labels" in kept:
+        cached = PseudoLabels(np.frombuffer(bytes(kept["pseudo-labels"]), np.int64).copy(),
+                              np.frombuffer(bytes(kept["pseudo-weights"]), np.float64).copy())
+    xclp = site.xclp_result(plan["xclp_job"]) if plan.get("xclp_job") else None
+    with torch_threads(s.cfg.threads):
+        pl, source = round_pseudo_labels(s.cfg, plan, data, model, s.n_classes, cached=cached,
+                                         xclp=None if xclp is None else PseudoLabels(*xclp))
+        metrics = {"pseudo": source, **eval_metrics(site.X, truth, lambda X: predict_proba_array(model, X).argmax(axis=1)),
+                   **pseudo_metrics(site.y, site.y_true, pl.labels if source != "none" else None, pl.weights)}
+        r = s.update(model, data, pl, t, plan)
+    if source == "fresh":
+        kept["pseudo-labels"], kept["pseudo-weights"] = pl.labels.astype(np.int64).tobytes(), \
+            pl.weights.astype(np.float64).tobytes()
+    state, n = r if r is not None else (None, 0)
+    meta = {"n": int(n), **metrics}
+    if not s.secure_sum:
+        return ConfigRecord({"update": dump_state(template if state is None else state, meta)}), kept
+    keys = {x: bytes.fromhex(k) for x, k in json.loads(str(step["keys"])).items()}
+    masked = secagg.masked_update(state, template, me=site.name, private=key, public_keys=keys,
+                                  participants=plan["sites"], job=f"flower-{site.run_id}", t=t, attempt=0,
+                                  # DP-FedAvg: this site's noise share, from os.urandom, never replayed
+                                  noise=s.noise_share(secagg.n_values(template), len(plan["sites"]))
+                                  if s.cfg.dp else None)
+    # under DP the upload says nothing in the clear about the site's data: no counts, no accuracy
+    sent = {} if s.cfg.dp else meta
+    return ConfigRecord({"update": dump_masked(masked, {**sent, "participants": plan["sites"]})}), kept
+
+
+def embeddings(X: np.ndarray, config: str, model: bytes) -> np.ndarray:
+    """φ(X) under a FedAvg run's round model (`config`: the run's config as JSON): the rows a
+    FedAvg+XCLP round's XCLP job propagates over."""
+    from xclp.training.models import embed_array, torch_threads
+
+    spec = json.loads(config)
+    s = strategy_for(spec["config"]["algorithm"], spec["config"], int(spec["classes"]), 2, n_features=int(X.shape[1]))
+    net = s.network()
+    net.load_state_dict(s.load_broadcast(model))
+    with torch_threads(1):
+        return embed_array(net, X.astype(np.float32))

@@ -43,9 +43,12 @@ def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, cryp
     ds, configs = federation
     grid, params, out = run(configs, crypto=crypto)
     assert out["sites"] == ds.sites and out["bytes_total"] > 0
-    # the sites' own seed contributions, from their node-local state: the same LSH seed in the simulation
-    contributions = {str(c.node_config["site"]): bytes(c.state["xclp"]["contribution"]) for c in grid.contexts.values()}
+    # the sites' own seed contributions, written beside their labels: the same LSH seed in the simulation
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites}
     ref = run_xclp(ds, params, contributions=contributions)
+    # the job's secrets (key, contribution, replay key) and inputs are wiped at each node when it ends
+    for c in grid.contexts.values():
+        assert not [k for k in c.state.config_records if k.startswith("xclp:")], dict(c.state.config_records)
     for s in ds.sites:
         got = np.load(out["written"][s])
         assert np.array_equal(got["labels"], ref.predictions[s].labels), s
@@ -62,8 +65,7 @@ def test_the_flower_serverapp_never_sees_lsh_bits_seed_contributions_or_labels(f
 
     def bits_seen(crypto: str) -> tuple[int, int]:
         grid, params, out = run(configs, crypto=crypto)
-        state = {str(c.node_config["site"]): c.state["xclp"] for c in grid.contexts.values()}
-        contributions = {s: bytes(v["contribution"]) for s, v in state.items()}
+        contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites}
         seed = derive_seed(contributions, ds.sites, params.job_id)
         payloads = [v for _, _, fields in grid.seen for v in fields.values() if isinstance(v, bytes)]
         assert payloads and sum(map(len, payloads)) > 10_000
@@ -83,9 +85,10 @@ def test_the_flower_serverapp_never_sees_lsh_bits_seed_contributions_or_labels(f
 def test_flower_runs_a_label_dp_job_like_the_simulation(federation):
     ds, configs = federation
     grid, params, out = run(configs, crypto="lattice", label_flip=0.3, dp_noise=0.5)
-    state = {str(c.node_config["site"]): c.state["xclp"] for c in grid.contexts.values()}
-    ref = run_xclp(ds, params, contributions={s: bytes(v["contribution"]) for s, v in state.items()},
-                   noise_seeds={s: bytes(v["noise"]) for s, v in state.items()})
+    # each site's run-level noise secret (from its node state) and seed contribution (beside its labels)
+    noise = {str(c.node_config["site"]): bytes(c.state["xclp-run"]["noise"]) for c in grid.contexts.values()}
+    ref = run_xclp(ds, params, noise_seeds=noise,
+                   contributions={s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites})
     for s in ds.sites:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
 

@@ -16,7 +16,7 @@ from xclp.training.fedct import FedCTConfig, public_digest, run_fedct  # noqa: E
 from xclp_flower.client_app import app as client_app  # noqa: E402
 from xclp_flower.grid import InProcessGrid  # noqa: E402
 from xclp_flower.server_app import SiteFailed  # noqa: E402
-from xclp_flower.training import FlowerFedCT  # noqa: E402
+from xclp_flower.training import FlowerTraining  # noqa: E402
 
 OPTIONS = {"rounds": 3, "model": "tree", "seed": 4, "crypto": "lattice", "bits": 128, "k": 6}
 
@@ -40,7 +40,7 @@ def federation(tmp_path_factory):
 
 def test_flower_fedct_gives_every_site_the_simulations_model(federation):
     ds, U, configs, _ = federation
-    out = FlowerFedCT(InProcessGrid(client_app, configs), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
+    out = FlowerTraining(InProcessGrid(client_app, configs), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
     assert [r["round"] for r in out["history"]] == [1, 2, 3]
     sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
              for s in ds.sites]
@@ -55,7 +55,7 @@ def test_flower_fedct_gives_every_site_the_simulations_model(federation):
 
 def test_flower_fedct_xclp_labels_the_sites_first(federation):
     ds, U, configs, _ = federation
-    out = FlowerFedCT(InProcessGrid(client_app, configs), "fedct-xclp", OPTIONS, 10, public_digest(U), len(U)).run()
+    out = FlowerTraining(InProcessGrid(client_app, configs), "fedct-xclp", OPTIONS, 10, public_digest(U), len(U)).run()
     first = out["history"][0]
     assert first["xclp_pseudo_label_accuracy"] > 0.5 and first["local_accuracy"] > 0.3
 
@@ -67,6 +67,103 @@ def test_flower_fedct_refuses_a_site_with_another_public_set(federation):
     np.savez(tmp / "forged.npz", X=forged)
     bad = [configs[0], configs[1], {**configs[2], "public-path": str(tmp / "forged.npz")}]
     with pytest.raises(SiteFailed, match="site2"):
-        FlowerFedCT(InProcessGrid(client_app, bad), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
+        FlowerTraining(InProcessGrid(client_app, bad), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
     with pytest.raises(ValueError, match="inside Flower"):
-        FlowerFedCT(InProcessGrid(client_app, configs), "fedavg", OPTIONS, 10, public_digest(U), len(U))
+        FlowerTraining(InProcessGrid(client_app, configs), "fedkt", OPTIONS, 10, public_digest(U), len(U))
+
+
+# --- FedAvg (+XCLP) ---------------------------------------------------------------------------------
+
+FEDAVG = {"rounds": 3, "sites_per_round": 3, "local_epochs": 3, "lr": 0.1, "seed": 5, "crypto": "lattice",
+          "bits": 128, "k": 6}
+
+
+def _sim_fedavg(ds, algorithm: str, **kw) -> dict:
+    from xclp.training.fedavg import FedAvgConfig, run_fedavg
+
+    sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
+             for s in ds.sites]
+    opts = {k: v for k, v in {**FEDAVG, **kw}.items() if k not in ("crypto", "bits", "k")}
+    return run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10,
+                      FedAvgConfig(algorithm=algorithm, **opts))
+
+
+def _weights(path: str) -> dict:
+    from xclp.training.messages import load_state
+    from xclp.training.models import build_network
+
+    with open(path.replace(".npz", ".model.npz"), "rb") as f:
+        return load_state(f.read(), build_network("mlp", 64, 10).state_dict())[0]
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_flower_fedavg_gives_every_site_the_simulations_model(federation, secure):
+    import torch
+
+    from crypto.fixedpoint import decode
+    from xclp.training.secure_aggregation import FRAC_BITS, MAX_ABS_WEIGHT
+
+    ds, _, configs, _ = federation
+    if not secure:  # the weights in the clear: each site refuses unless its node config opts in
+        with pytest.raises(SiteFailed, match="without secure aggregation.*allow-unmasked-training"):
+            FlowerTraining(InProcessGrid(client_app, configs), "fedavg", {**FEDAVG, "secure_aggregation": False}, 10).run()
+        configs = [{**c, "allow-unmasked-training": "true"} for c in configs]
+    grid = InProcessGrid(client_app, configs)
+    out = FlowerTraining(grid, "fedavg", {**FEDAVG, "secure_aggregation": secure}, 10).run()
+    assert [r["round"] for r in out["history"]] == [1, 2, 3] and out["final_local_accuracy"] > 0.3
+    want = _sim_fedavg(ds, "fedavg", secure_aggregation=secure)["model"].state_dict()
+    for s in ds.sites:  # bit for bit: the same plan, the same batches, the same (fixed-point) average
+        got = _weights(out["written"][s])
+        assert all(torch.equal(got[k], want[k]) for k in want), s
+        assert np.load(out["written"][s])["labels"].size == (ds.site == s).sum()
+    if secure:  # every upload the ServerApp saw was masked: decoded alone, it is far from any weights
+        from xclp.training.messages import load_masked
+
+        masked = [fields for way, _, fields in grid.seen if way == "from" and "update" in fields]
+        assert len(masked) == 9
+        for fields in masked:
+            v, _ = load_masked(bytes(fields["update"]), sum(t.numel() for t in want.values()))
+            assert float(np.abs(decode(v, FRAC_BITS)).max()) > MAX_ABS_WEIGHT
+
+
+def test_flower_fedavg_xclp_labels_over_the_round_models_embeddings(federation):
+    ds, _, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    out = FlowerTraining(grid, "fedavg-xclp", {**FEDAVG, "secure_aggregation": True}, 10).run()
+    hist = out["history"]
+    assert [r["round"] for r in hist] == [1, 2, 3]
+    # an XCLP job (lattice) before every round over the planned sites, its labels adopted by each
+    assert all(r["pseudo_label_accuracy"] is not None and r["pseudo_label_accuracy"] > 0.5 for r in hist)
+    jobs = {str(fields["job"]) for way, _, fields in grid.seen if way == "to" and "job" in fields}
+    assert jobs == {f"flower-0-r{t}" for t in (1, 2, 3)}
+    # the same accuracy on the sites' points as the simulation's fedavg-xclp, within 0.05 (the LSH seed
+    # differs: the sites draw it at random inside Flower, the simulation from its seed)
+    from xclp.training.models import predict_proba_array
+
+    sim = _sim_fedavg(ds, "fedavg-xclp", secure_aggregation=True)
+    want = float((predict_proba_array(sim["model"], ds.X.astype(np.float32)).argmax(axis=1) == ds.y_true).mean())
+    got = np.mean(np.concatenate([np.load(out["written"][s])["labels"] == ds.y_true[ds.site == s] for s in ds.sites]))
+    print(f"fedavg-xclp accuracy on the sites' points: Flower {got:.3f}, simulation {want:.3f}")
+    assert abs(got - want) < 0.05
+
+
+def test_flower_dp_fedavg_xclp_keeps_the_simulations_ledger(federation):
+    import torch
+
+    ds, _, configs, _ = federation
+    opts = {**FEDAVG, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 50.0, "rounds": 2}
+    # sites that require DP: a run without a budget, or with a larger one, is refused at hello
+    strict = [{**c, "max-epsilon": "60"} for c in configs]
+    with pytest.raises(SiteFailed, match="states no DP budget"):
+        FlowerTraining(InProcessGrid(client_app, strict), "fedavg", {**FEDAVG, "secure_aggregation": True}, 10).run()
+    with pytest.raises(SiteFailed, match="ε = 80 is above this site's maximum of 60"):
+        FlowerTraining(InProcessGrid(client_app, strict), "fedavg-xclp", {**opts, "dp_epsilon": 80.0}, 10).run()
+    out = FlowerTraining(InProcessGrid(client_app, strict), "fedavg-xclp", opts, 10).run()
+    sim = _sim_fedavg(ds, "fedavg-xclp", secure_aggregation=True, clip=1.0, dp_epsilon=50.0, rounds=2)
+    led, want = out["privacy"], sim["privacy"]
+    # the randomized labels spent once, then one Gaussian release per decoded sum: as the simulation
+    assert [e["what"] for e in led["events"]] == [e["what"] for e in want["events"]]
+    assert led["epsilon"] == pytest.approx(want["epsilon"]) and 0 < led["epsilon"] <= 50.0
+    assert out["history"][-1]["epsilon"] == pytest.approx(led["epsilon"])
+    w = _weights(out["written"][ds.sites[0]])
+    assert all(torch.isfinite(v).all() for v in w.values())

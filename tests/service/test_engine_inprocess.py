@@ -177,3 +177,37 @@ def test_a_site_refuses_jobs_that_ask_for_less_security_than_its_policy(rig):
         policy.check("j", train)
     SitePolicy(allow_unmasked=True, min_sites=3).check("j", train)
     SitePolicy().check("j", {**train, "params": {"algorithm": "fedct", "config": {}}})  # hard labels: FedCT's design
+
+
+def test_a_site_that_requires_dp_refuses_jobs_without_a_budget_or_above_its_own(rig):
+    """`xclp agent run --max-epsilon 4`: a coordinator that drops the noise (or asks for a larger ε) gets
+    a clear refusal before the site sends anything; a job within the site's budget goes ahead."""
+    from clients.policy import PolicyError, SitePolicy
+    from xclp.privacy import label_dp
+
+    ds, admin, agents = rig
+    site = ds.sites[0]
+    dp_only = Agent(agents[site].api, site, agents[site].out.parent / f"{site}.npz", agents[site].out.parent / "dp",
+                    policy=SitePolicy(allow_plaintext=True, max_epsilon=4.0))
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10)
+    with pytest.raises(PolicyError, match="states no DP budget.*ε ≤ 4"):
+        dp_only.step(job)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10, dp_epsilon=8.0)
+    with pytest.raises(PolicyError, match="ε = 8 is above this site's maximum of 4"):
+        dp_only.step(job)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10, dp_epsilon=2.0)
+    assert admin.job(job)["privacy"]["epsilon"] <= 2.0
+    assert dp_only.step(job)  # within the budget: it announces
+    assert dp_only.state(job)["sent:coordinator:announce"]
+    policy = SitePolicy(max_epsilon=4.0)
+    base = {"kind": "predict", "sites": ["a", "b"], "params": {"job_id": "j", "n_classes": 10, "crypto": "lattice", "bits": 256,
+                                                               "label_flip": label_dp.flip_for_budget(3.0, 1e-5, 10)}}
+    policy.check("j", base)
+    with pytest.raises(PolicyError, match="δ = 0.001 is above"):
+        policy.check("j", {**base, "params": {**base["params"], "dp_delta": 1e-3}})
+    train = {"kind": "train", "sites": ["a", "b"], "params": {"algorithm": "fedct", "config": {"dp_epsilon": 3.0}}}
+    policy.check("j", train)
+    with pytest.raises(PolicyError, match="states no DP budget"):
+        policy.check("j", {**train, "params": {"algorithm": "fedct", "config": {"noise_multiplier": 1.0}}})
+    with pytest.raises(PolicyError, match="ε = 16 is above"):
+        policy.check("j", {**train, "params": {"algorithm": "fedct", "config": {"dp_epsilon": 16.0}}})

@@ -248,6 +248,23 @@ def labelled_only(site: Site) -> PseudoLabels:
     return PseudoLabels(site.y.copy(), (site.y >= 0).astype(np.float64))
 
 
+def round_pseudo_labels(cfg: FedAvgConfig, plan: dict, site: Site, model, n_classes: int, *,
+                       cached: PseudoLabels | None, xclp: PseudoLabels | None) -> tuple[PseudoLabels, str]:
+    """A planned site's pseudo-labels for the round, and where they come from: "none" (its own labels
+    only: stage 1, plain FedAvg, or no XCLP result for it), "cached" (its last ones: not in the plan's
+    `adopt`) or "fresh" (the round's XCLP result `xclp`, or its local labeller over `model`). The
+    service's agents and Flower's sites both decide with it; each keeps the fresh ones as its cache."""
+    if plan["stage"] == 1 or cfg.algorithm == "fedavg":
+        return labelled_only(site), "none"
+    if site.name not in plan["adopt"]:
+        return (cached, "cached") if cached is not None else (labelled_only(site), "none")
+    if cfg.algorithm == "fedavg-xclp":
+        return (xclp, "fresh") if xclp is not None else (labelled_only(site), "none")
+    labeller = PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha) if cfg.algorithm == "fedavg-per-site-lp" \
+        else NetworkLabeller()
+    return labeller(model, [site], plan["round"])[site.name], "fresh"
+
+
 class XCLPLabeller:
     """XCLP over the sampled sites' embeddings: run_xclp on a Dataset of φ(X^(j)), j ∈ P."""
 

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
+from xclp.protocol import JobParams
 from xclp.training.messages import dump_votes, load_votes
 from xclp.wire import dump_array, load_array
 
@@ -114,6 +115,14 @@ class Strategy(ABC):
         if eps is None or not self.runs_xclp:
             return eps
         return eps * (1 - self.XCLP_SHARE)
+
+    def xclp_params(self, job_id: str) -> JobParams:
+        """The parameters of an XCLP job the run starts (the service's child jobs, Flower's): the
+        config's protocol settings and, under a budget, the randomized labels' flip probability."""
+        c = self.cfg
+        return JobParams(job_id=job_id, n_classes=self.n_classes, bits=c.bits, k=c.k, alpha=c.alpha, crypto=c.crypto,
+                         key_bits=c.key_bits, label_flip=self.xclp_label_flip,
+                         dp_delta=getattr(c, "dp_delta", 1e-5)).validate()
 
     def spend_xclp_labels(self, ledger: PrivacyLedger) -> None:
         """Record the randomized labels' release (once per run, before the first XCLP job)."""
