@@ -138,6 +138,9 @@ def run_audit(config: TrainConfig | dict, attack: str = "loss", shadows: int = 4
     """Train the target run, attack what it releases; {"algorithm", "auc", "tpr_at_1pct_fpr", ...}."""
     cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
     cfg = replace(cfg, json=None, plot=None, baselines=False)
+    if cfg.data is not None:
+        raise DataError("the audit draws its members, non-members and shadow runs from a named --dataset: "
+                        "it does not take --data")
     if attack not in ATTACKS:
         raise DataError(f"--attack must be one of {ATTACKS}, got {attack!r}")
     if target not in TARGETS:

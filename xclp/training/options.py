@@ -22,6 +22,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     """The flags of `xclp simulate train`."""
     p.add_argument("--algorithm", choices=ALGORITHMS, default="fedavg-xclp")
     p.add_argument("--dataset", choices=["fashion-mnist", "digits", "mnist5k"], default="digits")
+    own = p.add_argument_group("the user's own data, instead of --dataset (.npz, .csv or .parquet, as the agents')")
+    own.add_argument("--data", default=None, help="the sites' points: X, labels (empty or −1 = unlabelled), a site column")
+    own.add_argument("--test", default=None, help="held-out points, every one labelled: the accuracy is measured on them")
+    own.add_argument("--public", default=None, help="FedCT, FedKT, FREDY: the public unlabelled set U (.npz with X)")
+    own.add_argument("--label-column", default="label", help="CSV/Parquet: the label column (default label)")
+    own.add_argument("--site-column", default="site", help="CSV/Parquet: the site column (default site)")
+    own.add_argument("--truth-column", default="y_true",
+                     help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
     p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
     p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
     p.add_argument("--labels", type=int, default=100, help="labels in all, over the labelled sites (default 100)")

@@ -6,12 +6,19 @@
         [--model mlp|cnn|tree|forest|boosting|logreg (FedCT: a comma list gives a mixture, cycled over sites)]
         [--public-size U] [--period B] [--crypto ...] [--bits L] [--refresh R] [--seed S]
         [--json OUT] [--plot OUT.png]
+    xclp simulate train --data SITES.csv|.parquet|.npz --test TEST.csv [--public U.npz] …
 
 Data: Fashion-MNIST is tested on its t10k split; digits and mnist5k on a seeded, stratified held-out
 20%. Features are scaled to [0, 1]. The training pool is dealt to sites (iid or Dirichlet label
 skew, `xclp.splits.assign_sites`); FedCT's public set U is drawn from the pool first and belongs to
 no site. `labels` labels in all are spread over the first `labeled_sites` sites in proportion to
 their sizes (at least one each); the rest of every site's points are unlabelled.
+
+Or the user's own data (`--data`): the sites, their points and labels as the file gives them (a
+site column; the formats of xclp/datafile.py, with its clear errors), used as given (no scaling);
+`--test` the held-out points the accuracy is measured on, every one labelled (the label column, or
+y_true where the file has it); `--public` U for the algorithms that share one (an .npz with X, as
+the agents' --public; a y array there is used only to score the labels U receives).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -84,10 +91,24 @@ class TrainConfig:
     queries: int | None = None
     student_model: str | None = None
     baselines: bool = False
+    # the user's own data instead of --dataset (xclp/datafile.py)
+    data: str | None = None
+    test: str | None = None
+    public: str | None = None
+    label_column: str = "label"
+    site_column: str = "site"
+    truth_column: str = "y_true"
 
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
             raise DataError(f"--algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.data is None and (self.test is not None or self.public is not None):
+            raise DataError("--test and --public go with --data (a named --dataset brings its own)")
+        if self.data is not None:
+            if self.test is None:
+                raise DataError("--data needs --test FILE: the held-out, labelled points the accuracy is measured on")
+            if self.algorithm in PUBLIC_SET_ALGORITHMS and self.public is None:
+                raise DataError(f"{self.algorithm} shares a public unlabelled set: give it with --public U.npz (X)")
         if self.dp_epsilon is not None or self.noise_multiplier is not None:
             try:
                 check_dp_budget(self.algorithm)
@@ -162,11 +183,43 @@ def pool_indices(config: TrainConfig, n_pool: int) -> np.ndarray:
     return np.arange(n_pool)
 
 
+def prepare_files(cfg: TrainConfig):
+    """`prepare` for the user's own files (--data, --test, --public): the sites as the file gives them."""
+    from xclp.datafile import Columns, dataset_from_file, load_data_file
+    from xclp.training.fedct import PublicSet
+
+    columns = Columns(cfg.label_column, cfg.site_column, cfg.truth_column)
+    ds = dataset_from_file(cfg.data, columns)
+    if len(ds.sites) < 2:
+        raise DataError(f"{cfg.data}: its site column names {len(ds.sites)} site(s); a federation needs at least 2")
+    t = load_data_file(cfg.test, columns, require_site=False)
+    Xte = np.asarray(t["X"], dtype=np.float32)
+    yte = np.asarray(t["y_true"] if "y_true" in t else t["y"], dtype=np.int64)
+    if Xte.ndim != 2 or Xte.shape[1] != ds.X.shape[1]:
+        raise DataError(f"{cfg.test}: test points of shape {Xte.shape}, the sites' have {ds.X.shape[1]} features")
+    if yte.size == 0 or (yte < 0).any():
+        raise DataError(f"{cfg.test}: every test point needs its label ({int((yte < 0).sum())} of {yte.size} have none)")
+    sites = [Site(name, ds.X[ds.site == name].astype(np.float32), ds.y[ds.site == name],
+                  None if ds.y_true is None else ds.y_true[ds.site == name]) for name in ds.sites]
+    public = None
+    if cfg.algorithm in PUBLIC_SET_ALGORITHMS:
+        U = PublicSet.load(cfg.public).X
+        if U.shape[1] != ds.X.shape[1]:
+            raise DataError(f"{cfg.public}: public points of {U.shape[1]} features, the sites' have {ds.X.shape[1]}")
+        with np.load(cfg.public, allow_pickle=False) as f:
+            y_u = f["y"].astype(np.int64) if "y" in f.files and f["y"].shape == (len(U),) else None
+        public = (U.astype(np.float32), y_u)
+    n_classes = int(max(ds.y.max(), yte.max(), -1 if ds.y_true is None else ds.y_true.max())) + 1
+    return sites, public, (Xte, yte), n_classes
+
+
 def prepare(config: TrainConfig, pool: np.ndarray | None = None):
     """Sites, public set (X_U, y_U) or None, test set and the number of classes. `pool`: the indices
     of the training pool to use instead of the run's own (`pool_indices`), e.g. a membership audit's
     shadow runs on points the target never saw; everything else is drawn as the run would."""
     cfg = config
+    if cfg.data is not None:
+        return prepare_files(cfg)
     rng = np.random.default_rng(cfg.seed)
     Xtr, ytr, Xte, yte = load_train_test(cfg.dataset, cfg.seed)
     n_classes = int(max(ytr.max(), yte.max())) + 1
@@ -208,6 +261,8 @@ def run_training(config: TrainConfig | dict) -> dict:
     cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
     t0 = time.perf_counter()
     sites, public, test, n_classes = prepare(cfg)
+    if cfg.data is not None:
+        cfg = replace(cfg, sites=len(sites))  # as many as the file names
     out = train(cfg, sites, public, test, n_classes)
     for key in ("model", "models", "released_labels"):  # what the run releases: objects and arrays, not JSON
         out.pop(key, None)
@@ -227,7 +282,7 @@ def train(cfg: TrainConfig, sites: list[Site], public, test, n_classes: int) -> 
     say = (lambda m: None) if cfg.quiet else (lambda m: print(f"  · {m}", file=sys.stderr, flush=True))
     say(f"{cfg.dataset}: {len(sites)} sites, {sum(s.n for s in sites)} points, "
         f"{sum(s.n_labelled for s in sites)} labels, test {len(test[1])}"
-        + (f", public U {len(public[1])}" if public is not None else ""))
+        + (f", public U {len(public[0])}" if public is not None else ""))
     names = cfg.model_names()
     options = {**asdict(cfg), "model": names[0] if len(names) == 1 else [names[i % len(names)] for i in range(cfg.sites)]}
     try:
