@@ -149,3 +149,23 @@ def test_simulate_predict_takes_csv_and_parquet(tmp_path, capsys):
     (tmp_path / "bad.csv").write_text("f0,label,site\n1,x,a\n")
     assert main(["simulate", "predict", "--data", str(tmp_path / "bad.csv"), "--quiet"]) == 2
     assert "'x' is not an integer class label" in capsys.readouterr().err
+
+
+def test_csv_is_parsed_a_block_at_a_time_and_still_names_the_bad_cell(tmp_path, monkeypatch):
+    import xclp.datafile as datafile
+
+    X, y, site, y_true = _rows(40)
+    _write_csv(tmp_path / "d.csv", X, y, site, y_true)
+    whole = dataset_from_file(tmp_path / "d.csv")
+    monkeypatch.setattr(datafile, "CSV_BLOCK", 3)  # 14 blocks, the last one short
+    rows = list(csv.reader(open(tmp_path / "d.csv")))
+    rows.insert(10, [])  # a blank line inside a block: no point, and the row numbers still count it
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    blocks = dataset_from_file(tmp_path / "d.csv")
+    assert np.array_equal(blocks.X, whole.X) and np.array_equal(blocks.y, whole.y)
+    rows[30][rows[0].index("f2")] = "n/a"  # file row 31, in a later block
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(DataError, match="row 31, column 'f2': 'n/a' is not a number"):
+        dataset_from_file(tmp_path / "d.csv")
