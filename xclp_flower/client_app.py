@@ -33,7 +33,7 @@ from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
 STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
 RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
-STEPS = ("announce", "roster", "seed", "counts", "pairs", "influence", "sums")
+STEPS = ("announce", "roster", "seed", "counts", "pairs", "influence", "sums", "abort")
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
 
@@ -91,6 +91,10 @@ class FlowerSite:
             raise ProtocolError(f"unknown XCLP step {name!r}")
         if not self.job:
             raise ProtocolError(f"{self.name}: an XCLP step that names no job")
+        if name == "abort":  # the job failed elsewhere: its secrets and inputs go, nothing is replayed
+            if self._secrets() is not None:
+                self._forget()
+            return ConfigRecord({"aborted": self.job})
         if name == "announce":
             if self._secrets() is not None:
                 raise ProtocolError(f"{self.name}: job {self.job} has already started here")

@@ -27,6 +27,8 @@ class InProcessGrid(Grid):
         self._ids = itertools.count(1)
         self._replies: dict[str, Message] = {}
         self.seen: list[tuple[str, int, dict]] = []  # every payload both ways ("to"/"from", node, fields)
+        self.vanish_after: dict[int, int] = {}  # node → how many messages it answers before it goes silent
+        self.taken: dict[int, int] = dict.fromkeys(self.contexts, 0)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE, 0
 
     def set_run(self, run) -> None:  # the run is fixed at construction
@@ -50,6 +52,10 @@ class InProcessGrid(Grid):
             m.metadata.__dict__["_message_id"] = mid  # what the SuperLink would assign
             node = m.metadata.dst_node_id
             self.seen.extend(("to", node, dict(r)) for r in m.content.config_records.values())
+            self.taken[node] += 1
+            if self.taken[node] > self.vanish_after.get(node, self.taken[node]):
+                ids.append(mid)  # a vanished SuperNode: the message is never answered
+                continue
             reply = self.client_app(m, self.contexts[node])
             self.seen.extend(("from", node, dict(r)) for r in reply.content.config_records.values())
             self.contexts[node] = context_from_proto(context_to_proto(self.contexts[node]))

@@ -9,9 +9,10 @@ opt in to), labels or scores; each site writes its own labels (xclp_flower/clien
 Run config (pyproject's [tool.flwr.app.config] or `flwr run --run-config`): crypto (default
 lattice), bits, k, alpha, classes, nodes (how many SuperNodes to wait for before the job starts,
 default 2) and timeout (seconds a round, or that wait, may take); for training runs
-(xclp_flower/training.py) `algorithm` and TRAIN_KEYS below. A site
-that does not answer, or answers with an error, ends the run with that site's reason (this first
-version has no dropouts: every node of the federation is a site of the job).
+(xclp_flower/training.py) `algorithm`, TRAIN_KEYS below and max-missed-rounds. In a prediction job
+a site that does not answer, or answers with an error, ends the job with that site's reason (every
+node of the federation is a site of the job); a training run leaves such a site out and goes on
+(FlowerTraining).
 """
 
 from __future__ import annotations
@@ -44,38 +45,49 @@ class FlowerLink:
         self.node_of: dict[str, int] = {}  # site → node id
         self.bytes_by_phase: dict[str, int] = {}
         self.seconds_by_phase: dict[str, float] = {}
+        self.failed: dict[str, str] = {}  # site → why, for the last round_to_sites(..., tolerate=True)
 
-    def _round(self, phase: str, inputs: dict[int, dict], message_type: str, group: str) -> dict[int, ConfigRecord]:
-        """Send each node its step; the replies' records, by node. Counts the bytes both ways."""
+    def _round(self, phase: str, inputs: dict[int, dict], message_type: str, group: str,
+               tolerate: bool = False) -> dict[int, ConfigRecord | str]:
+        """Send each node its step; the replies' records, by node (with `tolerate`, a node that failed
+        or did not answer maps to why, instead of ending the run). Counts the bytes both ways."""
         t0 = time.perf_counter()
         messages = []
         for node, fields in inputs.items():
             messages.append(Message(RecordDict({"xclp": ConfigRecord(fields)}), dst_node_id=node,
                                     message_type=message_type, group_id=f"{group}/{phase}"))
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        out: dict[int, ConfigRecord] = {}
+        out: dict[int, ConfigRecord | str] = {}
         for r in replies:
+            node = r.metadata.src_node_id
             if r.has_error():
-                raise SiteFailed(f"node {r.metadata.src_node_id}: the ClientApp failed in {phase}: {r.error.reason}")
-            rec = r.content["xclp"]
-            if "error" in rec:
-                raise SiteFailed(str(rec["error"]))
-            out[r.metadata.src_node_id] = rec
-        missing = set(inputs) - set(out)
-        if missing:
-            raise SiteFailed(f"no answer in {phase} from node(s) {sorted(missing)} within {self.timeout:g} s")
-        size = sum(_record_bytes(f) for f in inputs.values()) + sum(_record_bytes(dict(r)) for r in out.values())
+                out[node] = f"node {node}: the ClientApp failed in {phase}: {r.error.reason}"
+            elif "error" in r.content["xclp"]:
+                out[node] = str(r.content["xclp"]["error"])
+            else:
+                out[node] = r.content["xclp"]
+        for node in set(inputs) - set(out):
+            out[node] = f"node {node}: no answer in {phase} within {self.timeout:g} s"
+        if not tolerate:
+            why = [v for v in out.values() if isinstance(v, str)]
+            if why:
+                raise SiteFailed("; ".join(why))
+        size = sum(_record_bytes(f) for f in inputs.values()) + sum(
+            _record_bytes(dict(r)) for r in out.values() if not isinstance(r, str))
         self.bytes_by_phase[phase] = self.bytes_by_phase.get(phase, 0) + size
         self.seconds_by_phase[phase] = self.seconds_by_phase.get(phase, 0.0) + time.perf_counter() - t0
         return out
 
     def round_to_sites(self, phase: str, fields: dict[str, dict], message_type: str = MESSAGE_TYPE,
-                       group: str = "xclp") -> dict[str, ConfigRecord]:
-        """One message round to the named sites (each its own fields); their replies, by site."""
+                       group: str = "xclp", tolerate: bool = False) -> dict[str, ConfigRecord]:
+        """One message round to the named sites (each its own fields); their replies, by site. A site
+        that fails or does not answer ends the run (SiteFailed, with its reason), or with `tolerate`
+        is left out of the replies and named in `self.failed` with its reason."""
         back = self._round(phase, {self.node_of[s]: {"step": phase, **f} for s, f in fields.items()}, message_type,
-                           group)
+                           group, tolerate)
         site_of = {n: s for s, n in self.node_of.items()}
-        return {site_of[n]: rec for n, rec in back.items()}
+        self.failed = {site_of[n]: r for n, r in back.items() if isinstance(r, str)}
+        return {site_of[n]: r for n, r in back.items() if not isinstance(r, str)}
 
     def connect(self) -> list[str]:
         """Wait for the run's SuperNodes and learn each one's site name; the sites, sorted."""
@@ -175,6 +187,11 @@ class FlowerXCLP:
                 "bytes_total": sum(self.bytes_by_phase.values()),
                 "seconds": {k: round(v, 4) for k, v in self.seconds_by_phase.items()}}
 
+    def abort(self, sites: list[str]) -> None:
+        """After a failed job: the sites still answering wipe its secrets and inputs from their state."""
+        self.link.round_to_sites("abort", {s: {"job": self.params.job_id} for s in sites}, group=self.params.job_id,
+                                 tolerate=True)
+
     def _pairs(self, sites: list[str]) -> None:
         """Every pair's protocol at once: each round, every site with messages waiting takes them all;
         what a site sends its peer waits in the peer's inbox for the next round."""
@@ -224,6 +241,8 @@ TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": st
               "secure-aggregation": lambda v: v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes"),
               "clip": float, "dp-epsilon": float, "dp-delta": float}
 
+RUN_KEYS = {"timeout": float, "nodes": int, "max-missed-rounds": int}  # how the ServerApp runs, for any job
+
 # A Flower app declares every run config key with a value (TOML has no null): 0 or "" stands for "the
 # algorithm's default" (no clip, no budget) for these.
 ZERO_IS_DEFAULT = {"model", "sites-per-round", "local-epochs", "lr", "clip", "dp-epsilon", "dp-delta"}
@@ -232,9 +251,9 @@ ZERO_IS_DEFAULT = {"model", "sites-per-round", "local-epochs", "lr", "clip", "dp
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
     known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float}
-    bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - {"timeout", "nodes"})
+    bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - set(RUN_KEYS))
     if bad:
-        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS)}, nodes and timeout")
+        raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")
     run_config = {k: v for k, v in run_config.items() if k in known}
     kw = {k: cast(run_config[k]) for k, cast in known.items() if k in run_config}
     return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes", 10), **kw).validate()
@@ -264,7 +283,7 @@ def main(grid: Grid, context: Context) -> None:
             options.update(crypto=params.crypto, bits=params.bits, k=params.k, alpha=params.alpha)
             summary = FlowerTraining(grid, algorithm, options, params.n_classes, str(cfg.get("public-sha256", "")),
                                      int(cfg.get("public-size", 0)), timeout, say=print, nodes=nodes,
-                                     run_id=context.run_id).run()
+                                     run_id=context.run_id, max_missed=int(cfg.get("max-missed-rounds", 3))).run()
     except (SiteFailed, ProtocolError, ValueError) as exc:
         print(f"xclp: the run failed: {exc}")
         raise SystemExit(1) from None

@@ -44,6 +44,7 @@ from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.messages import dump_masked, dump_state, load_masked
 from xclp.training.strategy import Roster, pooled_rate
+from xclp_flower.server_app import FlowerLink, FlowerXCLP, SiteFailed
 
 ALGORITHMS = ("fedct", "fedct-xclp", "fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 
@@ -53,92 +54,134 @@ def message_type(family: str) -> str:
 
 
 class FlowerTraining:
-    """One training run over the Grid's nodes (every node a site); the rounds' records as it goes."""
+    """One training run over the Grid's nodes (every node a site); the rounds' records as it goes.
+
+    A site that fails a step or does not answer within the timeout is left out of that step, as the
+    service's agents are: it is dropped at hello (the run goes on with the others, at least two), left
+    out of a round (a masked sum restarts without it, with fresh masks: attempt + 1), and dropped from
+    the run after `max_missed` rounds in a row. An XCLP job that fails leaves that round's sites with
+    their own labels only. The run ends (SiteFailed) when fewer than two sites remain."""
 
     def __init__(self, grid: Grid, algorithm: str, options: dict, n_classes: int, public_sha256: str = "",
                  public_size: int = 0, timeout: float = 600.0, say: Callable[[str], None] | None = None,
-                 nodes: int = 2, run_id: int = 0):
-        from xclp_flower.server_app import FlowerLink
-
+                 nodes: int = 2, run_id: int = 0, max_missed: int = 3):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS} inside Flower, got {algorithm!r}")
+        if max_missed < 1:
+            raise ValueError(f"max-missed-rounds must be at least 1, got {max_missed}")
         self.algorithm, self.family, self.n_classes = algorithm, STRATEGIES[algorithm].family, int(n_classes)
         self.public_sha256, self.public_size = public_sha256, int(public_size)
-        self.run_id = run_id
+        self.run_id, self.max_missed = run_id, int(max_missed)
         self.say = say or (lambda _m: None)
         self.options = {"crypto": "lattice", **options}  # XCLP inside Flower: the secure default
         self.link = FlowerLink(grid, timeout, nodes)
         self.history: list[dict] = []
+        self.live: list[str] = []  # the sites still in the run, in the run's order
+        self.dropped: dict[str, str] = {}  # site → why it left the run
+        self.strikes: dict[str, int] = {}
 
     def _step(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
-        return self.link.round_to_sites(phase, fields, message_type=message_type(self.family),
-                                        group=f"flower-{self.run_id}-train")
+        """One training step to the named sites; the replies of those that answered (the others' reasons
+        in self.link.failed)."""
+        back = self.link.round_to_sites(phase, fields, message_type=message_type(self.family),
+                                        group=f"flower-{self.run_id}-train", tolerate=True)
+        for x, why in self.link.failed.items():
+            self.say(f"{phase}: {x} left out: {why}")
+        return back
 
-    def _xclp(self, s, t: int, sites: list[str], announce: dict | None = None) -> str:
-        """An XCLP job over `sites` before round t (its labels stay at the sites); its id."""
-        from xclp_flower.server_app import FlowerXCLP
+    def _drop(self, site: str, why: str) -> None:
+        self.dropped[site] = why
+        self.live = [x for x in self.live if x != site]
+        if len(self.live) < 2:
+            raise SiteFailed(f"fewer than 2 sites left in the run: {self.dropped}")
 
+    def _missed(self, planned: list[str], left_out: list[str]) -> None:
+        """Count the round's misses; a site that missed max_missed rounds in a row leaves the run."""
+        for x in planned:
+            self.strikes[x] = self.strikes.get(x, 0) + 1 if x in left_out else 0
+            if self.strikes[x] >= self.max_missed and x in self.live:
+                k = self.strikes[x]
+                self._drop(x, f"missed {k} round{'s' if k > 1 else ''} in a row")
+
+    def _roster(self, labelled: list[str], cached: set[str] = frozenset()) -> Roster:
+        return Roster(list(self.live), [x for x in self.live if x in labelled],
+                      [x for x in self.live if x not in labelled], sorted(cached & set(self.live)))
+
+    def _xclp(self, s, t: int, sites: list[str], announce: dict | None = None) -> str | None:
+        """An XCLP job over `sites` before round t (its labels stay at the sites): its id, or None if it
+        failed (a site left it), so that the round's sites train on their own labels."""
         if s.ledger is not None:
             s.spend_xclp_labels(s.ledger)  # the randomized labels, once per run, before the first job
         params = s.xclp_params(f"flower-{self.run_id}-r{t}")
         self.say(f"xclp: labelling the points of {sites} before round {t}")
-        FlowerXCLP(self.link.grid, params, say=self.say, link=self.link).run(sites=sites, announce=announce)
+        job = FlowerXCLP(self.link.grid, params, say=self.say, link=self.link)
+        try:
+            job.run(sites=sites, announce=announce)
+        except (SiteFailed, ProtocolError) as exc:
+            self.say(f"xclp: job {params.job_id} failed ({exc}); its sites train on their own labels")
+            job.abort(sites)
+            return None
         return params.job_id
 
     def run(self) -> dict:
         sites = self.link.connect()
         config = asdict(STRATEGIES[self.algorithm].config_from_options(self.algorithm, self.options, len(sites)))
+        # `sites`: the run's roster as every step states it (each site's index in it is fixed)
         common = {"algorithm": self.algorithm, "config": json.dumps(config), "sites": sites, "classes": self.n_classes}
+        self.live = list(sites)
         hello = self._step("hello", {x: {**common, "public_sha256": self.public_sha256} for x in sites})
-        labelled = [x for x in sites if int(hello[x]["labelled"]) > 0]
+        for x, why in self.link.failed.items():
+            self._drop(x, why)
+        labelled = [x for x in self.live if int(hello[x]["labelled"]) > 0]
         if not labelled:
-            raise ValueError("no site holds labels: nothing to learn from")
-        features = {int(hello[x]["features"]) for x in sites}
-        if len(features) != 1:
-            raise ValueError(f"the sites' points have different numbers of features: { {x: int(hello[x]['features']) for x in sites} }")
+            raise SiteFailed(f"no site of the run holds labels: nothing to learn from (dropped: {self.dropped})")
+        features = {x: int(hello[x]["features"]) for x in self.live}
+        if len(set(features.values())) != 1:
+            raise SiteFailed(f"the sites' points have different numbers of features: {features}")
         s = strategy_for(self.algorithm, config, self.n_classes, len(sites), n_public=self.public_size,
-                         n_features=features.pop())
+                         n_features=features[self.live[0]])
         s.ledger = s.new_ledger() if getattr(s.cfg, "dp_epsilon", None) is not None or getattr(s.cfg, "dp", False) \
             else None
         if s.family == "fedavg" and s.cfg.dp:
             s.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
         if s.family == "fedavg":
-            keys = {x: bytes(hello[x]["public_key"]).hex() for x in sites}
-            shared = s.network().state_dict()  # the round-0 model, fixed by the seed
-            finish = self._fedavg_rounds(s, sites, labelled, common, keys, shared)
+            keys = {x: bytes(hello[x]["public_key"]).hex() for x in self.live}
+            finish = self._fedavg_rounds(s, labelled, common, keys, s.network().state_dict())
         else:
-            finish = self._fedct_rounds(s, sites, labelled, common)
-        done = self._step("finish", {x: {**common, **finish} for x in sites})
+            finish = self._fedct_rounds(s, labelled, common)
+        done = self._step("finish", {x: {**common, **finish} for x in self.live})
         result = {"algorithm": self.algorithm, "sites": sites, "history": self.history,
-                  "written": {x: str(done[x]["written"]) for x in sites}, "bytes": dict(self.link.bytes_by_phase),
+                  "written": {x: str(r["written"]) for x, r in done.items()}, "dropped": dict(self.dropped),
+                  "bytes": dict(self.link.bytes_by_phase),
                   "privacy": no_privacy() if s.ledger is None else s.ledger.to_json()}
         if s.family == "fedavg":  # the final model scored by each site on its own labelled points, pooled
-            result["final_local_accuracy"] = pooled_rate({x: json.loads(str(done[x]["metrics"])) for x in sites},
+            result["final_local_accuracy"] = pooled_rate({x: json.loads(str(r["metrics"])) for x, r in done.items()},
                                                          "eval_correct", "eval_n")
         return result
 
-    def _record(self, s, t: int, plan: dict, metrics: dict, shared, t0: float) -> None:
-        row = {"round": t, "sites": plan["sites"], **s.summarize(plan, metrics, shared),
+    def _record(self, s, t: int, plan: dict, metrics: dict, shared, t0: float, **extra) -> None:
+        row = {"round": t, "sites": plan["sites"], **extra, **s.summarize(plan, metrics, shared),
                "seconds": round(time.perf_counter() - t0, 3)}
         if s.ledger is not None:
             if not s.secure_sum and (spent := s.releases()) is not None:  # DP-FedAvg spends as it decodes
                 s.ledger.spend(f"round {t}: each site's {s.upload}, {s.dp_mechanism}", *spent)
             row["epsilon"] = s.ledger.epsilon()
         self.history.append(row)
+        self._missed(plan["sites"], row.get("left_out", []))
         self.say(f"round {t}: {row}")
 
-    def _fedct_rounds(self, s, sites: list[str], labelled: list[str], common: dict) -> dict:
+    def _fedct_rounds(self, s, labelled: list[str], common: dict) -> dict:
         if s.cfg.xclp:
-            self._xclp(s, 0, sites)
+            self._xclp(s, 0, list(self.live))
         shared = None
         for t in range(1, s.total_rounds() + 1):
             t0 = time.perf_counter()
-            plan = s.configure_round(t, Roster(sites, labelled, [x for x in sites if x not in labelled]))
+            plan = s.configure_round(t, self._roster(labelled))
             body = b"" if shared is None else s.dump_broadcast(shared)
             back = self._step("round", {x: {**common, "round": t, "consensus": body} for x in plan["sites"]})
             metrics = {}
-            shared = self._aggregate(s, t, plan, {x: bytes(back[x]["votes"]) for x in plan["sites"]}, shared, metrics)
-            self._record(s, t, plan, metrics, shared, t0)
+            shared = self._aggregate(s, t, plan, {x: bytes(r["votes"]) for x, r in back.items()}, shared, metrics)
+            self._record(s, t, plan, metrics, shared, t0, left_out=sorted(self.link.failed))
         return {}
 
     @staticmethod
@@ -151,36 +194,50 @@ class FlowerTraining:
                 taken.append(c)
         return s.aggregate(t, plan, taken, shared)
 
-    def _fedavg_rounds(self, s, sites: list[str], labelled: list[str], common: dict, keys: dict, shared) -> dict:
+    def _fedavg_rounds(self, s, labelled: list[str], common: dict, keys: dict, shared) -> dict:
         cached: set[str] = set()
         for t in range(1, s.total_rounds() + 1):
             t0 = time.perf_counter()
-            plan = s.configure_round(t, Roster(sites, labelled, [x for x in sites if x not in labelled], sorted(cached)))
+            plan = s.configure_round(t, self._roster(labelled, cached))
             model = s.dump_broadcast(shared)
             plan["xclp_job"] = None
             if plan["xclp"]:  # over the planned sites' embeddings under the round's model
                 plan["xclp_job"] = self._xclp(s, t, plan["sites"], {
                     "features-model": model,
                     "features-config": json.dumps({"config": json.loads(common["config"]), "classes": self.n_classes})})
-            if plan["relabel"]:
-                cached |= set(plan["adopt"])
-            back = self._step("round", {x: {**common, "round": t, "plan": json.dumps(plan), "model": model,
-                                            "keys": json.dumps(keys)} for x in plan["sites"]})
-            metrics, planned = {}, len(plan["sites"])
+            step = {**common, "round": t, "plan": json.dumps(plan), "model": model, "keys": json.dumps(keys)}
+            metrics, left_out, attempt = {}, [], 0
             if s.secure_sum:
+                # A masked sum needs every participant's mask: restart it without those that did not
+                # answer (fresh keys and masks for the attempt), as the service's engine does.
+                participants = list(plan["sites"])
+                while True:
+                    back = self._step("round", {x: {**step, "participants": participants, "attempt": attempt}
+                                                for x in participants})
+                    left_out += sorted(self.link.failed)
+                    if not self.link.failed:
+                        break
+                    participants = [x for x in participants if x not in self.link.failed]
+                    if len(participants) < secagg.MIN_CONTRIBUTORS:
+                        back = {}  # a "sum" of one site is its weights: never sent, the model stays
+                        break
+                    attempt += 1
                 parts = []
-                for x in plan["sites"]:
-                    masked, metrics[x] = load_masked(bytes(back[x]["update"]), secagg.n_values(shared))
-                    if metrics[x].pop("participants", None) != plan["sites"]:
+                for x, r in back.items():
+                    masked, metrics[x] = load_masked(bytes(r["update"]), secagg.n_values(shared))
+                    if metrics[x].pop("participants", None) != participants:
                         raise ProtocolError(f"{x} masked its update over other participants than round {t}'s")
                     parts.append(masked)
                 trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
-                shared = s.aggregate_masked(server_sum(parts), trained, shared, t=t, contributed=len(parts),
-                                            planned=planned)
+                shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, shared, t=t,
+                                            contributed=len(parts), planned=len(plan["sites"]))
             else:
-                shared = self._aggregate(s, t, plan, {x: bytes(back[x]["update"]) for x in plan["sites"]}, shared,
-                                         metrics)
-            self._record(s, t, plan, metrics, shared, t0)
+                back = self._step("round", {x: step for x in plan["sites"]})
+                left_out = sorted(self.link.failed)
+                shared = self._aggregate(s, t, plan, {x: bytes(r["update"]) for x, r in back.items()}, shared, metrics)
+            if plan["relabel"]:
+                cached |= {x for x in plan["adopt"] if x not in left_out}
+            self._record(s, t, plan, metrics, shared, t0, left_out=left_out, attempts=attempt + 1)
         return {"model": s.dump_broadcast(shared)}
 
 
@@ -299,14 +356,15 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     if not s.secure_sum:
         return ConfigRecord({"update": dump_state(template if state is None else state, meta)}), kept
     keys = {x: bytes.fromhex(k) for x, k in json.loads(str(step["keys"])).items()}
+    participants, attempt = list(step["participants"]), int(step["attempt"])
     masked = secagg.masked_update(state, template, me=site.name, private=key, public_keys=keys,
-                                  participants=plan["sites"], job=f"flower-{site.run_id}", t=t, attempt=0,
+                                  participants=participants, job=f"flower-{site.run_id}", t=t, attempt=attempt,
                                   # DP-FedAvg: this site's noise share, from os.urandom, never replayed
                                   noise=s.noise_share(secagg.n_values(template), len(plan["sites"]))
                                   if s.cfg.dp else None)
     # under DP the upload says nothing in the clear about the site's data: no counts, no accuracy
     sent = {} if s.cfg.dp else meta
-    return ConfigRecord({"update": dump_masked(masked, {**sent, "participants": plan["sites"]})}), kept
+    return ConfigRecord({"update": dump_masked(masked, {**sent, "participants": participants})}), kept
 
 
 def embeddings(X: np.ndarray, config: str, model: bytes) -> np.ndarray:

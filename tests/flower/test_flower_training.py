@@ -66,8 +66,14 @@ def test_flower_fedct_refuses_a_site_with_another_public_set(federation):
     forged[0, 0] += 1.0
     np.savez(tmp / "forged.npz", X=forged)
     bad = [configs[0], configs[1], {**configs[2], "public-path": str(tmp / "forged.npz")}]
-    with pytest.raises(SiteFailed, match="site2"):
-        FlowerTraining(InProcessGrid(client_app, bad), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
+    # the site refuses at hello and leaves the run, with its reason; the others train on
+    out = FlowerTraining(InProcessGrid(client_app, bad), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
+    assert list(out["dropped"]) == ["site2"] and "does not match its pinned SHA-256" in out["dropped"]["site2"]
+    assert sorted(out["written"]) == ["site0", "site1"] and all("site2" not in r["sites"] for r in out["history"])
+    # with two of the three refusing, fewer than two sites are left: the run ends, naming them
+    worse = [configs[0], {**configs[1], "public-path": str(tmp / "forged.npz")}, bad[2]]
+    with pytest.raises(SiteFailed, match="fewer than 2 sites.*site1.*pinned SHA-256"):
+        FlowerTraining(InProcessGrid(client_app, worse), "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
     with pytest.raises(ValueError, match="inside Flower"):
         FlowerTraining(InProcessGrid(client_app, configs), "fedkt", OPTIONS, 10, public_digest(U), len(U))
 
@@ -167,3 +173,45 @@ def test_flower_dp_fedavg_xclp_keeps_the_simulations_ledger(federation):
     assert out["history"][-1]["epsilon"] == pytest.approx(led["epsilon"])
     w = _weights(out["written"][ds.sites[0]])
     assert all(torch.isfinite(v).all() for v in w.values())
+
+
+# --- a site that vanishes -----------------------------------------------------------------------------
+
+def test_a_vanished_site_is_left_out_and_the_masked_sum_restarts_without_it(federation):
+    import torch
+
+    ds, _, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_after = {102: 3}  # site2 answers "who", hello and round 1, then its SuperNode goes silent
+    opts = {**FEDAVG, "secure_aggregation": True, "rounds": 4}
+    out = FlowerTraining(grid, "fedavg", opts, 10, max_missed=2).run()
+    hist = out["history"]
+    assert [r["left_out"] for r in hist] == [[], ["site2"], ["site2"], []]
+    # rounds 2 and 3: the sum over all three never completes; attempt 2, with fresh masks, over the other two
+    assert [r["attempts"] for r in hist] == [1, 2, 2, 1]
+    assert [r["trained"] for r in hist[1:3]] == [["site0", "site1"], ["site0", "site1"]]
+    assert out["dropped"] == {"site2": "missed 2 rounds in a row"} and hist[3]["sites"] == ["site0", "site1"]
+    assert sorted(out["written"]) == ["site0", "site1"] and out["final_local_accuracy"] > 0.5
+    a, b = (_weights(out["written"][s]) for s in ("site0", "site1"))
+    assert all(torch.equal(a[k], b[k]) and torch.isfinite(a[k]).all() for k in a)  # the decoded average, at both
+
+
+def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
+    ds, U, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_after = {101: 3}  # site1: "who", hello, round 1
+    out = FlowerTraining(grid, "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
+    assert [r["left_out"] for r in out["history"]] == [[], ["site1"], ["site1"]]
+    assert sorted(out["written"]) == ["site0", "site2"]
+    # an XCLP job that loses a site fails; the round's sites train on their own labels, the run goes on
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_after = {101: 4}  # site1: "who", hello, and the first XCLP job's announce
+    out = FlowerTraining(grid, "fedavg-xclp", {**FEDAVG, "secure_aggregation": True}, 10, max_missed=1).run()
+    first = out["history"][0]
+    assert first["left_out"] == ["site1"] and first["attempts"] == 2 and first["pseudo_label_accuracy"] is None
+    assert out["dropped"] == {"site1": "missed 1 round in a row"}
+    # the failed job's secrets are wiped at the sites still answering (the vanished node keeps its own)
+    for node in (100, 102):
+        assert not [k for k in grid.contexts[node].state.config_records if k.startswith("xclp:")]
+    # from round 2 on, the XCLP jobs run over the two sites left, and their labels reach them
+    assert all(r["sites"] == ["site0", "site2"] and r["pseudo_label_accuracy"] > 0.5 for r in out["history"][1:])
