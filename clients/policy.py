@@ -9,10 +9,13 @@ message when it falls short. Weaker settings are the site's explicit choice, nev
 ``xclp agent run --allow-plaintext --allow-unmasked-training``.
 
 A site may also ask for differential privacy (``--max-epsilon E [--max-delta D]``): it then takes part
-only in jobs that state a budget ε ≤ E at δ ≤ D for what they release of its labels — a predict job
-with label-DP (its ε from JobParams.privacy()), a training job with a DP budget (``dp_epsilon``, which
-the run calibrates its noise to or stops before exceeding). A job that states no budget is refused:
-the site cannot tell from noise settings alone what the run will spend.
+only in jobs that state a budget ε ≤ E at δ ≤ D whose noise it adds itself — a predict job with
+label-DP (its ε from JobParams.privacy()), a training job with a DP budget (``dp_epsilon``) for
+FedCT's randomized labels, DP-FedAvg's noise shares, FedAvg+XCLP or FedKT's L2 noise. A job that
+states no budget is refused (the site cannot tell from noise settings alone what the run will
+spend), and so is one whose noise the server adds (FREDY, FedKT L1): the site would have to trust
+it. The round statistics a site reports (how many of its own points a model gets right) are outside
+the budget, except under DP-FedAvg, where a site reports none.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from dataclasses import dataclass
 
 from xclp.data import DataError
 
-FEDAVG = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
+FEDAVG = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fredy")  # sites send weights
+# DP whose noise the server adds: a site cannot see it added, so it does not count toward --max-epsilon
+SERVER_NOISE = {"fredy": "FREDY's noisy vote", "fedkt": "FedKT's L1 noise on the vote counts"}
 
 
 class PolicyError(DataError):
@@ -68,6 +73,10 @@ class SitePolicy:
         """Why the job's differential privacy falls short of this site's (None: it does not)."""
         if status.get("kind") == "train":
             cfg = params.get("config") or {}
+            algorithm = params.get("algorithm")
+            if algorithm in SERVER_NOISE and (algorithm != "fedkt" or cfg.get("levels", "L1") == "L1"):
+                return (f"its DP noise is {SERVER_NOISE[algorithm]}, added by the server: this site, which requires "
+                        f"ε ≤ {self.max_epsilon:g} (--max-epsilon), takes part only where it adds the noise itself")
             eps, delta = cfg.get("dp_epsilon"), cfg.get("dp_delta", 1e-5)
         else:
             from xclp.protocol import JobParams

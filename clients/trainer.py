@@ -31,9 +31,9 @@ from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
-from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels
+from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
 from xclp.training.fedct import PublicSet, new_site_state
-from xclp.training.messages import dump_json, dump_masked, dump_state, dump_votes, load_json, load_state
+from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.strategy import Strategy
 
@@ -234,23 +234,16 @@ class Trainer:
             _atomic_write(self._update_path(job_id),  # a restarted sum re-masks it instead of retraining
                           dump_state(template if state is None else state, {**meta, "round": t}))
         state, meta = trained
-        if not cfg.secure_aggregation:
-            return self._put(st, job_id, topic, dump_state(template if state is None else state, meta))
-        if st["key"] is None:
+        if cfg.secure_aggregation and st["key"] is None:
             raise DataError(f"job {job_id}: this site's key for the job is gone (state folder lost?): it cannot "
                             "take part in the masked sums; the round restarts without it")
-        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
-        masked = secagg.masked_update(state, template, me=self.site, job=job_id, t=t, attempt=int(status["attempt"]),
-                                      private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
-                                      public_keys={s: bytes.fromhex(k) for s, k in keys.items()},
-                                      participants=participants,
-                                      # DP-FedAvg: this site's noise share, fresh from os.urandom at every attempt
-                                      noise=s.noise_share(secagg.n_values(template), len(plan["sites"]))
-                                      if cfg.dp else None)
-        # Under DP the upload says nothing in the clear about the site's data: no counts, no accuracy
-        sent_meta = {} if cfg.dp else meta
-        return self._put(st, job_id, topic, dump_masked(masked, {**sent_meta, "participants": participants}),
-                         made_for=(t, int(status["attempt"]), participants))
+        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys") if cfg.secure_aggregation else {}
+        body = site_upload(s, state, template, meta, planned=len(plan["sites"]), me=self.site, job=job_id, t=t,
+                           attempt=int(status["attempt"]), participants=participants,
+                           private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])) if st["key"] else None,
+                           public_keys={x: bytes.fromhex(k) for x, k in keys.items()})
+        return self._put(st, job_id, topic, body,
+                         made_for=(t, int(status["attempt"]), participants) if cfg.secure_aggregation else None)
 
     def _update_path(self, job_id: str) -> Path:
         return job_file(self.agent.state_dir, job_id, ".update.npz")

@@ -245,7 +245,10 @@ def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> di
         left_out = sorted(set(missing) | set(bad))
     body = s.dump_broadcast(shared)
     _put(db, job, BROADCAST, f"{s.broadcast}/{t}", body)
-    fresh = [site for site, m in metrics.items() if m.get("pseudo") == "fresh"]  # pseudo-labels adopted this round
+    # pseudo-labels adopted this round: as the site says, or under DP-FedAvg (where a site says nothing of
+    # its data) as the plan asked of every site whose upload is in the round
+    fresh = [site for site, m in metrics.items()
+             if m.get("pseudo") == "fresh" or ("pseudo" not in m and site in plan.get("adopt", []))]
     job.update_training(cached=sorted(set(job.training.cached) | set(fresh)))
     return {"round": t, "sites": plan["sites"], "left_out": left_out, "xclp_job": plan.get("xclp_job"),
             **({"decoded": decoded} if s.secure_sum else {}),

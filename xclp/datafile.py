@@ -28,7 +28,7 @@ from xclp.data import UNLABELLED, DataError, Dataset, load_npz, make_dataset
 
 FORMATS = (".npz", ".csv", ".parquet")
 MAX_LABEL = 1 << 16  # more classes than the service takes: a label beyond it is a wrong column
-CSV_BLOCK = 1024  # rows parsed at a time: a few MB of strings held at once, whatever the file's size
+CSV_BLOCK = 256  # rows parsed at a time: ~13 MB of strings at 784 columns, whatever the file's size
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,14 @@ def _layout(path: Path, header: list[str], columns: Columns, require_site: bool)
 
 def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndarray, dict[str, list], list[int]]:
     """(X, the label/site/truth columns' cells, row numbers). Streamed: the features become floats a
-    block of rows at a time, so memory is the float matrix, not every cell as a Python string
-    (bench/datafile.py: a 20,000 × 784 file peaks at a fifth of what holding the strings took)."""
+    block of rows at a time, so memory peaks at about twice the float matrix (its blocks, then the
+    matrix) instead of every cell as a Python string (bench/datafile.py: a 20,000 × 784 file peaks at
+    a fifth of what holding the strings took)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
-            header = [h.strip() for h in next(reader, [])]
+            header = next((r for r in reader if any(c.strip() for c in r)), [])  # blank lines before it: none
+            header = [h.strip() for h in header]
             if not header:
                 raise DataError(f"{path}: empty file; expected a header row and one row per point")
             features = _layout(path, header, columns, require_site)
@@ -96,7 +98,8 @@ def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndar
             other = {h: [] for h in header if h not in features}
             where = {h: header.index(h) for h in other}
             blocks, block, lines = [], [], []
-            for n, r in enumerate(reader, start=2):
+            for r in reader:
+                n = reader.line_num  # the file's own line (blank and quoted multi-line rows counted)
                 if not any(c.strip() for c in r):
                     continue  # a blank line: no point
                 if len(r) != len(header):
@@ -112,8 +115,9 @@ def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndar
                 blocks.append(_block(path, features, block, lines[-len(block):]))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{path}: not a readable CSV file ({exc})") from None
-    X = np.vstack(blocks) if blocks else np.empty((0, len(features)))
-    return X, other, lines
+    if not blocks:
+        raise DataError(f"{path}: a header and no points")
+    return np.vstack(blocks), other, lines
 
 
 def _block(path: Path, features: list[str], rows: list[list[str]], lines: list[int]) -> np.ndarray:
@@ -140,6 +144,8 @@ def _read_parquet(path: Path, columns: Columns, require_site: bool) -> tuple[np.
 
     header = [str(n) for n in table.column_names]
     features = _layout(path, header, columns, require_site)
+    if table.num_rows == 0:
+        raise DataError(f"{path}: a header and no points")
     lines = list(range(2, table.num_rows + 2))  # row k of the table is "line" k + 1, after a header line
     X = np.empty((table.num_rows, len(features)), dtype=np.float64)
     for j, name in enumerate(features):
@@ -174,7 +180,7 @@ def _numbers(path: Path, column: str, lines: list[int], values: list) -> np.ndar
         x = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         x = None
-    if x is None or np.isnan(x).any():
+    if x is None or x.ndim != 1 or np.isnan(x).any():  # (2-D: a column of lists, refused cell by cell)
         x = np.array([_number(path, column, line, v) for line, v in zip(lines, values)], dtype=np.float64)
     return x
 

@@ -16,6 +16,7 @@ messages: xclp_flower/replay.py (secrets and the inputs taken so far, replayed).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.protocol import JobParams, SiteSession, decode_roster
+from xclp_flower import flag
 from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
 STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
@@ -40,8 +42,17 @@ TRAINING = "training"  # this site's state between training rounds (xclp_flower.
 app = ClientApp()
 
 
-def _flag(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes")
+def _epsilon(value) -> float | None:
+    """The node config's max-epsilon: absent or empty for no requirement, else a finite number > 0."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and math.isfinite(v)):
+        raise DataError(f"this SuperNode's --node-config max-epsilon={value!r}: give a finite number above 0")
+    return v
 
 
 class FlowerSite:
@@ -53,9 +64,9 @@ class FlowerSite:
         if missing:
             raise DataError(f"this SuperNode's --node-config lacks {missing} (site=NAME data-path=FILE out=FOLDER)")
         self.name, self.out = str(cfg["site"]), Path(str(cfg["out"]))
-        self.policy = SitePolicy(allow_plaintext=_flag(cfg.get("allow-plaintext", "false")),
-                                 allow_unmasked=_flag(cfg.get("allow-unmasked-training", "false")),
-                                 max_epsilon=float(cfg["max-epsilon"]) if cfg.get("max-epsilon") else None)
+        self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
+                                 allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
+                                 max_epsilon=_epsilon(cfg.get("max-epsilon")))
         self.X, self.y, self.y_true = load_site_data(str(cfg["data-path"]))
         self.public_path = cfg.get("public-path")
         self.run_id = context.run_id
@@ -121,10 +132,7 @@ class FlowerSite:
         if params.crypto not in REPLAYABLE:
             raise PolicyError(f"job {params.job_id}: crypto={params.crypto!r} cannot run inside Flower yet: a site "
                               f"replays its steps between messages, which needs {REPLAYABLE}")
-        if RUN not in self.state:
-            # one label-noise secret for the run: every XCLP job of a training run propagates the same
-            # randomized labels (label-DP is spent once), as an agent keeps one per training job
-            self.state[RUN] = ConfigRecord({"noise": os.urandom(32)})
+        self._admit_noise(params)
         secrets = {"params": str(step["params"]), "inputs": 0,
                    # drawn once from the real os.urandom; never leave this node
                    "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
@@ -132,6 +140,25 @@ class FlowerSite:
         if "features-model" in step:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
             secrets.update({k: step[k] for k in ("features-model", "features-config")})
         self.state[f"{STATE}:{self.job}"] = ConfigRecord(secrets)
+
+    def _admit_noise(self, params: JobParams) -> None:
+        """The run's label noise, kept in RUN: one secret for the run, so every XCLP job of a training
+        run propagates the same randomized labels (label-DP spent once), as an agent keeps one per
+        training job. A later job of the run must randomize with the same p, and Gaussian noise shares
+        (fresh for each job, so that averaging jobs would wash them out) come in one job a run only."""
+        run = self.state.get(RUN)
+        if run is None:
+            self.state[RUN] = ConfigRecord({"noise": os.urandom(32), "flip": float(params.label_flip),
+                                            "gaussian-jobs": int(params.dp_noise > 0)})
+            return
+        if float(run["flip"]) != float(params.label_flip):
+            raise PolicyError(f"job {params.job_id} randomizes this site's labels with p = {params.label_flip:g}, "
+                              f"an earlier job of this run with p = {float(run['flip']):g}: a run draws them once")
+        if params.dp_noise > 0:
+            if int(run["gaussian-jobs"]) >= 1:
+                raise PolicyError(f"job {params.job_id}: Gaussian noise shares are drawn afresh for each job, so a "
+                                  "second such job in the run would let its releases be averaged; one per run")
+            run["gaussian-jobs"] = 1
 
     def _open(self, secrets: ConfigRecord) -> None:
         params = JobParams(**json.loads(str(secrets["params"]))).validate()
@@ -190,8 +217,14 @@ class FlowerSite:
             # audit can replay the job in process with the same LSH seed, as an agent's state allows
             self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
                               seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
-            self.state[RESULT] = ConfigRecord({"job": s.params.job_id, "labels": pred.labels.astype(np.int64).tobytes(),
-                                               "confidence": pred.confidence.astype(np.float64).tobytes()})
+            if bool(step.get("end-run", False)):  # a prediction run: nothing of it is needed here any more
+                for name in (RUN, RESULT):
+                    if name in self.state:
+                        del self.state[name]
+            else:  # a training run's rounds train on these
+                self.state[RESULT] = ConfigRecord({"job": s.params.job_id,
+                                                   "labels": pred.labels.astype(np.int64).tobytes(),
+                                                   "confidence": pred.confidence.astype(np.float64).tobytes()})
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
 
     def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.pkl", **arrays) -> Path:
@@ -228,9 +261,13 @@ class FlowerSite:
         self.classes = int(step.get("classes", 10))
         kept = self.state.get(TRAINING)
         work = training.fedct_site_round if family == "fedct" else training.fedavg_site_round
-        out, state = work(self, step, kept)
-        if state is not None:
-            self.state[TRAINING] = state
+        out, record = work(self, step, kept)
+        if str(step["step"]) == "finish":  # the run is over here: its key, model, caches and secrets go
+            for name in (TRAINING, RUN, RESULT):
+                if name in self.state:
+                    del self.state[name]
+        else:
+            self.state[TRAINING] = record
         return out
 
 

@@ -27,6 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
 from xclp.protocol import CoordinatorSession, JobParams, encode_roster
+from xclp_flower import flag
 
 app = ServerApp()
 MESSAGE_TYPE = "query.xclp"
@@ -135,9 +136,10 @@ class FlowerXCLP:
         return self.link.round_to_sites(phase, {s: {"job": self.params.job_id, **f} for s, f in fields.items()},
                                         group=self.params.job_id)
 
-    def run(self, sites: list[str] | None = None, announce: dict | None = None) -> dict:
+    def run(self, sites: list[str] | None = None, announce: dict | None = None, end_run: bool = False) -> dict:
         """The job over `sites` (default: every node, connecting first); `announce`: fields every site
-        gets with the job's parameters (a training round's model, whose embeddings it propagates over)."""
+        gets with the job's parameters (a training round's model, whose embeddings it propagates over);
+        `end_run`: the run's only job (a prediction), after which the sites keep nothing of it."""
         p = self.params
         sites = sorted(sites) if sites is not None else self.link.connect()
         if len(sites) < 2:
@@ -181,7 +183,7 @@ class FlowerXCLP:
         for s in sites:
             self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
         back = self.coord.row_sums_for(sites)
-        done = self.round_to_sites("sums", {s: {"rows": back[s]} for s in sites})
+        done = self.round_to_sites("sums", {s: {"rows": back[s], "end-run": end_run} for s in sites})
         return {"job": p.job_id, "sites": sites, "crypto": p.crypto, "points": {s: int(done[s]["points"]) for s in sites},
                 "written": {s: str(done[s]["written"]) for s in sites}, "bytes": dict(self.bytes_by_phase),
                 "bytes_total": sum(self.bytes_by_phase.values()),
@@ -238,7 +240,7 @@ def _record_bytes(fields: dict) -> int:
 
 TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": str, "public-size": int, "seed": int,
               "sites-per-round": int, "local-epochs": int, "lr": float, "warmup-rounds": int,
-              "secure-aggregation": lambda v: v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes"),
+              "secure-aggregation": lambda v: flag(v, "secure-aggregation"),
               "clip": float, "dp-epsilon": float, "dp-delta": float}
 
 RUN_KEYS = {"timeout": float, "nodes": int, "max-missed-rounds": int}  # how the ServerApp runs, for any job
@@ -274,7 +276,7 @@ def main(grid: Grid, context: Context) -> None:
         if algorithm not in ("predict", *ALGORITHMS):
             raise ValueError(f"run config algorithm must be 'predict' or one of {ALGORITHMS}, got {algorithm!r}")
         if algorithm == "predict":
-            summary = FlowerXCLP(grid, params, timeout, say=print, nodes=nodes).run()
+            summary = FlowerXCLP(grid, params, timeout, say=print, nodes=nodes).run(end_run=True)
         else:
             # the training keys as the strategies' options (sites-per-round → sites_per_round)
             options = {k.replace("-", "_"): cast(cfg[k]) for k, cast in TRAIN_KEYS.items()

@@ -24,6 +24,7 @@ Its data stay in its files; its results are written to its `out` folder.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import pickle
@@ -42,7 +43,7 @@ from xclp.data import DataError
 from xclp.privacy.ledger import no_privacy
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.messages import dump_masked, dump_state, load_masked
+from xclp.training.messages import dump_state, load_masked
 from xclp.training.strategy import Roster, pooled_rate
 from xclp_flower.server_app import FlowerLink, FlowerXCLP, SiteFailed
 
@@ -206,22 +207,22 @@ class FlowerTraining:
                     "features-model": model,
                     "features-config": json.dumps({"config": json.loads(common["config"]), "classes": self.n_classes})})
             step = {**common, "round": t, "plan": json.dumps(plan), "model": model, "keys": json.dumps(keys)}
-            metrics, left_out, attempt = {}, [], 0
+            metrics, left_out, attempt, sent = {}, [], 0, 0
             if s.secure_sum:
                 # A masked sum needs every participant's mask: restart it without those that did not
-                # answer (fresh keys and masks for the attempt), as the service's engine does.
+                # answer (fresh keys and masks for the attempt), as the service's engine does. A round
+                # planned over one site is not sent at all: its "sum" would be that site's weights.
                 participants = list(plan["sites"])
-                while True:
+                back = {}
+                while len(participants) >= secagg.MIN_CONTRIBUTORS:
                     back = self._step("round", {x: {**step, "participants": participants, "attempt": attempt}
                                                 for x in participants})
+                    sent += 1
                     left_out += sorted(self.link.failed)
                     if not self.link.failed:
                         break
                     participants = [x for x in participants if x not in self.link.failed]
-                    if len(participants) < secagg.MIN_CONTRIBUTORS:
-                        back = {}  # a "sum" of one site is its weights: never sent, the model stays
-                        break
-                    attempt += 1
+                    back, attempt = {}, attempt + 1
                 parts = []
                 for x, r in back.items():
                     masked, metrics[x] = load_masked(bytes(r["update"]), secagg.n_values(shared))
@@ -232,24 +233,47 @@ class FlowerTraining:
                 shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, shared, t=t,
                                             contributed=len(parts), planned=len(plan["sites"]))
             else:
-                back = self._step("round", {x: step for x in plan["sites"]})
+                back, sent = self._step("round", {x: step for x in plan["sites"]}), 1
                 left_out = sorted(self.link.failed)
                 shared = self._aggregate(s, t, plan, {x: bytes(r["update"]) for x, r in back.items()}, shared, metrics)
             if plan["relabel"]:
                 cached |= {x for x in plan["adopt"] if x not in left_out}
-            self._record(s, t, plan, metrics, shared, t0, left_out=left_out, attempts=attempt + 1)
+            self._record(s, t, plan, metrics, shared, t0, left_out=left_out, attempts=sent)
         return {"model": s.dump_broadcast(shared)}
 
 
 # --- the site's side ---------------------------------------------------------------------------------
 
-def _open_step(site, step: ConfigRecord) -> tuple[str, dict, list[str]]:
-    """(algorithm, config, sites) of a training step, after the site's policy has accepted them: the
-    ServerApp sends them with every step, so a run cannot weaken them after its hello."""
+def _open_step(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[str, dict, list[str], ConfigRecord]:
+    """(algorithm, config, sites, the site's training record) of a training step, once the site's
+    policy has accepted them. The record pins them at hello: a later step with other settings (fewer
+    rounds, so more noise per release; another roster) is refused, as a service job's settings are
+    fixed when it is submitted."""
     algorithm, config, sites = str(step["algorithm"]), json.loads(str(step["config"])), list(step["sites"])
     site.policy.check(f"flower-{site.run_id}", {"kind": "train", "sites": sites,
                                                 "params": {"algorithm": algorithm, "config": config}})
-    return algorithm, config, sites
+    pin = hashlib.sha256(json.dumps([algorithm, config, sites], sort_keys=True).encode()).hexdigest()
+    kept = ConfigRecord(dict(kept)) if kept is not None else ConfigRecord({})
+    if str(step["step"]) == "hello":
+        if "pin" in kept:
+            raise ProtocolError(f"{site.name}: a second hello in this run (a site trains once per run)")
+        kept["pin"], kept["answered"] = pin, "[]"
+    elif kept.get("pin") != pin:
+        raise ProtocolError(f"{site.name}: a {step['step']!r} step whose run settings differ from those accepted "
+                            "at this run's hello (or before it)")
+    return algorithm, config, sites, kept
+
+
+def _once(site, kept: ConfigRecord, t: int, total: int, attempt: int = 0) -> None:
+    """A site answers each round once (a masked sum's restart, attempt + 1, once more), and only the
+    run's rounds: every answer is a release of its data, counted in the run's ledger once."""
+    if not 1 <= t <= total:
+        raise ProtocolError(f"{site.name}: round {t} is not one of this run's rounds 1..{total}")
+    answered = json.loads(str(kept["answered"]))
+    if any(r == t and a >= attempt for r, a in answered):
+        raise ProtocolError(f"{site.name}: round {t} (attempt {attempt}) was answered already: a site sends each "
+                            "round's upload once")
+    kept["answered"] = json.dumps([*answered, [t, attempt]])
 
 
 def _site_data(site):
@@ -258,20 +282,20 @@ def _site_data(site):
     return Site(site.name, site.X.astype(np.float32), site.y, site.y_true)
 
 
-def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[ConfigRecord, ConfigRecord | None]:
-    """One FedCT step at a site (`site`: the ClientApp's FlowerSite): (reply, its state to keep or None)."""
+def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[ConfigRecord, ConfigRecord]:
+    """One FedCT step at a site (`site`: the ClientApp's FlowerSite): (reply, its record to keep)."""
     from clients.trainer import eval_metrics, pseudo_metrics
     from xclp.training.fedct import new_site_state
 
     name = str(step["step"])
-    algorithm, config, sites = _open_step(site, step)
+    algorithm, config, sites, kept = _open_step(site, step, kept)
     public = site.public()
     if name == "hello":
         public.verify(str(step["public_sha256"]))
-        return ConfigRecord({"labelled": int((site.y >= 0).sum()), "features": int(site.X.shape[1])}), None
+        return ConfigRecord({"labelled": int((site.y >= 0).sum()), "features": int(site.X.shape[1])}), kept
     s = strategy_for(algorithm, config, int(site.classes), len(sites), n_public=len(public.X))
     data = _site_data(site)
-    if kept is None:
+    if "state" not in kept:
         state = new_site_state(data, s.cfg.learner_names(len(sites))[sites.index(site.name)], sites.index(site.name),
                                int(site.classes), public.digest, s.cfg)
     else:
@@ -284,44 +308,45 @@ def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tup
         labels = np.asarray(state.learner.predict(data.X), dtype=np.int64)
         path = site.write_result(f"flower-fedct-{site.run_id}", labels=labels, confidence=np.ones(labels.size),
                                  model=pickle.dumps(state.learner))
-        return ConfigRecord({"written": str(path)}), _keep(state)
+        return ConfigRecord({"written": str(path)}), kept
     t = int(step["round"])
+    _once(site, kept, t, s.total_rounds())
     consensus = None if not bytes(step["consensus"]) else s.load_broadcast(bytes(step["consensus"]))
     votes, mix = s.update(state, public, consensus, t)
     # what a site tells the server about a round, as the service's agents do: counts, never points
     metrics = {"mix": mix, **eval_metrics(site.X, site.y_true if site.y_true is not None else site.y,
                                           lambda X: np.asarray(state.learner.predict(X))),
                **pseudo_metrics(site.y, site.y_true, state.xclp_labels, state.xclp_weights)}
-    return ConfigRecord({"votes": s.dump_upload(votes, metrics)}), _keep(state)
+    kept["state"] = _pickled(state)
+    return ConfigRecord({"votes": s.dump_upload(votes, metrics)}), kept
 
 
-def _keep(state) -> ConfigRecord:
+def _pickled(state) -> bytes:
     data, state.site = state.site, None  # the data stay in the site's files; the pickle holds its model
     try:
         buf = io.BytesIO()
         pickle.dump(state, buf)
-        return ConfigRecord({"state": buf.getvalue()})
+        return buf.getvalue()
     finally:
         state.site = data
 
 
-def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[ConfigRecord, ConfigRecord | None]:
+def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[ConfigRecord, ConfigRecord]:
     """One FedAvg step at a site: hello (its key pair for the masked sums, made once), a round's update
     (masked under secure aggregation), or the finish (the final model's labels, written here)."""
     from clients.trainer import eval_metrics, pseudo_metrics
-    from xclp.training.fedavg import PseudoLabels, round_pseudo_labels
+    from xclp.training.fedavg import PseudoLabels, round_pseudo_labels, site_upload
     from xclp.training.models import predict_proba_array, torch_threads
 
     name = str(step["step"])
-    algorithm, config, sites = _open_step(site, step)
-    kept = ConfigRecord(dict(kept)) if kept is not None else ConfigRecord({"key": SiteKeyPair.generate().private_bytes()})
-    key = SiteKeyPair.from_private_bytes(bytes(kept["key"]))
+    algorithm, config, sites, kept = _open_step(site, step, kept)
     if name == "hello":
         if site.y.size and int(site.y.max()) >= int(step["classes"]):
             raise DataError(f"{site.name}: label {int(site.y.max())} is out of range for the run's "
                             f"{int(step['classes'])} classes")
+        kept["key"] = SiteKeyPair.generate().private_bytes()  # for this run's masked sums; never leaves the node
         return ConfigRecord({"labelled": int((site.y >= 0).sum()), "features": int(site.X.shape[1]),
-                             "public_key": key.public_bytes()}), kept
+                             "public_key": SiteKeyPair.from_private_bytes(bytes(kept["key"])).public_bytes()}), kept
     s = strategy_for(algorithm, config, int(site.classes), len(sites), n_features=int(site.X.shape[1]))
     model = s.network()
     model.load_state_dict(s.load_broadcast(bytes(step["model"])))
@@ -336,6 +361,8 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
                                  model_suffix=".model.npz")
         return ConfigRecord({"written": str(path), "metrics": json.dumps(metrics)}), kept
     plan, t = json.loads(str(step["plan"])), int(step["round"])
+    participants, attempt = list(step.get("participants", plan["sites"])), int(step.get("attempt", 0))
+    _once(site, kept, t, s.total_rounds(), attempt)
     template = {k: v.clone() for k, v in model.state_dict().items()}
     cached = None
     if "pseudo-labels" in kept:
@@ -352,19 +379,12 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
         kept["pseudo-labels"], kept["pseudo-weights"] = pl.labels.astype(np.int64).tobytes(), \
             pl.weights.astype(np.float64).tobytes()
     state, n = r if r is not None else (None, 0)
-    meta = {"n": int(n), **metrics}
-    if not s.secure_sum:
-        return ConfigRecord({"update": dump_state(template if state is None else state, meta)}), kept
-    keys = {x: bytes.fromhex(k) for x, k in json.loads(str(step["keys"])).items()}
-    participants, attempt = list(step["participants"]), int(step["attempt"])
-    masked = secagg.masked_update(state, template, me=site.name, private=key, public_keys=keys,
-                                  participants=participants, job=f"flower-{site.run_id}", t=t, attempt=attempt,
-                                  # DP-FedAvg: this site's noise share, from os.urandom, never replayed
-                                  noise=s.noise_share(secagg.n_values(template), len(plan["sites"]))
-                                  if s.cfg.dp else None)
-    # under DP the upload says nothing in the clear about the site's data: no counts, no accuracy
-    sent = {} if s.cfg.dp else meta
-    return ConfigRecord({"update": dump_masked(masked, {**sent, "participants": participants})}), kept
+    keys = json.loads(str(step["keys"]))
+    body = site_upload(s, state, template, {"n": int(n), **metrics}, planned=len(plan["sites"]), me=site.name,
+                       private=SiteKeyPair.from_private_bytes(bytes(kept["key"])),
+                       public_keys={x: bytes.fromhex(k) for x, k in keys.items()}, participants=participants,
+                       job=f"flower-{site.run_id}", t=t, attempt=attempt)
+    return ConfigRecord({"update": body}), kept
 
 
 def embeddings(X: np.ndarray, config: str, model: bytes) -> np.ndarray:

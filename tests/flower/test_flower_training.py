@@ -89,7 +89,7 @@ def _sim_fedavg(ds, algorithm: str, **kw) -> dict:
 
     sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
              for s in ds.sites]
-    opts = {k: v for k, v in {**FEDAVG, **kw}.items() if k not in ("crypto", "bits", "k")}
+    opts = {k: v for k, v in {**FEDAVG, **kw}.items() if k != "crypto"}  # the simulation's XCLP: plaintext
     return run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10,
                       FedAvgConfig(algorithm=algorithm, **opts))
 
@@ -142,8 +142,8 @@ def test_flower_fedavg_xclp_labels_over_the_round_models_embeddings(federation):
     assert all(r["pseudo_label_accuracy"] is not None and r["pseudo_label_accuracy"] > 0.5 for r in hist)
     jobs = {str(fields["job"]) for way, _, fields in grid.seen if way == "to" and "job" in fields}
     assert jobs == {f"flower-0-r{t}" for t in (1, 2, 3)}
-    # the same accuracy on the sites' points as the simulation's fedavg-xclp, within 0.05 (the LSH seed
-    # differs: the sites draw it at random inside Flower, the simulation from its seed)
+    # the same accuracy on the sites' points as the simulation's fedavg-xclp (same k and L), within 0.05:
+    # the LSH seed differs (the sites draw it at random inside Flower, the simulation from its seed)
     from xclp.training.models import predict_proba_array
 
     sim = _sim_fedavg(ds, "fedavg-xclp", secure_aggregation=True)
@@ -215,3 +215,91 @@ def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
         assert not [k for k in grid.contexts[node].state.config_records if k.startswith("xclp:")]
     # from round 2 on, the XCLP jobs run over the two sites left, and their labels reach them
     assert all(r["sites"] == ["site0", "site2"] and r["pseudo_label_accuracy"] > 0.5 for r in out["history"][1:])
+
+
+# --- what a ServerApp cannot make a site do --------------------------------------------------------------
+
+def test_a_serverapp_cannot_repeat_rounds_add_rounds_or_change_the_runs_settings(federation):
+    # Every round's upload is a release (under DP-FedAvg, a noisy one calibrated to the run's rounds):
+    # a site answers each of the run's rounds once, with the settings it accepted at hello.
+    import json as _json
+    from dataclasses import asdict
+
+    from xclp.training.algorithms import STRATEGIES
+    from xclp.training.strategy import Roster
+    from xclp_flower.server_app import FlowerLink
+
+    ds, _, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    link = FlowerLink(grid)
+    sites = link.connect()
+    opts = {**FEDAVG, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 8.0, "rounds": 2}
+    config = asdict(STRATEGIES["fedavg"].config_from_options("fedavg", opts, 3))
+    common = {"algorithm": "fedavg", "config": _json.dumps(config), "sites": sites, "classes": 10}
+    hello = link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg")
+    keys = _json.dumps({x: bytes(hello[x]["public_key"]).hex() for x in sites})
+    s = STRATEGIES["fedavg"].from_config(config, 10, 3, n_features=64)
+    plan = s.configure_round(1, Roster(sites, sites, []))
+    step = {**common, "round": 1, "plan": _json.dumps({**plan, "xclp_job": None}), "keys": keys,
+            "model": s.dump_broadcast(s.network().state_dict()), "participants": sites, "attempt": 0}
+
+    def ask(**change):
+        link.round_to_sites("round", {x: {**step, **change} for x in sites}, message_type="train.fedavg",
+                            tolerate=True)
+        return link.failed
+
+    assert ask() == {}  # round 1, once
+    assert all("answered already" in why for why in ask().values())  # the same round again
+    assert all("not one of this run's rounds 1..2" in why for why in ask(round=99).values())
+    fewer = _json.dumps({**config, "rounds": 1})  # each release calibrated to spend the whole budget
+    assert all("differ from those accepted" in why for why in ask(round=2, config=fewer).values())
+    assert ask(round=1, attempt=1) == {}  # a masked sum's restart, once
+    assert ask(round=2) == {}
+    assert len(ask(round=2)) == 3 and len(ask(step="hello")) == 3
+
+
+def test_the_xclp_jobs_of_a_run_share_one_label_randomization(federation):
+    from xclp.protocol import JobParams
+    from xclp_flower.server_app import FlowerLink, FlowerXCLP
+
+    ds, _, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    link = FlowerLink(grid)
+    link.connect()
+
+    def job(name, **dp):
+        return FlowerXCLP(grid, JobParams(job_id=name, n_classes=10, bits=128, k=6, crypto="lattice", **dp),
+                          link=link).run(sites=sorted(link.node_of))
+
+    job("a", label_flip=0.3, dp_noise=0.5)
+    job("b", label_flip=0.3)  # the same randomized labels: nothing more is spent
+    with pytest.raises(SiteFailed, match="with p = 0.1, an earlier job of this run with p = 0.3"):
+        job("c", label_flip=0.1)
+    with pytest.raises(SiteFailed, match="one per run"):
+        job("d", label_flip=0.3, dp_noise=0.5)  # fresh Gaussian shares would average out
+
+
+def test_a_secure_round_planned_over_one_site_keeps_the_model_as_the_simulation_does(federation):
+    # Plain FedAvg samples labelled sites only: with one, its "sum" would be its own weights. The
+    # ServerApp sends no such round; the model stays, as in the simulation (and the service).
+    import torch
+
+    ds, _, configs, tmp = federation
+    one = []
+    for i, c in enumerate(configs):
+        with np.load(c["data-path"]) as f:
+            X, y, y_true = f["X"], f["y"], f["y_true"]
+        if i:
+            y = np.full_like(y, -1)
+        np.savez(tmp / f"one-{i}.npz", X=X, y=y, y_true=y_true)
+        one.append({**c, "data-path": str(tmp / f"one-{i}.npz")})
+    out = FlowerTraining(InProcessGrid(client_app, one), "fedavg", {**FEDAVG, "secure_aggregation": True}, 10).run()
+    assert all(r["sites"] == ["site0"] and r["attempts"] == 0 and r["trained"] == [] for r in out["history"])
+    sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s] if s == "site0" else
+                  np.full((ds.site == s).sum(), -1), ds.y_true[ds.site == s]) for s in ds.sites]
+    from xclp.training.fedavg import FedAvgConfig, run_fedavg
+
+    cfg = FedAvgConfig(algorithm="fedavg", secure_aggregation=True, **{k: v for k, v in FEDAVG.items() if k != "crypto"})
+    want = run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10, cfg)["model"].state_dict()
+    got = _weights(out["written"]["site0"])
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -39,16 +39,18 @@ def rig(tmp_path):
 
 
 def drive(admin, job, agents, until, timeout=120):
-    """Step the agents until `until(status)`."""
+    """Step the agents until `until(status)`, looking after every single step: the engine moves on in
+    its own thread, and a phase that every site must act in cannot pass between two looks."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        st = admin.job(job)
-        if until(st):
-            return st
-        if st["status"] == "failed":
-            raise AssertionError(st["failure"])
-        for a in agents:
-            a.step(job)
+        for a in [None, *agents]:
+            if a is not None:
+                a.step(job)
+            st = admin.job(job)
+            if until(st):
+                return st
+            if st["status"] == "failed":
+                raise AssertionError(st["failure"])
         time.sleep(0.01)
     raise AssertionError(f"timeout: {admin.job(job)}")
 
@@ -211,3 +213,12 @@ def test_a_site_that_requires_dp_refuses_jobs_without_a_budget_or_above_its_own(
         policy.check("j", {**train, "params": {"algorithm": "fedct", "config": {"noise_multiplier": 1.0}}})
     with pytest.raises(PolicyError, match="ε = 16 is above"):
         policy.check("j", {**train, "params": {"algorithm": "fedct", "config": {"dp_epsilon": 16.0}}})
+    # noise the server adds does not count: the site cannot see it added
+    with pytest.raises(PolicyError, match="FREDY's noisy vote, added by the server"):
+        policy.check("j", {**train, "params": {"algorithm": "fredy", "config": {"dp_epsilon": 2.0,
+                                                                                "secure_aggregation": True}}})
+    with pytest.raises(PolicyError, match="FedKT's L1 noise"):
+        policy.check("j", {**train, "params": {"algorithm": "fedkt", "config": {"dp_epsilon": 2.0}}})
+    policy.check("j", {**train, "params": {"algorithm": "fedkt", "config": {"dp_epsilon": 2.0, "levels": "L2"}}})
+    with pytest.raises(PolicyError, match="without secure aggregation"):  # FREDY's FedAvg rounds send weights
+        SitePolicy().check("j", {**train, "params": {"algorithm": "fredy", "config": {"secure_aggregation": False}}})

@@ -54,6 +54,7 @@ def test_a_run_on_the_users_own_files_equals_the_same_run_on_those_sites(files):
     assert [r["sites"] for r in out["history"]] == [r["sites"] for r in want["history"]]
     assert [r["accuracy"] for r in out["history"]] == pytest.approx([r["accuracy"] for r in want["history"]])
     assert out["final_accuracy"] > 0.5
+    assert out["config"]["dataset"] == "sites.csv" and out["config"]["labels"] == int((labels >= 0).sum())
 
 
 def test_public_set_algorithms_take_u_from_the_users_file(files):
@@ -61,6 +62,10 @@ def test_public_set_algorithms_take_u_from_the_users_file(files):
     out = run_training({"algorithm": "fedct", "rounds": 2, "data": str(tmp / "sites.csv"), "test": str(tmp / "test.csv"),
                         "public": str(tmp / "U.npz"), "quiet": True})
     assert out["communication_bytes"]["public_size"] == 100 and out["final_accuracy"] > 0.3
+    np.save(tmp / "U.npy", np.load(tmp / "U.npz")["X"])  # U as a bare .npy, as the agents' --public takes it
+    again = run_training({"algorithm": "fedct", "rounds": 2, "data": str(tmp / "sites.csv"),
+                          "test": str(tmp / "test.csv"), "public": str(tmp / "U.npy"), "quiet": True})
+    assert again["final_accuracy"] == out["final_accuracy"]
 
 
 def test_bad_own_data_gives_clear_errors(files):
@@ -70,6 +75,8 @@ def test_bad_own_data_gives_clear_errors(files):
         run_training(base)
     with pytest.raises(DataError, match="give it with --public"):
         run_training({**base, "algorithm": "fedct", "test": str(tmp / "test.csv")})
+    with pytest.raises(DataError, match="--test-size draw from a named --dataset"):
+        run_training({**base, "test": str(tmp / "test.csv"), "test_size": 10})
     with pytest.raises(DataError, match="go with --data"):
         run_training({"algorithm": "fedavg", "test": str(tmp / "test.csv")})
     _write_csv(tmp / "narrow.csv", X[700:, :10], y[700:])

@@ -169,3 +169,23 @@ def test_csv_is_parsed_a_block_at_a_time_and_still_names_the_bad_cell(tmp_path, 
         csv.writer(f).writerows(rows)
     with pytest.raises(DataError, match="row 31, column 'f2': 'n/a' is not a number"):
         dataset_from_file(tmp_path / "d.csv")
+
+
+def test_edge_files_are_clear(tmp_path):
+    X, y, site, y_true = _rows(6)
+    _write_csv(tmp_path / "d.csv", X, y, site, y_true)
+    text = (tmp_path / "d.csv").read_text()
+    (tmp_path / "late.csv").write_text("\n\n" + text)  # blank lines before the header
+    assert np.array_equal(dataset_from_file(tmp_path / "late.csv").X, dataset_from_file(tmp_path / "d.csv").X)
+    bad = text.splitlines()
+    bad[3] = bad[3].replace(bad[3].split(",")[0], "oops", 1)
+    (tmp_path / "late.csv").write_text("\n\n" + "\n".join(bad) + "\n")
+    with pytest.raises(DataError, match="row 6, column 'f0': 'oops'"):  # its line in the file
+        dataset_from_file(tmp_path / "late.csv")
+    (tmp_path / "head.csv").write_text(text.splitlines()[0] + "\n")
+    with pytest.raises(DataError, match="head.csv: a header and no points"):
+        dataset_from_file(tmp_path / "head.csv")
+    table = pa.table({"f0": pa.array([[1.0, 2.0]] * 3), "label": [0, 1, 0], "site": ["a", "b", "a"]})
+    pq.write_table(table, tmp_path / "lists.parquet")
+    with pytest.raises(DataError, match="column 'f0'.*is not a number"):
+        dataset_from_file(tmp_path / "lists.parquet")

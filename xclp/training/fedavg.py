@@ -543,6 +543,26 @@ class FedAvgStrategy(Strategy):
         return load_state(body, self.network().state_dict(), what=what)
 
 
+def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dict, *, planned: int, me: str,
+                private=None, public_keys: dict | None = None, participants: list[str] | None = None,
+                job: str = "", t: int = 0, attempt: int = 0) -> bytes:
+    """A site's upload for a round, as the service's agents and Flower's sites send it: its weights
+    (the round's model if it had nothing to learn) with its metrics, or under secure aggregation the
+    same weights masked over the attempt's participants, with its DP noise share for a round of
+    `planned` sites (fresh from os.urandom at every attempt) and, under DP, no statistics of its data
+    in the clear."""
+    from xclp.training import secure_aggregation as secagg
+    from xclp.training.messages import dump_masked
+
+    if not s.secure_sum:
+        return dump_state(template if state is None else state, meta)
+    noise = s.noise_share(secagg.n_values(template), planned) if s.cfg.dp else None
+    masked = secagg.masked_update(state, template, me=me, private=private, public_keys=public_keys,
+                                  participants=participants, job=job, t=t, attempt=attempt, noise=noise)
+    sent = {} if s.cfg.dp else meta
+    return dump_masked(masked, {**sent, "participants": participants})
+
+
 def clip_update(state: dict, start: dict, clip: float) -> dict:
     """start + Δ·min(1, clip/‖Δ‖₂), Δ = state − start over every weight (the site's whole update)."""
     delta = {k: state[k].double() - start[k].double() for k in state}

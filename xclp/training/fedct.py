@@ -80,13 +80,14 @@ class PublicSet:
         from xclp.data import DataError, validate_features
 
         try:
-            with np.load(path, allow_pickle=False) as f:
-                if isinstance(f, np.lib.npyio.NpzFile):
+            f = np.load(path, allow_pickle=False)
+            if isinstance(f, np.lib.npyio.NpzFile):  # an .npy loads as the array itself
+                with f:
                     if "X" not in f.files:
                         raise DataError(f"{path}: the public set U needs an array X (points × features)")
                     X = f["X"]
-                else:
-                    X = f
+            else:
+                X = f
         except (OSError, ValueError) as exc:
             raise DataError(f"{path}: not a readable .npz or .npy file ({exc})") from None
         validate_features(X, what=f"{path}: U")

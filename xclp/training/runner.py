@@ -107,6 +107,10 @@ class TrainConfig:
         if self.data is not None:
             if self.test is None:
                 raise DataError("--data needs --test FILE: the held-out, labelled points the accuracy is measured on")
+            given = [f"--{k.replace('_', '-')}" for k in ("train_size", "test_size", "labeled_sites")
+                     if getattr(self, k) is not None]
+            if given:
+                raise DataError(f"{', '.join(given)} draw from a named --dataset; with --data the file says it all")
             if self.algorithm in PUBLIC_SET_ALGORITHMS and self.public is None:
                 raise DataError(f"{self.algorithm} shares a public unlabelled set: give it with --public U.npz (X)")
         if self.dp_epsilon is not None or self.noise_multiplier is not None:
@@ -206,8 +210,11 @@ def prepare_files(cfg: TrainConfig):
         U = PublicSet.load(cfg.public).X
         if U.shape[1] != ds.X.shape[1]:
             raise DataError(f"{cfg.public}: public points of {U.shape[1]} features, the sites' have {ds.X.shape[1]}")
-        with np.load(cfg.public, allow_pickle=False) as f:
-            y_u = f["y"].astype(np.int64) if "y" in f.files and f["y"].shape == (len(U),) else None
+        f = np.load(cfg.public, allow_pickle=False)
+        y_u = None
+        if isinstance(f, np.lib.npyio.NpzFile):  # an .npy holds X alone
+            with f:
+                y_u = f["y"].astype(np.int64) if "y" in f.files and f["y"].shape == (len(U),) else None
         public = (U.astype(np.float32), y_u)
     n_classes = int(max(ds.y.max(), yte.max(), -1 if ds.y_true is None else ds.y_true.max())) + 1
     return sites, public, (Xte, yte), n_classes
@@ -261,8 +268,9 @@ def run_training(config: TrainConfig | dict) -> dict:
     cfg = (config if isinstance(config, TrainConfig) else TrainConfig(**config)).validate()
     t0 = time.perf_counter()
     sites, public, test, n_classes = prepare(cfg)
-    if cfg.data is not None:
-        cfg = replace(cfg, sites=len(sites))  # as many as the file names
+    if cfg.data is not None:  # the run's record says what the file held
+        cfg = replace(cfg, sites=len(sites), dataset=Path(cfg.data).name, split="as in the file",
+                      labels=sum(s.n_labelled for s in sites))
     out = train(cfg, sites, public, test, n_classes)
     for key in ("model", "models", "released_labels"):  # what the run releases: objects and arrays, not JSON
         out.pop(key, None)
