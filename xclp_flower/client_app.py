@@ -132,6 +132,17 @@ class FlowerSite:
         if params.crypto not in REPLAYABLE:
             raise PolicyError(f"job {params.job_id}: crypto={params.crypto!r} cannot run inside Flower yet: a site "
                               f"replays its steps between messages, which needs {REPLAYABLE}")
+        training = self.state.get(TRAINING)
+        if training is not None and "run" in training:  # an XCLP job of this training run: its own settings
+            from dataclasses import asdict
+
+            from xclp_flower.training import run_xclp_params
+
+            want = asdict(run_xclp_params(str(training["run"]), params.job_id))
+            odd = sorted(k for k, v in asdict(params).items() if want[k] != v)
+            if odd or not set(step["sites"]) <= set(json.loads(str(training["run"]))[2]):
+                raise PolicyError(f"job {params.job_id} is not an XCLP job of this training run as it was accepted "
+                                  f"at hello (its {odd or 'sites'} differ)")
         self._admit_noise(params)
         secrets = {"params": str(step["params"]), "inputs": 0,
                    # drawn once from the real os.urandom; never leave this node
@@ -140,6 +151,14 @@ class FlowerSite:
         if "features-model" in step:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
             secrets.update({k: step[k] for k in ("features-model", "features-config")})
         self.state[f"{STATE}:{self.job}"] = ConfigRecord(secrets)
+
+    def admit_training(self, xclp: JobParams) -> None:
+        """At a training run's hello: an XCLP job that came before it must have randomized the labels as
+        the run's own XCLP jobs will (else the run would spend its label budget twice)."""
+        run = self.state.get(RUN)
+        if run is not None and (float(run["flip"]) != float(xclp.label_flip) or int(run["gaussian-jobs"])):
+            raise PolicyError(f"an XCLP job of this run before its training randomized the labels otherwise "
+                              f"(p = {float(run['flip']):g}) than the training's jobs will (p = {xclp.label_flip:g})")
 
     def _admit_noise(self, params: JobParams) -> None:
         """The run's label noise, kept in RUN: one secret for the run, so every XCLP job of a training

@@ -252,16 +252,26 @@ def _open_step(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[str
     algorithm, config, sites = str(step["algorithm"]), json.loads(str(step["config"])), list(step["sites"])
     site.policy.check(f"flower-{site.run_id}", {"kind": "train", "sites": sites,
                                                 "params": {"algorithm": algorithm, "config": config}})
-    pin = hashlib.sha256(json.dumps([algorithm, config, sites], sort_keys=True).encode()).hexdigest()
+    run = json.dumps([algorithm, config, sites, int(step["classes"])], sort_keys=True)
+    pin = hashlib.sha256(run.encode()).hexdigest()
     kept = ConfigRecord(dict(kept)) if kept is not None else ConfigRecord({})
     if str(step["step"]) == "hello":
         if "pin" in kept:
             raise ProtocolError(f"{site.name}: a second hello in this run (a site trains once per run)")
-        kept["pin"], kept["answered"] = pin, "[]"
+        site.admit_training(run_xclp_params(run, f"flower-{site.run_id}-r0"))
+        kept["pin"], kept["run"], kept["answered"] = pin, run, "[]"
     elif kept.get("pin") != pin:
         raise ProtocolError(f"{site.name}: a {step['step']!r} step whose run settings differ from those accepted "
                             "at this run's hello (or before it)")
     return algorithm, config, sites, kept
+
+
+def run_xclp_params(run: str, job_id: str):
+    """The parameters the run's XCLP job `job_id` must have (FlowerTraining._xclp makes them so):
+    `run` is the training run's pinned [algorithm, config, sites, classes]."""
+    algorithm, config, sites, classes = json.loads(run)
+    # sizes the strategies need for models and U do not change an XCLP job's parameters
+    return strategy_for(algorithm, config, int(classes), len(sites), n_public=1, n_features=1).xclp_params(job_id)
 
 
 def _once(site, kept: ConfigRecord, t: int, total: int, attempt: int = 0) -> None:

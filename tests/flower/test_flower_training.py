@@ -303,3 +303,35 @@ def test_a_secure_round_planned_over_one_site_keeps_the_model_as_the_simulation_
     want = run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10, cfg)["model"].state_dict()
     got = _weights(out["written"]["site0"])
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_training_runs_xclp_jobs_are_the_ones_its_settings_make(federation):
+    # fedavg-xclp under a budget: half of it for the randomized labels of its XCLP jobs. A ServerApp
+    # cannot start one that randomizes less (or before hello, so that the budget is spent twice).
+    import json as _json
+    from dataclasses import asdict, replace
+
+    from xclp.training.algorithms import STRATEGIES
+    from xclp_flower.server_app import FlowerLink, FlowerXCLP
+
+    ds, _, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    link = FlowerLink(grid)
+    sites = link.connect()
+    opts = {**FEDAVG, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 8.0}
+    config = asdict(STRATEGIES["fedavg-xclp"].config_from_options("fedavg-xclp", opts, 3))
+    common = {"algorithm": "fedavg-xclp", "config": _json.dumps(config), "sites": sites, "classes": 10}
+    link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg")
+    s = STRATEGIES["fedavg-xclp"].from_config(config, 10, 3, n_features=64)
+    right = s.xclp_params("flower-1-r1")
+    assert right.label_flip > 0
+    with pytest.raises(SiteFailed, match="not an XCLP job of this training run.*label_flip"):
+        FlowerXCLP(grid, replace(right, job_id="flower-1-r2", label_flip=right.label_flip / 2), link=link).run(sites=sites)
+    FlowerXCLP(grid, right, link=link).run(sites=sites)  # the run's own: accepted
+    # an XCLP job before a training run's hello that randomized otherwise: the training is refused
+    grid = InProcessGrid(client_app, configs)
+    link = FlowerLink(grid)
+    link.connect()
+    FlowerXCLP(grid, replace(right, job_id="early", label_flip=0.01), link=link).run(sites=sites)
+    link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg", tolerate=True)
+    assert all("randomized the labels otherwise" in why for why in link.failed.values()) and len(link.failed) == 3
