@@ -38,7 +38,6 @@ from sqlalchemy import select
 
 from crypto.errors import ProtocolError
 from crypto.keys import check_peer_public
-from crypto.secure_sum import server_sum
 from service.db import COORDINATOR, Job, Message, RoundXCLPState, has_messages, message_body, utcnow
 from service.lifecycle import drop, expired, put_message
 from service.lifecycle import next_phase as _phase
@@ -46,6 +45,7 @@ from xclp.privacy.ledger import PrivacyLedger
 from xclp.protocol import restart_without
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
+from xclp.training.fedavg import decode_masked_round
 from xclp.training.messages import dump_json, load_json, load_masked
 from xclp.training.strategy import Roster, Strategy, pooled_rate
 
@@ -274,30 +274,18 @@ def _account(job: Job, t: int, row: dict) -> None:
 
 def _masked_sum(db, job: Job, s: Strategy, topic: str, previous, planned: int) -> tuple[object, dict, int, bool]:
     """The average from the sum of the masked updates (the masks cancel in it): (model, metrics, bytes,
-    whether the sum was decoded)."""
-    parts, metrics, up = [], {}, 0
-    for site in job.training.participants:
-        body = message_body(db, job.id, site, COORDINATOR, topic)
-        masked, meta = load_masked(body, secagg.n_values(previous))
-        parts.append(masked)
-        metrics[site] = meta
-        up += len(body)
-    trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
-    # Fewer than two trained sites: the decoded "average" would be one site's own weights. Never
-    # decode it; the round keeps the previous model (as the simulation does).
-    if parts and trained < secagg.MIN_CONTRIBUTORS:
-        log.info(json.dumps({"event": "sum_not_decoded", "job": job.id, "round": job.round, "trained": trained}))
-    if s.cfg.dp:  # the job's ledger, spent by the strategy before it decodes (or refuses to)
+    whether the sum was decoded). Under DP the job's ledger is spent by the strategy before it decodes."""
+    participants = list(job.training.participants)
+    uploads = {site: message_body(db, job.id, site, COORDINATOR, topic) for site in participants}
+    if s.cfg.dp:
         s.ledger = PrivacyLedger.from_json(job.training.privacy) if job.training.privacy else s.new_ledger()
-        before = len(s.ledger.events)
-        shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, previous, t=job.round,
-                                    contributed=len(parts), planned=planned)
-        decoded = len(s.ledger.events) > before
-        if decoded:
-            job.update_training(privacy=s.ledger.to_json())
-        return shared, metrics, up, decoded
-    decoded = bool(parts) and trained >= secagg.MIN_CONTRIBUTORS
-    return s.aggregate_masked(server_sum(parts) if parts else None, trained, previous), metrics, up, decoded
+    shared, metrics, decoded = decode_masked_round(s, uploads, previous, participants, t=job.round, planned=planned)
+    if s.cfg.dp and decoded:
+        job.update_training(privacy=s.ledger.to_json())
+    if participants and not decoded:
+        log.info(json.dumps({"event": "sum_not_decoded", "job": job.id, "round": job.round,
+                             "trained": sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)}))
+    return shared, metrics, sum(len(b) for b in uploads.values()), decoded
 
 
 def _sites_final(row: dict) -> dict:

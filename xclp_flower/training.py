@@ -38,12 +38,12 @@ from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
-from crypto.secure_sum import server_sum
 from xclp.data import DataError
 from xclp.privacy.ledger import no_privacy
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.messages import dump_state, load_masked
+from xclp.training.fedavg import decode_masked_round
+from xclp.training.messages import dump_state
 from xclp.training.strategy import Roster, pooled_rate
 from xclp_flower.server_app import FlowerLink, FlowerXCLP, SiteFailed
 
@@ -223,15 +223,9 @@ class FlowerTraining:
                         break
                     participants = [x for x in participants if x not in self.link.failed]
                     back, attempt = {}, attempt + 1
-                parts = []
-                for x, r in back.items():
-                    masked, metrics[x] = load_masked(bytes(r["update"]), secagg.n_values(shared))
-                    if metrics[x].pop("participants", None) != participants:
-                        raise ProtocolError(f"{x} masked its update over other participants than round {t}'s")
-                    parts.append(masked)
-                trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
-                shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, shared, t=t,
-                                            contributed=len(parts), planned=len(plan["sites"]))
+                shared, metrics, _ = decode_masked_round(
+                    s, {x: bytes(r["update"]) for x, r in back.items()}, shared, participants if back else [],
+                    t=t, planned=len(plan["sites"]))
             else:
                 back, sent = self._step("round", {x: step for x in plan["sites"]}), 1
                 left_out = sorted(self.link.failed)

@@ -563,6 +563,38 @@ def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dic
     return dump_masked(masked, {**sent, "participants": participants})
 
 
+def decode_masked_round(s: FedAvgStrategy, uploads: dict[str, bytes], previous: dict, participants: list[str], *,
+                        t: int, planned: int) -> tuple[dict, dict, bool]:
+    """The server's side of `site_upload`, as the service's engine and Flower's ServerApp decode a masked
+    round: (model, each participant's metrics, whether the sum was decoded). Every participant's upload
+    must be there, masked over exactly `participants` (else the masks would not cancel). Fewer than two
+    trained sites are never decoded (the "average" would be one site's weights): the round keeps
+    `previous`, as the simulation does. Under DP the strategy's ledger is spent before decoding."""
+    from crypto.errors import ProtocolError
+    from crypto.secure_sum import server_sum
+    from xclp.training import secure_aggregation as secagg
+    from xclp.training.messages import load_masked
+
+    parts, metrics = [], {}
+    for site in participants:
+        if site not in uploads:
+            raise ProtocolError(f"round {t}: no masked update from participant {site!r}")
+        masked, meta = load_masked(uploads[site], secagg.n_values(previous))
+        if meta.pop("participants", None) != list(participants):
+            raise ProtocolError(f"{site} masked its update over other participants than round {t}'s")
+        parts.append(masked)
+        metrics[site] = meta
+    trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
+    before = len(s.ledger.events) if s.cfg.dp and s.ledger is not None else 0
+    shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, previous, t=t,
+                                contributed=len(parts), planned=planned)
+    if s.cfg.dp:
+        decoded = s.ledger is not None and len(s.ledger.events) > before
+    else:
+        decoded = bool(parts) and trained >= MIN_CONTRIBUTORS
+    return shared, metrics, decoded
+
+
 def clip_update(state: dict, start: dict, clip: float) -> dict:
     """start + Δ·min(1, clip/‖Δ‖₂), Δ = state − start over every weight (the site's whole update)."""
     delta = {k: state[k].double() - start[k].double() for k in state}
