@@ -35,7 +35,7 @@ from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
 STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
 RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
-STEPS = ("announce", "roster", "seed", "counts", "pairs", "influence", "sums", "abort")
+STEPS = ("announce", "roster", "seed", "recount", "counts", "pairs", "influence", "rows", "sums", "abort")
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
 
@@ -74,6 +74,7 @@ class FlowerSite:
         self.session: SiteSession | None = None
         self.parties: dict[str, object] = {}
         self.job = ""
+        self.sums: dict[str, tuple[int, list[str]]] = {}  # masked sum → (attempt, participants) last sent
 
     # --- the job's secrets and inputs, in Context.state --------------------------------------------
     def _secrets(self) -> ConfigRecord | None:
@@ -102,9 +103,13 @@ class FlowerSite:
             raise ProtocolError(f"unknown XCLP step {name!r}")
         if not self.job:
             raise ProtocolError(f"{self.name}: an XCLP step that names no job")
-        if name == "abort":  # the job failed elsewhere: its secrets and inputs go, nothing is replayed
+        if name == "abort":  # the job failed, or went on without this site: its secrets and inputs go
             if self._secrets() is not None:
                 self._forget()
+            if bool(step.get("end-run", False)):  # a prediction run's only job: nothing of the run stays
+                for record in (RUN, RESULT):
+                    if record in self.state:
+                        del self.state[record]
             return ConfigRecord({"aborted": self.job})
         if name == "announce":
             if self._secrets() is not None:
@@ -207,9 +212,16 @@ class FlowerSite:
             sent = {k[5:]: bytes(v) for k, v in step.items() if k.startswith("from:")}
             participants = list(step["participants"])
             s.receive_seed(sent, participants=participants)
-            return ConfigRecord({"counts": s.counts_message(participants)})
+            return ConfigRecord({"counts": s.counts_message(participants, self._sum("counts", participants, 0))})
+        if name == "recount":  # the counts sum restarts without a site that did not send its part
+            participants = list(step["participants"])
+            return ConfigRecord({"counts": s.counts_message(participants, self._restart("counts", step))})
         if name == "counts":
-            s.receive_counts(bytes(step["total"]))
+            attempt = int(step.get("attempt", 0))
+            if attempt != self.sums.get("counts", (0, []))[0]:
+                raise ProtocolError(f"{self.name}: a counts total for attempt {attempt}, but this site's last "
+                                    f"counts were for attempt {self.sums['counts'][0]}")
+            s.receive_counts(bytes(step["total"]), attempt)
             if s.params.similarity == "lsh":
                 s.hash()
             return ConfigRecord({"intra": s.intra_message()})
@@ -227,7 +239,11 @@ class FlowerSite:
             return ConfigRecord(out)
         if name == "influence":
             s.receive_influence(bytes(step["influence"]))
-            return ConfigRecord({"rows": s.row_sums_message(list(step["participants"]), 0)})
+            participants = list(step["participants"])
+            return ConfigRecord({"rows": s.row_sums_message(participants, self._sum("row_sums", participants, 0))})
+        if name == "rows":  # the row sums restart without a site that did not send its part
+            participants = list(step["participants"])
+            return ConfigRecord({"rows": s.row_sums_message(participants, self._restart("row_sums", step))})
         # "sums": this site's scores, its labels — written here, never sent
         pred = s.receive_row_sums(bytes(step["rows"]))
         path = self.out / f"{s.params.job_id}.npz"
@@ -245,6 +261,25 @@ class FlowerSite:
                                                    "labels": pred.labels.astype(np.int64).tobytes(),
                                                    "confidence": pred.confidence.astype(np.float64).tobytes()})
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
+
+    def _sum(self, kind: str, participants: list[str], attempt: int) -> int:
+        if self.name not in participants:
+            raise ProtocolError(f"{self.name}: a {kind} sum whose participants {participants} leave this site out")
+        self.sums[kind] = (attempt, list(participants))
+        return attempt
+
+    def _restart(self, kind: str, step: ConfigRecord) -> int:
+        """A masked sum's next attempt (xclp.protocol.restart_without): attempt + 1 over fewer sites than
+        the last, every mask fresh. Anything else (the same attempt again, a site added back) is refused:
+        two sums over the same participants with different masks and noise would let the noise be averaged."""
+        attempt, participants = int(step["attempt"]), list(step["participants"])
+        if kind not in self.sums:
+            raise ProtocolError(f"{self.name}: a restart of the {kind} sum before its first attempt")
+        last, before = self.sums[kind]
+        if attempt != last + 1 or not set(participants) < set(before):
+            raise ProtocolError(f"{self.name}: a restart of the {kind} sum must be attempt {last + 1} over fewer sites "
+                                f"than {before}, got attempt {attempt} over {participants}")
+        return self._sum(kind, participants, attempt)
 
     def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.pkl", **arrays) -> Path:
         """`out/NAME.npz` (and the model: `out/NAME.model.pkl`, or .model.npz for a network's weights),

@@ -28,6 +28,7 @@ class InProcessGrid(Grid):
         self._replies: dict[str, Message] = {}
         self.seen: list[tuple[str, int, dict]] = []  # every payload both ways ("to"/"from", node, fields)
         self.vanish_after: dict[int, int] = {}  # node → how many messages it answers before it goes silent
+        self.vanish_in: dict[int, str] = {}  # node → the step at whose first message it goes silent
         self.taken: dict[int, int] = dict.fromkeys(self.contexts, 0)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE, 0
 
@@ -53,6 +54,9 @@ class InProcessGrid(Grid):
             node = m.metadata.dst_node_id
             self.seen.extend(("to", node, dict(r)) for r in m.content.config_records.values())
             self.taken[node] += 1
+            steps = {str(r.get("step", "")) for r in m.content.config_records.values()}
+            if self.vanish_in.get(node) in steps:
+                self.vanish_after[node] = self.taken[node] - 1
             if self.taken[node] > self.vanish_after.get(node, self.taken[node]):
                 ids.append(mid)  # a vanished SuperNode: the message is never answered
                 continue

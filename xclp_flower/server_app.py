@@ -9,10 +9,9 @@ opt in to), labels or scores; each site writes its own labels (xclp_flower/clien
 Run config (pyproject's [tool.flwr.app.config] or `flwr run --run-config`): crypto (default
 lattice), bits, k, alpha, classes, nodes (how many SuperNodes to wait for before the job starts,
 default 2) and timeout (seconds a round, or that wait, may take); for training runs
-(xclp_flower/training.py) `algorithm`, TRAIN_KEYS below and max-missed-rounds. In a prediction job
-a site that does not answer, or answers with an error, ends the job with that site's reason (every
-node of the federation is a site of the job); a training run leaves such a site out and goes on
-(FlowerTraining).
+(xclp_flower/training.py) `algorithm`, TRAIN_KEYS below and max-missed-rounds. A site that does
+not answer, or answers with an error, leaves an XCLP job as it leaves the coordinator's
+(FlowerXCLP.run), and a training run leaves it out of the round and goes on (FlowerTraining).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
-from xclp.protocol import CoordinatorSession, JobParams, encode_roster
+from xclp.protocol import CoordinatorSession, JobParams, encode_roster, restart_without
 from xclp_flower import flag
 
 app = ServerApp()
@@ -47,6 +46,7 @@ class FlowerLink:
         self.bytes_by_phase: dict[str, int] = {}
         self.seconds_by_phase: dict[str, float] = {}
         self.failed: dict[str, str] = {}  # site → why, for the last round_to_sites(..., tolerate=True)
+        self.silent: set[str] = set()  # those of them that did not answer at all (gone, or too slow)
 
     def _round(self, phase: str, inputs: dict[int, dict], message_type: str, group: str,
                tolerate: bool = False) -> dict[int, ConfigRecord | str]:
@@ -67,7 +67,8 @@ class FlowerLink:
                 out[node] = str(r.content["xclp"]["error"])
             else:
                 out[node] = r.content["xclp"]
-        for node in set(inputs) - set(out):
+        self._silent = set(inputs) - set(out)
+        for node in self._silent:
             out[node] = f"node {node}: no answer in {phase} within {self.timeout:g} s"
         if not tolerate:
             why = [v for v in out.values() if isinstance(v, str)]
@@ -88,6 +89,7 @@ class FlowerLink:
                            group, tolerate)
         site_of = {n: s for s, n in self.node_of.items()}
         self.failed = {site_of[n]: r for n, r in back.items() if isinstance(r, str)}
+        self.silent = {site_of[n] for n in self._silent}
         return {site_of[n]: r for n, r in back.items() if not isinstance(r, str)}
 
     def connect(self) -> list[str]:
@@ -131,72 +133,123 @@ class FlowerXCLP:
     def node_of(self) -> dict[str, int]:
         return self.link.node_of
 
-    def round_to_sites(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
-        """One step of this job (every message names the job: a site keeps each job's state apart)."""
-        return self.link.round_to_sites(phase, {s: {"job": self.params.job_id, **f} for s, f in fields.items()},
-                                        group=self.params.job_id)
-
     def run(self, sites: list[str] | None = None, announce: dict | None = None, end_run: bool = False) -> dict:
         """The job over `sites` (default: every node, connecting first); `announce`: fields every site
         gets with the job's parameters (a training round's model, whose embeddings it propagates over);
-        `end_run`: the run's only job (a prediction), after which the sites keep nothing of it."""
-        p = self.params
+        `end_run`: the run's only job (a prediction), after which the sites keep nothing of it.
+
+        A site that fails or does not answer a step goes as the coordinator's engine lets it go (the
+        rules of service/engine.py): before the LSH hashes it is as if it had never been in the job; in
+        the pair protocols it leaves the graph; a masked sum (counts, row sums) restarts without it,
+        attempt + 1 with fresh masks; after the graph it still shapes the graph but adds no labels.
+        With fewer than two sites left the job fails (SiteFailed). Either way the sites that left are
+        told to wipe the job's secrets (`abort`), if they still answer."""
         sites = sorted(sites) if sites is not None else self.link.connect()
-        if len(sites) < 2:
-            raise SiteFailed(f"an XCLP job needs at least 2 sites, got {sites}")
-        self.say(f"setup: {len(sites)} sites")
-        hello = self.round_to_sites("announce", {s: {"params": json.dumps(asdict(p)), "sites": sites, **(announce or {})}
-                                                 for s in sites})
-        for s in sites:
+        self.dropped: dict[str, str] = {}
+        self.silent: set[str] = set()  # no abort for a site that has stopped answering: it would only wait
+        try:
+            out = self._run(sites, announce, end_run)
+        except (SiteFailed, ProtocolError):
+            self.abort([s for s in sites if s not in self.silent], end_run)
+            raise
+        if [s for s in self.dropped if s not in self.silent]:
+            self.abort([s for s in self.dropped if s not in self.silent], end_run)
+        return out
+
+    def _run(self, sites: list[str], announce: dict | None, end_run: bool) -> dict:
+        p = self.params
+        live = self._enough(sites, "setup")
+        self.say(f"setup: {len(live)} sites")
+        hello = self._step("announce", {s: {"params": json.dumps(asdict(p)), "sites": sites, **(announce or {})}
+                                        for s in live})
+        for s in hello:
             if str(hello[s]["site"]) != s:
                 raise SiteFailed(f"node {self.node_of[s]} said it is {s}, then {hello[s]['site']}")
+        live = self._enough([s for s in live if s in hello], "setup")
+        for s in live:
             self.coord.register(s, bytes(hello[s]["announce"]))
-        by_site = {s: (self.node_of[s], bytes(hello[s]["announce"])) for s in sites}
-        roster = encode_roster([by_site[s][1] for s in sites])
+        roster = encode_roster([bytes(hello[s]["announce"]) for s in live])
 
         self.say("seed: the sites agree the LSH seed (sealed, relayed)")
-        sealed = self.round_to_sites("roster", {s: {"roster": roster} for s in sites})
-        inbox = {s: {f"from:{peer}": bytes(sealed[peer][f"to:{s}"]) for peer in sites if peer != s} for s in sites}
-        counts = self.round_to_sites("seed", {s: {**inbox[s], "participants": sites} for s in sites})
-        for s in sites:
+        sealed = self._step("roster", {s: {"roster": roster} for s in live})
+        live = self._enough([s for s in live if s in sealed], "seed")
+        inbox = {s: {f"from:{peer}": bytes(sealed[peer][f"to:{s}"]) for peer in live if peer != s} for s in live}
+        counts = self._step("seed", {s: {**inbox[s], "participants": live} for s in live})
+        attempt = 0
+        while set(counts) != set(live):  # a masked sum needs every mask in it: again, without the missing
+            live, attempt = restart_without(live, set(live) - set(counts), attempt)
+            counts = self._step("recount", {s: {"participants": self._enough(live, "counts"), "attempt": attempt}
+                                            for s in live})
+        for s in live:
             self.coord.receive_counts(s, bytes(counts[s]["counts"]))
-        total = self.coord.counts_total(sites)
+        total = self.coord.counts_total(live)
 
         self.say("counts: the label-count total")
-        intra = self.round_to_sites("counts", {s: {"total": total} for s in sites})
-        for s in sites:
+        intra = self._step("counts", {s: {"total": total, "attempt": attempt} for s in live})
+        graph = self._enough([s for s in live if s in intra], "hamming")
+        for s in graph:
             self.coord.receive_intra(s, bytes(intra[s]["intra"]))
 
-        self.say(f"hamming: {len(self.coord.pairs(sites))} pairs ({p.crypto})")
-        self._pairs(sites)
+        self.say(f"hamming: {len(self.coord.pairs(graph))} pairs ({p.crypto})")
+        graph = self._pairs(graph)
 
         self.say("graph and influence")
         t0 = time.perf_counter()
-        W = self.coord.build_graph(sites)
+        W = self.coord.build_graph(graph)
         self.coord.compute_influence(W)
-        self.seconds_by_phase["graph"] = time.perf_counter() - t0
+        self.seconds_by_phase["graph"] = self.seconds_by_phase.get("graph", 0.0) + time.perf_counter() - t0
 
         self.say("row sums")
-        rows = self.round_to_sites("influence", {s: {"influence": self.coord.influence_message(s), "participants": sites}
-                                            for s in sites})
+        rows = self._step("influence", {s: {"influence": self.coord.influence_message(s), "participants": graph}
+                                        for s in graph})
+        participants, attempt = list(graph), 0
+        while set(rows) != set(participants):  # as the counts: restart without the missing, fresh masks
+            participants, attempt = restart_without(participants, set(participants) - set(rows), attempt)
+            rows = self._step("rows", {s: {"participants": self._enough(participants, "row sums"), "attempt": attempt}
+                                       for s in participants})
         self.coord.start_row_sums()
-        for s in sites:
+        for s in participants:
             self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
-        back = self.coord.row_sums_for(sites)
-        done = self.round_to_sites("sums", {s: {"rows": back[s], "end-run": end_run} for s in sites})
-        return {"job": p.job_id, "sites": sites, "crypto": p.crypto, "points": {s: int(done[s]["points"]) for s in sites},
-                "written": {s: str(done[s]["written"]) for s in sites}, "bytes": dict(self.bytes_by_phase),
-                "bytes_total": sum(self.bytes_by_phase.values()),
-                "seconds": {k: round(v, 4) for k, v in self.seconds_by_phase.items()}}
+        back = self.coord.row_sums_for(participants)
+        done = self._step("sums", {s: {"rows": back[s], "end-run": end_run} for s in participants})
+        out = {"job": p.job_id, "sites": [s for s in sites if s in done], "crypto": p.crypto,
+               "points": {s: int(done[s]["points"]) for s in done},
+               "written": {s: str(done[s]["written"]) for s in done}, "bytes": dict(self.bytes_by_phase),
+               "bytes_total": sum(self.bytes_by_phase.values()),
+               "seconds": {k: round(v, 4) for k, v in self.seconds_by_phase.items()}}
+        if self.dropped:
+            out["dropped"] = dict(self.dropped)
+        return out
 
-    def abort(self, sites: list[str]) -> None:
-        """After a failed job: the sites still answering wipe its secrets and inputs from their state."""
-        self.link.round_to_sites("abort", {s: {"job": self.params.job_id} for s in sites}, group=self.params.job_id,
-                                 tolerate=True)
+    def _step(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
+        """One step of this job to the named sites (every message names the job: a site keeps each job's
+        state apart); the replies of the sites that answered. Those that did not are dropped, with why."""
+        back = self.link.round_to_sites(phase, {s: {"job": self.params.job_id, **f} for s, f in fields.items()},
+                                        group=self.params.job_id, tolerate=True)
+        self.silent |= self.link.silent
+        for s, why in self.link.failed.items():
+            self.dropped[s] = f"{phase}: {why}"
+            self.say(f"xclp: {s} left job {self.params.job_id} in {phase} ({why})")
+        return back
 
-    def _pairs(self, sites: list[str]) -> None:
+    def _enough(self, sites: list[str], phase: str) -> list[str]:
+        if len(sites) < 2:
+            left = "; ".join(f"{s} ({why})" for s, why in self.dropped.items()) or "none"
+            raise SiteFailed(f"an XCLP job needs at least 2 sites, {len(sites)} left in {phase} (left the job: {left})")
+        return sites
+
+    def abort(self, sites: list[str], end_run: bool = False) -> None:
+        """The sites still answering wipe the job's secrets and inputs from their state (and, after a
+        prediction run's only job, the run's)."""
+        if sites:
+            self.link.round_to_sites("abort", {s: {"job": self.params.job_id, "end-run": end_run} for s in sites},
+                                     group=self.params.job_id, tolerate=True)
+
+    def _pairs(self, sites: list[str]) -> list[str]:
         """Every pair's protocol at once: each round, every site with messages waiting takes them all;
-        what a site sends its peer waits in the peer's inbox for the next round."""
+        what a site sends its peer waits in the peer's inbox for the next round. A site that fails
+        leaves the graph with its pairs; the sites left, whose every pair completed."""
+        sites = list(sites)
         pairs = self.coord.pairs(sites)
         inbox: dict[str, dict[str, bytes]] = {s: {} for s in sites}
         for a, b in pairs:
@@ -209,21 +262,28 @@ class FlowerXCLP:
                 raise ProtocolError("the pair protocols did not finish within 4096 rounds")
             waiting = {s: box for s, box in inbox.items() if box}
             inbox = {s: {} for s in sites}
-            replies = self.round_to_sites("pairs", waiting)
+            replies = self._step("pairs", waiting)
+            gone = set(waiting) - set(replies)
+            if gone:
+                sites = self._enough([s for s in sites if s not in gone], "hamming")
+                inbox = {s: {} for s in sites}
             for s, rec in replies.items():
                 for key in rec:
                     kind, _, peer = str(key).partition(":")
-                    if peer not in sites or peer == s:
+                    if peer not in self.coord.order or peer == s:
                         raise SiteFailed(f"{s} addressed {key!r}, not a peer of this job")
-                    pair = (s, peer) if sites.index(s) < sites.index(peer) else (peer, s)
+                    if peer not in sites:
+                        continue  # a peer that left the graph
+                    pair = (s, peer) if self.coord.order.index(s) < self.coord.order.index(peer) else (peer, s)
                     if kind == "to":
                         inbox[peer][f"from:{s}"] = bytes(rec[key])
                     elif kind == "share":
                         shares[pair][s] = bytes(rec[key])
-        for a, b in pairs:
+        for a, b in self.coord.pairs(sites):
             if set(shares[(a, b)]) != {a, b}:
                 raise SiteFailed(f"pair ({a}, {b}) ended without both shares")
             self.coord.receive_pair(a, b, shares[(a, b)][a], shares[(a, b)][b])
+        return sites
 
 
 def _record_bytes(fields: dict) -> int:

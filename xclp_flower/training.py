@@ -79,6 +79,7 @@ class FlowerTraining:
         self.history: list[dict] = []
         self.live: list[str] = []  # the sites still in the run, in the run's order
         self.dropped: dict[str, str] = {}  # site → why it left the run
+        self.xclp_jobs: list[dict] = []  # the run's XCLP jobs: round, the sites labelled, who left each
         self.strikes: dict[str, int] = {}
 
     def _step(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
@@ -117,11 +118,13 @@ class FlowerTraining:
         self.say(f"xclp: labelling the points of {sites} before round {t}")
         job = FlowerXCLP(self.link.grid, params, say=self.say, link=self.link)
         try:
-            job.run(sites=sites, announce=announce)
-        except (SiteFailed, ProtocolError) as exc:
+            out = job.run(sites=sites, announce=announce)
+        except (SiteFailed, ProtocolError) as exc:  # the job has told its sites to wipe its secrets
             self.say(f"xclp: job {params.job_id} failed ({exc}); its sites train on their own labels")
-            job.abort(sites)
+            self.xclp_jobs.append({"job": params.job_id, "round": t, "sites": [], "failed": str(exc)})
             return None
+        # a site that left the job trains this round on its own labels (it has none of the job's)
+        self.xclp_jobs.append({"job": params.job_id, "round": t, "sites": out["sites"], "dropped": job.dropped})
         return params.job_id
 
     def run(self) -> dict:
@@ -153,6 +156,7 @@ class FlowerTraining:
         done = self._step("finish", {x: {**common, **finish} for x in self.live})
         result = {"algorithm": self.algorithm, "sites": sites, "history": self.history,
                   "written": {x: str(r["written"]) for x, r in done.items()}, "dropped": dict(self.dropped),
+                  "xclp_jobs": self.xclp_jobs,
                   "bytes": dict(self.link.bytes_by_phase),
                   "privacy": no_privacy() if s.ledger is None else s.ledger.to_json()}
         if s.family == "fedavg":  # the final model scored by each site on its own labelled points, pooled

@@ -93,6 +93,77 @@ def test_flower_runs_a_label_dp_job_like_the_simulation(federation):
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
 
 
+# --- a site that vanishes from a prediction job ----------------------------------------------------------
+
+def _state_keys(grid, node):
+    return [k for k in grid.contexts[node].state.config_records if k.startswith("xclp")]
+
+
+@pytest.mark.parametrize("phase, as_simulated, balanced", [
+    ("pairs", "hamming", True),  # in the pair protocols: it leaves the graph
+    ("influence", "row_sums", True),  # after the graph: the row sums restart without it (attempt 1)
+    ("seed", "hamming", False),  # after giving its seed contribution: the counts restart without it
+])
+def test_a_flower_job_goes_on_without_a_vanished_site_as_the_coordinators_does(federation, phase, as_simulated,
+                                                                                balanced):
+    ds, configs = federation
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_in = {101: phase}  # site1's SuperNode goes silent at the job's first `phase` message
+    params = JobParams(job_id=f"flower-vanish-{phase}", n_classes=10, bits=128, k=6, crypto="lattice",
+                       balanced=balanced)
+    out = FlowerXCLP(grid, params).run(end_run=True)
+    left = ["site0", "site2"]
+    assert out["sites"] == left and list(out["dropped"]) == ["site1"] and sorted(out["written"]) == left
+    assert out["dropped"]["site1"].startswith(f"{phase}: ") and "no answer" in out["dropped"]["site1"]
+    # the same job in the simulation, with the same seed contributions (the vanished node still holds
+    # its own in its state) and the same dropout; unbalanced where the counts restarted without it
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in left}
+    contributions["site1"] = bytes(grid.contexts[101].state[f"xclp:{params.job_id}"]["contribution"])
+    ref = run_xclp(ds, params, contributions=contributions, drops={"site1": as_simulated})
+    for s in left:
+        assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
+    if phase != "pairs":  # a masked sum restarted over the two sites left: attempt 1, fresh masks
+        restart = "recount" if phase == "seed" else "rows"
+        sent = [f for way, _, f in grid.seen if way == "to" and f.get("step") == restart]
+        assert len(sent) == 2 and all(f["attempt"] == 1 and list(f["participants"]) == left for f in sent)
+    for node in (100, 102):  # the prediction run is over: nothing of it stays at the sites left
+        assert not _state_keys(grid, node)
+
+
+def test_a_flower_job_with_fewer_than_two_sites_left_fails_and_the_last_site_wipes_it(federation):
+    ds, configs = federation
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_in = {101: "pairs", 102: "pairs"}
+    params = JobParams(job_id="flower-two-gone", n_classes=10, bits=128, k=6, crypto="lattice")
+    with pytest.raises(SiteFailed, match="at least 2 sites, 1 left in hamming.*site1 \\(pairs: node 101: no answer"):
+        FlowerXCLP(grid, params).run(end_run=True)
+    assert not _state_keys(grid, 100)
+
+
+def test_a_flower_site_restarts_a_masked_sum_only_over_fewer_sites(federation):
+    # A ServerApp that asks for the row sums again over the same sites (fresh masks and noise: two
+    # releases to average), or skips attempts, is refused; the job itself is not harmed.
+    ds, configs = federation
+    refusals = []
+
+    class Repeating(FlowerXCLP):
+        def _step(self, phase, fields):
+            back = super()._step(phase, fields)
+            if phase == "influence":
+                for attempt, sites in ((1, sorted(fields)), (2, sorted(fields)[:2])):
+                    self.link.round_to_sites("rows", {s: {"job": self.params.job_id, "participants": sites,
+                                                          "attempt": attempt} for s in sites}, tolerate=True)
+                    refusals.append(dict(self.link.failed))
+            return back
+
+    grid = InProcessGrid(client_app, configs)
+    params = JobParams(job_id="flower-repeat", n_classes=10, bits=128, k=6, crypto="lattice")
+    out = Repeating(grid, params).run(end_run=True)
+    assert sorted(refusals[0]) == ds.sites and sorted(refusals[1]) == ds.sites[:2]
+    assert all("must be attempt 1 over fewer sites" in why for r in refusals for why in r.values())
+    assert out["sites"] == ds.sites and "dropped" not in out
+
+
 def test_flower_sites_keep_their_policy_and_bad_configs_are_clear_errors(federation):
     ds, configs = federation
     strict = [{**c, "allow-plaintext": "false"} for c in configs]

@@ -203,18 +203,22 @@ def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
     out = FlowerTraining(grid, "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
     assert [r["left_out"] for r in out["history"]] == [[], ["site1"], ["site1"]]
     assert sorted(out["written"]) == ["site0", "site2"]
-    # an XCLP job that loses a site fails; the round's sites train on their own labels, the run goes on
+    # an XCLP job that loses a site goes on without it (as the coordinator's would): the two sites
+    # left get its labels; the round's masked sum restarts without the vanished site; the run goes on
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_after = {101: 4}  # site1: "who", hello, and the first XCLP job's announce
+    grid.vanish_after = {101: 3}  # site1: "who", hello, and the first XCLP job's announce
     out = FlowerTraining(grid, "fedavg-xclp", {**FEDAVG, "secure_aggregation": True}, 10, max_missed=1).run()
-    first = out["history"][0]
-    assert first["left_out"] == ["site1"] and first["attempts"] == 2 and first["pseudo_label_accuracy"] is None
+    first, job = out["history"][0], out["xclp_jobs"][0]
+    assert job["round"] == 1 and job["sites"] == ["site0", "site2"] and list(job["dropped"]) == ["site1"]
+    assert job["dropped"]["site1"].startswith("roster: ") and "no answer" in job["dropped"]["site1"]
+    assert first["left_out"] == ["site1"] and first["attempts"] == 2 and first["pseudo_label_accuracy"] > 0.5
     assert out["dropped"] == {"site1": "missed 1 round in a row"}
-    # the failed job's secrets are wiped at the sites still answering (the vanished node keeps its own)
+    # the job's secrets are wiped at the sites still answering (the vanished node keeps its own)
     for node in (100, 102):
         assert not [k for k in grid.contexts[node].state.config_records if k.startswith("xclp:")]
     # from round 2 on, the XCLP jobs run over the two sites left, and their labels reach them
     assert all(r["sites"] == ["site0", "site2"] and r["pseudo_label_accuracy"] > 0.5 for r in out["history"][1:])
+    assert all(j["sites"] == ["site0", "site2"] and not j["dropped"] for j in out["xclp_jobs"][1:])
 
 
 # --- what a ServerApp cannot make a site do --------------------------------------------------------------
