@@ -178,8 +178,8 @@ class FlowerXCLP:
         attempt = 0
         while set(counts) != set(live):  # a masked sum needs every mask in it: again, without the missing
             live, attempt = restart_without(live, set(live) - set(counts), attempt)
-            counts = self._step("recount", {s: {"participants": self._enough(live, "counts"), "attempt": attempt}
-                                            for s in live})
+            self._enough(live, "counts")
+            counts = self._step("recount", {s: {"participants": live, "attempt": attempt} for s in live})
         for s in live:
             self.coord.receive_counts(s, bytes(counts[s]["counts"]))
         total = self.coord.counts_total(live)
@@ -205,8 +205,8 @@ class FlowerXCLP:
         participants, attempt = list(graph), 0
         while set(rows) != set(participants):  # as the counts: restart without the missing, fresh masks
             participants, attempt = restart_without(participants, set(participants) - set(rows), attempt)
-            rows = self._step("rows", {s: {"participants": self._enough(participants, "row sums"), "attempt": attempt}
-                                       for s in participants})
+            self._enough(participants, "row sums")
+            rows = self._step("rows", {s: {"participants": participants, "attempt": attempt} for s in participants})
         self.coord.start_row_sums()
         for s in participants:
             self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
