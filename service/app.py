@@ -97,7 +97,7 @@ def create_app(settings: Settings) -> FastAPI:
     # What the routes' dependencies (service.deps) and the routers read.
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
     app.state.metrics = metrics
-    app.state.ui_sessions, app.state.last_seen = ui_api.Sessions(), {}  # the dashboard's (service.ui_api)
+    app.state.last_seen = {}  # the dashboard's (service.ui_api): each site's last authenticated request
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
     @app.exception_handler(RequestValidationError)

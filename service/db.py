@@ -146,6 +146,17 @@ class PrunedBytes(Base):
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class UISession(Base):
+    """A dashboard login (service.ui_api): the SHA-256 of its cookie's random id (the database never
+    holds a live cookie), who logged in, and until when. In the database, so that a restarted
+    coordinator keeps everyone logged in; a table of its own, added to an older database by create_all."""
+
+    __tablename__ = "ui_sessions"
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    who: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
+
+
 def message_phase(job_kind: str, topic: str) -> str:
     """The phase a job's message belongs to, from its topic."""
     from xclp.protocol import TOPIC_PHASE

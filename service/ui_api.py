@@ -6,8 +6,9 @@ other job's or site's page answers 403. The token is typed once into the login f
 URL) and exchanged for a session: a random 32-byte id in an HttpOnly, SameSite=Strict cookie scoped
 to /ui, mapped server-side to who logged in. SameSite=Strict and POST-only state changes (login,
 logout) are the CSRF defence: a page on another origin can neither send the cookie nor read a page.
-Sessions live in the coordinator's memory and last 8 hours: a restarted coordinator asks everyone to
-log in again (tokens are never stored, only their hashes, so nothing to re-derive a session from).
+Sessions last 8 hours (or until logout) and are kept in the coordinator's database as the SHA-256 of
+their id (`UISession`), so a restarted coordinator keeps everyone logged in and a copy of the
+database holds no live cookie; tokens are never stored, only their hashes.
 
 What the pages show comes from what the coordinator already keeps: each job's phases with their
 seconds (`Job.timings`), who dropped in which phase (`Job.dropped`), the bytes of the messages each
@@ -21,8 +22,8 @@ HTML and one small script (service/ui/static), no CDN: the machines are offline.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -30,9 +31,9 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
-from service.db import Job, Message, PrunedBytes, Site, message_phase
+from service.db import Job, Message, PrunedBytes, Site, UISession, message_phase, utcnow
 from service.deps import get_db, hash_token, is_admin, load_job
 from xclp.protocol import JOB_PHASES
 
@@ -49,43 +50,43 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 @dataclass
 class Viewer:
     who: str  # "admin" or a site's name
-    expires: float
+    expires: dt.datetime
 
     @property
     def admin(self) -> bool:
         return self.who == "admin"
 
 
-class Sessions:
-    """Session id → viewer, in memory (see the module's docstring)."""
+def _id_hash(sid: str) -> str:
+    return hashlib.sha256(sid.encode()).hexdigest()
 
-    def __init__(self):
-        self._by_id: dict[str, Viewer] = {}
 
-    def open(self, who: str) -> str:
-        now = time.time()
-        self._by_id = {k: v for k, v in self._by_id.items() if v.expires > now}  # forget the expired
-        sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = Viewer(who, now + SESSION_SECONDS)
-        return sid
+def open_session(db, who: str) -> str:
+    """A new session for `who`: its id, for the cookie (only its hash is stored). Expired ones go."""
+    now = utcnow()
+    db.execute(delete(UISession).where(UISession.expires_at <= now))
+    sid = secrets.token_urlsafe(32)
+    db.add(UISession(id_hash=_id_hash(sid), who=who, expires_at=now + dt.timedelta(seconds=SESSION_SECONDS)))
+    db.commit()
+    return sid
 
-    def get(self, sid: str | None) -> Viewer | None:
-        v = self._by_id.get(sid or "")
-        return v if v is not None and v.expires > time.time() else None
 
-    def close(self, sid: str | None) -> None:
-        self._by_id.pop(sid or "", None)
+def close_session(db, sid: str | None) -> None:
+    if sid:
+        db.execute(delete(UISession).where(UISession.id_hash == _id_hash(sid)))
+        db.commit()
 
 
 class LoginRequired(Exception):
     """No valid session: pages redirect to the login page, the JSON endpoints answer 401."""
 
 
-def viewer(request: Request) -> Viewer:
-    v = request.app.state.ui_sessions.get(request.cookies.get(COOKIE))
-    if v is None:
+def viewer(request: Request, db=Depends(get_db)) -> Viewer:
+    sid = request.cookies.get(COOKIE)
+    row = db.get(UISession, _id_hash(sid)) if sid and len(sid) <= 128 else None
+    if row is None or row.expires_at <= utcnow():
         raise LoginRequired
-    return v
+    return Viewer(row.who, row.expires_at)
 
 
 def login_required_handler(request: Request, exc: LoginRequired) -> Response:
@@ -130,14 +131,14 @@ async def login(request: Request, db=Depends(get_db)):
                                           {"error": "unknown token: give the admin token or a site's token"},
                                           status_code=401)
     response = RedirectResponse("/ui", status_code=303)
-    response.set_cookie(COOKIE, request.app.state.ui_sessions.open(who), max_age=SESSION_SECONDS, path="/ui",
+    response.set_cookie(COOKIE, open_session(db, who), max_age=SESSION_SECONDS, path="/ui",
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response
 
 
 @router.post("/logout")
-def logout(request: Request):
-    request.app.state.ui_sessions.close(request.cookies.get(COOKIE))
+def logout(request: Request, db=Depends(get_db)):
+    close_session(db, request.cookies.get(COOKIE))
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui")
     return response

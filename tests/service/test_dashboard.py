@@ -2,17 +2,20 @@
 the operator and a site may see, and the live JSON the pages draw from — with a real job run by
 in-process agents. The same pages in a real browser: test_dashboard_browser.py."""
 
+import hashlib
 import time
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select, update
 from svc import ADMIN, expire_deadline
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
 from clients.policy import SitePolicy
 from service.app import Settings, create_app
+from service.db import UISession
 from xclp.data import load_arrays
 from xclp.splits import simulate_sites
 
@@ -57,8 +60,36 @@ def test_a_login_page_first_and_the_token_only_in_a_post(rig):
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie and ADMIN not in cookie
     assert tc.get("/ui").status_code == 200
     assert tc.get("/ui/static/dashboard.js").status_code == 200 and tc.get("/ui/static/style.css").status_code == 200
+    # the database holds only the session id's hash, never the cookie itself
+    sid = tc.cookies.get("xclp_session")
+    with tc.app.state.sessionmaker() as db:
+        rows = db.scalars(select(UISession)).all()
+    assert [r.who for r in rows] == ["admin"] and rows[0].id_hash == hashlib.sha256(sid.encode()).hexdigest()
+    assert all(sid not in (r.id_hash, r.who) for r in rows)
     assert tc.post("/ui/logout", follow_redirects=False).status_code == 303
+    tc.cookies.set("xclp_session", sid, path="/ui")  # even a kept copy of the cookie
     assert tc.get("/ui/api/jobs").status_code == 401  # the session is gone on the server, not only the cookie
+
+
+def test_a_dashboard_session_outlives_a_coordinator_restart_and_expires(tmp_path):
+    import datetime as dt
+
+    settings = Settings(database=f"sqlite:///{tmp_path / 'r.db'}", admin_token=ADMIN)
+    with TestClient(create_app(settings)) as tc:
+        assert login(tc, ADMIN).status_code == 303
+        sid = tc.cookies.get("xclp_session")
+    with TestClient(create_app(settings)) as tc:  # a new coordinator process on the same database
+        tc.cookies.set("xclp_session", sid, path="/ui")
+        assert tc.get("/ui/api/jobs").status_code == 200
+        with tc.app.state.sessionmaker() as db:  # eight hours later
+            db.execute(update(UISession).values(expires_at=dt.datetime(2000, 1, 1)))
+            db.commit()
+        assert tc.get("/ui/api/jobs").status_code == 401
+        tc.cookies.set("xclp_session", "x" * 100_000, path="/ui")
+        assert tc.get("/ui/api/jobs").status_code == 401  # an absurd cookie: no session, no error
+        assert login(tc, ADMIN).status_code == 303  # the next login clears the expired rows
+        with tc.app.state.sessionmaker() as db:
+            assert db.scalar(select(func.count()).select_from(UISession)) == 1
 
 
 def test_the_operator_sees_a_job_move_through_its_phases_with_its_bytes_seconds_and_dropouts(rig):
