@@ -14,8 +14,8 @@ label-DP (its ε from JobParams.privacy()), a training job with a DP budget (``d
 FedCT's randomized labels, DP-FedAvg's noise shares, FedAvg+XCLP or FedKT's L2 noise. A job that
 states no budget is refused (the site cannot tell from noise settings alone what the run will
 spend), and so is one whose noise the server adds (FREDY, FedKT L1): the site would have to trust
-it. The round statistics a site reports (how many of its own points a model gets right) are outside
-the budget, except under DP-FedAvg, where a site reports none.
+it. Under a budget a site reports no statistics of its data with its uploads (Strategy.reports_statistics):
+they would be outside the ledger.
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ class Trainer:
             if model is None:
                 return False
             with torch_threads(1):
-                metrics = self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1))
+                metrics = s.site_statistics(self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)))
             return self._put(st, job_id, "eval", dump_json(metrics))
         if phase == "done":
             return self._finish(job_id, status, s)
@@ -343,8 +343,8 @@ class Trainer:
                     P = s.load_broadcast(body)
                 votes, mix = s.update(state, self.public, P, t)
                 self._save_fedct_state(job_id, state, t)
-            metrics = {"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
-                       **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)}
+            metrics = s.site_statistics({"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
+                                         **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)})
         return self._put(st, job_id, f"{s.upload}/{t}", dump_votes(votes, metrics))
 
     def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:

@@ -322,9 +322,9 @@ def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tup
     consensus = None if not bytes(step["consensus"]) else s.load_broadcast(bytes(step["consensus"]))
     votes, mix = s.update(state, public, consensus, t)
     # what a site tells the server about a round, as the service's agents do: counts, never points
-    metrics = {"mix": mix, **eval_metrics(site.X, site.y_true if site.y_true is not None else site.y,
-                                          lambda X: np.asarray(state.learner.predict(X))),
-               **pseudo_metrics(site.y, site.y_true, state.xclp_labels, state.xclp_weights)}
+    metrics = s.site_statistics({"mix": mix, **eval_metrics(site.X, site.y_true if site.y_true is not None else site.y,
+                                                            lambda X: np.asarray(state.learner.predict(X))),
+                                 **pseudo_metrics(site.y, site.y_true, state.xclp_labels, state.xclp_weights)})
     kept["state"] = _pickled(state)
     return ConfigRecord({"votes": s.dump_upload(votes, metrics)}), kept
 
@@ -363,7 +363,7 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     if name == "finish":
         with torch_threads(1):
             proba = predict_proba_array(model, data.X)
-            metrics = eval_metrics(site.X, truth, lambda X: proba.argmax(axis=1))
+            metrics = s.site_statistics(eval_metrics(site.X, truth, lambda X: proba.argmax(axis=1)))
         path = site.write_result(f"flower-{s.algorithm}-{site.run_id}", labels=proba.argmax(axis=1),
                                  confidence=proba.max(axis=1), model=dump_state(model.state_dict()),
                                  model_suffix=".model.npz")

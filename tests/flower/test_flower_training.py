@@ -60,6 +60,29 @@ def test_flower_fedct_xclp_labels_the_sites_first(federation):
     assert first["xclp_pseudo_label_accuracy"] > 0.5 and first["local_accuracy"] > 0.3
 
 
+def test_under_a_dp_budget_a_flower_site_reports_no_statistics_of_its_data(federation):
+    # A FedCT site's round metrics (its model's accuracy on its own points) are in no ledger: under a
+    # budget it sends only its randomized votes, and the run's curves hold no local accuracy.
+    from dataclasses import asdict
+
+    from xclp.training.algorithms import STRATEGIES, strategy_for
+
+    ds, U, configs, _ = federation
+    grid = InProcessGrid(client_app, configs)
+    out = FlowerTraining(grid, "fedct", {**OPTIONS, "dp_epsilon": 8.0}, 10, public_digest(U), len(U)).run()
+    assert 0 < out["privacy"]["epsilon"] <= 8.0
+    assert all(r["local_accuracy"] is None for r in out["history"])
+    config = asdict(STRATEGIES["fedct"].config_from_options("fedct", {**OPTIONS, "dp_epsilon": 8.0}, 3))
+    s = strategy_for("fedct", config, 10, 3, n_public=len(U))
+    uploads = [bytes(f["votes"]) for way, _, f in grid.seen if way == "from" and "votes" in f]
+    assert len(uploads) == 9 and all(s.load_upload(b)[1] == {} for b in uploads)
+    # without a budget the same upload carries the site's statistics
+    plain = InProcessGrid(client_app, configs)
+    FlowerTraining(plain, "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
+    meta = [s.load_upload(bytes(f["votes"]))[1] for way, _, f in plain.seen if way == "from" and "votes" in f]
+    assert all("eval_correct" in m for m in meta)
+
+
 def test_flower_fedct_refuses_a_site_with_another_public_set(federation):
     ds, U, configs, tmp = federation
     forged = U.copy()

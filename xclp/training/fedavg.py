@@ -559,7 +559,7 @@ def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dic
     noise = s.noise_share(secagg.n_values(template), planned) if s.cfg.dp else None
     masked = secagg.masked_update(state, template, me=me, private=private, public_keys=public_keys,
                                   participants=participants, job=job, t=t, attempt=attempt, noise=noise)
-    sent = {} if s.cfg.dp else meta
+    sent = s.site_statistics(meta)
     return dump_masked(masked, {**sent, "participants": participants})
 
 

@@ -116,6 +116,18 @@ class Strategy(ABC):
             return eps
         return eps * (1 - self.XCLP_SHARE)
 
+    @property
+    def reports_statistics(self) -> bool:
+        """Whether a site reports statistics of its own data with its uploads (how many of its points a
+        model gets right, how good its pseudo-labels are): only in a run without a DP budget. No ledger
+        accounts for them, so under a budget a site sends none, and the run's curves hold only what
+        the server computes from the releases themselves."""
+        return getattr(self.cfg, "dp_epsilon", None) is None and not getattr(self.cfg, "dp", False)
+
+    def site_statistics(self, metrics: dict) -> dict:
+        """What a site may send of `metrics` (see reports_statistics): all of them, or nothing."""
+        return dict(metrics) if self.reports_statistics else {}
+
     def xclp_params(self, job_id: str) -> JobParams:
         """The parameters of an XCLP job the run starts (the service's child jobs, Flower's): the
         config's protocol settings and, under a budget, the randomized labels' flip probability."""
