@@ -400,6 +400,19 @@ class SiteSession:
         return pairwise_key(self.keys, self.roster[peer].public_key, job=self.params.job_id, purpose=purpose,
                             attempt=attempt, me=self.site, peer=peer)
 
+    def _check_participants(self, participants: list[str], what: str) -> list[str]:
+        """The coordinator's list of a sum's participants, before anything is masked or noised over it:
+        distinct sites of the roster, this one among them, at least two. (A padded list would shrink
+        every site's noise share, which is sized by its length; a list of one would unmask a site.)"""
+        participants = list(participants)
+        if len(set(participants)) != len(participants) or not set(participants) <= set(self.order):
+            raise ProtocolError(f"{self.site}: the {what} participants {participants[:8]} are not distinct sites of "
+                                "the roster")
+        if self.site not in participants or len(participants) < 2:
+            raise ProtocolError(f"{self.site}: the {what} participants {participants[:8]} must include this site "
+                                "and at least one other")
+        return participants
+
     # --- seed ------------------------------------------------------------------------------------
     def my_contribution(self) -> bytes:
         return self._contribution
@@ -419,8 +432,7 @@ class SiteSession:
         each checked against the commitment its site published in the roster."""
         self._expect("seed")
         agreement = self._agreement()
-        if self.site not in participants:
-            raise ProtocolError(f"{self.site}: excluded from the seed participants")
+        participants = self._check_participants(participants, "seed")
         for peer in participants:
             if peer == self.site or peer in agreement.received_from:
                 continue
@@ -464,6 +476,7 @@ class SiteSession:
 
     def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
         self._expect("counts")
+        participants = self._check_participants(participants, "counts")
         C = self.params.n_classes
         first = self.site == [s for s in self.order if s in participants][0]
         shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
@@ -546,6 +559,7 @@ class SiteSession:
     def row_sums_message(self, participants: list[str], attempt: int) -> bytes:
         """Z̄^(j) in fixed point + mask; own rows and rows of non-participants zeroed."""
         self._expect("row_sums")
+        participants = self._check_participants(participants, "row sums")
         if self._influence is None or self.layout is None or self.global_counts is None:
             raise ProtocolError(f"{self.site}: row sums before the influence columns and counts arrived")
         others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])

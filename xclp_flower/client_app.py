@@ -42,6 +42,7 @@ STEPS = ("announce", "roster", "seed", "recount", "counts", "pairs", "influence"
 # the cost for a lattice job.
 PAST_PAIRS = ("influence", "rows", "sums")
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
+ENDED = "xclp-ended"  # a prediction run's job is over here: no other job of the run is taken
 TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
 
 app = ClientApp()
@@ -112,11 +113,12 @@ class FlowerSite:
             if self._secrets() is not None:
                 self._forget()
             if bool(step.get("end-run", False)):  # a prediction run's only job: nothing of the run stays
-                for record in (RUN, RESULT):
-                    if record in self.state:
-                        del self.state[record]
+                self._end_run()
             return ConfigRecord({"aborted": self.job})
         if name == "announce":
+            if ENDED in self.state:
+                raise PolicyError(f"{self.name}: this run's prediction job has ended here; a run has one (its label "
+                                  "noise was drawn once and is gone)")
             if self._secrets() is not None:
                 raise ProtocolError(f"{self.name}: job {self.job} has already started here")
             self._start(step)
@@ -135,6 +137,17 @@ class FlowerSite:
         else:
             self._keep(step)
         return out
+
+    def _end_run(self) -> None:
+        """After a prediction run's only job: its noise secret and labels go, and a mark stays that
+        refuses any later job of the run (else a new announce would draw the labels' noise afresh,
+        and a ServerApp could average it away). Never inside a training run, whose jobs share them."""
+        if TRAINING in self.state:
+            raise ProtocolError(f"{self.name}: 'end-run' inside a training run (its XCLP jobs share one noise secret)")
+        for record in (RUN, RESULT):
+            if record in self.state:
+                del self.state[record]
+        self.state[ENDED] = ConfigRecord({"ended": 1})
 
     def _start(self, step: ConfigRecord) -> None:
         params = JobParams(**json.loads(str(step["params"]))).validate()
@@ -260,9 +273,7 @@ class FlowerSite:
             self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
                               seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
             if bool(step.get("end-run", False)):  # a prediction run: nothing of it is needed here any more
-                for name in (RUN, RESULT):
-                    if name in self.state:
-                        del self.state[name]
+                self._end_run()
             else:  # a training run's rounds train on these
                 self.state[RESULT] = ConfigRecord({"job": s.params.job_id,
                                                    "labels": pred.labels.astype(np.int64).tobytes(),

@@ -149,9 +149,13 @@ class FlowerXCLP:
         self.silent: set[str] = set()  # no abort for a site that has stopped answering: it would only wait
         try:
             out = self._run(sites, announce, end_run)
-        except (SiteFailed, ProtocolError):
+        except (SiteFailed, ProtocolError, KeyError, ValueError, TypeError) as exc:
             self.abort([s for s in sites if s not in self.silent], end_run)
-            raise
+            if isinstance(exc, SiteFailed | ProtocolError):
+                raise
+            # a reply without a field it must have, or with one of the wrong type: the job ends, named
+            raise SiteFailed(f"job {self.params.job_id}: a site's reply was malformed ({type(exc).__name__}: "
+                             f"{exc})") from None
         if [s for s in self.dropped if s not in self.silent]:
             self.abort([s for s in self.dropped if s not in self.silent], end_run)
         return out

@@ -96,7 +96,8 @@ def test_flower_runs_a_label_dp_job_like_the_simulation(federation):
 # --- a site that vanishes from a prediction job ----------------------------------------------------------
 
 def _state_keys(grid, node):
-    return [k for k in grid.contexts[node].state.config_records if k.startswith("xclp")]
+    """What a node keeps of the run: nothing but the mark that its prediction job has ended."""
+    return [k for k in grid.contexts[node].state.config_records if k.startswith("xclp") and k != "xclp-ended"]
 
 
 @pytest.mark.parametrize("phase, as_simulated, balanced", [
@@ -138,6 +139,72 @@ def test_a_flower_job_with_fewer_than_two_sites_left_fails_and_the_last_site_wip
     with pytest.raises(SiteFailed, match="at least 2 sites, 1 left in hamming.*site1 \\(pairs: node 101: no answer"):
         FlowerXCLP(grid, params).run(end_run=True)
     assert not _state_keys(grid, 100)
+
+
+def test_a_prediction_runs_end_at_a_site_refuses_any_later_job_of_the_run(federation):
+    # After its prediction job (or an abort with end-run, on the ServerApp's word) a site's noise
+    # secret is gone; a later job of the run would draw the labels' noise afresh, so it is refused.
+    ds, configs = federation
+    grid = InProcessGrid(client_app, configs)
+    params = JobParams(job_id="flower-end-1", n_classes=10, bits=128, k=6, crypto="lattice", label_flip=0.2)
+    FlowerXCLP(grid, params).run(end_run=True)
+    assert all(c.state.config_records.get("xclp-ended") is not None for c in grid.contexts.values())
+    again = JobParams(job_id="flower-end-2", n_classes=10, bits=128, k=6, crypto="lattice", label_flip=0.2)
+    with pytest.raises(SiteFailed, match="prediction job has ended here"):
+        FlowerXCLP(grid, again).run(end_run=True)
+    fresh = InProcessGrid(client_app, configs)
+    job = FlowerXCLP(fresh, params)
+    job.link.connect()
+    job.abort(list(ds.sites), end_run=True)
+    assert not job.link.failed
+    with pytest.raises(SiteFailed, match="prediction job has ended here"):
+        FlowerXCLP(fresh, again, link=job.link).run(sites=list(ds.sites), end_run=True)
+
+
+def test_a_flower_site_refuses_padded_or_lonely_participant_lists(federation):
+    # Each site's noise share is sized by the participants' count: a list padded with repeats would
+    # shrink it, and a list of the site alone would send its counts unmasked.
+    ds, configs = federation
+    refusals = []
+
+    class Padding(FlowerXCLP):
+        def _step(self, phase, fields):
+            if phase == "seed":
+                padded = {s: {**f, "participants": list(f["participants"]) * 50} for s, f in fields.items()}
+                back = super()._step(phase, padded)
+                refusals.append(dict(self.dropped))
+                return back
+            return super()._step(phase, fields)
+
+    grid = InProcessGrid(client_app, configs)
+    params = JobParams(job_id="flower-pad", n_classes=10, bits=128, k=6, crypto="lattice")
+    with pytest.raises(SiteFailed):
+        Padding(grid, params).run(end_run=True)
+    assert sorted(refusals[0]) == ds.sites and all("not distinct sites" in w for w in refusals[0].values())
+    from xclp.protocol import SiteSession
+
+    alone = SiteSession(params, "site0", ds.X[ds.site == "site0"], ds.y[ds.site == "site0"])
+    alone.order = ["site0", "site1"]
+    with pytest.raises(Exception, match="at least one other"):
+        alone._check_participants(["site0"], "counts")
+
+
+def test_a_malformed_reply_ends_the_job_with_a_clear_error_and_wipes_the_sites(federation):
+    ds, configs = federation
+
+    class Lossy(FlowerXCLP):  # a reply that lost a field on its way
+        def _step(self, phase, fields):
+            back = super()._step(phase, fields)
+            if phase == "counts":
+                back["site1"] = {}
+            return back
+
+    grid = InProcessGrid(client_app, configs)
+    params = JobParams(job_id="flower-lossy", n_classes=10, bits=128, k=6, crypto="lattice")
+    with pytest.raises(SiteFailed, match="a site's reply was malformed \\(KeyError: 'intra'\\)"):
+        Lossy(grid, params).run()
+    for node in grid.contexts:
+        assert not [k for k in grid.contexts[node].state.config_records if k.startswith("xclp:")]
 
 
 def test_a_flower_site_restarts_a_masked_sum_only_over_fewer_sites(federation):
