@@ -121,6 +121,7 @@ class FlowerSite:
                                   "noise was drawn once and is gone)")
             if self._secrets() is not None:
                 raise ProtocolError(f"{self.name}: job {self.job} has already started here")
+            self._wipe_jobs()  # a job this site was left out of (too slow to answer) is over: its secrets go
             self._start(step)
         elif self._secrets() is None:
             raise ProtocolError(f"{self.name}: step {name!r} of job {self.job} before its announce (or after its end)")
@@ -130,12 +131,31 @@ class FlowerSite:
             for earlier in self._inputs():
                 if name in PAST_PAIRS and str(earlier["step"]) == "pairs":
                     continue  # their shares are with the coordinator; nothing later needs the pair protocols
-                self._take(earlier)  # what it answered then was sent then
-            out = self._take(step, final=True)
+                self._draws_nothing_past_pairs(earlier, self._take)  # what it answered then was sent then
+            out = self._draws_nothing_past_pairs(step, lambda st: self._take(st, final=True))
         if name == "sums":
             self._forget()
         else:
             self._keep(step)
+        return out
+
+    def _wipe_jobs(self) -> None:
+        """Every XCLP job's secrets and inputs held here ("xclp:J…"): jobs run one at a time, so a job
+        still here when another starts (or the run finishes) is one this site was left out of."""
+        for key in [k for k in self.state.config_records if k.startswith(f"{STATE}:")]:
+            del self.state[key]
+
+    @staticmethod
+    def _draws_nothing_past_pairs(step: ConfigRecord, take):
+        """take(step), checking PAST_PAIRS's premise: a step after the pairs draws nothing from the
+        keystream (replayed without the pairs, it would otherwise reuse bytes the pairs used)."""
+        if str(step["step"]) not in PAST_PAIRS:
+            return take(step)
+        before = os.urandom._pos
+        out = take(step)
+        if os.urandom._pos != before:
+            raise ProtocolError(f"the {step['step']!r} step drew randomness after the pair protocols: it cannot be "
+                                "replayed without them (a bug here, not the ServerApp's)")
         return out
 
     def _end_run(self) -> None:
@@ -338,6 +358,7 @@ class FlowerSite:
             for name in (TRAINING, RUN, RESULT):
                 if name in self.state:
                     del self.state[name]
+            self._wipe_jobs()
         else:
             self.state[TRAINING] = record
         return out

@@ -33,7 +33,8 @@ MESSAGE_TYPE = "query.xclp"
 
 
 class SiteFailed(RuntimeError):
-    """A site refused a step or did not answer: the run ends, naming it and its reason."""
+    """A step failed for good (too few sites left, a malformed reply, a refused training run): the job
+    or run ends, naming the sites and their reasons."""
 
 
 class FlowerLink:

@@ -111,7 +111,8 @@ class FlowerTraining:
 
     def _xclp(self, s, t: int, sites: list[str], announce: dict | None = None) -> str | None:
         """An XCLP job over `sites` before round t (its labels stay at the sites): its id, or None if it
-        failed (a site left it), so that the round's sites train on their own labels."""
+        failed (fewer than two sites left, a malformed reply), so that the round's sites train on their
+        own labels. A site that left a job that went on trains on its own labels too."""
         if s.ledger is not None:
             s.spend_xclp_labels(s.ledger)  # the randomized labels, once per run, before the first job
         params = s.xclp_params(f"flower-{self.run_id}-r{t}")

@@ -131,6 +131,21 @@ def test_a_flower_job_goes_on_without_a_vanished_site_as_the_coordinators_does(f
         assert not _state_keys(grid, node)
 
 
+def test_a_site_that_was_too_slow_wipes_that_jobs_secrets_at_the_next_job(federation):
+    # A site that stopped answering is not waited for again (no abort): the job's secrets stay in its
+    # node state until its next job of the run starts, which wipes them.
+    ds, configs = federation
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_in = {101: "influence"}
+    first = JobParams(job_id="flower-slow-1", n_classes=10, bits=128, k=6, crypto="lattice")
+    FlowerXCLP(grid, first).run()
+    assert any(k.startswith("xclp:flower-slow-1") for k in grid.contexts[101].state.config_records)
+    grid.vanish_in, grid.vanish_after = {}, {}  # it answers again
+    second = JobParams(job_id="flower-slow-2", n_classes=10, bits=128, k=6, crypto="lattice")
+    assert FlowerXCLP(grid, second).run()["sites"] == ds.sites
+    assert not [k for k in grid.contexts[101].state.config_records if k.startswith("xclp:")]
+
+
 def test_a_flower_job_with_fewer_than_two_sites_left_fails_and_the_last_site_wipes_it(federation):
     ds, configs = federation
     grid = InProcessGrid(client_app, configs)
@@ -205,6 +220,25 @@ def test_a_malformed_reply_ends_the_job_with_a_clear_error_and_wipes_the_sites(f
         Lossy(grid, params).run()
     for node in grid.contexts:
         assert not [k for k in grid.contexts[node].state.config_records if k.startswith("xclp:")]
+
+
+def test_a_step_after_the_pairs_that_draws_randomness_is_caught(federation, monkeypatch):
+    # Such steps replay without the pairs (PAST_PAIRS): a draw there would reuse the pairs' keystream.
+    import os
+
+    from xclp.protocol import SiteSession
+
+    ds, configs = federation
+    real = SiteSession.receive_influence
+
+    def drawing(self, message):
+        os.urandom(8)
+        return real(self, message)
+
+    monkeypatch.setattr(SiteSession, "receive_influence", drawing)
+    params = JobParams(job_id="flower-draw", n_classes=10, bits=128, k=6, crypto="lattice")
+    with pytest.raises(SiteFailed, match="drew randomness after the pair protocols"):
+        FlowerXCLP(InProcessGrid(client_app, configs), params).run()
 
 
 def test_a_flower_site_restarts_a_masked_sum_only_over_fewer_sites(federation):
