@@ -257,10 +257,10 @@ class FlowerSite:
             participants = list(step["participants"])
             return ConfigRecord({"counts": s.counts_message(participants, self._restart("counts", step))})
         if name == "counts":
-            attempt = int(step.get("attempt", 0))
-            if attempt != self.sums.get("counts", (0, []))[0]:
+            attempt, sent = int(step.get("attempt", 0)), self.sums.get("counts", (0, []))[0]
+            if attempt != sent:
                 raise ProtocolError(f"{self.name}: a counts total for attempt {attempt}, but this site's last "
-                                    f"counts were for attempt {self.sums['counts'][0]}")
+                                    f"counts were for attempt {sent}")
             s.receive_counts(bytes(step["total"]), attempt)
             if s.params.similarity == "lsh":
                 s.hash()
@@ -301,8 +301,8 @@ class FlowerSite:
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
 
     def _sum(self, kind: str, participants: list[str], attempt: int) -> int:
-        if self.name not in participants:
-            raise ProtocolError(f"{self.name}: a {kind} sum whose participants {participants} leave this site out")
+        """Record the attempt and participants this site sends a sum's part for (the session checks the
+        list itself: SiteSession._check_participants)."""
         self.sums[kind] = (attempt, list(participants))
         return attempt
 

@@ -157,8 +157,7 @@ class FlowerXCLP:
             # a reply without a field it must have, or with one of the wrong type: the job ends, named
             raise SiteFailed(f"job {self.params.job_id}: a site's reply was malformed ({type(exc).__name__}: "
                              f"{exc})") from None
-        if [s for s in self.dropped if s not in self.silent]:
-            self.abort([s for s in self.dropped if s not in self.silent], end_run)
+        self.abort([s for s in self.dropped if s not in self.silent], end_run)
         return out
 
     def _run(self, sites: list[str], announce: dict | None, end_run: bool) -> dict:
@@ -180,11 +179,7 @@ class FlowerXCLP:
         live = self._enough([s for s in live if s in sealed], "seed")
         inbox = {s: {f"from:{peer}": bytes(sealed[peer][f"to:{s}"]) for peer in live if peer != s} for s in live}
         counts = self._step("seed", {s: {**inbox[s], "participants": live} for s in live})
-        attempt = 0
-        while set(counts) != set(live):  # a masked sum needs every mask in it: again, without the missing
-            live, attempt = restart_without(live, set(live) - set(counts), attempt)
-            self._enough(live, "counts")
-            counts = self._step("recount", {s: {"participants": live, "attempt": attempt} for s in live})
+        counts, live, attempt = self._complete_sum(counts, live, "recount", "counts")
         for s in live:
             self.coord.receive_counts(s, bytes(counts[s]["counts"]))
         total = self.coord.counts_total(live)
@@ -207,11 +202,7 @@ class FlowerXCLP:
         self.say("row sums")
         rows = self._step("influence", {s: {"influence": self.coord.influence_message(s), "participants": graph}
                                         for s in graph})
-        participants, attempt = list(graph), 0
-        while set(rows) != set(participants):  # as the counts: restart without the missing, fresh masks
-            participants, attempt = restart_without(participants, set(participants) - set(rows), attempt)
-            self._enough(participants, "row sums")
-            rows = self._step("rows", {s: {"participants": participants, "attempt": attempt} for s in participants})
+        rows, participants, _ = self._complete_sum(rows, list(graph), "rows", "row sums")
         self.coord.start_row_sums()
         for s in participants:
             self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
@@ -236,6 +227,17 @@ class FlowerXCLP:
             self.dropped[s] = f"{phase}: {why}"
             self.say(f"xclp: {s} left job {self.params.job_id} in {phase} ({why})")
         return back
+
+    def _complete_sum(self, replies: dict, participants: list[str], restart: str,
+                      phase: str) -> tuple[dict, list[str], int]:
+        """A masked sum needs every participant's part: while some did not send theirs, the sum
+        restarts without them (step `restart`, attempt + 1, fresh masks). (replies, participants, attempt)."""
+        attempt = 0
+        while set(replies) != set(participants):
+            participants, attempt = restart_without(participants, set(participants) - set(replies), attempt)
+            self._enough(participants, phase)
+            replies = self._step(restart, {s: {"participants": participants, "attempt": attempt} for s in participants})
+        return replies, participants, attempt
 
     def _enough(self, sites: list[str], phase: str) -> list[str]:
         if len(sites) < 2:
@@ -269,9 +271,8 @@ class FlowerXCLP:
             inbox = {s: {} for s in sites}
             replies = self._step("pairs", waiting)
             gone = set(waiting) - set(replies)
-            if gone:
+            if gone:  # their inboxes stay empty: nothing is addressed to a site that left (below)
                 sites = self._enough([s for s in sites if s not in gone], "hamming")
-                inbox = {s: {} for s in sites}
             for s, rec in replies.items():
                 for key in rec:
                     kind, _, peer = str(key).partition(":")
