@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from pathlib import Path
 
@@ -32,20 +31,14 @@ from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, validate_features, validate_labels
 from xclp.datafile import Columns, load_data_file
+from xclp.job_files import JOB_ID, job_file
 from xclp.protocol import JOB_PHASES, JobParams, SiteSession, Topic, decode_roster
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
 SWEEP_SECONDS = 30.0  # how often the agent looks for keys of jobs that failed or dropped it
-JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # what the coordinator issues; never a path
 
 
-def job_file(folder: Path, job_id: str, suffix: str) -> Path:
-    """folder/<job_id><suffix>, for a job id that is a plain name: an id from the coordinator such as
-    "../x" must never place a file (or a pickle to load) outside the site's folders."""
-    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
-        raise ProtocolError(f"refusing the job id {job_id!r} from the coordinator: not a plain name")
-    return folder / f"{job_id}{suffix}"
 LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
 
 

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.agent import job_file
 from clients.api import ApiError
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
+from xclp.job_files import job_file
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
+from xclp.training.double_masking import SiteRecord, unmask_answer
 from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
 from xclp.training.fedct import PublicSet, new_site_state
 from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
@@ -100,9 +101,8 @@ class Trainer:
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
         return pseudo_metrics(self.agent.y, self.y_true, labels, weights)
 
-    def _put(self, st, job_id: str, topic: str, body: bytes, made_for: tuple | None = None) -> bool:
-        """Send `topic` once. `made_for` = (round, attempt, participants) of a masked update: refused
-        because the sum moved on while it was made, it is not marked sent, and the next step masks anew."""
+    def _put(self, st, job_id: str, topic: str, body: bytes) -> bool:
+        """Send `topic` once."""
         key = f"sent:coordinator:{topic}"
         if st[key]:
             return False
@@ -111,13 +111,8 @@ class Trainer:
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            if made_for is not None:
-                now = self.api.job(job_id)
-                if (now["round"], now["attempt"], (now.get("training") or {}).get("participants")) != made_for:
-                    log.info("job %s: %s not taken (%s); the sum moved on, masking again", job_id, topic, exc.detail)
-                    return True
-            # The round closed without this site (its deadline passed) or the body was stored
-            # before a restart: either way there is nothing more to send for it.
+            # The round closed without this site (its deadline passed), or its step moved on (the
+            # unmask step began before this upload came): there is nothing more to send for it.
             log.warning("job %s: %s not taken: %s", job_id, topic, exc.detail)
         st[key] = True
         return True
@@ -214,13 +209,19 @@ class Trainer:
     def _fedavg_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
         t = int(status["round"])
         cfg = s.cfg
-        topic = f"{s.upload}/{t}/{status['attempt']}" if s.secure_sum else f"{s.upload}/{t}"
+        survivors = (status.get("training") or {}).get("survivors") or []
+        if s.secure_sum and survivors:
+            return self._unmask(job_id, t, st, survivors)
+        topic = f"{s.upload}/{t}/0" if s.secure_sum else f"{s.upload}/{t}"
         plan = self._round_plan(job_id, t, st, topic)
         if plan is None:
             return False
         participants = (status.get("training") or {}).get("participants") or []
         if cfg.secure_aggregation and (self.site not in participants or len(participants) < secagg.MIN_CONTRIBUTORS):
-            return False  # left out of this attempt of the round's sum, or a "sum" of this site alone: never sent
+            return False  # left out of the round's sum, or a "sum" of this site alone: never sent
+        masked = self._masked_path(job_id, t)
+        if cfg.secure_aggregation and masked.exists():  # made before a restart: the same body again, never
+            return self._put(st, job_id, topic, masked.read_bytes())  # a second masking of the round
         model = self._model(job_id, status, t - 1)
         if model is None:
             return False
@@ -231,19 +232,48 @@ class Trainer:
             if trained is None:
                 return False  # the round's XCLP job is still running
             state, meta = trained
-            _atomic_write(self._update_path(job_id),  # a restarted sum re-masks it instead of retraining
+            _atomic_write(self._update_path(job_id),  # a restarted agent sends it instead of retraining
                           dump_state(template if state is None else state, {**meta, "round": t}))
         state, meta = trained
         if cfg.secure_aggregation and st["key"] is None:
             raise DataError(f"job {job_id}: this site's key for the job is gone (state folder lost?): it cannot "
-                            "take part in the masked sums; the round restarts without it")
+                            "take part in the masked sums; the rounds go on without it")
         keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys") if cfg.secure_aggregation else {}
+        record = SiteRecord.from_json(st["secagg"])
         body = site_upload(s, state, template, meta, planned=len(plan["sites"]), me=self.site, job=job_id, t=t,
-                           attempt=int(status["attempt"]), participants=participants,
+                           participants=participants, record=record,
                            private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])) if st["key"] else None,
                            public_keys={x: bytes.fromhex(k) for x, k in keys.items()})
-        return self._put(st, job_id, topic, body,
-                         made_for=(t, int(status["attempt"]), participants) if cfg.secure_aggregation else None)
+        if cfg.secure_aggregation:  # the claim and the body are kept before anything is sent
+            _atomic_write(masked, body)
+            st["secagg"] = record.to_json()
+        return self._put(st, job_id, topic, body)
+
+    def _unmask(self, job_id: str, t: int, st, survivors: list[str]) -> bool:
+        """Round t's unmask step (xclp.training.double_masking), answered once: the answer is kept
+        before it is sent, and a restarted agent sends the same one."""
+        topic = f"reveal/{t}"
+        if self.site not in survivors or st[f"sent:coordinator:{topic}"]:
+            return False
+        answer = (st["reveals"] or {}).get(str(t))
+        if answer is None:
+            body = self.api.get(job_id, f"unmask/{t}")
+            if body is None:
+                return False
+            ask = load_json(body, what="unmask")
+            record = SiteRecord.from_json(st["secagg"])
+            record.claim_unmask(self.site, t, list(ask["participants"]), list(ask["survivors"]))
+            keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
+            answer = unmask_answer(me=self.site, private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
+                                   public_keys={x: bytes.fromhex(k) for x, k in keys.items()},
+                                   participants=list(ask["participants"]), survivors=list(ask["survivors"]),
+                                   sealed=dict(ask["shares"]), job=job_id, t=t)
+            st["secagg"] = record.to_json()
+            st["reveals"] = {**(st["reveals"] or {}), str(t): answer}
+        return self._put(st, job_id, topic, dump_json(answer))
+
+    def _masked_path(self, job_id: str, t: int) -> Path:
+        return job_file(self.agent.state_dir, job_id, f".masked-{t}.npz")
 
     def _update_path(self, job_id: str) -> Path:
         return job_file(self.agent.state_dir, job_id, ".update.npz")

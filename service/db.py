@@ -57,8 +57,9 @@ class TrainingState(BaseModel):
     cached: list[str] = Field(default_factory=list, description="sites holding pseudo-labels from an earlier round")
     history: list[dict] = Field(default_factory=list, description="one record per closed round")
     strikes: dict[str, int] = Field(default_factory=dict, description="rounds each site has missed in a row")
-    participants: list[str] = Field(default_factory=list, description="who is in the current attempt of the "
-                                                                       "round's masked sum")
+    participants: list[str] = Field(default_factory=list, description="who is in the round's masked sum")
+    survivors: list[str] = Field(default_factory=list, description="whose masked update arrived: the round's "
+                                                                   "unmask step is asked of them (empty before it)")
     round_left_out: list[str] = Field(default_factory=list, description="sites left out of the round so far")
     final: dict | None = Field(None, description="the final evaluation, once the job is done")
     privacy: dict | None = Field(None, description="the privacy ledger (xclp.privacy.ledger) of a job with a DP budget")

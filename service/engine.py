@@ -29,11 +29,19 @@ import time
 
 from sqlalchemy import delete, select
 
-from crypto.errors import ProtocolError
 from service.db import COORDINATOR, Job, Message, PrunedBytes, has_messages, message_body, message_phase, utcnow
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
-from xclp.protocol import JOB_PHASES, CoordinatorSession, JobParams, Layout, Topic, encode_roster, restart_without
+from xclp.protocol import (
+    JOB_PHASES,
+    CoordinatorSession,
+    JobParams,
+    Layout,
+    Topic,
+    blame,
+    encode_roster,
+    restart_without,
+)
 
 log = logging.getLogger("xclp.engine")
 
@@ -221,20 +229,7 @@ def _hamming_missing(db, job: Job) -> set[str]:
     missing = set(order) - has_messages(db, job.id, COORDINATOR, "intra")
     incomplete = {(a, b) for a, b in pair_list(order)
                   if has_messages(db, job.id, COORDINATOR, Topic.share(a, b)) != {a, b}}
-    return _blame(order, incomplete, missing)
-
-
-def _blame(order: list[str], incomplete: set[tuple[str, str]], missing: set[str] | None = None) -> set[str]:
-    """A pair is incomplete if either share is missing or unusable (a site that vanished leaves its
-    peers waiting too), so blame goes greedily to the site with the most incomplete pairs; among
-    equals, the later site in the roster."""
-    missing = set(missing or ())
-    while True:
-        open_pairs = [(a, b) for a, b in incomplete if a not in missing and b not in missing]
-        if not open_pairs:
-            return missing
-        degree = {s: sum(s in p for p in open_pairs) for s in order if s not in missing}
-        missing.add(max(degree, key=lambda s: (degree[s], order.index(s))))
+    return blame(order, incomplete, missing)
 
 
 def _hamming(db, job: Job) -> None:
@@ -253,18 +248,13 @@ def _hamming(db, job: Job) -> None:
         coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
     for s in order:
         coord.receive_intra(s, message_body(db, job.id, s, COORDINATOR, "intra"))
-    bad = set()
-    for a, b in pair_list(order):
-        try:
-            coord.receive_pair(a, b, message_body(db, job.id, a, COORDINATOR, Topic.share(a, b)),
-                               message_body(db, job.id, b, COORDINATOR, Topic.share(a, b)))
-        except ProtocolError as exc:
-            # Shares that do not combine: one of the two sites misbehaved. The pair is as good as
-            # missing; blame goes as for missing pairs, and the job goes on without that site.
-            log.warning(json.dumps({"event": "bad_shares", "job": job.id, "pair": [a, b], "error": str(exc)}))
-            bad.add((a, b))
-    if bad:
-        drop(job, _blame(order, bad))
+    # Shares that do not combine: one of the two sites misbehaved. The pair is as good as missing;
+    # blame goes as for missing pairs (the core's rule, xclp.protocol.blame), and the job goes on.
+    blamed = coord.receive_pairs(order, {(a, b): {s: message_body(db, job.id, s, COORDINATOR, Topic.share(a, b))
+                                                  for s in (a, b)} for a, b in pair_list(order)})
+    if blamed:
+        log.warning(json.dumps({"event": "bad_shares", "job": job.id, "blamed": sorted(blamed)}))
+        drop(job, blamed)
         return
     W = coord.build_graph(order)
     coord.compute_influence(W)

@@ -155,7 +155,7 @@ def _training_view(job: Job, who: str) -> dict:
         child = job.round_xclp
         return {} if child is None else child.model_dump()
     view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants",
-                                                "privacy"})
+                                                "survivors", "privacy"})
     if who == "admin":
         return view
 
@@ -167,7 +167,8 @@ def _training_view(job: Job, who: str) -> dict:
 
     return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),
             "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)},
-            "participants": view["participants"],  # who is in the current attempt of a round's masked sum
+            "participants": view["participants"],  # who is in the round's masked sum
+            "survivors": view["survivors"],  # whose masked update arrived: the unmask step's sites
             "privacy": view["privacy"]}  # ε spent of every site's data: each site's own business too
 
 

@@ -20,9 +20,10 @@ Phases of a training job:
 
 With secure aggregation (FedAvg, the default) each site's hello carries a fresh X25519 public key,
 the coordinator broadcasts them all (`keys`), and a round's updates are masked
-(`update/t/attempt`, xclp.training.secure_aggregation): the coordinator only ever sees their sum.
-At the deadline the sum restarts without the participants that have not sent theirs (attempt + 1,
-fresh masks) — the ones that have re-send the same weights masked anew.
+(`update/t/0`, double masking: xclp.training.double_masking): the coordinator only ever sees their
+sum. Once all are in, or at the deadline, the sites whose update arrived are asked the unmask step
+(`unmask/t` to each, `reveal/t` back): the shares of each other's self-masks, and their pairwise keys
+with the sites that dropped. A site masks a round once and answers its unmask step once.
 
 Messages the coordinator writes for all sites of the job go to the recipient "*" (BROADCAST).
 """
@@ -42,11 +43,11 @@ from service.db import COORDINATOR, Job, Message, RoundXCLPState, has_messages, 
 from service.lifecycle import drop, expired, put_message
 from service.lifecycle import next_phase as _phase
 from xclp.privacy.ledger import PrivacyLedger
-from xclp.protocol import restart_without
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.fedavg import decode_masked_round
-from xclp.training.messages import dump_json, load_json, load_masked
+from xclp.training.double_masking import relay
+from xclp.training.fedavg import decode_masked_round, open_masked_round
+from xclp.training.messages import dump_json, load_json
 from xclp.training.strategy import Roster, Strategy, pooled_rate
 
 log = logging.getLogger("xclp.engine")
@@ -150,7 +151,7 @@ def _round(db, job: Job) -> None:
         _put(db, job, BROADCAST, f"plan/{t}", dump_json(plan))
         job.phase_started_at = utcnow()  # the round's deadline counts from its plan
         job.attempt = 0
-        job.update_training(participants=plan["sites"], round_left_out=[])
+        job.update_training(participants=plan["sites"], survivors=[], round_left_out=[])
         return
     plan = load_json(body, what="plan")
     # The round's sites train once its XCLP job has labelled their points. That job has deadlines of
@@ -164,28 +165,15 @@ def _round(db, job: Job) -> None:
         since = None if child is None else child.finished_at
     topic = _update_topic(job, t)
     secure = strategy(job).secure_sum
-    got = has_messages(db, job.id, COORDINATOR, topic)
-    expected = job.training.participants if secure else plan["sites"]
-    missing = [s for s in expected if s not in got and s in job.live]
-    if secure and len([s for s in expected if s in job.live]) < secagg.MIN_CONTRIBUTORS:
-        # A masked sum of one site is that site's weights (no peer, no mask): the sites refuse to send
-        # one, so close the round now with the previous model instead of waiting for the deadline.
-        job.update_training(participants=[], round_left_out=sorted({*job.training.round_left_out, *expected}))
-        missing = []
-    if missing and not expired(job, since):
-        return
-    if missing and secure:
-        # A masked sum needs every mask in it: restart it without the missing sites.
-        left, attempt = restart_without([s for s in expected if s in job.live], missing, job.attempt)
-        job.update_training(participants=left, round_left_out=sorted({*job.training.round_left_out, *missing}))
-        log.info(json.dumps({"event": "sum_restart", "job": job.id, "round": t, "attempt": job.attempt + 1,
-                             "without": missing}))
-        job.attempt = attempt
-        job.phase_started_at = utcnow()
-        if len(left) >= secagg.MIN_CONTRIBUTORS:
+    if secure:
+        missing = _masked_round_step(db, job, t, topic, since)
+        if missing is None:
             return
-        job.update_training(participants=[])  # fewer than two left: the round closes with the previous model
-        missing = []
+    else:
+        got = has_messages(db, job.id, COORDINATOR, topic)
+        missing = [s for s in plan["sites"] if s not in got and s in job.live]
+        if missing and not expired(job, since):
+            return
     t0 = time.perf_counter()
     row = _close_round(db, job, plan, topic, missing)
     row["seconds"] = round((utcnow() - job.phase_started_at).total_seconds(), 3)
@@ -210,7 +198,42 @@ def _round(db, job: Job) -> None:
     job.attempt = 0
     # Round t + 1 has no sum yet: its participants are set with its plan (next step). Left as round
     # t's, a site reading the job between the two steps would mask round t + 1 over the wrong sites.
-    job.update_training(participants=[])
+    job.update_training(participants=[], survivors=[])
+
+
+def _masked_round_step(db, job: Job, t: int, topic: str, since) -> list[str] | None:
+    """A round's masked sum, by double masking (xclp.training.double_masking): None while it waits,
+    else the sites left out of it. First the participants' masked updates (each sent once); at the
+    deadline, or once all are in, the unmask step is asked of those whose update arrived (the
+    survivors), each getting the shares of the others' self-masks sealed to it; then the sum closes
+    with the answers that came back. No one is asked to mask again, so no two sums differ by a site."""
+    participants = list(job.training.participants)
+    survivors = list(job.training.survivors)
+    if not survivors:
+        got = has_messages(db, job.id, COORDINATOR, topic)
+        missing = [s for s in participants if s not in got]
+        enough = len([s for s in participants if s in job.live]) >= secagg.MIN_CONTRIBUTORS
+        if enough and [s for s in missing if s in job.live] and not expired(job, since):
+            return None
+        arrived = [s for s in participants if s in got]
+        if len(arrived) < secagg.MIN_CONTRIBUTORS or len([s for s in participants if s in job.live]) < 2:
+            # a masked sum of one site would be that site's weights: the round keeps the previous model
+            job.update_training(participants=[], round_left_out=sorted({*job.training.round_left_out, *participants}))
+            return []
+        s = strategy(job)
+        uploads = {x: message_body(db, job.id, x, COORDINATOR, topic) for x in arrived}
+        _, _, shares = open_masked_round(s, uploads, s.network().state_dict(), participants, t=t)
+        for k, sealed in relay(shares, arrived).items():
+            _put(db, job, k, f"unmask/{t}", dump_json({"participants": participants, "survivors": arrived,
+                                                         "shares": sealed}))
+        job.update_training(survivors=arrived, round_left_out=sorted({*job.training.round_left_out, *missing}))
+        job.phase_started_at = utcnow()
+        log.info(json.dumps({"event": "unmask", "job": job.id, "round": t, "survivors": arrived, "dropped": missing}))
+        return None
+    got = has_messages(db, job.id, COORDINATOR, f"reveal/{t}")
+    if [s for s in survivors if s not in got and s in job.live] and not expired(job):
+        return None
+    return list(job.training.round_left_out)
 
 
 def _close_round(db, job: Job, plan: dict, topic: str, missing: list[str]) -> dict:
@@ -273,18 +296,26 @@ def _account(job: Job, t: int, row: dict) -> None:
 
 
 def _masked_sum(db, job: Job, s: Strategy, topic: str, previous, planned: int) -> tuple[object, dict, int, bool]:
-    """The average from the sum of the masked updates (the masks cancel in it): (model, metrics, bytes,
+    """The average from the survivors' masked updates and their unmask answers: (model, metrics, bytes,
     whether the sum was decoded). Under DP the job's ledger is spent by the strategy before it decodes."""
-    participants = list(job.training.participants)
-    uploads = {site: message_body(db, job.id, site, COORDINATOR, topic) for site in participants}
+    participants, survivors = list(job.training.participants), list(job.training.survivors)
+    uploads = {site: message_body(db, job.id, site, COORDINATOR, topic) for site in survivors}
+    answers = {}
+    for site in survivors:
+        body = message_body(db, job.id, site, COORDINATOR, f"reveal/{job.round}")
+        if body is not None:
+            answers[site] = load_json(body, what=f"reveal from {site}")
     if s.cfg.dp:
         s.ledger = PrivacyLedger.from_json(job.training.privacy) if job.training.privacy else s.new_ledger()
-    shared, metrics, decoded = decode_masked_round(s, uploads, previous, participants, t=job.round, planned=planned)
+    masked, metrics, _ = open_masked_round(s, uploads, previous, participants, t=job.round)
+    shared, decoded = decode_masked_round(s, masked, metrics, answers, previous, participants, survivors,
+                                          job=job.id, t=job.round, planned=planned)
     if s.cfg.dp and decoded:
         job.update_training(privacy=s.ledger.to_json())
-    if participants and not decoded:
+    if survivors and not decoded:
         log.info(json.dumps({"event": "sum_not_decoded", "job": job.id, "round": job.round,
-                             "trained": sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)}))
+                             "trained": sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0),
+                             "answered": sorted(answers)}))
     return shared, metrics, sum(len(b) for b in uploads.values()), decoded
 
 
@@ -338,8 +369,9 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
     parts = topic.split("/")
     kind = parts[0]
     s = strategy(job)
-    phase_of = {"hello": "setup", s.upload: "round", **({"eval": "evaluate"} if s.global_model else {})}
-    n_parts = {s.upload: 3 if s.secure_sum else 2}.get(kind, 1)
+    phase_of = {"hello": "setup", s.upload: "round", **({"eval": "evaluate"} if s.global_model else {}),
+                **({"reveal": "round"} if s.secure_sum else {})}
+    n_parts = {s.upload: 3 if s.secure_sum else 2, "reveal": 2}.get(kind, 1)
     if kind in UPLOAD_KINDS and kind not in phase_of:
         return 422, f"{kind!r} is not part of a {job.params['algorithm']} job"
     if kind not in phase_of or len(parts) != n_parts:
@@ -373,22 +405,32 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
         plan = message_body(db, job.id, COORDINATOR, BROADCAST, f"plan/{job.round}")
         if plan is None or site not in load_json(plan, what="plan")["sites"]:
             return 409, f"site {site!r} is not in round {job.round}"
-        if s.secure_sum:
-            if parts[2] != str(job.attempt) or site not in job.training.participants:
-                return 409, (f"{topic!r}: the sum of round {job.round} is at attempt {job.attempt}, over "
-                             f"{job.training.participants}")
-            _, meta = load_masked(body, secagg.n_values(s.network().state_dict()))
-            # The masks cancel only if every site masked over the attempt's participants: an update
-            # masked over another set (a site that read the job as it changed) is refused here, and
-            # sent again, instead of spoiling the sum.
-            if meta.get("participants") != job.training.participants:
-                return 409, (f"{topic!r}: masked over {meta.get('participants')}, but the sum of round {job.round} "
-                             f"attempt {job.attempt} is over {job.training.participants}")
+        if kind == "reveal":
+            if site not in job.training.survivors:
+                return 409, f"{topic!r}: site {site!r} is not asked to unmask round {job.round}"
+            _check_reveal(load_json(body, what="reveal"))
+        elif s.secure_sum:
+            if parts[2] != "0" or site not in job.training.participants:
+                return 409, f"{topic!r}: the masked sum of round {job.round} is {s.upload}/{job.round}/0, over " \
+                            f"{job.training.participants}"
+            if job.training.survivors:
+                return 409, f"{topic!r}: round {job.round}'s masked updates are closed (its unmask step has begun)"
+            # The masks cancel only if every site masked over the round's participants, with a sealed
+            # share of its self-mask for each of the others: anything else is refused here.
+            open_masked_round(s, {site: body}, s.network().state_dict(), job.training.participants, t=job.round)
         else:
             s.load_upload(body, what=kind)
     except ProtocolError as exc:
         return 422, f"{exc}"
     return None
+
+
+def _check_reveal(answer: dict) -> None:
+    """An unmask answer: {"shares": {site: hex}, "pairwise": {site: hex}} (checked in full as it is used)."""
+    for part in ("shares", "pairwise"):
+        v = answer.get(part)
+        if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+            raise ProtocolError(f"reveal: {part!r} must map site names to hexadecimal strings")
 
 
 def train_progress(job: Job, db) -> dict:

@@ -33,6 +33,7 @@ coordinator, zero masks) and is named as such: it is the reference and the tool 
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,6 +57,7 @@ from xclp import graph as graphs
 from xclp import lsh
 from xclp.data import validate_features, validate_labels
 from xclp.influence import influence_columns
+from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
 from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
 from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
@@ -66,6 +68,8 @@ SECURE_ROW_SUMS_FRAC_BITS = 40
 
 # The phases of a prediction job in the order the coordinator runs them ("done" ends it). The service,
 # the agent and the progress bar take them from here.
+log = logging.getLogger("xclp.protocol")
+
 JOB_PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
 # The phase each upload belongs to, by its topic's first segment ("seed" and "pair" go site to site,
 # the rest to the coordinator).
@@ -101,6 +105,24 @@ class Topic:
     @staticmethod
     def sums(attempt: int) -> str:
         return f"sums/{attempt}"
+
+
+MAX_SUM_RESTARTS = 2  # restarts of one masked sum a site takes part in (SiteSession._claim_sum)
+
+
+def blame(order: list[str], incomplete, missing=None) -> set[str]:
+    """The sites to remove so that every remaining pair of sites is complete (the rule of every driver).
+    A pair is incomplete if either share is missing or the two do not combine: one of the two sites
+    misbehaved or vanished, and its peer waits too. Blame goes greedily to the site with the most
+    incomplete pairs; among equals, the later site in the roster. `missing`: sites already out."""
+    missing = set(missing or ())
+    incomplete = {tuple(p) for p in incomplete}
+    while True:
+        open_pairs = [(a, b) for a, b in incomplete if a not in missing and b not in missing]
+        if not open_pairs:
+            return missing
+        degree = {s: sum(s in p for p in open_pairs) for s in order if s not in missing}
+        missing.add(max(degree, key=lambda s: (degree[s], order.index(s))))
 
 
 def restart_without(participants: list[str], missing, attempt: int) -> tuple[list[str], int]:
@@ -139,6 +161,7 @@ class JobParams:
     dp_delta: float = 1e-5  # the δ at which the job's ε is stated (accounting only)
 
     def validate(self) -> JobParams:
+        check_job_id(self.job_id)  # the one check of an id that names files at every site, for every driver
         if self.crypto not in CRYPTO_CHOICES:
             raise ValueError(f"crypto must be one of {CRYPTO_CHOICES}, got {self.crypto!r}")
         if self.similarity not in ("lsh", "exact"):
@@ -335,6 +358,7 @@ class SiteSession:
             raise ValueError(f"{site}: label {int(self.y.max())} is out of range for {params.n_classes} classes")
         self.keys = keypair or SiteKeyPair.generate()
         self.phase = "setup"
+        self._sums: dict[str, tuple[int, list[str]]] = {}  # purpose → the last attempt sent, and over whom
         self._contribution = new_contribution(contribution)  # drawn now: its commitment goes in the announce
         # A site's secret for its DP noise. None (a prediction job's agent): every draw from a fresh
         # os.urandom key. Given: the randomized labels derive from it alone, so every job of a training
@@ -474,9 +498,28 @@ class SiteSession:
     def _counts_frac_bits(self) -> int:
         return self.params.frac_bits if self.params.dp else 0  # noisy counts are not integers
 
+    def _claim_sum(self, purpose: str, participants: list[str], attempt: int) -> None:
+        """A site's rule for the restarts of one masked sum (counts, row sums), whatever the driver: the
+        same attempt over the same sites again (the same message: masks and noise derive from the
+        attempt), or a later attempt over strictly fewer sites, at most MAX_SUM_RESTARTS times. A server
+        that colludes with one site can difference nested restarts to read each removed site's
+        contribution (docs/security.md), so their number is bounded."""
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise ProtocolError(f"{self.site}: the {purpose} sum's attempt must be a non-negative integer")
+        if attempt > MAX_SUM_RESTARTS:
+            raise ProtocolError(f"{self.site}: the {purpose} sum at attempt {attempt}: a site takes part in at most "
+                                f"{MAX_SUM_RESTARTS} restarts of one sum")
+        last = self._sums.get(purpose)
+        if last is not None and not (last == (attempt, list(participants)) or
+                                     (attempt > last[0] and set(participants) < set(last[1]))):
+            raise ProtocolError(f"{self.site}: a restart of the {purpose} sum must be a later attempt than {last[0]} "
+                                f"over fewer sites than {last[1]}, got attempt {attempt} over {list(participants)}")
+        self._sums[purpose] = (attempt, list(participants))
+
     def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
         self._expect("counts")
         participants = self._check_participants(participants, "counts")
+        self._claim_sum("counts", participants, attempt)
         C = self.params.n_classes
         first = self.site == [s for s in self.order if s in participants][0]
         shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
@@ -560,6 +603,7 @@ class SiteSession:
         """Z̄^(j) in fixed point + mask; own rows and rows of non-participants zeroed."""
         self._expect("row_sums")
         participants = self._check_participants(participants, "row sums")
+        self._claim_sum("row_sums", participants, attempt)
         if self._influence is None or self.layout is None or self.global_counts is None:
             raise ProtocolError(f"{self.site}: row sums before the influence columns and counts arrived")
         others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])
@@ -655,6 +699,23 @@ class CoordinatorSession:
         if not np.array_equal(h, h.T) or np.any(np.diag(h) != 0):
             raise ProtocolError(f"{site}: distances within the site must be symmetric with a zero diagonal")
         self.intra[site] = h
+
+    def receive_pairs(self, sites: list[str], shares: dict[tuple[str, str], dict[str, bytes]]) -> set[str]:
+        """Every pair's two shares over `sites` ({(a, b): {a: share, b: share}}): the sites to remove
+        (`blame`) where a share is missing or the two do not combine; every driver goes on without them."""
+        order = [s for s in self.order if s in sites]
+        incomplete = set()
+        for a, b in self.pairs(order):
+            got = shares.get((a, b)) or {}
+            if set(got) != {a, b}:
+                incomplete.add((a, b))
+                continue
+            try:
+                self.receive_pair(a, b, got[a], got[b])
+            except ProtocolError as exc:
+                log.warning("pair (%s, %s): %s", a, b, exc)
+                incomplete.add((a, b))
+        return blame(order, incomplete)
 
     def receive_pair(self, a: str, b: str, share_a: bytes, share_b: bytes) -> None:
         if self.order.index(a) > self.order.index(b):

@@ -153,12 +153,18 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
     for s in graph_sites:
         coord.receive_intra(s, meter.add(s, "hamming", sessions[s].intra_message()))
+    shares = {}
     for a, b in pairs:
         t = PairTranscript()
         share_a, share_b = exchange(sessions[a].hamming_party(b), sessions[b].hamming_party(a), t)
         meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
         meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
-        coord.receive_pair(a, b, share_a, share_b)
+        shares[(a, b)] = {a: share_a, b: share_b}
+    # shares that do not combine: the pair's sites blamed by the core's rule, as every driver does
+    blamed = coord.receive_pairs(graph_sites, shares)
+    graph_sites = [s for s in graph_sites if s not in blamed]
+    if len(graph_sites) < 2:
+        raise ValueError(f"fewer than two sites left after the pair protocols (blamed: {sorted(blamed)})")
     lap("hamming")
 
     say("graph: kNN graph")

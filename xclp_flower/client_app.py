@@ -29,6 +29,7 @@ from clients.policy import PolicyError, SitePolicy
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
+from xclp.job_files import job_file
 from xclp.protocol import JobParams, SiteSession, decode_roster
 from xclp_flower import flag
 from xclp_flower.replay import REPLAYABLE, deterministic_urandom
@@ -286,7 +287,7 @@ class FlowerSite:
             return ConfigRecord({"rows": s.row_sums_message(participants, self._restart("row_sums", step))})
         # "sums": this site's scores, its labels — written here, never sent
         pred = s.receive_row_sums(bytes(step["rows"]))
-        path = self.out / f"{s.params.job_id}.npz"
+        path = job_file(self.out, s.params.job_id, ".npz")
         if final:
             # with the site's seed contribution (public once the seed phase revealed it to its peers): an
             # audit can replay the job in process with the same LSH seed, as an agent's state allows
@@ -323,12 +324,12 @@ class FlowerSite:
         """`out/NAME.npz` (and the model: `out/NAME.model.pkl`, or .model.npz for a network's weights),
         written whole or not at all."""
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / f"{name}.npz"
+        path = job_file(self.out, name, ".npz")
         tmp = path.with_name(path.stem + ".partial.npz")
         np.savez(tmp, **arrays)
         os.replace(tmp, path)
         if model is not None:
-            (self.out / f"{name}{model_suffix}").write_bytes(model)
+            job_file(self.out, name, model_suffix).write_bytes(model)
         return path
 
     # --- FedCT rounds (xclp_flower.training) ------------------------------------------------------------

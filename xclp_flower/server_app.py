@@ -25,6 +25,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
+from crypto.hamming_api import MAX_PAIR_MESSAGES
 from xclp.protocol import CoordinatorSession, JobParams, encode_roster, restart_without
 from xclp_flower import flag
 
@@ -265,8 +266,8 @@ class FlowerXCLP:
         rounds = 0
         while any(inbox.values()):
             rounds += 1
-            if rounds > 4096:
-                raise ProtocolError("the pair protocols did not finish within 4096 rounds")
+            if rounds > MAX_PAIR_MESSAGES:
+                raise ProtocolError(f"the pair protocols did not finish within {MAX_PAIR_MESSAGES} rounds")
             waiting = {s: box for s, box in inbox.items() if box}
             inbox = {s: {} for s in sites}
             replies = self._step("pairs", waiting)
@@ -285,11 +286,13 @@ class FlowerXCLP:
                         inbox[peer][f"from:{s}"] = bytes(rec[key])
                     elif kind == "share":
                         shares[pair][s] = bytes(rec[key])
-        for a, b in self.coord.pairs(sites):
-            if set(shares[(a, b)]) != {a, b}:
-                raise SiteFailed(f"pair ({a}, {b}) ended without both shares")
-            self.coord.receive_pair(a, b, shares[(a, b)][a], shares[(a, b)][b])
-        return sites
+        # A pair without both shares, or whose shares do not combine: blamed by the core's rule and left
+        # out of the graph, as the coordinator's engine does (xclp.protocol.blame).
+        blamed = self.coord.receive_pairs(sites, shares)
+        for x in sorted(blamed):
+            self.dropped[x] = "hamming: its pair shares were missing or did not combine"
+            self.say(f"xclp: {x} left job {self.params.job_id} in hamming (shares missing or not combining)")
+        return self._enough([x for x in sites if x not in blamed], "hamming")
 
 
 def _record_bytes(fields: dict) -> int:

@@ -42,7 +42,8 @@ from xclp.data import DataError
 from xclp.privacy.ledger import no_privacy
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.fedavg import decode_masked_round
+from xclp.training.double_masking import SiteRecord, relay, unmask_answer
+from xclp.training.fedavg import decode_masked_round, open_masked_round
 from xclp.training.messages import dump_state
 from xclp.training.strategy import Roster, pooled_rate
 from xclp_flower.server_app import FlowerLink, FlowerXCLP, SiteFailed
@@ -59,7 +60,7 @@ class FlowerTraining:
 
     A site that fails a step or does not answer within the timeout is left out of that step, as the
     service's agents are: it is dropped at hello (the run goes on with the others, at least two), left
-    out of a round (a masked sum restarts without it, with fresh masks: attempt + 1), and dropped from
+    out of a round (a masked sum goes on without it: double masking's unmask step), and dropped from
     the run after `max_missed` rounds in a row. An XCLP job that fails leaves that round's sites with
     their own labels only. The run ends (SiteFailed) when fewer than two sites remain."""
 
@@ -212,25 +213,9 @@ class FlowerTraining:
                     "features-model": model,
                     "features-config": json.dumps({"config": json.loads(common["config"]), "classes": self.n_classes})})
             step = {**common, "round": t, "plan": json.dumps(plan), "model": model, "keys": json.dumps(keys)}
-            metrics, left_out, attempt, sent = {}, [], 0, 0
+            metrics, left_out, sent = {}, [], 0
             if s.secure_sum:
-                # A masked sum needs every participant's mask: restart it without those that did not
-                # answer (fresh keys and masks for the attempt), as the service's engine does. A round
-                # planned over one site is not sent at all: its "sum" would be that site's weights.
-                participants = list(plan["sites"])
-                back = {}
-                while len(participants) >= secagg.MIN_CONTRIBUTORS:
-                    back = self._step("round", {x: {**step, "participants": participants, "attempt": attempt}
-                                                for x in participants})
-                    sent += 1
-                    left_out += sorted(self.link.failed)
-                    if not self.link.failed:
-                        break
-                    participants = [x for x in participants if x not in self.link.failed]
-                    back, attempt = {}, attempt + 1
-                shared, metrics, _ = decode_masked_round(
-                    s, {x: bytes(r["update"]) for x, r in back.items()}, shared, participants if back else [],
-                    t=t, planned=len(plan["sites"]))
+                shared, metrics, left_out, sent = self._masked_round(s, t, plan, step, shared)
             else:
                 back, sent = self._step("round", {x: step for x in plan["sites"]}), 1
                 left_out = sorted(self.link.failed)
@@ -239,6 +224,31 @@ class FlowerTraining:
                 cached |= {x for x in plan["adopt"] if x not in left_out}
             self._record(s, t, plan, metrics, shared, t0, left_out=left_out, attempts=sent)
         return {"model": s.dump_broadcast(shared)}
+
+
+    def _masked_round(self, s, t: int, plan: dict, step: dict, shared) -> tuple[dict, dict, list[str], int]:
+        """A round's masked sum by double masking (xclp.training.double_masking), as the service's engine
+        runs it: each planned site masks its update once; those whose update came back answer the unmask
+        step once; a site that did not answer is recovered from the others' shares and keys, never by
+        asking anyone to mask again. A round planned over one site is not sent: its "sum" would be that
+        site's weights. (model, metrics, left out, masked uploads asked of each site: 1, or 0)"""
+        participants = list(plan["sites"])
+        if len(participants) < secagg.MIN_CONTRIBUTORS:
+            return shared, {}, [], 0
+        back = self._step("round", {x: {**step, "participants": participants} for x in participants})
+        left_out = sorted(self.link.failed)
+        arrived = [x for x in participants if x in back]
+        masked, metrics, shares = open_masked_round(s, {x: bytes(back[x]["update"]) for x in arrived}, shared,
+                                                    participants, t=t)
+        answers = {}
+        if len(arrived) >= secagg.MIN_CONTRIBUTORS:
+            replies = self._step("unmask", {x: {**step, "participants": participants, "survivors": arrived,
+                                                "shares": json.dumps(sealed)}
+                                            for x, sealed in relay(shares, arrived).items()})
+            answers = {x: json.loads(str(r["reveal"])) for x, r in replies.items()}
+        shared, _ = decode_masked_round(s, masked, metrics, answers, shared, participants, arrived,
+                                        job=f"flower-{self.run_id}", t=t, planned=len(participants))
+        return shared, metrics, left_out, 1  # one masked upload asked of each site, whatever dropped
 
 
 # --- the site's side ---------------------------------------------------------------------------------
@@ -273,16 +283,16 @@ def run_xclp_params(run: str, job_id: str):
     return strategy_for(algorithm, config, int(classes), len(sites), n_public=1, n_features=1).xclp_params(job_id)
 
 
-def _once(site, kept: ConfigRecord, t: int, total: int, attempt: int = 0) -> None:
-    """A site answers each round once (a masked sum's restart, attempt + 1, once more), and only the
-    run's rounds: every answer is a release of its data, counted in the run's ledger once."""
+def _once(site, kept: ConfigRecord, t: int, total: int) -> None:
+    """A site answers each round once, and only the run's rounds: every answer is a release of its
+    data, counted in the run's ledger once (a masked sum is recovered from dropouts by its unmask
+    step, never by asking again)."""
     if not 1 <= t <= total:
         raise ProtocolError(f"{site.name}: round {t} is not one of this run's rounds 1..{total}")
     answered = json.loads(str(kept["answered"]))
-    if any(r == t and a >= attempt for r, a in answered):
-        raise ProtocolError(f"{site.name}: round {t} (attempt {attempt}) was answered already: a site sends each "
-                            "round's upload once")
-    kept["answered"] = json.dumps([*answered, [t, attempt]])
+    if any(r == t for r, *_ in answered):
+        raise ProtocolError(f"{site.name}: round {t} was answered already: a site sends each round's upload once")
+    kept["answered"] = json.dumps([*answered, [t]])
 
 
 def _site_data(site):
@@ -370,8 +380,18 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
                                  model_suffix=".model.npz")
         return ConfigRecord({"written": str(path), "metrics": json.dumps(metrics)}), kept
     plan, t = json.loads(str(step["plan"])), int(step["round"])
-    participants, attempt = list(step.get("participants", plan["sites"])), int(step.get("attempt", 0))
-    _once(site, kept, t, s.total_rounds(), attempt)
+    participants = list(step.get("participants", plan["sites"]))
+    record = SiteRecord.from_json(json.loads(str(kept.get("secagg", "{}"))))
+    keys = json.loads(str(step["keys"]))
+    if name == "unmask":  # answered once (claimed in the record), from the run's key
+        record.claim_unmask(site.name, t, participants, list(step["survivors"]))
+        answer = unmask_answer(me=site.name, private=SiteKeyPair.from_private_bytes(bytes(kept["key"])),
+                               public_keys={x: bytes.fromhex(k) for x, k in keys.items()}, participants=participants,
+                               survivors=list(step["survivors"]), sealed=json.loads(str(step["shares"])),
+                               job=f"flower-{site.run_id}", t=t)
+        kept["secagg"] = json.dumps(record.to_json())
+        return ConfigRecord({"reveal": json.dumps(answer)}), kept
+    _once(site, kept, t, s.total_rounds())
     template = {k: v.clone() for k, v in model.state_dict().items()}
     cached = None
     if "pseudo-labels" in kept:
@@ -388,11 +408,11 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
         kept["pseudo-labels"], kept["pseudo-weights"] = pl.labels.astype(np.int64).tobytes(), \
             pl.weights.astype(np.float64).tobytes()
     state, n = r if r is not None else (None, 0)
-    keys = json.loads(str(step["keys"]))
     body = site_upload(s, state, template, {"n": int(n), **metrics}, planned=len(plan["sites"]), me=site.name,
                        private=SiteKeyPair.from_private_bytes(bytes(kept["key"])),
                        public_keys={x: bytes.fromhex(k) for x, k in keys.items()}, participants=participants,
-                       job=f"flower-{site.run_id}", t=t, attempt=attempt)
+                       job=f"flower-{site.run_id}", t=t, record=record)
+    kept["secagg"] = json.dumps(record.to_json())
     return ConfigRecord({"update": body}), kept
 
 

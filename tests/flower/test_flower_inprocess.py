@@ -287,3 +287,63 @@ def test_flower_replay_keystream_is_a_stream():
     whole = a(100)
     assert b(7) + b(30) + b(63) == whole and len(set(whole)) > 40
     assert KeystreamRandom(b"j" * 32)(100) != whole
+
+
+def test_a_job_id_that_is_a_path_is_refused_at_the_sites_and_writes_nothing(federation):
+    # A ServerApp that names a job "../site0" would have had the sites write their results over their
+    # own data file (an absolute id: any path ending in .npz). The id is checked where every driver
+    # reads it (JobParams.validate, xclp/job_files.py): the sites refuse the announce.
+    from pathlib import Path
+
+    from crypto.errors import ProtocolError
+
+    ds, configs = federation
+    files = {c["data-path"]: Path(c["data-path"]).read_bytes() for c in configs}
+    import dataclasses
+
+    for bad in ("../site0", "/tmp/x", "a/b"):
+        with pytest.raises(ProtocolError, match="not a plain name"):  # an honest ServerApp checks it too
+            FlowerXCLP(InProcessGrid(client_app, configs), JobParams(job_id=bad, n_classes=10, bits=64, k=6))
+        app = FlowerXCLP(InProcessGrid(client_app, configs), JobParams(job_id="ok", n_classes=10, bits=64, k=6))
+        app.params = dataclasses.replace(app.params, job_id=bad)  # a ServerApp that skips the check
+        with pytest.raises(SiteFailed, match="not a plain name"):
+            app.run()
+    assert all(Path(p).read_bytes() == b for p, b in files.items())
+    assert not any(list(Path(c["out"]).parent.glob("*.partial.npz")) for c in configs)
+
+
+def plant_bad_shares(monkeypatch, victim: str) -> None:
+    """Every pair of `victim` hands the server shares that do not combine (as a cheating site would)."""
+    from crypto.errors import ProtocolError
+    from xclp.protocol import CoordinatorSession
+
+    real = CoordinatorSession.receive_pair
+
+    def receive(self, a, b, share_a, share_b):
+        if victim in (a, b):
+            raise ProtocolError(f"pair ({a}, {b}): the shares do not combine into valid distances")
+        return real(self, a, b, share_a, share_b)
+
+    monkeypatch.setattr(CoordinatorSession, "receive_pair", receive)
+
+
+def test_shares_that_do_not_combine_are_blamed_alike_in_flower_and_the_simulation(federation, monkeypatch):
+    # The engine blamed the site and went on; Flower failed the whole job. Now both follow the core's
+    # rule (xclp.protocol.blame): the site leaves the graph, the others get the simulation's labels.
+    ds, configs = federation
+    plant_bad_shares(monkeypatch, "site1")
+    monkeypatch.setattr(FlowerXCLP, "abort", lambda self, sites, end_run=False: None)  # keep site1's seed part
+    grid = InProcessGrid(client_app, configs)
+    params = JobParams(job_id="flower-bad-shares", n_classes=10, bits=128, k=6, crypto="lattice")
+    out = FlowerXCLP(grid, params).run()
+    left = ["site0", "site2"]
+    assert out["sites"] == left and list(out["dropped"]) == ["site1"] and "hamming" in out["dropped"]["site1"]
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in left}
+    contributions["site1"] = bytes(grid.contexts[101].state[f"xclp:{params.job_id}"]["contribution"])
+    sim = run_xclp(ds, params, contributions=contributions)  # the simulation under the same planted fault
+    monkeypatch.undo()
+    ref = run_xclp(ds, params, contributions=contributions, drops={"site1": "hamming"})
+    for s in left:
+        got = np.load(out["written"][s])["labels"]
+        assert np.array_equal(got, sim.predictions[s].labels) and np.array_equal(got, ref.predictions[s].labels), s
+    assert (sim.predictions["site1"].labels == -1).all()

@@ -222,3 +222,34 @@ def test_a_site_that_requires_dp_refuses_jobs_without_a_budget_or_above_its_own(
     policy.check("j", {**train, "params": {"algorithm": "fedkt", "config": {"dp_epsilon": 2.0, "levels": "L2"}}})
     with pytest.raises(PolicyError, match="without secure aggregation"):  # FREDY's FedAvg rounds send weights
         SitePolicy().check("j", {**train, "params": {"algorithm": "fredy", "config": {"secure_aggregation": False}}})
+
+
+def test_shares_that_do_not_combine_are_blamed_as_in_the_simulation(rig, monkeypatch):
+    """The engine's side of the rule that Flower and the simulation follow too (xclp.protocol.blame)."""
+    import json
+
+    from crypto.errors import ProtocolError
+    from xclp.protocol import CoordinatorSession
+
+    ds, admin, agents = rig
+    victim = ds.sites[1]
+    real = CoordinatorSession.receive_pair
+
+    def receive(self, a, b, share_a, share_b):
+        if victim in (a, b):
+            raise ProtocolError(f"pair ({a}, {b}): the shares do not combine into valid distances")
+        return real(self, a, b, share_a, share_b)
+
+    monkeypatch.setattr(CoordinatorSession, "receive_pair", receive)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=128, k=6, classes=10)
+    left = [a for s, a in agents.items() if s != victim]
+    drive(admin, job, agents.values(), lambda st: st["phase"] == "row_sums")
+    st = drive(admin, job, left, lambda st: st["status"] == "done" and all(a.result_path(job).exists() for a in left))
+    assert st["dropped"] == {victim: "hamming"}
+    contributions = {s: bytes.fromhex(json.loads((a.state_dir / f"{job}.json").read_text())["contribution"])
+                     for s, a in agents.items()}
+    params = JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="lattice")
+    ref = run_xclp(ds, params, contributions=contributions, drops={victim: "hamming"})
+    for s, a in agents.items():
+        if s != victim:
+            assert np.array_equal(np.load(a.result_path(job))["labels"], ref.predictions[s].labels), s

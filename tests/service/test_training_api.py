@@ -162,9 +162,36 @@ def test_fedct_uploads_are_checked_against_the_pinned_public_set(app_client):
     assert P.tolist() == [0, 1, 1, -1, 0, 1, 2]  # ties (2 vs 1, 0 vs 2) go to the lowest class
 
 
-def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_silent_site(app_client):
+def _masked_api(app_client, job, heads, keys, template, states):
+    """The site's side of a masked round through the API: site_upload with the site's SiteRecord, and
+    its unmask answer from the coordinator's `unmask/t`."""
+    from xclp.training.double_masking import SiteRecord, unmask_answer
+    from xclp.training.fedavg import FedAvgConfig, FedAvgStrategy, site_upload
+
+    s = FedAvgStrategy(FedAvgConfig(algorithm="fedavg", secure_aggregation=True, seed=4).validate(), C, D)
+    public = {n: k.public_bytes() for n, k in keys.items()}
+    records = {x: SiteRecord() for x in heads}
+
+    def upload(x, participants, t=1, n=20):
+        return site_upload(s, states[x], template, {"n": n}, planned=len(participants), me=x, private=keys[x],
+                           public_keys=public, participants=participants, job=job, t=t, record=records[x])
+
+    def reveal(x, t=1):
+        r = app_client.get(f"/jobs/{job}/messages/unmask/{t}", params={"sender": COORDINATOR}, headers=heads[x])
+        assert r.status_code == 200, r.text
+        ask = load_json(r.content)
+        records[x].claim_unmask(x, t, ask["participants"], ask["survivors"])
+        return dump_json(unmask_answer(me=x, private=keys[x], public_keys=public, participants=ask["participants"],
+                                       survivors=ask["survivors"], sealed=ask["shares"], job=job, t=t))
+
+    return upload, reveal, records
+
+
+def test_secure_aggregation_double_masks_and_recovers_a_silent_site_without_a_second_sum(app_client):
+    import pytest
+
+    from crypto.errors import ProtocolError
     from crypto.keys import SiteKeyPair
-    from xclp.training import secure_aggregation as secagg
     from xclp.training.fedavg import aggregate
     from xclp.training.messages import dump_masked
 
@@ -185,38 +212,39 @@ def test_secure_aggregation_round_sums_masked_updates_and_restarts_without_a_sil
     template, _ = load_state(app_client.get(f"/jobs/{job}/shared/model/0", headers=heads["a"]).content,
                              build_network("mlp", D, C, seed=4).state_dict())
     states = {s: {k: v + i + 1 for k, v in template.items()} for i, s in enumerate(heads)}
-
-    def masked(s, participants, attempt):
-        return dump_masked(secagg.masked_update(
-            states[s], template, me=s, private=keys[s], public_keys={n: k.public_bytes() for n, k in keys.items()},
-            participants=participants, job=job, t=1, attempt=attempt), {"n": 20, "participants": participants})
+    upload, reveal, records = _masked_api(app_client, job, heads, keys, template, states)
 
     assert put("update/1", dump_state(template, {"n": 20}), "a").status_code == 422  # the clear is not taken
     bad = put("update/1/0", dump_masked(np.zeros(5, np.uint64), {"n": 20}), "a")
     assert bad.status_code == 422 and "one value per weight" in bad.json()["detail"]
-    assert put("update/1/0", masked("a", ["a", "b", "c"], 0), "a").status_code == 200
-    assert put("update/1/0", masked("b", ["a", "b", "c"], 0), "b").status_code == 200
-    # an update masked over other participants than the attempt's would spoil the sum: refused
-    r = put("update/1/0", masked("c", ["a", "c"], 0), "c")
-    assert r.status_code == 409 and "masked over ['a', 'c']" in r.json()["detail"]
-    # c stays silent: at the deadline the sum restarts without it, with fresh masks
+    assert put("update/1/0", upload("a", ["a", "b", "c"]), "a").status_code == 200
+    assert put("update/1/0", upload("b", ["a", "b", "c"]), "b").status_code == 200
+    # an update masked over other participants than the round's would spoil the sum: refused
+    r = put("update/1/0", upload("c", ["a", "c"]), "c")
+    assert r.status_code == 422 and "other participants" in r.json()["detail"]
+    # c stays silent: at the deadline the sites whose update arrived are asked to unmask — nobody masks again
     wait_for(app_client, job, lambda st: st["progress"]["received"] == 2, "a's and b's updates")
     expire_deadline(app_client.app.state.sessionmaker, job)
-    st = wait_for(app_client, job, lambda st: st["attempt"] == 1, "attempt 1")
-    assert st["training"]["participants"] == ["a", "b"]
-    seen_by_c = app_client.get(f"/jobs/{job}", headers=heads["c"]).json()["training"]
-    assert seen_by_c["participants"] == ["a", "b"]
-    late = put("update/1/0", masked("c", ["a", "b", "c"], 0), "c")
-    assert late.status_code == 409 and "attempt 1" in late.json()["detail"]
-    assert put("update/1/1", masked("a", ["a", "b"], 1), "a").status_code == 200
-    assert put("update/1/1", masked("b", ["a", "b"], 1), "b").status_code == 200
+    st = wait_for(app_client, job, lambda st: st["training"]["survivors"] == ["a", "b"], "the unmask step")
+    assert st["training"]["participants"] == ["a", "b", "c"] and st["attempt"] == 0
+    with pytest.raises(ProtocolError, match="masks each round's weights once"):
+        upload("a", ["a", "b"])  # what the old restart asked for: a's weights masked a second time
+    late = put("update/1/0", dump_masked(np.zeros(template_size(template), np.uint64), {"n": 1}), "c")
+    assert late.status_code == 409 and "closed" in late.json()["detail"]
+    assert put("reveal/1", b"{}", "c").status_code == 409  # not a survivor
+    assert put("reveal/1", reveal("a"), "a").status_code == 200
+    assert put("reveal/1", reveal("b"), "b").status_code == 200
     st = wait_for(app_client, job, lambda st: st["round"] == 2 and st["training"]["participants"], "round 2's plan")
     row = st["training"]["history"][0]
-    assert row["left_out"] == ["c"] and row["attempts"] == 2 and sorted(row["trained"]) == ["a", "b"]
+    assert row["left_out"] == ["c"] and row["decoded"] and sorted(row["trained"]) == ["a", "b"]
     got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=admin_headers()).content, template)
     want = aggregate([(states["a"], 20), (states["b"], 20)], secure=True)
     assert all(torch.equal(got[k], want[k]) for k in want)  # the mean of a and b, and nothing else
-    assert st["attempt"] == 0 and st["training"]["participants"] == ["a", "b", "c"]  # round 2 starts afresh
+    assert st["training"]["survivors"] == [] and st["training"]["participants"] == ["a", "b", "c"]
+
+
+def template_size(template) -> int:
+    return int(sum(v.numel() for v in template.values()))
 
 
 def test_secure_aggregation_never_decodes_a_sum_of_one_site(app_client):
@@ -227,8 +255,6 @@ def test_secure_aggregation_never_decodes_a_sum_of_one_site(app_client):
 
     from crypto.errors import ProtocolError
     from crypto.keys import SiteKeyPair
-    from xclp.training import secure_aggregation as secagg
-    from xclp.training.messages import dump_masked
 
     heads = {s: add(app_client, s) for s in ("a", "b")}
     r = submit(app_client, algorithm="fedavg", sites=["a", "b"], classes=C, rounds=2, sites_per_round=1,
@@ -244,56 +270,19 @@ def test_secure_aggregation_never_decodes_a_sum_of_one_site(app_client):
     wait_for(app_client, job, lambda st: st["phase"] == "round", "round 1")
     template, _ = load_state(app_client.get(f"/jobs/{job}/shared/model/0", headers=heads["a"]).content,
                              build_network("mlp", D, C, seed=5).state_dict())
-    public = {n: k.public_bytes() for n, k in keys.items()}
-    trained = {k: v + 1 for k, v in template.items()}
-    with pytest.raises(ProtocolError, match="at least 2 participants"):
-        secagg.masked_update(trained, template, me="a", private=keys["a"], public_keys=public,
-                             participants=["a"], job=job, t=1, attempt=0)
-    for s, state, n in (("a", trained, 20), ("b", None, 0)):  # b has nothing to learn this round
-        body = dump_masked(secagg.masked_update(state, template, me=s, private=keys[s], public_keys=public,
-                                                participants=["a", "b"], job=job, t=1, attempt=0),
-                           {"n": n, "participants": ["a", "b"]})
-        assert put("update/1/0", body, s).status_code == 200
+    states = {"a": {k: v + 1 for k, v in template.items()}, "b": None}  # b has nothing to learn this round
+    upload, reveal, _ = _masked_api(app_client, job, heads, keys, template, states)
+    with pytest.raises(ProtocolError, match="at least 2"):
+        upload("a", ["a"])
+    assert put("update/1/0", upload("a", ["a", "b"], n=20), "a").status_code == 200
+    assert put("update/1/0", upload("b", ["a", "b"], n=0), "b").status_code == 200
+    wait_for(app_client, job, lambda st: st["training"]["survivors"] == ["a", "b"], "the unmask step")
+    for x in ("a", "b"):
+        assert put("reveal/1", reveal(x), x).status_code == 200
     st = wait_for(app_client, job, lambda st: st["round"] == 2, "round 2")
     assert st["training"]["history"][0]["trained"] == ["a"]
     got, _ = load_state(app_client.get(f"/jobs/{job}/model", headers=admin_headers()).content, template)
     assert all(torch.equal(got[k], template[k]) for k in template)  # not a's weights: the previous model
-
-
-def test_a_site_masks_again_when_the_sum_moved_on_while_it_masked(tmp_path):
-    """A site reads the job (round, attempt, participants), masks, and sends; if the coordinator
-    refuses the update because the sum changed meanwhile (a restart without a silent site, or the
-    next round's participants), the site must not count it as sent: it masks anew on its next step.
-    A 409 for the sum it masked over (the round closed without it) is final, as before."""
-    from types import SimpleNamespace
-
-    from clients.agent import JobState
-    from clients.api import ApiError
-    from clients.trainer import Trainer
-
-    class Api:
-        def __init__(self, now):
-            self.now, self.sent = now, 0
-
-        def put(self, job, topic, body):
-            self.sent += 1
-            raise ApiError(409, "the sum moved on")
-
-        def job(self, job):
-            return self.now
-
-    made_for = (2, 0, ["a", "b"])
-    for now, resent in (({"round": 2, "attempt": 1, "training": {"participants": ["a"]}}, True),
-                        ({"round": 3, "attempt": 0, "training": {"participants": ["a", "b"]}}, True),
-                        ({"round": 2, "attempt": 0, "training": {"participants": ["a", "b"]}}, False)):
-        api = Api(now)
-        trainer = Trainer(SimpleNamespace(api=api, site="a", y_true=None))
-        st = JobState(tmp_path / "j.json")
-        st.data.clear()
-        assert trainer._put(st, "j", "update/2/0", b"x", made_for=made_for) is True
-        assert bool(st["sent:coordinator:update/2/0"]) is not resent
-        trainer._put(st, "j", "update/2/0", b"x", made_for=made_for)
-        assert api.sent == (2 if resent else 1)
 
 
 def test_a_fedct_job_under_a_dp_budget_keeps_its_ledger_in_the_status(app_client):

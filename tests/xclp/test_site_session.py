@@ -79,3 +79,33 @@ def test_each_message_moves_the_session_on_and_out_of_order_calls_are_refused():
 def test_a_sum_restarts_without_the_missing_sites_under_a_new_attempt():
     assert restart_without(["a", "b", "c"], {"b"}, 0) == (["a", "c"], 1)
     assert restart_without(["a", "c"], [], 1) == (["a", "c"], 2)  # a new attempt even with no one missing
+
+
+def test_a_site_takes_part_in_few_restarts_of_a_sum_each_over_fewer_sites(monkeypatch):
+    """The core's restart rule for the counts and row sums, the same for every driver: a sum's message
+    again for the same attempt and sites, or a later attempt over strictly fewer sites, at most
+    MAX_SUM_RESTARTS times (a server colluding with one site differences nested restarts)."""
+    import xclp.protocol as protocol
+
+    rng = np.random.default_rng(1)
+    names = ["a", "b", "c", "d"]
+    params = JobParams(job_id="j", n_classes=2, bits=64, k=3, crypto="lattice").validate()
+    sess = {s: SiteSession(params, s, rng.normal(size=(8, 5)), np.array([0, 1, -1, -1, 0, 1, -1, -1])) for s in names}
+    roster = encode_roster([sess[s].announce() for s in names])
+    for x in sess.values():
+        x.set_roster(decode_roster(roster))
+    out = {s: x.seed_messages() for s, x in sess.items()}
+    for s, x in sess.items():
+        x.receive_seed({p: out[p][s] for p in sess if p != s}, names)
+    a = sess["a"]
+    first = a.counts_message(names, 0)
+    assert a.counts_message(names, 0) == first  # asked again: the same message
+    for participants, attempt in ((names, 1), (names[:3], 0), (["a", "b", "c", "d"], 2)):
+        with pytest.raises(ProtocolError, match="later attempt than 0 over fewer sites"):
+            a.counts_message(participants, attempt)
+    a.counts_message(names[:3], 1)
+    with pytest.raises(ProtocolError, match="over fewer sites"):
+        a.counts_message(names, 2)  # a site added back: the difference would be that site's counts
+    monkeypatch.setattr(protocol, "MAX_SUM_RESTARTS", 1)
+    with pytest.raises(ProtocolError, match="at most 1 restarts of one sum"):
+        a.counts_message(names[:2], 2)

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import math
+import os
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
@@ -36,6 +38,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import torch
 
+from crypto.errors import ProtocolError
 from xclp.baselines import label_spreading
 from xclp.data import UNLABELLED, make_dataset
 from xclp.privacy import gaussian_shares
@@ -545,54 +548,83 @@ class FedAvgStrategy(Strategy):
 
 def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dict, *, planned: int, me: str,
                 private=None, public_keys: dict | None = None, participants: list[str] | None = None,
-                job: str = "", t: int = 0, attempt: int = 0) -> bytes:
+                job: str = "", t: int = 0, record=None) -> bytes:
     """A site's upload for a round, as the service's agents and Flower's sites send it: its weights
     (the round's model if it had nothing to learn) with its metrics, or under secure aggregation the
-    same weights masked over the attempt's participants, with its DP noise share for a round of
-    `planned` sites (fresh from os.urandom at every attempt) and, under DP, no statistics of its data
-    in the clear."""
+    same weights double-masked over the round's participants (xclp.training.double_masking: claimed
+    once in the site's `record`, a SiteRecord, so no server gets the same weights masked twice), with
+    its DP noise share for a round of `planned` sites (drawn once per round, from os.urandom), the
+    sealed Shamir shares of its self-mask and, under DP, no statistics of its data in the clear."""
+    from xclp.training import double_masking as dm
     from xclp.training import secure_aggregation as secagg
     from xclp.training.messages import dump_masked
 
     if not s.secure_sum:
         return dump_state(template if state is None else state, meta)
+    if record is None:
+        raise ProtocolError("a masked upload needs the site's SiteRecord: it is what keeps a round from being "
+                            "masked twice")
+    record.claim_upload(me, t, list(participants))
+    seed = os.urandom(dm.SEED_BYTES)
     noise = s.noise_share(secagg.n_values(template), planned) if s.cfg.dp else None
     masked = secagg.masked_update(state, template, me=me, private=private, public_keys=public_keys,
-                                  participants=participants, job=job, t=t, attempt=attempt, noise=noise)
+                                  participants=participants, job=job, t=t, noise=noise, self_seed=seed)
+    shares = dm.seal_shares(seed, me=me, private=private, public_keys=public_keys, participants=list(participants),
+                            job=job, t=t)
     sent = s.site_statistics(meta)
-    return dump_masked(masked, {**sent, "participants": participants})
+    return dump_masked(masked, {**sent, "participants": list(participants), "shares": shares})
 
 
-def decode_masked_round(s: FedAvgStrategy, uploads: dict[str, bytes], previous: dict, participants: list[str], *,
-                        t: int, planned: int) -> tuple[dict, dict, bool]:
-    """The server's side of `site_upload`, as the service's engine and Flower's ServerApp decode a masked
-    round: (model, each participant's metrics, whether the sum was decoded). Every participant's upload
-    must be there, masked over exactly `participants` (else the masks would not cancel). Fewer than two
-    trained sites are never decoded (the "average" would be one site's weights): the round keeps
-    `previous`, as the simulation does. Under DP the strategy's ledger is spent before decoding."""
-    from crypto.errors import ProtocolError
-    from crypto.secure_sum import server_sum
+def open_masked_round(s: FedAvgStrategy, uploads: dict[str, bytes], template: dict, participants: list[str],
+                      *, t: int) -> tuple[dict, dict, dict]:
+    """The server's first look at a round's masked uploads: (each sender's y, each sender's metrics,
+    each sender's sealed shares), every upload masked over exactly `participants` (else its pairwise
+    masks would not cancel). The unmask step is addressed to the senders."""
     from xclp.training import secure_aggregation as secagg
     from xclp.training.messages import load_masked
 
-    parts, metrics = [], {}
-    for site in participants:
-        if site not in uploads:
-            raise ProtocolError(f"round {t}: no masked update from participant {site!r}")
-        masked, meta = load_masked(uploads[site], secagg.n_values(previous))
+    masked, metrics, shares = {}, {}, {}
+    for site, body in uploads.items():
+        y, meta = load_masked(body, secagg.n_values(template))
         if meta.pop("participants", None) != list(participants):
             raise ProtocolError(f"{site} masked its update over other participants than round {t}'s")
-        parts.append(masked)
-        metrics[site] = meta
-    trained = sum(1 for m in metrics.values() if int(m.get("n", 0)) > 0)
+        held = meta.pop("shares", None)
+        if not isinstance(held, dict) or set(held) != set(participants) - {site}:
+            raise ProtocolError(f"{site}'s upload for round {t} holds no share of its self-mask for every other "
+                                "participant")
+        masked[site], metrics[site], shares[site] = y, meta, held
+    return masked, metrics, shares
+
+
+def decode_masked_round(s: FedAvgStrategy, masked: dict, metrics: dict, answers: dict, previous: dict,
+                        participants: list[str], survivors: list[str], *, job: str, t: int,
+                        planned: int) -> tuple[dict, bool]:
+    """The server's side of `site_upload` once the survivors answered the unmask step, as the service's
+    engine and Flower's ServerApp decode a masked round: (model, whether the sum was decoded). Fewer
+    than two trained sites are never decoded (the "average" would be one site's weights), nor a round
+    whose masks cannot be removed (too few shares came back, a survivor with a dropped peer did not
+    answer): the round keeps `previous`, as the simulation does. Under DP the strategy's ledger is
+    spent before decoding."""
+    from xclp.training import double_masking as dm
+    from xclp.training import secure_aggregation as secagg
+
+    total = None
+    if len(survivors) >= MIN_CONTRIBUTORS:
+        try:
+            total = dm.unmasked_total({x: masked[x] for x in survivors}, answers, list(participants),
+                                      list(survivors), job=job, t=t, n=secagg.n_values(previous))
+        except ProtocolError as exc:
+            logging.getLogger("xclp.training").warning("round %s not unmasked: %s", t, exc)
+            total = None
+    trained = sum(1 for x in survivors if int(metrics.get(x, {}).get("n", 0)) > 0)
     before = len(s.ledger.events) if s.cfg.dp and s.ledger is not None else 0
-    shared = s.aggregate_masked(server_sum(parts) if parts else None, trained, previous, t=t,
-                                contributed=len(parts), planned=planned)
+    shared = s.aggregate_masked(total, trained, previous, t=t, contributed=len(survivors) if total is not None else 0,
+                                planned=planned)
     if s.cfg.dp:
         decoded = s.ledger is not None and len(s.ledger.events) > before
     else:
-        decoded = bool(parts) and trained >= MIN_CONTRIBUTORS
-    return shared, metrics, decoded
+        decoded = total is not None and trained >= MIN_CONTRIBUTORS
+    return shared, decoded
 
 
 def clip_update(state: dict, start: dict, clip: float) -> dict:

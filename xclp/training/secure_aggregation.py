@@ -1,14 +1,15 @@
 """Secure aggregation of FedAvg updates: the coordinator learns the round's average model, not the
 sites' own models.
 
-Participant j of round t, attempt a, flattens its weights w_j (float64, in the order of the state
+Participant j of round t flattens its weights w_j (float64, in the order of the state
 dict), encodes them in fixed point (FRAC_BITS fractional bits, mod 2^64; crypto.fixedpoint) and adds
-its pairwise mask M^(j) = crypto.secure_sum.site_mask over the attempt's participants, with
-K_jk = crypto.keys.pairwise_key(purpose=f"fedavg-update/{t}", attempt=a): the masks cancel in the
+its pairwise mask M^(j) = crypto.secure_sum.site_mask over the round's participants, with
+K_jk = crypto.keys.pairwise_key(purpose=f"fedavg-update/{t}", attempt=0): the masks cancel in the
 sum, so the coordinator's total is Σ_j enc(w_j) and every single upload is uniformly random to it.
-A participant that has not uploaded by the round's deadline makes the sum restart without it
-(attempt a + 1: fresh keys, fresh masks; the others send the same weights masked anew): a masked
-sum cannot be completed without every mask in it. The mean is dec(Σ_j enc(w_j)) / m over the m
+Every upload also carries a self-mask PRG(b_j) whose seed the other participants hold in Shamir
+shares (double masking, xclp.training.double_masking): a participant that has not uploaded by the
+round's deadline is recovered by the survivors revealing their pairwise keys with it, never by asking
+anyone to mask the same weights again (which would let the server subtract two sums). The mean is dec(Σ_j enc(w_j)) / m over the m
 participants that trained (a site with nothing to learn sends zeros and n = 0 in the clear).
 
 The simulation averages with `quantized_mean`, the same arithmetic without the masks (they cancel
@@ -24,6 +25,7 @@ from crypto.errors import ProtocolError
 from crypto.fixedpoint import check_bound, decode, encode
 from crypto.keys import SiteKeyPair, pairwise_keys
 from crypto.secure_sum import site_mask
+from xclp.training.double_masking import mask_purpose, self_mask
 
 FRAC_BITS = 32  # 2^-32 ≈ 2.3e-10 per weight, far below float32's resolution near the weights' scale
 MAX_ABS_WEIGHT = 1.0e4  # larger weights mean a diverged model: refused rather than risk a wrapped sum
@@ -32,7 +34,7 @@ MIN_CONTRIBUTORS = 2  # a masked "sum" of one update is that update: never maske
 
 
 def purpose(t: int) -> str:
-    return f"fedavg-update/{t}"
+    return mask_purpose(t)
 
 
 def flatten(state: dict[str, torch.Tensor]) -> np.ndarray:
@@ -99,9 +101,12 @@ def quantized_mean(states: list[dict[str, torch.Tensor]], noise: list[np.ndarray
 
 def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, torch.Tensor], *, me: str,
                   private: SiteKeyPair, public_keys: dict[str, bytes], participants: list[str], job: str,
-                  t: int, attempt: int, noise: np.ndarray | None = None) -> np.ndarray:
+                  t: int, attempt: int = 0, noise: np.ndarray | None = None,
+                  self_seed: bytes | None = None) -> np.ndarray:
     """enc(w_me) [+ the site's DP noise share] + M^(me) over this attempt's participants (in the job's
-    site order). The masks cancel in the sum; the noise shares do not (DP-FedAvg).
+    site order) [+ PRG(self_seed), the self-mask of double masking, xclp.training.double_masking]. The
+    pairwise masks cancel in the sum; the noise shares do not (DP-FedAvg); the self-masks are removed
+    by the server once the participants open their shares.
 
     Refused with fewer than MIN_CONTRIBUTORS participants: with no peer there is no mask, and the
     upload would be the site's weights in the clear (a site's own check, whatever the coordinator asks)."""
@@ -113,4 +118,7 @@ def masked_update(state: dict[str, torch.Tensor] | None, template: dict[str, tor
     encoded = encode_update(state, template)
     if noise is not None:
         encoded += noise
-    return encoded + site_mask(me, keys, participants, (n_values(template),))
+    out = encoded + site_mask(me, keys, participants, (n_values(template),))
+    if self_seed is not None:
+        out += self_mask(self_seed, out.size)
+    return out
