@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from xclp.training.runner import TrainConfig, plot_runs, run_training
+from cli.train import plot_runs
+from xclp.training.runner import TrainConfig, run_training
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

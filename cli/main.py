@@ -227,19 +227,19 @@ def _print_table(out: dict) -> None:
 
 
 def cmd_plot(args) -> int:
-    from xclp.training.runner import cmd_plot as run  # matplotlib and torch only when plotting
+    from cli.train import cmd_plot as run  # matplotlib and torch only when plotting
 
     return run(args)
 
 
 def cmd_audit(args) -> int:
-    from xclp.audit import cmd_audit as run
+    from cli.audit import cmd_audit as run
 
     return run(args)
 
 
 def cmd_simulate_train(args) -> int:
-    from xclp.training.runner import cmd_simulate_train as run
+    from cli.train import cmd_simulate_train as run
 
     return run(args)
 
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.set_defaults(func=cmd_simulate_predict)
 
     tr = sim.add_parser("train", help="federated training (FedAvg/FedCT ± XCLP pseudo-labels, FedKT, FREDY)")
-    from xclp.training.options import add_train_args
+    from cli.train_args import add_train_args
 
     add_train_args(tr)
     tr.set_defaults(func=cmd_simulate_train)

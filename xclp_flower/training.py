@@ -46,7 +46,7 @@ from xclp.training.double_masking import SiteRecord, relay, unmask_answer
 from xclp.training.fedavg import decode_masked_round, open_masked_round
 from xclp.training.messages import dump_state
 from xclp.training.strategy import Roster, pooled_rate
-from xclp_flower.server_app import FlowerLink, FlowerXCLP, SiteFailed
+from xclp_flower.prediction import FlowerLink, FlowerXCLP, SiteFailed
 
 ALGORITHMS = ("fedct", "fedct-xclp", "fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 

@@ -7,6 +7,6 @@ In-process simulation only: every site and the server live in one process. The l
   (scikit-learn style fit/predict) used by FedCT.
 - `fedavg`: FedAvg with XCLP / per-site LP / network pseudo-labels, or labelled data only.
 - `fedct`: federated co-training (hard-label consensus on a public set), optionally with XCLP.
-- `runner`: `run_training(config)`, `plot_runs`, and the CLI hooks `add_train_args`,
-  `cmd_simulate_train`.
+- `runner`: `run_training(config)` (the command line's flags, `xclp plot` and the printing are
+  cli/train.py's).
 """

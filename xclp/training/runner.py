@@ -23,12 +23,11 @@ the agents' --public; a y array there is used only to score the labels U receive
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -279,8 +278,6 @@ def run_training(config: TrainConfig | dict) -> dict:
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(out, indent=1))
-    if cfg.plot:
-        plot_runs([out], cfg.plot)
     return out
 
 
@@ -342,61 +339,3 @@ def as_run(obj: dict) -> dict:
                 "metric": "local_accuracy"}  # a job has no test set: each site scores on its own points
     raise ValueError("not a training run: expected the JSON of `xclp simulate train --json` "
                      "or of `xclp job status ID --json` for a training job")
-
-
-def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
-    """Test accuracy per round, one line per run (results or paths of their JSON files)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    loaded = [as_run(json.loads(Path(r).read_text()) if isinstance(r, (str, Path)) else r) for r in runs]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in loaded:
-        key = run.get("metric", "accuracy")
-        pts = [(h["round"], h[key]) for h in run["history"] if h.get(key) is not None]
-        label = run_label(run) + (" — on the sites' own points" if key == "local_accuracy" else "")
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None, label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (test set; service jobs: the sites' own points)" if any(
-        r.get("metric") == "local_accuracy" for r in loaded) else "test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
-
-
-# --- CLI hooks -------------------------------------------------------------------------------------
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    try:
-        out = plot_runs(args.runs, args.out, title=args.title)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0
-
-
-def cmd_simulate_train(args: argparse.Namespace) -> int:
-    names = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
-    try:
-        out = run_training(cfg)
-    except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    comm = out["communication_bytes"]
-    print(f"{out['algorithm']}: final accuracy {out['final_accuracy']:.4f} after {len(out['history'])} rounds, "
-          f"{out['seconds']:.1f}s, communication {comm['total'] / 1e6:.2f} MB"
-          + ("" if out["privacy"]["epsilon"] is None else
-             f", ({out['privacy']['epsilon']:.3g}, {out['privacy']['delta']:g})-DP: "
-             f"{out['privacy']['neighbouring']}"))
-    return 0
