@@ -1,0 +1,248 @@
+"""TLS end to end (issue 22, "safe across the internet"): a real coordinator process serving HTTPS
+with a certificate from a CA made here, real agent processes that verify it with --ca-file, and the
+refusals: an agent without the CA stops with one line naming --ca-file; http:// to a host other than
+this machine is refused before anything connects, unless --insecure-http; the coordinator will not
+serve plain HTTP on a non-loopback address."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from svc import ADMIN, ProcessCluster
+
+from cli.demo import free_port, xclp_command
+from cli.main import main
+from clients.api import CoordinatorClient
+from clients.urls import InsecureURLError, check_url, is_loopback
+
+ROOT = Path(__file__).resolve().parents[2]
+UNROUTED = "http://10.0.0.1:1"  # never contacted: the refusal comes before any connection
+
+
+# --- a CA and a server certificate for 127.0.0.1, made with cryptography's x509 builder -------------------
+
+def _ca_and_server(folder: Path, cn: str = "xclp test CA") -> dict[str, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+    later = now + dt.timedelta(days=2)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(later)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(later).add_extension(san, critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    paths = {"ca": folder / "ca.pem", "cert": folder / "server.pem", "key": folder / "server-key.pem"}
+    paths["ca"].write_bytes(ca.public_bytes(pem))
+    paths["cert"].write_bytes(cert.public_bytes(pem))
+    paths["key"].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths["key"].chmod(0o600)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict[str, Path]:
+    return _ca_and_server(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory) -> Path:
+    """A second CA that signed nothing the coordinator serves."""
+    return _ca_and_server(tmp_path_factory.mktemp("other"), cn="someone else's CA")["ca"]
+
+
+def _sites(n_sites=3, n=240):
+    from xclp.data import load_arrays
+    from xclp.splits import simulate_sites
+
+    X, y = load_arrays("digits", limit=n, seed=3)
+    ds = simulate_sites(X, y, n_sites, "iid", 0.2, seed=3)
+    return ds, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in ds.sites}
+
+
+def _run_cli(argv: list[str], env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(xclp_command() + argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("xclp: error:")]
+
+
+# --- the URL policy (no network) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "[::1]",
+                                  "::ffff:127.0.0.1"])
+def test_loopback_hosts(host):
+    assert is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "0.0.0.0", "::", "example.com", "localhost.example.com",
+                                  "128.0.0.1", "", None])
+def test_not_loopback_hosts(host):
+    assert not is_loopback(host)
+
+
+def test_check_url_policy():
+    assert check_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert check_url("http://[::1]:8000") == "http://[::1]:8000"
+    assert check_url("https://coord.example:8443") == "https://coord.example:8443"
+    assert check_url(UNROUTED, insecure_http=True) == UNROUTED
+    for bad in (UNROUTED, "http://coord.example:8000", "ftp://127.0.0.1", "127.0.0.1:8000",
+                "https://user:pw@coord.example"):
+        with pytest.raises(InsecureURLError):
+            check_url(bad)
+    with pytest.raises(InsecureURLError, match="--ca-file"):
+        check_url("http://127.0.0.1:8000", ca_file="ca.pem")
+
+
+def test_client_refuses_plain_http_to_another_host_before_any_request():
+    def never(request):
+        raise AssertionError(f"contacted {request.url}")
+
+    with pytest.raises(InsecureURLError, match="--insecure-http"):
+        CoordinatorClient(UNROUTED, "token", transport=httpx.MockTransport(never))
+    CoordinatorClient(UNROUTED, "token", transport=httpx.MockTransport(never), insecure_http=True).close()
+
+
+def test_cli_refuses_plain_http_to_another_host(capsys):
+    """`xclp job status` and `xclp site add`: exit 2, one line, nothing contacted (10.0.0.1:1 would hang)."""
+    for argv in (["job", "status", "j1"], ["site", "add", "s0"]):
+        t0 = time.monotonic()
+        assert main([*argv, "--coordinator", UNROUTED, f"--admin-token={ADMIN}"]) == 2
+        err = capsys.readouterr().err
+        assert time.monotonic() - t0 < 5
+        assert len(_error_lines(err)) == 1 and "refusing plain http:// to 10.0.0.1" in err and "--insecure-http" in err
+
+
+@pytest.mark.slow
+def test_agent_process_refuses_plain_http_to_another_host_unless_insecure_http(tmp_path):
+    ds, sites = _sites(2, 60)
+    np.savez(tmp_path / "s.npz", **sites[ds.sites[0]])
+    argv = ["agent", "run", "--coordinator", UNROUTED, "--site", "s0", "--data", str(tmp_path / "s.npz"),
+            "--out", str(tmp_path / "out")]
+    r = _run_cli(argv, {"XCLP_TOKEN": "t0"})
+    assert r.returncode == 2, r.stderr
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and "refusing plain http:// to 10.0.0.1" in lines[0] and "--insecure-http" in lines[0]
+    assert "Traceback" not in r.stderr
+    # With --insecure-http the URL is accepted: the agent goes on to try 10.0.0.1 (which never answers).
+    p = subprocess.Popen(xclp_command() + argv + ["--insecure-http"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "XCLP_TOKEN": "t0"})
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=8)
+    finally:
+        p.kill()
+        _, err = p.communicate()
+    assert "refusing" not in err
+
+
+def test_serve_refuses_plain_http_on_a_public_address_and_half_a_tls_pair(capsys, certs, tmp_path):
+    db = ["--database", f"sqlite:///{tmp_path / 'c.db'}", "--port", str(free_port())]
+    assert main(["coordinator", "serve", "--host", "0.0.0.0", *db]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to serve plain HTTP on 0.0.0.0" in err and "--tls-cert" in err
+    assert main(["coordinator", "serve", "--host", "127.0.0.1", "--tls-cert", str(certs["cert"]), *db]) == 2
+    assert "give both --tls-cert and --tls-key" in capsys.readouterr().err
+    assert main(["coordinator", "serve", "--tls-cert", str(certs["ca"]), "--tls-key", str(certs["key"]), *db]) == 2
+    assert "cannot load them" in capsys.readouterr().err
+
+
+def test_make_dev_ca_writes_a_verifiable_pair_and_no_ca_key(tmp_path):
+    from cryptography import x509
+    from cryptography.x509.verification import PolicyBuilder, Store
+
+    assert main(["tls", "make-dev-ca", "--out", str(tmp_path / "t"), "--name", "coord.example",
+                 "--name", "192.0.2.7"]) == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "t" / "ca.pem").read_bytes())
+    leaf = x509.load_pem_x509_certificates((tmp_path / "t" / "server.pem").read_bytes())[0]
+    verifier = PolicyBuilder().store(Store([ca]))
+    for name in (x509.DNSName("coord.example"), x509.DNSName("localhost"),
+                 x509.IPAddress(ipaddress.ip_address("192.0.2.7")), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))):
+        verifier.build_server_verifier(name).verify(leaf, [])
+    with pytest.raises(Exception):  # noqa: B017 - VerificationError: a name it was not made for
+        verifier.build_server_verifier(x509.DNSName("other.example")).verify(leaf, [])
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["ca.pem", "server-key.pem", "server.pem"]
+    assert (tmp_path / "t" / "server-key.pem").stat().st_mode & 0o777 == 0o600
+
+
+# --- real processes over HTTPS ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_agents_run_a_job_over_https_with_their_ca_and_refuse_without_it(tmp_path, certs, other_ca, capsys):
+    ds, sites = _sites()
+    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites, tls=certs)
+    try:
+        assert c.url.startswith("https://127.0.0.1:")
+        # plain HTTP to the HTTPS port gets nowhere: the coordinator only speaks TLS
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(c.url.replace("https://", "http://") + "/health", timeout=5)
+        for s in ds.sites:
+            c.start_agent(s)
+        job = c.admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=8, classes=10)
+        c.wait_done(job, timeout=240)
+        for s in ds.sites:
+            assert np.load(c.result(job, s))["labels"].shape == ((ds.site == s).sum(),)
+        # the operator's CLI over HTTPS, with the CA file
+        coord = ["--coordinator", c.url, "--ca-file", str(certs["ca"]), f"--admin-token={ADMIN}"]
+        assert main(["job", "wait", job, *coord, "--timeout", "30"]) == 0
+        assert f"job {job} done" in capsys.readouterr().out
+        # and without it: one line, at once (no retries), naming --ca-file
+        t0 = time.monotonic()
+        assert main(["job", "status", job, "--coordinator", c.url, f"--admin-token={ADMIN}"]) == 2
+        err = capsys.readouterr().err
+        assert time.monotonic() - t0 < 10
+        assert len(_error_lines(err)) == 1 and "certificate verify failed" in err and "--ca-file" in err
+        # the dashboard's session cookie is Secure over HTTPS
+        r = httpx.post(c.url + "/ui/login", data={"token": ADMIN}, verify=_ctx(certs["ca"]),
+                       follow_redirects=False, timeout=10)
+        assert r.status_code == 303 and "secure" in r.headers["set-cookie"].lower()
+        # an agent process without the CA, or with another CA: exits with one line naming --ca-file
+        s0 = ds.sites[0]
+        base = ["agent", "run", "--coordinator", c.url, "--site", s0, "--data", str(tmp_path / f"{s0}.npz"),
+                "--out", str(tmp_path / "out-refused")]
+        for extra in ([], ["--ca-file", str(other_ca)]):
+            r = _run_cli(base + extra, {"XCLP_TOKEN": c.tokens[s0]})
+            assert r.returncode == 2, r.stderr
+            lines = _error_lines(r.stderr)
+            assert len(lines) == 1, r.stderr
+            assert "certificate verify failed" in lines[0] and "--ca-file" in lines[0], lines[0]
+            assert "Traceback" not in r.stderr
+        # the container's health check speaks HTTPS to it
+        from cli.healthcheck import healthy
+
+        assert healthy(c.port) and not healthy(free_port(), timeout=1)
+    finally:
+        c.close()
+
+
+def _ctx(ca: Path):
+    import ssl
+
+    return ssl.create_default_context(cafile=str(ca))
