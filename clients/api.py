@@ -30,7 +30,8 @@ class CoordinatorClient:
     def __init__(self, url: str, token: str, *, timeout: float = 120.0, retries: int = 8, backoff: float = 0.25,
                  transport: httpx.BaseTransport | None = None, ca_file: str | None = None,
                  insecure_http: bool = False):
-        self.url = check_url(url, insecure_http=insecure_http, ca_file=ca_file)
+        # A transport given by the caller (the tests' in-process ASGI app) is no network: the URL only names it.
+        self.url = check_url(url, insecure_http=insecure_http or transport is not None, ca_file=ca_file)
         self.retries, self.backoff = retries, backoff
         self.http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
                                  verify=verify_context(ca_file), headers={"Authorization": f"Bearer {token}"})

@@ -70,12 +70,19 @@ def verify_context(ca_file: str | None) -> ssl.SSLContext | bool:
         raise InsecureURLError(f"--ca-file {ca_file}: cannot load a CA certificate from it ({exc})") from None
 
 
+HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
+
+
 def tls_failure(exc: BaseException, url: str) -> CoordinatorTLSError | None:
     """The clear error for a transport error caused by a certificate that did not verify, else None."""
     seen = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
             reason = seen.verify_message or seen.reason or str(seen)
+            if getattr(seen, "verify_code", None) == HOSTNAME_MISMATCH:
+                return CoordinatorTLSError(
+                    f"the certificate of {url} did not verify (certificate verify failed: {reason}): use a name or "
+                    f"address it was made for (its subjectAltName) in the URL")
             return CoordinatorTLSError(
                 f"the certificate of {url} did not verify (certificate verify failed: {reason}): give the CA that "
                 f"signed it with --ca-file FILE")
@@ -83,6 +90,9 @@ def tls_failure(exc: BaseException, url: str) -> CoordinatorTLSError | None:
     if "CERTIFICATE_VERIFY_FAILED" in str(exc):
         return CoordinatorTLSError(f"the certificate of {url} did not verify ({exc}): give the CA that signed it "
                                    f"with --ca-file FILE")
+    if "WRONG_VERSION_NUMBER" in str(exc):  # https:// to a server that speaks plain HTTP
+        return CoordinatorTLSError(f"{url} does not speak TLS ({exc}): is the coordinator serving plain HTTP? "
+                                   f"Give it --tls-cert and --tls-key")
     return None
 
 

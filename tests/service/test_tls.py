@@ -122,12 +122,17 @@ def test_check_url_policy():
 
 
 def test_client_refuses_plain_http_to_another_host_before_any_request():
-    def never(request):
-        raise AssertionError(f"contacted {request.url}")
-
+    t0 = time.monotonic()
     with pytest.raises(InsecureURLError, match="--insecure-http"):
-        CoordinatorClient(UNROUTED, "token", transport=httpx.MockTransport(never))
-    CoordinatorClient(UNROUTED, "token", transport=httpx.MockTransport(never), insecure_http=True).close()
+        CoordinatorClient(UNROUTED, "token", retries=0)  # refused in the constructor: nothing was sent
+    assert time.monotonic() - t0 < 1
+    CoordinatorClient(UNROUTED, "token", insecure_http=True).close()
+    # an in-process transport (the tests' ASGI app) is no network: its URL only names it
+    seen = []
+    api = CoordinatorClient("http://testserver", "token", retries=0,
+                            transport=httpx.MockTransport(lambda r: seen.append(r.url) or httpx.Response(200, json={})))
+    api.work()
+    assert seen == [httpx.URL("http://testserver/work")]
 
 
 def test_cli_refuses_plain_http_to_another_host(capsys):
@@ -222,7 +227,7 @@ def test_agents_run_a_job_over_https_with_their_ca_and_refuse_without_it(tmp_pat
         # the dashboard's session cookie is Secure over HTTPS
         r = httpx.post(c.url + "/ui/login", data={"token": ADMIN}, verify=_ctx(certs["ca"]),
                        follow_redirects=False, timeout=10)
-        assert r.status_code == 303 and "secure" in r.headers["set-cookie"].lower()
+        assert r.status_code == 303 and _secure_cookie(r), r.headers.get("set-cookie")
         # an agent process without the CA, or with another CA: exits with one line naming --ca-file
         s0 = ds.sites[0]
         base = ["agent", "run", "--coordinator", c.url, "--site", s0, "--data", str(tmp_path / f"{s0}.npz"),
@@ -242,7 +247,67 @@ def test_agents_run_a_job_over_https_with_their_ca_and_refuse_without_it(tmp_pat
         c.close()
 
 
+def _secure_cookie(r: httpx.Response) -> bool:
+    import re
+
+    return re.search(r";\s*secure\s*(;|$)", r.headers["set-cookie"], re.I) is not None
+
+
 def _ctx(ca: Path):
     import ssl
 
     return ssl.create_default_context(cafile=str(ca))
+
+
+def test_tls_failure_names_the_fix():
+    import ssl
+
+    from clients.urls import tls_failure
+
+    wrong_name = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    wrong_name.verify_code, wrong_name.verify_message = 62, "Hostname mismatch, certificate is not valid for 'x'"
+    err = httpx.ConnectError(str(wrong_name))
+    err.__cause__ = wrong_name
+    assert "Hostname mismatch" in str(tls_failure(err, "https://x:1")) and "subjectAltName" in str(tls_failure(err, "u"))
+    unknown_ca = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    unknown_ca.verify_code, unknown_ca.verify_message = 19, "self-signed certificate in certificate chain"
+    err.__cause__ = unknown_ca
+    assert "--ca-file" in str(tls_failure(err, "u"))
+    assert tls_failure(httpx.ConnectError("[Errno 111] Connection refused"), "u") is None
+
+
+def _serve_plain(tmp_path: Path, name: str, *extra: str):
+    port = free_port()
+    log = open(tmp_path / f"{name}.log", "ab")
+    p = subprocess.Popen(xclp_command() + ["coordinator", "serve", "--port", str(port), "--database",
+                                           f"sqlite:///{tmp_path / (name + '.db')}", *extra],
+                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "XCLP_ADMIN_TOKEN": ADMIN})
+    from cli.demo import wait_healthy
+
+    wait_healthy(f"http://127.0.0.1:{port}", 60)
+    return p, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+def test_behind_a_reverse_proxy_forwarded_proto_is_believed_only_from_allowed_proxies(tmp_path, capsys):
+    """A TLS proxy on this machine forwards to a coordinator on 127.0.0.1 with X-Forwarded-Proto:
+    https; the dashboard's cookie is then Secure. From a proxy not in --forwarded-allow-ips the
+    header is ignored. And https:// to that plain-HTTP coordinator stops at once with one line."""
+    procs = []
+    try:
+        for name, allow, secure in (("trusted", "127.0.0.1", True), ("untrusted", "192.0.2.1", False)):
+            p, url = _serve_plain(tmp_path, name, "--forwarded-allow-ips", allow)
+            procs.append(p)
+            r = httpx.post(url + "/ui/login", data={"token": ADMIN}, headers={"X-Forwarded-Proto": "https"},
+                           follow_redirects=False, timeout=10)
+            assert r.status_code == 303, r.text
+            assert _secure_cookie(r) == secure, (name, r.headers["set-cookie"])
+        t0 = time.monotonic()
+        assert main(["job", "status", "j1", "--coordinator", url.replace("http://", "https://"),
+                     f"--admin-token={ADMIN}"]) == 2
+        err = capsys.readouterr().err
+        assert time.monotonic() - t0 < 10 and len(_error_lines(err)) == 1 and "does not speak TLS" in err, err
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
