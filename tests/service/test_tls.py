@@ -311,3 +311,39 @@ def test_behind_a_reverse_proxy_forwarded_proto_is_believed_only_from_allowed_pr
         for p in procs:
             p.terminate()
             p.wait(timeout=10)
+
+
+def _readme_commands(text: str) -> list[list[str]]:
+    """Every `xclp …` command line in the README's bash blocks (continuations joined, comments dropped)."""
+    import shlex
+
+    out = []
+    for block in re_blocks(text):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.split(" # ")[0].split("   #")[0].strip()
+            if line.startswith("xclp ") and "..." not in line and "…" not in line:
+                out.append([w for w in shlex.split(line)[1:] if not (w.startswith("[") and w.endswith("]"))])
+    return out
+
+
+def re_blocks(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def test_readme_deployment_commands_use_https():
+    from cli import main as cli
+
+    cmds = _readme_commands((ROOT / "README.md").read_text())
+    serve = [c for c in cmds if c[:2] == ["coordinator", "serve"]]
+    clients = [c for c in cmds if "--coordinator" in c]
+    assert serve and len(clients) >= 5, cmds
+    for argv in serve + clients:
+        args = cli.build_parser().parse_args(argv)
+        assert not args.insecure_http, argv
+        if argv[:2] == ["coordinator", "serve"]:
+            assert args.tls_cert and args.tls_key, argv
+        else:
+            assert check_url(args.coordinator).startswith("https://"), argv
