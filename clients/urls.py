@@ -75,8 +75,9 @@ HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
 
 def tls_failure(exc: BaseException, url: str) -> CoordinatorTLSError | None:
     """The clear error for a transport error caused by a certificate that did not verify, else None."""
-    seen = exc
-    while seen is not None:
+    seen, visited = exc, set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
         if isinstance(seen, ssl.SSLCertVerificationError):
             reason = seen.verify_message or seen.reason or str(seen)
             if getattr(seen, "verify_code", None) == HOSTNAME_MISMATCH:

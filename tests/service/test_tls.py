@@ -121,6 +121,18 @@ def test_check_url_policy():
         check_url("http://127.0.0.1:8000", ca_file="ca.pem")
 
 
+def test_check_bind_policy():
+    from clients.urls import check_bind
+
+    for host in ("127.0.0.1", "::1", "localhost"):
+        check_bind(host, tls=False, insecure_http=False)
+    check_bind("0.0.0.0", tls=True, insecure_http=False)
+    check_bind("0.0.0.0", tls=False, insecure_http=True)
+    for host in ("0.0.0.0", "::", "10.1.2.3"):
+        with pytest.raises(InsecureURLError, match="--tls-cert"):
+            check_bind(host, tls=False, insecure_http=False)
+
+
 def test_client_refuses_plain_http_to_another_host_before_any_request():
     t0 = time.monotonic()
     with pytest.raises(InsecureURLError, match="--insecure-http"):
