@@ -34,9 +34,13 @@ def xclp_command() -> list[str]:
 
 
 def start_coordinator(workdir: Path, port: int, admin: str, database: str | None = None,
-                      deadlines: dict | None = None, log_name: str = "coordinator.log") -> subprocess.Popen:
+                      deadlines: dict | None = None, log_name: str = "coordinator.log",
+                      tls: dict | None = None) -> subprocess.Popen:
+    """`tls`: {"cert": PEM, "key": PEM} to serve HTTPS (--tls-cert, --tls-key)."""
     db = database or f"sqlite:///{workdir / 'coordinator.db'}"
     cmd = xclp_command() + ["coordinator", "serve", "--host", "127.0.0.1", "--port", str(port), "--database", db]
+    if tls:
+        cmd += ["--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"])]
     for phase, secs in (deadlines or {}).items():
         cmd += ["--deadline", f"{phase}={secs}"]
     log = open(workdir / log_name, "ab")
@@ -61,13 +65,16 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
-def wait_healthy(url: str, timeout: float = 60.0) -> None:
+def wait_healthy(url: str, timeout: float = 60.0, ca_file: str | None = None) -> None:
     import httpx
 
+    from clients.urls import check_url, verify_context
+
+    url, verify = check_url(url, ca_file=ca_file), verify_context(ca_file)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -80,11 +87,12 @@ class LocalCluster:
     end-to-end tests. `sites` maps each name to the arrays of its data file (X, y; the demos give no
     truth and no site column, as a real site's file would have). `database`: default SQLite in `work`;
     `public`: the file of FedCT's public set U the agents are started with; `start_agents=False`
-    leaves starting them to the caller."""
+    leaves starting them to the caller; `tls`: {"cert", "key", "ca"} PEM files, to serve HTTPS with
+    cert and key and have the operator's client and the agents trust only the CA (--ca-file)."""
 
     def __init__(self, work: Path, sites: dict[str, dict[str, np.ndarray]], *, database: str | None = None,
                  admin_token: str | None = None, deadlines: dict | None = None, public: Path | None = None,
-                 start_agents: bool = True, agent_options: list[str] | None = None):
+                 start_agents: bool = True, agent_options: list[str] | None = None, tls: dict | None = None):
         from clients.api import CoordinatorClient
 
         self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
@@ -92,13 +100,15 @@ class LocalCluster:
         self.data_files: dict[str, Path] = {}  # a site's data file other than <work>/<site>.npz (e.g. a CSV)
         self.admin_token = admin_token or secrets.token_urlsafe(16)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.ca_file = str(tls["ca"]) if tls else None
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
         self.tokens: dict[str, str] = {}
         try:
             self.start_coordinator()
-            self.admin = CoordinatorClient(self.url, self.admin_token, retries=20)
+            self.admin = CoordinatorClient(self.url, self.admin_token, retries=20, ca_file=self.ca_file)
             for s, arrays in sites.items():
                 np.savez(work / f"{s}.npz", **arrays)
                 self.tokens[s] = self.admin.add_site(s)["token"]
@@ -109,13 +119,15 @@ class LocalCluster:
             raise
 
     def start_coordinator(self) -> None:
-        self.coordinator = start_coordinator(self.work, self.port, self.admin_token, self.database, self.deadlines)
-        wait_healthy(self.url, 120)
+        self.coordinator = start_coordinator(self.work, self.port, self.admin_token, self.database, self.deadlines,
+                                             tls=self.tls)
+        wait_healthy(self.url, 120, self.ca_file)
 
     def start_agent(self, s: str) -> None:
         data = self.data_files.get(s, self.work / f"{s}.npz")
+        tls = ["--ca-file", self.ca_file] if self.ca_file else []
         self.agents[s] = start_agent(self.work, self.url, s, self.tokens[s], data, self.out(s),
-                                     self.public, self.agent_options)
+                                     self.public, self.agent_options + tls)
 
     def out(self, s: str) -> Path:
         return self.work / f"out-{s}"

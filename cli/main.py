@@ -286,16 +286,18 @@ def _secret(args, name: str, env: str, required: bool = True) -> str | None:
 
 def cmd_coordinator_serve(args) -> int:
     from cli.serve import serve
+    from cli.tls import serve_tls
 
     serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
-          args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir)
+          args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, **serve_tls(args))
     return 0
 
 
 def _admin(args):
+    from cli.tls import client_tls
     from clients.api import CoordinatorClient
 
-    return CoordinatorClient(args.coordinator, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN"))
+    return CoordinatorClient(args.coordinator, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN"), **client_tls(args))
 
 
 def cmd_site_add(args) -> int:
@@ -308,6 +310,7 @@ def cmd_agent_run(args) -> int:
     import logging
 
     from cli.logs import setup_logging
+    from cli.tls import client_tls
     from clients.agent import Agent
     from clients.api import CoordinatorClient
 
@@ -318,7 +321,8 @@ def cmd_agent_run(args) -> int:
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
-    Agent(CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN")), args.site, args.data, args.out, args.poll,
+    api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
+    Agent(api, args.site, args.data, args.out, args.poll,
           public=args.public, policy=policy, columns=_columns(args)).run(once=args.once)
     return 0
 
@@ -448,8 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--json", type=Path)
     bh.set_defaults(func=cmd_bench_hamming)
 
+    from cli.tls import add_client_tls_args, add_serve_tls_args, add_tls_parser
+
     def coord_args(p, admin=True):
-        p.add_argument("--coordinator", required=True, help="coordinator URL, e.g. http://127.0.0.1:8000")
+        p.add_argument("--coordinator", required=True, help="coordinator URL, e.g. https://coord.example:8000")
+        add_client_tls_args(p)
         if admin:
             p.add_argument("--admin-token", default=None, help="operator token (visible in ps: prefer the next two)")
             p.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
@@ -468,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "none for PostgreSQL, where they stay in the database)")
     cs.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="default per-phase deadline (setup, seed, counts, hamming, row_sums)")
+    add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
 
     site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
@@ -576,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     jw.add_argument("--timeout", type=float, default=3600)
     jw.add_argument("--quiet", action="store_true")
     jw.set_defaults(func=cmd_job_wait)
+
+    add_tls_parser(sub)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
     demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)

@@ -6,16 +6,24 @@ import os
 
 
 def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
-          deadlines: dict | None = None, blob_dir: str | None = None) -> None:
+          deadlines: dict | None = None, blob_dir: str | None = None, tls_cert: str | None = None,
+          tls_key: str | None = None, insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1") -> None:
     import uvicorn
 
     from cli.logs import setup_logging
+    from cli.tls import check_server_files
+    from clients.urls import check_bind
     from service.app import Settings, create_app
 
+    check_server_files(tls_cert, tls_key)  # a bad pair is a clear error here, not a traceback inside uvicorn
+    check_bind(host, tls_cert is not None, insecure_http)
     token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
     setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
     settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir)
     if deadlines:
         settings.default_deadlines.update(deadlines)
     app = create_app(settings)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # proxy_headers: X-Forwarded-Proto/-For are believed only from forwarded_allow_ips (a TLS reverse
+    # proxy), so that the dashboard's cookie is Secure when the browser came over https.
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
+                ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)

@@ -2,7 +2,10 @@
 
 Transient = the coordinator cannot be reached, or answers 5xx/429: retried with exponential
 backoff (a coordinator restart is invisible to the caller). A 4xx is the caller's mistake and is
-raised at once as ApiError with the coordinator's message.
+raised at once as ApiError with the coordinator's message. A certificate that does not verify is
+not retried either: it raises clients.urls.CoordinatorTLSError (a ValueError) naming --ca-file. The
+URL is checked by clients.urls before anything connects (http:// only to a loopback host unless
+`insecure_http`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import logging
 import time
 
 import httpx
+
+from clients.urls import check_url, tls_failure, verify_context
 
 log = logging.getLogger("xclp.client")
 
@@ -23,11 +28,13 @@ class ApiError(RuntimeError):
 
 class CoordinatorClient:
     def __init__(self, url: str, token: str, *, timeout: float = 120.0, retries: int = 8, backoff: float = 0.25,
-                 transport: httpx.BaseTransport | None = None):
-        self.url = url.rstrip("/")
+                 transport: httpx.BaseTransport | None = None, ca_file: str | None = None,
+                 insecure_http: bool = False):
+        # A transport given by the caller (the tests' in-process ASGI app) is no network: the URL only names it.
+        self.url = check_url(url, insecure_http=insecure_http or transport is not None, ca_file=ca_file)
         self.retries, self.backoff = retries, backoff
         self.http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
-                                 headers={"Authorization": f"Bearer {token}"})
+                                 verify=verify_context(ca_file), headers={"Authorization": f"Bearer {token}"})
 
     def close(self) -> None:
         self.http.close()
@@ -38,6 +45,8 @@ class CoordinatorClient:
             try:
                 r = self.http.request(method, path, **kw)
             except httpx.TransportError as exc:
+                if (bad_cert := tls_failure(exc, self.url)) is not None:
+                    raise bad_cert from None
                 if attempt == self.retries:
                     raise ApiError(503, f"coordinator unreachable at {self.url}: {exc}") from exc
                 log.debug("retrying %s %s after %s", method, path, exc)

@@ -97,10 +97,10 @@ class ProcessCluster(LocalCluster):
     wait for a job, and fail with every process's log when something does not happen."""
 
     def __init__(self, tmp, db_url: str, sites: dict, deadlines: dict | None = None, public=None,
-                 agent_options=("--allow-plaintext", "--allow-unmasked-training")):
+                 agent_options=("--allow-plaintext", "--allow-unmasked-training"), tls=None):
         # The tests compare with the plaintext reference: these sites opt in to it (agents refuse it by default).
         super().__init__(tmp, sites, database=db_url, admin_token=ADMIN, deadlines=deadlines, public=public,
-                         start_agents=False, agent_options=list(agent_options))
+                         start_agents=False, agent_options=list(agent_options), tls=tls)
         self.tmp = tmp
 
     def _sessionmaker(self):

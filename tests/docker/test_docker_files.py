@@ -4,7 +4,9 @@ compose.yaml is parsed (PyYAML when it is installed; otherwise a small loader fo
 subset the file uses, which refuses anything outside that subset), every xclp service's command
 goes through the project's own argparse parser (parse only, nothing runs), and the Dockerfile is
 read as text: non-root USER, `xclp` entry point, a /health check, the packages pyproject.toml
-installs copied in, torch pinned as in the Makefile.
+installs copied in, torch pinned as in the Makefile. TLS: the coordinator serves HTTPS from
+read-only mounted files on a port published on every interface, the agents verify it against a
+read-only CA file, and the certificate docker/README.md makes covers the name the agents use.
 """
 
 from __future__ import annotations
@@ -339,8 +341,67 @@ def test_coordinator_port_is_published_and_health_checked(services):
     published = [str(p) for p in svc.get("ports") or []]
     assert any(p.split(":")[-1] == str(port) for p in published), published
     assert svc.get("healthcheck", {}).get("disable") is not True
-    m = re.search(r"^HEALTHCHECK .*?https?://(?:127\.0\.0\.1|localhost):(\d+)/health", dockerfile_text(), re.M | re.S)
-    assert m and int(m.group(1)) == port
+    health = [a for k, a in instructions() if k == "HEALTHCHECK"]
+    assert health, "no HEALTHCHECK"
+    m = re.search(r'CMD \["python", "-m", "cli\.healthcheck", "(\d+)"\]', health[-1])
+    assert m and int(m.group(1)) == port, health[-1]
+    from cli import healthcheck
+
+    assert callable(healthcheck.healthy)  # the module the check runs ships in the image (cli/)
+
+
+def test_coordinator_serves_https_reachable_from_other_hosts(services):
+    svc = services["coordinator"]
+    args = parse(command_argv(svc))
+    assert args.tls_cert and args.tls_key, "the coordinator must serve HTTPS (--tls-cert, --tls-key)"
+    assert not args.insecure_http
+    for path in (args.tls_cert, args.tls_key):
+        m = mount_of(svc, path)
+        assert m is not None and m["read_only"], f"{path} must lie in a read-only mount"
+        assert not is_named_volume(m["source"]), f"{path}: mount the host's certificate folder"
+    port = args.port
+    for p in (str(p) for p in svc.get("ports") or []):
+        if p.split(":")[-1] == str(port):
+            host_ip = p.split(":")[0] if p.count(":") == 2 else "0.0.0.0"
+            assert host_ip in ("0.0.0.0", "::"), f"port {p} is reachable from this host only"
+
+
+@pytest.mark.parametrize("site", AGENTS)
+def test_agent_verifies_the_coordinator_with_the_mounted_ca(services, site):
+    svc = services[site]
+    args = parse(command_argv(svc))
+    assert urlsplit(args.coordinator).scheme == "https"
+    assert not args.insecure_http
+    assert args.ca_file, f"{site}: no --ca-file: a self-made certificate would not verify"
+    m = mount_of(svc, args.ca_file)
+    assert m is not None and m["read_only"], f"{site}: --ca-file must lie in a read-only mount"
+    coord = services["coordinator"]
+    server_side = mount_of(coord, parse(command_argv(coord)).tls_cert)
+    assert (PurePosixPath(server_side["source"]) / PurePosixPath(args.ca_file).name) == PurePosixPath(m["source"]), \
+        f"{site}: the CA file should be the ca.pem beside the coordinator's certificate"
+    assert PurePosixPath(m["source"]).name == "ca.pem", "only the CA certificate goes to the agents, not the key"
+
+
+def test_readme_certificate_covers_the_names_agents_and_operators_use(services, tmp_path):
+    from cryptography import x509
+    from cryptography.x509.verification import PolicyBuilder, Store
+
+    text = (DOCKER / "README.md").read_text()
+    m = re.search(r"^(?:\.\./\.venv/bin/)?xclp (tls make-dev-ca [^\n]*)$", text, re.M)
+    assert m, "docker/README.md no longer shows the `xclp tls make-dev-ca` command"
+    argv = shlex.split(m.group(1).replace("$(hostname -f)", "host.example"))
+    out = argv.index("--out") + 1
+    assert argv[out] == mount_of(services["coordinator"], "/tls/server.pem")["source"].removeprefix("./")
+    argv[out] = str(tmp_path / "tls")
+    args = parse(argv)
+    assert args.func(args) == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "tls" / "ca.pem").read_bytes())
+    leaf = x509.load_pem_x509_certificates((tmp_path / "tls" / "server.pem").read_bytes())[0]
+    names = {urlsplit(parse(command_argv(services[s])).coordinator).hostname for s in AGENTS} | {"localhost"}
+    for name in names:
+        PolicyBuilder().store(Store([ca])).build_server_verifier(x509.DNSName(name)).verify(leaf, [])
+    assert not (tmp_path / "tls" / "ca-key.pem").exists()
+    assert (tmp_path / "tls" / "server-key.pem").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.parametrize("site", AGENTS)
@@ -367,6 +428,7 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
     declared = compose.get("volumes") or {}
     for site in AGENTS:
         svc = services[site]
+        ca = mount_of(svc, parse(command_argv(svc)).ca_file)  # the one mount the agents share: read-only, public
         argv = [str(a) for a in svc["command"]]
         # A token on the command line shows in `ps` and `docker inspect`: the agent reads $XCLP_TOKEN.
         assert not any(a == "--token" or a.startswith("--token=") for a in argv), f"{site}: token in argv"
@@ -376,6 +438,9 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
         assert len(names) == 1 and raw.startswith("${"), f"{site}: the token must come from an env var, not {raw!r}"
         tokens |= names
         for m in mounts(svc):
+            if m == ca:
+                assert m["read_only"]
+                continue
             sources.append(m["source"])
             if is_named_volume(m["source"]):
                 assert m["source"] in declared, f"{site}: volume {m['source']} is not declared"
