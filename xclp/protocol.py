@@ -147,6 +147,10 @@ class JobParams:
             raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
         if not 1 <= self.bits <= 65535:
             raise ValueError(f"bits must be in 1..65535, got {self.bits}")
+        if self.crypto == "lattice":
+            from crypto.lattice_hamming import MAX_BITS
+            if self.bits > MAX_BITS:
+                raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
         if self.k < 1:
             raise ValueError(f"k must be at least 1, got {self.k}")
         if not 0.0 < self.alpha < 1.0:

@@ -49,8 +49,8 @@ def test_arithmetic_mod_q_and_words_round_trip():
     assert len(data) == a[0].size * rlwe.COEFF_BYTES
     assert np.array_equal(rlwe.words_from_bytes(data, a[0].size).reshape(a.shape), a)
     bad = bytearray(data)
-    bad[10] |= 0x40  # bit 86: a value ≥ q
-    with pytest.raises(ProtocolError, match="2\\^86"):
+    bad[13] |= 0x10  # bit 108: a value ≥ q
+    with pytest.raises(ProtocolError, match="2\\^108"):
         rlwe.words_from_bytes(bytes(bad), a[0].size)
     with pytest.raises(ProtocolError, match="bytes"):
         rlwe.words_from_bytes(data[:-1], a[0].size)
@@ -88,9 +88,9 @@ def test_public_key_encryptions_of_zero_and_modulus_switching():
 
 
 def test_parameters_below_the_security_standard_are_refused():
-    rlwe.check_security(4096, 86, 21)
+    rlwe.check_security(4096, 108, 21)
     with pytest.raises(ProtocolError, match="exceeds 54"):
-        rlwe.RLWEParams(n=2048)  # q = 2^86 needs N ≥ 4096 for 128 bits
+        rlwe.RLWEParams(n=2048)  # q = 2^108 needs N ≥ 4096 for 128 bits
     with pytest.raises(ProtocolError, match="not in the HE security standard"):
         rlwe.RLWEParams(n=3000)
     with pytest.raises(ProtocolError, match="σ"):
@@ -142,4 +142,4 @@ def test_flooding_noise_is_uniform_on_its_range():
     top = np.array([int((v + (1 << bits)) >> (bits + 1 - 5)) for v in signed])  # 32 equal bins
     assert stats.chisquare(np.bincount(top, minlength=32)).pvalue > 1e-6
     with pytest.raises(ProtocolError):
-        rlwe.sample_flood((4,), 90)
+        rlwe.sample_flood((4,), 107)
