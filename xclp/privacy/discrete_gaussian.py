@@ -17,15 +17,15 @@ integers, every coin a uniform integer below a bound, drawn by rejection from CS
                         sign B; reject (B = 1, Y = 0)
     discrete Gaussian:  Z = ±Y kept with probability exp(−(|Z| − σ²/t)² / (2σ²))
 
-Its output has exactly the distribution N_Z(0, σ²) (CKS Theorem 4, Proposition 5): unbounded tails,
+Its output has exactly the distribution N_Z(0, σ²) (CKS, Section 5): unbounded tails,
 no rounding. The coins come from AES-256-CTR (crypto.secure_sum.prg_uint64) under a 32-byte key —
 os.urandom at a real site, derived from a simulation's seed only to be reproducible — consumed as
 whole 64-bit words (a bound b is met by taking ⌈log2 b⌉ bits and rejecting values ≥ b).
 
-Rate: pure Python, about 3·10^5 values a second for σ from 1 to 10^12 grid steps on one core of the
-development machine (measured by tests/xclp/test_discrete_gaussian.py's docstring command; the
-expected number of loop iterations per value is below 2 whatever σ). A share for a model of 10^6
-weights takes a few seconds. MAX_VALUES bounds one call.
+Rate: pure Python, about 7·10^4 values a second for σ of 10^9–10^11 grid steps (up to 1.7·10^5 at
+small σ) on one core of the shared development machine (docs/privacy.md); the expected number of
+loop iterations per value is below 2 whatever σ. A DP-FedAvg share of the 235,146 weights of the MLP
+takes about 3.5 s. MAX_VALUES bounds one call (about 15 minutes).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 
 from crypto.secure_sum import prg_uint64
 
-MAX_VALUES = 1 << 26  # one call: about 4 minutes; larger vectors are refused, not slowed down silently
+MAX_VALUES = 1 << 26  # one call: about 15 minutes; larger vectors are refused, not slowed down silently
 _CHUNK = 1 << 14  # words of keystream drawn at a time
 
 
