@@ -159,6 +159,7 @@ def sample_reference(count: int, sigma, key: bytes | None = None, *, sigma2: Fra
 # arithmetic (:func:`_less_than_exp`). So every coin has probability exactly exp(−γ), and the output is
 # exactly N_Z(0, σ²), as the one-at-a-time reference.
 
+BATCH = 1 << 18  # candidates at a time: bounded memory for any count
 MARGIN = 2.0**-30  # relative slack allowed to numpy's exp (it is within a few ulp, 2^−52)
 REL = 2.0**-49  # relative error of γ as a float (a correctly rounded ratio, then one product)
 
@@ -251,7 +252,7 @@ def sample(count: int, sigma, key: bytes | None = None, *, sigma2: Fraction | No
     have = 0
     e1 = Fraction(1)
     while have < count:
-        n = max(256, int((count - have) * 1.7) + 64)
+        n = min(max(256, int((count - have) * 1.7) + 64), BATCH)
         # discrete Laplace of scale t (CKS Algorithm 2): U uniform below t, kept with prob exp(−U/t) …
         u = words.below(t, n)
         keep = _bernoulli_exp_batch(u.astype(np.float64) / float(t), lambda i, u=u: Fraction(int(u[i]), t), words)
