@@ -50,9 +50,9 @@ Parameters (:func:`lattice_params`): N = 4096, q = 2^108 (≤ 109 bits: HE stand
 ternary secrets, CBD(21) errors, t = 2^(bit length of L), F from the flooding bound above, and k
 the smallest multiple of 8 with E·2^(k−108) + (N + 1)/2 < 2^(k−w−1), where E bounds the noise at q
 (flooding + (2L + 1)η + (2N + 1)η) and (N + 1)/2 the rounding of the switch with a ternary s
-(k = 16 for small L, 24 at L = 1024, 32 from L = 2048 to 8192). q was 2^86 until the flooding bound above was
-corrected: at 2^86 the noise budget leaves F ≤ 73, which covers a job of about 4 ciphertexts. Both
-sides check the parameters; a HELLO with parameters below the standard is refused.
+(k = 16 for small L, 24 at L = 1024, 32 from L = 2048 to 8192). q was 2^86 until the flooding bound
+above was corrected: at 2^86 the noise budget leaves F ≤ 73, which covers fewer than five result
+ciphertexts at σ = 40. Both sides check the parameters; a HELLO with parameters below the standard is refused.
 
 Messages (``b"XLAT" | version | type``, then fixed little-endian fields; lengths are checked against
 the header before anything is parsed; any violation raises ProtocolError):

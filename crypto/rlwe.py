@@ -306,7 +306,7 @@ def ternary_spectrum(s: np.ndarray) -> np.ndarray:
 
 
 def poly_spectra(x: np.ndarray) -> np.ndarray:
-    """Spectra of the three sub-words of fixed elements of R_q: (4, ..., N/2), reused across products."""
+    """Spectra of the four sub-words of fixed elements of R_q: (4, ..., N/2), reused across products."""
     return _spectrum(_subwords(x))
 
 
