@@ -12,6 +12,7 @@ approximation's slack):
                            y = 0: every 4-bit window of noise + 2^F χ²-uniform (bits 0 … F), the two
                            y's χ²-homogeneous in the top 4 bits
   ρ (B's masks)            χ²-uniform on Z_t, every bit fair
+  the AES-CTR keystream    every one of the 64 bits fair, the low and top bytes χ²-uniform
 
 The randomness is fixed: rlwe.random_words (the os.urandom-keyed CSPRNG) is monkeypatched to an
 AES-CTR keystream under a fixed key, so every test here is deterministic.
@@ -27,7 +28,7 @@ from distributions import ALPHA, bits_fair, chi2_fit, chi2_uniform, split_words
 from scipy import stats
 
 from crypto import lattice_hamming as lh
-from crypto import rlwe
+from crypto import rlwe, secure_sum
 from crypto.secure_sum import prg_uint64
 
 N = rlwe.N_DEFAULT
@@ -37,6 +38,7 @@ F = lh.lattice_params(1024).flood_bits
 
 REAL = {name: getattr(rlwe, name) for name in ("sample_ternary", "sample_cbd", "uniform_poly", "sample_flood")}
 REAL_RHO = lh.rho
+REAL_PRG = secure_sum.prg_uint64
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +95,17 @@ def check_rho(alpha=ALPHA):
     assert r.shape == (lh.SUB_BATCH, 4096)
     chi2_uniform(np.bincount(r.ravel(), minlength=1 << log_t), alpha / 2, "ρ")
     bits_fair(r, log_t, alpha / 2, "ρ")
+
+
+def check_prg(alpha=ALPHA):
+    """The AES-256-CTR keystream every mask and every sampler here reads (secure_sum.prg_uint64)."""
+    w = secure_sum.prg_uint64(b"p" * 32, 1 << 18, stream=7).astype(np.uint64)
+    assert w.shape == (1 << 18,)
+    low, high = (w & np.uint64(0xFFFFFFFF)).astype(np.int64), (w >> np.uint64(32)).astype(np.int64)
+    bits_fair(low, 32, alpha / 4, "keystream, low half")
+    bits_fair(high, 32, alpha / 4, "keystream, high half", offset=32)
+    chi2_uniform(np.bincount(low & 255, minlength=256), alpha / 4, "keystream: low byte")
+    chi2_uniform(np.bincount(high >> 24, minlength=256), alpha / 4, "keystream: top byte")
 
 
 def _packed(rng, n, L):
@@ -178,6 +191,10 @@ def test_the_masks_rho_are_uniform():
     check_rho()
 
 
+def test_the_keystream_is_uniform():
+    check_prg()
+
+
 def test_decrypted_noise_does_not_depend_on_y():
     check_decrypted_noise()
 
@@ -246,6 +263,20 @@ RHO_MUTANTS = {
     "truncated": lambda *a: REAL_RHO(*a) % ((1 << a[3]) - (1 << (a[3] - 2))),
     "low bit zeroed": lambda *a: REAL_RHO(*a) & ~1,
 }
+
+
+PRG_MUTANTS = {
+    "low 20 bits zeroed": lambda *a, **k: REAL_PRG(*a, **k) & ~np.uint64((1 << 20) - 1),
+    "truncated": lambda *a, **k: REAL_PRG(*a, **k) % np.uint64(3 << 62),
+    "biased": lambda *a, **k: (lambda x: x | ((x >> np.uint64(7)) & np.uint64(1)))(REAL_PRG(*a, **k)),
+}
+
+
+@pytest.mark.parametrize("name", PRG_MUTANTS)
+def test_the_keystream_check_catches(name, monkeypatch):
+    monkeypatch.setattr(secure_sum, "prg_uint64", PRG_MUTANTS[name])
+    with pytest.raises(AssertionError):
+        check_prg()
 
 
 @pytest.mark.parametrize("name", TERNARY_MUTANTS)
