@@ -21,37 +21,44 @@ H[p, b] = h(x_p, y_b) and nothing else. With h = |x| + |y| − 2⟨x, y⟩:
        ct_y = ct_S − 2·Σ_l y_l ct_l + (0, Δ·(|y| + ρ_y)) + Enc_pk(0) + (0, f_y)
 
    which encrypts h(x_p, y) + ρ_{p,y} mod t in coefficient p. The sum over l for ALL of B's
-   vectors at once is one dense product Y (c × L, 0/1) · [a-words | b-words] (L × 2(N + n_blk)) in
-   float64 BLAS, exact because every word is below 2^43 and at most 1024 terms are summed at a time
-   (2^53). ρ_{p,y} is uniform in Z_t (t = 2^w > L), from a key only B and the coordinator know.
+   vectors at once is one dense product Y (c × L, 0/1) · [a-parts | b-parts] (L × 3(N + n_blk)) in
+   float64 BLAS, exact because every part is below 2^36 and at most 8192 terms are summed (< 2^53).
+   ρ_{p,y} is uniform in Z_t (t = 2^w > L), from a key only B and the coordinator know.
    Enc_pk(0) (fresh u, e1, e2) re-randomises the ciphertext: without it A, who knows every a_l,
    would read y off the a part. f_y is flooding noise, uniform in [−2^F, 2^F) on every coefficient
-   A decrypts, with 2^(F+1) ≥ 2^40 · N · 4Lη: the part of the noise that depends on y,
-   −2 Σ_l y_l e_l (|·| ≤ 2Lη), then changes the distribution of a whole ciphertext's noise by a
-   statistical distance of at most N · 4Lη / 2^(F+1) ≤ 2^−40 (two y's differ by at most 4Lη per
-   coefficient). B then switches both parts down to q' = 2^k (k = 24 at L = 1024) and sends them.
+   A decrypts. What A decrypts besides f is −2 Σ_l y_l e_l (|·| ≤ 2Lη, depends on y) plus the
+   re-randomisation noise e_pk·u + e2·s + e1 (|·| ≤ (2N + 1)η), which is NOT independent of y
+   given the a part A sees (a = a_y + p1·u + e2, and A knows e_pk and s), so the flooding covers
+   both: two y's move the noise by at most shift = 4Lη + 2(2N + 1)η per coefficient, which moves
+   uniform flooding by at most shift/2^(F+1) in statistical distance. A job returns at most
+   C = MAX_CIPHERTEXTS = 2^20 ciphertexts under A's key (A counts and refuses more), each of at most
+   N decrypted coefficients, so with 2^F ≥ 2^σ · C · N · shift (σ = 40) A's whole view of a job
+   moves by at most 2^−41 (F = 91 at L ≤ 1024, 92 at L = 4096 and 8192; :func:`flood_bits`).
+   B then switches both parts down to q' = 2^k (k = 24 at L = 1024) and sends them.
 3. A decrypts u_{p,y} = h + ρ mod t and sends all u to the coordinator; B sends its 32-byte ρ key.
    The coordinator expands ρ and outputs h = (u − ρ) mod t, refusing anything above L.
 
 What each party sees. The coordinator: ρ (uniform, independent of the data) and u = h + ρ: h and
 nothing else, perfectly. A: ciphertexts whose a part is pseudorandom (RLWE with B's secret u),
-whose decrypted noise is within 2^−40 of a distribution independent of y, and messages u that are
-uniform in Z_t for any h: nothing about y. B: RLWE ciphertexts under A's key (128-bit by the HE
+whose decrypted noise is, over the whole job, within 2^−40 of a distribution independent of y, and
+messages u that are uniform in Z_t for any h: nothing about y. B: RLWE ciphertexts under A's key (128-bit by the HE
 standard): nothing about x. A coalition of the coordinator with either site learns H (which the
 coordinator has anyway) and that site's own data. Semi-honest parties, as the threat model says:
 A is trusted to sample its errors from CBD(η) as specified; B's flooding bound relies on it.
 
-Parameters (:func:`lattice_params`): N = 4096, q = 2^86 (≤ 109 bits: HE standard, 128-bit),
+Parameters (:func:`lattice_params`): N = 4096, q = 2^108 (≤ 109 bits: HE standard, 128-bit),
 ternary secrets, CBD(21) errors, t = 2^(bit length of L), F from the flooding bound above, and k
-the smallest multiple of 8 with E·2^(k−86) + (N + 1)/2 < 2^(k−w−1), where E bounds the noise at q
-(flooding + 2Lη + 2Nη + 2η) and (N + 1)/2 the rounding of the switch with a ternary s. Both
-sides check the parameters; a HELLO with parameters below the standard is refused.
+the smallest multiple of 8 with E·2^(k−108) + (N + 1)/2 < 2^(k−w−1), where E bounds the noise at q
+(flooding + (2L + 1)η + (2N + 1)η) and (N + 1)/2 the rounding of the switch with a ternary s
+(k = 16 for small L, 24 at L = 1024, 32 from L = 2048 to 8192). q was 2^86 until the flooding bound
+above was corrected: at 2^86 the noise budget leaves F ≤ 73, which covers fewer than five result
+ciphertexts at σ = 40. Both sides check the parameters; a HELLO with parameters below the standard is refused.
 
 Messages (``b"XLAT" | version | type``, then fixed little-endian fields; lengths are checked against
 the header before anything is parsed; any violation raises ProtocolError):
 
-    A→B  HELLO  L n_a N log_q log_t eta blocks seed[32] p0[N·11]  ‖ COLS of block 0
-    A→B  COLS   block n_blk  b-words[⌈(L+1)/r⌉ · r · n_blk · 11]       (columns, then the weights)
+    A→B  HELLO  L n_a N log_q log_t eta blocks seed[32] p0[N·14]  ‖ COLS of block 0
+    A→B  COLS   block n_blk  b-words[⌈(L+1)/r⌉ · r · n_blk · 14]       (columns, then the weights)
     B→A  RES    block first count n_b  a'[count · N · k/8]  b'[count · n_blk · k/8]
     A→B  ACK    block next                                           (A is ready for the next chunk)
     A→S  SHARE_A  n_a n_b log_t  u[n_a · n_b] (u16)
@@ -59,7 +66,7 @@ the header before anything is parsed; any violation raises ProtocolError):
 
 B answers A's block with RES messages of about ``target_message_bytes`` each; A acknowledges each
 one, and after the last chunk of a block sends the next block's COLS. Bytes per pair at L = 1024
-and large sites: about 11·(L+1)/n_b (A→B) + 3·(N + n_blk)/n_blk (B→A) + 2 (A's share).
+and large sites: about 14·(L+1)/n_b (A→B) + 3·(N + n_blk)/n_blk (B→A) + 2 (A's share).
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ from crypto.hamming_api import Outgoing, check_bits
 from crypto.secure_sum import prg_uint64
 
 MAGIC = b"XLAT"
-VERSION = 2  # 2: A's columns packed r to a ciphertext
+VERSION = 3  # 2: A's columns packed r to a ciphertext; 3: q = 2^108, the uniform seed bound to A's bits
 HELLO, COLS, RES, ACK, SHARE_A, SHARE_B = 1, 2, 3, 4, 5, 6
 _HDR = struct.Struct("<4sBB")
 _HELLO = struct.Struct("<IIIBBBI32s")
@@ -88,9 +95,12 @@ _COLS = struct.Struct("<II")
 _RES = struct.Struct("<IIII")  # block, first, count, n_b
 _ACK = struct.Struct("<II")
 _SHARE = struct.Struct("<IIB")
-SIGMA = 40  # statistical security of the flooding
-MAX_SUM_TERMS = 1024  # 43-bit words × 1024 terms < 2^53: exact in float64
-MAX_BITS = 8192
+SIGMA = 40  # statistical security of the flooding, over every ciphertext a job returns
+# The flooding covers at most this many result ciphertexts decrypted under one key of A (one job:
+# a site is A under one key for all its peers; one ciphertext per vector of B and block of A).
+# A counts them and refuses more; B refuses a pair that would need more on its own.
+MAX_CIPHERTEXTS = 1 << 20
+MAX_BITS = 8192  # 3 parts of 36 bits × 8192 terms < 2^53: the 0/1 products are exact in float64
 MAX_MESSAGES = 512  # a pair never takes more; B makes its chunks large enough
 SUB_BATCH = 32  # B's vectors per step of its computation: the arrays stay in cache
 
@@ -107,18 +117,46 @@ class LatticeParams:
         return self.ring.log_t
 
 
+def flood_shift(n_bits: int, n: int = rlwe.N_DEFAULT, eta: int = rlwe.ETA) -> int:
+    """The bound, per coefficient, on how much A's decrypted noise can differ between two vectors y,
+    y' of B before flooding: 4Lη for the columns' noise (−2 Σ_l y_l e_l, |·| ≤ 2Lη, twice) plus
+    2(2N + 1)η for the re-randomisation noise (e_pk·u + e2·s + e1, |·| ≤ (2N + 1)η, twice). The
+    latter is not independent of y given the a part A sees (a = a_y + p1·u + e2), so it is flooded
+    too, as in Gentry's and Ducas–Stehlé's circuit privacy arguments."""
+    return 4 * n_bits * eta + 2 * (2 * n + 1) * eta
+
+
+def flood_bits(n_bits: int, n: int = rlwe.N_DEFAULT, eta: int = rlwe.ETA, ciphertexts: int = MAX_CIPHERTEXTS,
+               sigma: int = SIGMA) -> int:
+    """The least F with 2^F ≥ 2^σ · C · N · shift, i.e. F ≥ σ + log2(N·(4Lη + 2(2N+1)η)) + log2(C).
+    Uniform flooding on [−2^F, 2^F) moved by at most `shift` differs by at most shift/2^(F+1) in
+    statistical distance per coefficient; a ciphertext has at most N decrypted coefficients and a job
+    at most C ciphertexts, so A's whole view of a job moves by at most C·N·shift/2^(F+1) ≤ 2^−(σ+1)
+    (hybrid argument over independent flooding)."""
+    return sigma + (ciphertexts * n * flood_shift(n_bits, n, eta) - 1).bit_length()
+
+
+def flooding_distance_log2(params: LatticeParams, ciphertexts: int = MAX_CIPHERTEXTS) -> float:
+    """log2 of the bound on the statistical distance of A's view of a whole job (C ciphertexts)."""
+    n, eta = params.ring.n, params.ring.eta
+    return math.log2(ciphertexts * n * flood_shift(params.n_bits, n, eta)) - (params.flood_bits + 1)
+
+
 def lattice_params(n_bits: int, n: int = rlwe.N_DEFAULT, eta: int = rlwe.ETA) -> LatticeParams:
     """The parameters for L = n_bits, with the security and correctness conditions checked."""
     if not isinstance(n_bits, (int, np.integer)) or not 1 <= n_bits <= MAX_BITS:
         raise ProtocolError(f"the lattice protocol takes 1 ≤ L ≤ {MAX_BITS}, got {n_bits!r}")
     L = int(n_bits)
     ring = rlwe.RLWEParams(n=n, log_t=L.bit_length(), eta=eta)  # checks the HE standard
-    # 2^(F+1) ≥ 2^σ · N · 4Lη  (statistical distance of a whole ciphertext's noise ≤ 2^−σ)
-    flood = math.ceil(SIGMA + math.log2(n * 4 * L * eta)) - 1
-    noise_at_q = 2**flood + 2 * L * eta + 2 * n * eta + 2 * eta
+    flood = flood_bits(L, n, eta)
+    # the bound, checked in exact integers: C · N · shift ≤ 2^(F − σ), so the job's distance ≤ 2^−(σ+1)
+    assert MAX_CIPHERTEXTS * n * flood_shift(L, n, eta) <= 1 << (flood - SIGMA)
+    # decryption: flooding + (2L + 1)η (A's columns and weights) + (2N + 1)η (re-randomisation) at q
+    noise_at_q = (1 << flood) + (2 * L + 1) * eta + (2 * n + 1) * eta
     w = ring.log_t
-    for k in range(8, rlwe.WORD, 8):
-        if noise_at_q * 2.0 ** (k - rlwe.LOG_Q) + (n + 1) / 2 < 2.0 ** (k - w - 1):
+    for k in range(8, 33, 8):  # RES values travel as 1 … 4 bytes
+        # after switching: noise·2^(k−log q) + (N + 1)/2 (rounding, ternary s) < Δ'/2 = 2^(k−w−1)
+        if 2 * noise_at_q * 2**k + (n + 1) * 2**rlwe.LOG_Q < 2 ** (rlwe.LOG_Q + k - w):
             return LatticeParams(L, ring, flood, k)
     raise ProtocolError(f"no result modulus fits L = {L} at N = {n}: the noise would not decrypt")
 
@@ -183,9 +221,10 @@ class LatticeHamming:
         self.target_message_bytes = int(target_message_bytes)
         self.max_message_bytes = int(max_message_bytes)
         self._key: rlwe.SecretKey | None = None
-        self._seed: bytes | None = None
-        self._public: dict[int, bytes] = {}  # L → p0 bytes
+        self._master: bytes | None = None  # the seeds of the uniform polynomials are derived from it
+        self._public: dict[bytes, bytes] = {}  # uniform seed → p0 bytes
         self._columns: dict[tuple[bytes, int], dict[int, bytes]] = {}  # (digest, L) → block → COLS body
+        self.decrypted = 0  # result ciphertexts decrypted under this key (≤ MAX_CIPHERTEXTS)
 
     def party_a(self, bits: np.ndarray, n_bits: int) -> LatticePartyA:
         return LatticePartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits))
@@ -219,22 +258,36 @@ class LatticeHamming:
         return h
 
     # -- A's per-job state, shared by all its pairs ------------------------------------------------
-    def _secret(self, params: LatticeParams) -> tuple[rlwe.SecretKey, bytes, bytes]:
+    def _secret(self, params: LatticeParams, digest: bytes) -> tuple[rlwe.SecretKey, bytes, bytes]:
+        """A's key, the seed of the uniform polynomials for the bit set with SHA-256 `digest`, and p0.
+        The seed is bound to the bits it encrypts (and to L): were two bit sets encrypted under the
+        same a, B would subtract the b parts and read x − x' (up to small noise). One bit set per seed,
+        so every a is used once."""
         if self._key is None:
-            self._seed = os.urandom(32)
+            self._master = os.urandom(32)
             self._key = rlwe.SecretKey.generate(params.ring)
         if self._key.params.log_t != params.log_t:  # t follows L: same s, a key per t
             self._key = rlwe.SecretKey(params.ring, self._key.s)
-        if params.n_bits not in self._public:
-            pk = self._key.public_key(self._seed, stream=_pk_stream(params.n_bits))
-            self._public[params.n_bits] = rlwe.words_to_bytes(pk.p0)
-        return self._key, self._seed, self._public[params.n_bits]
+        seed = hashlib.sha256(b"xclp/lattice/uniform-seed/v1" + self._master
+                              + struct.pack("<I", params.n_bits) + digest).digest()
+        if seed not in self._public:
+            pk = self._key.public_key(seed, stream=_pk_stream(params.n_bits))
+            self._public[seed] = rlwe.words_to_bytes(pk.p0)
+        return self._key, seed, self._public[seed]
+
+    def _count(self, ciphertexts: int) -> None:
+        """A decrypts `ciphertexts` more results under its key: refused past MAX_CIPHERTEXTS, the
+        number the flooding covers."""
+        if self.decrypted + ciphertexts > MAX_CIPHERTEXTS:
+            raise ProtocolError(f"lattice: more than {MAX_CIPHERTEXTS} result ciphertexts under one key, past what "
+                                "the flooding covers")
+        self.decrypted += ciphertexts
 
     def _cols(self, params: LatticeParams, bits: np.ndarray, block: int, start: int, stop: int) -> bytes:
         digest = hashlib.sha256(bits.tobytes()).digest()
         store = self._columns.setdefault((digest, params.n_bits), {})
         if block not in store:
-            key, seed, _ = self._secret(params)
+            key, seed, _ = self._secret(params, digest)
             L, width = params.n_bits, stop - start
             r, count = packing(L, width, self.n)
             x = np.unpackbits(bits[start:stop], axis=1, count=L).astype(np.int64)  # (width, L)
@@ -295,6 +348,7 @@ class LatticePartyA(_Party):
     def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int):
         super().__init__(proto, bits, n_bits)
         self.n_a = bits.shape[0]
+        self.digest = hashlib.sha256(bits.tobytes()).digest()
         self.blocks = _blocks(self.n_a, proto.n)
         self.block = 0
         self.next = 0  # B's next vector in the current block
@@ -308,7 +362,7 @@ class LatticePartyA(_Party):
             if self.started:
                 raise ProtocolError("lattice: A has already started")
             self.started = True
-            _, seed, p0 = self.proto._secret(p)
+            _, seed, p0 = self.proto._secret(p, self.digest)
             hello = _header(HELLO) + _HELLO.pack(p.n_bits, self.n_a, self.proto.n, p.ring.log_q, p.log_t, p.ring.eta,
                                                  len(self.blocks), seed) + p0
             return Outgoing(to_peer=hello + self._cols(0))
@@ -336,7 +390,8 @@ class LatticePartyA(_Party):
         a = rlwe.small_from_bytes(body[off : off + count * n * qb], count * n, p.log_q_out, "RES a").reshape(count, n)
         off += count * n * qb
         b = rlwe.small_from_bytes(body[off:], count * (stop - start), p.log_q_out, "RES b").reshape(count, stop - start)
-        key, _, _ = self.proto._secret(p)
+        self.proto._count(count)
+        key, _, _ = self.proto._secret(p, self.digest)
 
         def decrypt(r):
             m, _ = key.decrypt_switched(a[r : r + SUB_BATCH], b[r : r + SUB_BATCH], p.log_q_out)
@@ -374,7 +429,7 @@ class LatticePartyB(_Party):
         self.blocks: list[tuple[int, int]] = []
         self.block = -1
         self.next = 0
-        self.matrix: np.ndarray | None = None  # (L, 2N + 2 n_blk) float64 words of the block's columns
+        self.matrix: np.ndarray | None = None  # (L, 3N + 3 n_blk) float64: 36-bit parts of the block's columns
         self.weights_ct: np.ndarray | None = None  # (a words (2, N), b words (2, n_blk)) of Enc(|x|)
 
     def _step(self, message):
@@ -419,6 +474,9 @@ class LatticePartyB(_Party):
                                 f"log t = {p.log_t}, η = {p.ring.eta}")
         if n_a < 1 or blocks != len(_blocks(n_a, n)):
             raise ProtocolError(f"lattice: HELLO declares {n_a} points in {blocks} blocks")
+        if blocks * self.n_b > MAX_CIPHERTEXTS:
+            raise ProtocolError(f"lattice: {blocks} blocks × {self.n_b} vectors are more than the {MAX_CIPHERTEXTS} "
+                                "result ciphertexts the flooding covers")
         p0_end = _HELLO.size + n * rlwe.COEFF_BYTES
         if len(body) < p0_end:
             raise ProtocolError("lattice: HELLO too short for its public key")
@@ -448,30 +506,30 @@ class LatticePartyB(_Party):
         # Column l = k·r + j sits in slot j of ciphertext k: X^(−j·width) · ct_k brings it to slot 0.
         # Its b part there is b_k's slot j; its a part is a_k shifted negacyclically, X^(−s) a[c] =
         # a[c + s] for c + s < N and −a[c + s − N] after: the window s … s + N of [a_k | −a_k].
-        doubled = np.concatenate([a, neg], axis=2).astype(np.float64)  # (2, count, 2N)
+        doubled = np.concatenate([a, neg], axis=2)  # (2, count, 2N) words
+        parts = rlwe.to_parts(doubled)  # (3, count, 2N): 36-bit parts, float64
         self.matrix = None  # free the previous block's matrix first
-        m = np.empty((L, 2 * n + 2 * width), dtype=np.float64)  # filled in place: one pass per part
+        m = np.empty((L, 3 * n + 3 * width), dtype=np.float64)  # filled in place: one pass per part
         for j in range(r):
             ks, shift = len(range(j, L, r)), j * width
-            for word in range(2):
-                m[j:L:r, word * n : (word + 1) * n] = doubled[word, :ks, shift : shift + n]
-        m[:, 2 * n : 2 * n + width], m[:, 2 * n + width :] = b[0, :L], b[1, :L]
+            for part in range(3):
+                m[j:L:r, part * n : (part + 1) * n] = parts[part, :ks, shift : shift + n]
+        b_parts = rlwe.to_parts(b[:, :L])  # (3, L, width)
+        for part in range(3):
+            m[:, 3 * n + part * width : 3 * n + (part + 1) * width] = b_parts[part]
         self.matrix = m
         k, j = divmod(L, r)
-        self.weights_ct = (doubled[:, k, j * width : j * width + n].astype(np.int64), b[:, L].copy())
+        self.weights_ct = (doubled[:, k, j * width : j * width + n].copy(), b[:, L].copy())
         self.block, self.next = block, 0
 
     def _results(self, first: int, count: int) -> bytes:
         """RES for B's vectors first … first + count − 1 (first is a multiple of SUB_BATCH)."""
         p, L = self.params, self.params.n_bits
         y = np.unpackbits(self.bits[first : first + count], axis=1, count=L)
-        yf = y.astype(np.float64)
-        # Σ_l y_l ct_l for every vector at once: one dense product, in pieces of ≤ 1024 terms so that
-        # every partial sum of 43-bit words stays below 2^53 (exact in float64).
-        sums = yf[:, :MAX_SUM_TERMS] @ self.matrix[:MAX_SUM_TERMS]
-        for l0 in range(MAX_SUM_TERMS, L, MAX_SUM_TERMS):
-            sums = sums.astype(np.int64) if sums.dtype != np.int64 else sums
-            sums += (yf[:, l0 : l0 + MAX_SUM_TERMS] @ self.matrix[l0 : l0 + MAX_SUM_TERMS]).astype(np.int64)
+        # Σ_l y_l ct_l for every vector at once: one dense product of 36-bit parts, exact in float64
+        # (L ≤ 8192 terms: every sum stays below 2^49 < 2^53).
+        assert L <= rlwe.MAX_PART_TERMS
+        sums = y.astype(np.float64) @ self.matrix
         weights = y.sum(axis=1, dtype=np.int64)
         k = p.log_q_out
 
@@ -485,22 +543,24 @@ class LatticePartyB(_Party):
                 + b"".join(x for x, _ in parts) + b"".join(x for _, x in parts))
 
     def _finish(self, sums: np.ndarray, weights: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
-        """From Σ_l y_l ct_l (words as exact float64 or int64) to ciphertexts at q of h + ρ: add the
+        """From Σ_l y_l ct_l (sums of 36-bit parts, exact float64) to ciphertexts at q of h + ρ: add the
         weights and the masks, re-randomise with a fresh encryption of zero, flood."""
         p, n = self.params, self.proto.n
         count = sums.shape[0]
         start, stop = self.blocks[self.block]
         width = stop - start
         acc = sums.astype(np.int64, copy=False)
-        (sa, sb), cut = self.weights_ct, (n, 2 * n, 2 * n + width)
+        ya = rlwe.from_part_sums(acc[:, :n], acc[:, n : 2 * n], acc[:, 2 * n : 3 * n])  # words (2, count, N)
+        yb = rlwe.from_part_sums(*(acc[:, 3 * n + i * width : 3 * n + (i + 1) * width] for i in range(3)))
+        sa, sb = self.weights_ct
         # −2·Σ_l y_l ct_l + ct_S + Δ·(|y| + ρ) encrypts |x| + |y| − 2⟨x, y⟩ + ρ = h + ρ (mod t); a fresh
         # encryption of zero re-randomises it and the flooding noise is added, all in one reduction
-        # per part (every partial sum stays below 2^56, far inside int64).
+        # per part (every partial sum stays below 2^57, far inside int64).
         masks = rho(self.rho_key, group, self.n_a, p.log_t)[:count, start:stop]
         shifted = (weights[:, None] + masks) << (p.ring.delta_shift - rlwe.WORD)
         za, zb = self.public.encrypt_zero(count)
         flood = rlwe.sample_flood((count, width), p.flood_bits)
-        a = rlwe.normalise(-2 * acc[:, : cut[0]] + sa[0] + za[0], -2 * acc[:, cut[0] : cut[1]] + sa[1] + za[1])
-        b = rlwe.normalise(-2 * acc[:, cut[1] : cut[2]] + sb[0] + zb[0, :, :width] + flood[0],
-                           -2 * acc[:, cut[2] :] + sb[1] + shifted + zb[1, :, :width] + flood[1])
+        a = rlwe.normalise(-2 * ya[0] + sa[0] + za[0], -2 * ya[1] + sa[1] + za[1])
+        b = rlwe.normalise(-2 * yb[0] + sb[0] + zb[0, :, :width] + flood[0],
+                           -2 * yb[1] + sb[1] + shifted + zb[1, :, :width] + flood[1])
         return a, b

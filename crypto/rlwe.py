@@ -9,7 +9,7 @@ re-randomisation, modulus switching and decryption. Every formula below is the t
 
 The ring and the plaintext
 --------------------------
-    R = Z[X] / (X^N + 1),  R_q = R / qR,  N = 4096,  q = 2^86,  t = 2^w (w = bit length of L, so t > L)
+    R = Z[X] / (X^N + 1),  R_q = R / qR,  N = 4096,  q = 2^108,  t = 2^w (w = bit length of L, so t > L)
     Δ = q / t (exact: q and t are powers of two)
 
 A plaintext m ∈ R_t is a vector of N values in Z_t, one per coefficient ("coefficient packing"):
@@ -31,7 +31,7 @@ by η, which the flooding bound of the protocol needs. (Kyber samples its errors
 
 Security: the HomomorphicEncryption.org security standard (Albrecht et al., "Homomorphic Encryption
 Security Standard", 2018, Table 1, ternary secrets, σ ≈ 3.2, classical 128-bit security) allows
-log2 q ≤ 27, 54, 109, 218, 438, 881 for N = 1024 … 32768. N = 4096 with log2 q = 86 ≤ 109 is
+log2 q ≤ 27, 54, 109, 218, 438, 881 for N = 1024 … 32768. N = 4096 with log2 q = 108 ≤ 109 is
 within it; :func:`check_security` refuses anything outside the table (any N not in it, a larger q,
 a smaller η). The standard's estimates depend on the size of q, not its factorisation: a
 power-of-two q (as TFHE, NTRU and Saber use) is covered, and lets Δ, mod switching and the
@@ -43,13 +43,15 @@ public and expanded from a 32-byte seed with the same PRG, so they travel as the
 
 Arithmetic
 ----------
-An element of R_q is two int64 arrays of 43-bit words, ``x = lo + 2^43 · hi`` (a :class:`Poly`
-array has shape (2, ..., N)). A dense product with a 0/1 matrix (the protocol's sums) is exact in
-float64 while every partial sum stays below 2^53: 43-bit words times at most 1024 terms (longer
-sums are split). Products with ternary polynomials (s, u) use a negacyclic FFT: x is cut into
-three sub-words of at most 29 bits, so every output of the exact integer product is below
-N · 2^29 = 2^41 (typically about 2^34) and float64 rounding stays far below 1/2 (checked on every
-product: an imprecise product raises rather than returning a wrong ciphertext).
+An element of R_q is two int64 arrays of 54-bit words, ``x = lo + 2^54 · hi`` (a :class:`Poly`
+array has shape (2, ..., N)). q = 2^108 (not 2^86 as before) because the protocol's flooding noise
+must cover the re-randomisation noise and every ciphertext of a job (crypto.lattice_hamming,
+:func:`~crypto.lattice_hamming.lattice_params`), which needs F ≈ 91 bits of noise below Δ/2.
+Dense products with a 0/1 matrix (the protocol's sums) cut each element into three 36-bit parts, so
+that sums of up to 8192 terms stay below 2^49 < 2^53 (exact in float64). Products with ternary
+polynomials (s, u) use a negacyclic FFT: x is cut into four sub-words of 27 bits, so every output of
+the exact integer product is below N · 2^27 = 2^39 and float64 rounding stays far below 1/2 (checked
+on every product: an imprecise product raises rather than returning a wrong ciphertext).
 Everything here is single-threaded (BLAS aside); the protocol runs batches on several threads.
 """
 
@@ -66,9 +68,9 @@ import scipy.fft
 from crypto.errors import ProtocolError
 from crypto.secure_sum import prg_uint64
 
-WORD = 43
+WORD = 54
 WORD_MASK = (1 << WORD) - 1
-LOG_Q = 2 * WORD  # q = 2^86: two 43-bit words
+LOG_Q = 2 * WORD  # q = 2^108: two 54-bit words
 N_DEFAULT = 4096
 ETA = 21
 # HomomorphicEncryption.org standard (2018), Table 1: ternary secret, σ ≈ 3.2, classical 128 bits.
@@ -92,7 +94,7 @@ def check_security(n: int, log_q: int, eta: int) -> None:
 
 @dataclass(frozen=True)
 class RLWEParams:
-    """N, q = 2^86 and t = 2^log_t. Constructing one checks it against the security standard."""
+    """N, q = 2^108 and t = 2^log_t. Constructing one checks it against the security standard."""
 
     n: int = N_DEFAULT
     log_t: int = 11
@@ -151,7 +153,7 @@ def uniform_poly(seed: bytes, count: int, n: int, stream: int = 0) -> np.ndarray
 
 
 def sample_flood(shape, bits: int) -> np.ndarray:
-    """Uniform integers in [−2^bits, 2^bits) as words (2, *shape) of an element of R_q (mod 2^86)."""
+    """Uniform integers in [−2^bits, 2^bits) as words (2, *shape) of an element of R_q (mod 2^108)."""
     if not WORD < bits < LOG_Q - 1:
         raise ProtocolError(f"flooding bits must be in {WORD + 1}..{LOG_Q - 2}, got {bits}")
     count = int(np.prod(shape))
@@ -161,11 +163,11 @@ def sample_flood(shape, bits: int) -> np.ndarray:
     return normalise(lo, hi).reshape((2, *tuple(np.atleast_1d(shape))))
 
 
-# -- arithmetic modulo 2^86 in two 43-bit words ----------------------------------------------------
+# -- arithmetic modulo 2^108 in two 54-bit words ---------------------------------------------------
 
 
 def normalise(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Words (lo + 2^43 hi) with any int64 lo, hi (|lo| < 2^62) reduced to [0, 2^43) each, mod 2^86."""
+    """Words (lo + 2^54 hi) with any int64 lo, hi (|lo| < 2^62) reduced to [0, 2^54) each, mod 2^108."""
     lo, hi = np.broadcast_arrays(lo, hi)
     out = np.empty((2, *lo.shape), dtype=np.int64)
     np.right_shift(lo, WORD, out=out[1])  # the carry: floor division, right for negative lo too
@@ -196,12 +198,34 @@ def to_signed(x: np.ndarray) -> list[int]:
 
 
 def mod_switch(x: np.ndarray, log_q_out: int) -> np.ndarray:
-    """⌊x · 2^k / 2^86⌉ mod 2^k for k = log_q_out ≤ 42 (int64). Only the high word matters: the low
+    """⌊x · 2^k / 2^108⌉ mod 2^k for k = log_q_out ≤ 53 (int64). Only the high word matters: the low
     word adds less than one unit below the rounding position, which cannot cross it."""
     if not 1 <= log_q_out <= WORD - 1:
         raise ProtocolError(f"switching target must be 1..{WORD - 1} bits, got {log_q_out}")
     d = LOG_Q - log_q_out - WORD  # ≥ 1
     return ((x[1] + (1 << (d - 1))) >> d) & ((1 << log_q_out) - 1)
+
+
+PART = 36  # for dense 0/1 products: an element of R_q as three parts of 36 bits (sums of 8192 stay < 2^49)
+MAX_PART_TERMS = 1 << (53 - PART)  # 2^17 terms of a 0/1 product are exact in float64
+
+
+def to_parts(x: np.ndarray) -> np.ndarray:
+    """Words (2, ...) → three 36-bit parts (3, ...) as float64: bits 0–35, 36–71, 72–107."""
+    mask, half = (1 << PART) - 1, (1 << (PART - WORD // 3)) - 1  # half: the 18 low bits of hi
+    out = np.empty((3, *x.shape[1:]), dtype=np.float64)
+    out[0] = x[0] & mask
+    out[1] = (x[0] >> PART) | ((x[1] & half) << (WORD - PART))
+    out[2] = x[1] >> (2 * PART - WORD)
+    return out
+
+
+def from_part_sums(s0: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """Exact sums of parts (int64, 0 ≤ s < 2^53) → words mod 2^108: s0 + 2^36 s1 + 2^72 s2."""
+    low = 2 * PART - WORD  # 18: the bits of s1 that stay in the low word
+    lo = s0 + ((s1 & ((1 << low) - 1)) << PART)
+    hi = (s1 >> low) + ((s2 & ((1 << PART) - 1)) << low)
+    return normalise(lo, hi)
 
 
 # -- negacyclic products with ternary polynomials (FFT) ------------------------------------------
@@ -251,27 +275,30 @@ def unfold(x: np.ndarray) -> np.ndarray:
 
 
 
-SUB = 29  # an element of R_q as three sub-words of 29, 29 and 28 bits
+SUB = 27  # an element of R_q as four sub-words of 27 bits (a word is two)
 
 
 def _subwords(x: np.ndarray) -> np.ndarray:
-    """Words (2, ..., N) → three sub-words (3, ..., N) as float64: bits 0–28, 29–57, 58–85."""
-    out = np.empty((3, *x.shape[1:]), dtype=np.float64)
-    out[0] = x[0] & ((1 << SUB) - 1)
-    out[1] = (x[0] >> SUB) | ((x[1] & ((1 << (2 * SUB - WORD)) - 1)) << (WORD - SUB))
-    out[2] = x[1] >> (2 * SUB - WORD)
+    """Words (2, ..., N) → four sub-words (4, ..., N) as float64: bits 0–26, 27–53, 54–80, 81–107."""
+    out = np.empty((4, *x.shape[1:]), dtype=np.float64)
+    mask = (1 << SUB) - 1
+    out[0] = x[0] & mask
+    out[1] = x[0] >> SUB
+    out[2] = x[1] & mask
+    out[3] = x[1] >> SUB
     return out
 
 
 def _join(p: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
-    """Exact products of the three sub-words (3, ..., N) (int64, |p| < 2^42) → words mod 2^86:
-    p0 + 2^29 p1 + 2^58 p2, with 2^29 p1 split at the word boundary (p1 mod 2^14 stays low).
-    `plus` (small integers, |plus| < 2^40) is added on the way, in the same pass."""
-    keep = WORD - SUB  # the low 14 bits of p1, shifted by 29, stay in the low word
-    lo = p[0] + ((p[1] & ((1 << keep) - 1)) << SUB)
+    """Exact products of the four sub-words (4, ..., N) (int64, |p| < 2^40) → words mod 2^108:
+    p0 + 2^27 p1 + 2^54 p2 + 2^81 p3, with 2^27 p1 split at the word boundary (p1 mod 2^27 stays
+    low, the rest carries) and p3 taken mod 2^27 (2^81 · 2^27 = q). `plus` (small integers,
+    |plus| < 2^40) is added on the way, in the same pass."""
+    mask = (1 << SUB) - 1
+    lo = p[0] + ((p[1] & mask) << SUB)
     if plus is not None:
         lo += plus
-    return normalise(lo, (p[1] >> keep) + (p[2] << (2 * SUB - WORD)))
+    return normalise(lo, (p[1] >> SUB) + p[2] + ((p[3] & mask) << SUB))
 
 
 def ternary_spectrum(s: np.ndarray) -> np.ndarray:
@@ -279,7 +306,7 @@ def ternary_spectrum(s: np.ndarray) -> np.ndarray:
 
 
 def poly_spectra(x: np.ndarray) -> np.ndarray:
-    """Spectra of the three sub-words of fixed elements of R_q: (4, ..., N/2), reused across products."""
+    """Spectra of the four sub-words of fixed elements of R_q: (4, ..., N/2), reused across products."""
     return _spectrum(_subwords(x))
 
 
@@ -290,7 +317,7 @@ def mul_ternary(x: np.ndarray, s_spec: np.ndarray) -> np.ndarray:
 
 
 def mul_spectra(x_spec: np.ndarray, s_spec: np.ndarray, n: int, plus: np.ndarray | None = None) -> np.ndarray:
-    """x · s from x's sub-word spectra (3, ..., N/2) and ternary spectra s_spec (..., N/2), plus small
+    """x · s from x's sub-word spectra (4, ..., N/2) and ternary spectra s_spec (..., N/2), plus small
     integers `plus` given in the folded coefficient order (an i.i.d. error may be drawn in any order)."""
     return unfold(_join(_from_spectrum(x_spec * s_spec, n, natural=False), plus))
 
@@ -298,7 +325,7 @@ def mul_spectra(x_spec: np.ndarray, s_spec: np.ndarray, n: int, plus: np.ndarray
 def mul_small_mod(x: np.ndarray, s_spec: np.ndarray, log_mod: int) -> np.ndarray:
     """x · s mod 2^log_mod for x with entries in [0, 2^log_mod), log_mod ≤ 42, ternary s (spectrum)."""
     n = x.shape[-1]
-    if log_mod <= SUB:  # one part: products below N · 2^29 = 2^41, as for the sub-words
+    if log_mod <= SUB:  # one part: products below N · 2^27 = 2^39, as for the sub-words
         return _from_spectrum(_spectrum(x.astype(np.float64)) * s_spec, n) & ((1 << log_mod) - 1)
     half = (log_mod + 1) // 2
     parts = np.stack([x & ((1 << half) - 1), x >> half]).astype(np.float64)
@@ -380,7 +407,7 @@ class PublicKey:
 
     @property
     def spectra(self) -> np.ndarray:
-        """Sub-word spectra of p0 and p1: (3, 2, N/2)."""
+        """Sub-word spectra of p0 and p1: (4, 2, N/2)."""
         if not hasattr(self, "_spec"):
             self._spec = poly_spectra(np.stack([self.p0, self.p1], axis=1))
         return self._spec
@@ -396,30 +423,30 @@ class PublicKey:
 
 # -- wire formats --------------------------------------------------------------------------------
 
-COEFF_BYTES = 11  # 86 bits in 11 bytes
+COEFF_BYTES = 14  # 108 bits in 14 bytes
 
 
 def words_to_bytes(x: np.ndarray) -> bytes:
-    """Words (2, ...) → 11 little-endian bytes per coefficient (value < 2^86)."""
+    """Words (2, ...) → 14 little-endian bytes per coefficient (value < 2^108)."""
     lo = x[0].reshape(-1).astype(np.uint64)
     hi = x[1].reshape(-1).astype(np.uint64)
     out = np.empty((lo.size, COEFF_BYTES), dtype=np.uint8)
     out[:, :8] = (lo | (hi << np.uint64(WORD))).view(np.uint8).reshape(-1, 8)
-    out[:, 8:] = (hi >> np.uint64(64 - WORD)).view(np.uint8).reshape(-1, 8)[:, :3]
+    out[:, 8:] = (hi >> np.uint64(64 - WORD)).view(np.uint8).reshape(-1, 8)[:, :6]
     return out.tobytes()
 
 
 def words_from_bytes(data, count: int, what: str = "coefficients") -> np.ndarray:
-    """Inverse of :func:`words_to_bytes`; refuses a wrong length or a value ≥ 2^86."""
+    """Inverse of :func:`words_to_bytes`; refuses a wrong length or a value ≥ 2^108."""
     raw = np.frombuffer(data, dtype=np.uint8)
     if raw.size != count * COEFF_BYTES:
         raise ProtocolError(f"{what}: {raw.size} bytes, expected {count * COEFF_BYTES}")
     raw = raw.reshape(count, COEFF_BYTES)
-    if np.any(raw[:, 10] >> 6):
+    if np.any(raw[:, 13] >> 4):
         raise ProtocolError(f"{what}: a coefficient is ≥ 2^{LOG_Q}")
     w0 = np.ascontiguousarray(raw[:, :8]).view("<u8").reshape(-1)
     top = np.zeros((count, 8), dtype=np.uint8)
-    top[:, :3] = raw[:, 8:]
+    top[:, :6] = raw[:, 8:]
     w1 = top.view("<u8").reshape(-1)
     lo = (w0 & np.uint64(WORD_MASK)).astype(np.int64)
     hi = ((w0 >> np.uint64(WORD)) | (w1 << np.uint64(64 - WORD))).astype(np.int64) & WORD_MASK

@@ -170,6 +170,10 @@ class JobParams:
             raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
         if not 1 <= self.bits <= 65535:
             raise ValueError(f"bits must be in 1..65535, got {self.bits}")
+        if self.crypto == "lattice":
+            from crypto.lattice_hamming import MAX_BITS
+            if self.bits > MAX_BITS:
+                raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
         if self.k < 1:
             raise ValueError(f"k must be at least 1, got {self.k}")
         if not 0.0 < self.alpha < 1.0:
@@ -486,13 +490,14 @@ class SiteSession:
 
     def _noise(self, purpose: str, attempt: int, shape: tuple[int, ...], sensitivity: float,
                participants: list[str]) -> np.ndarray:
-        """This site's DP noise share for one attempt of a sum (label_dp): zeros without DP."""
+        """This site's DP noise share for one attempt of a sum (label_dp): exact discrete Gaussian
+        integers on the sum's fixed-point grid (int64; added mod 2^64 with the mask), zeros without DP."""
         if not self.params.dp:
-            return np.zeros(shape)
+            return np.zeros(shape, dtype=np.int64)
         std = label_dp.share_std(self.params.dp_noise, sensitivity, len(participants))
         key = None if self._noise_seed is None else hashlib.sha256(
             self._noise_seed + f"/{self.params.job_id}/{purpose}/{attempt}".encode()).digest()
-        return label_dp.noise(shape, std, key)
+        return label_dp.noise(shape, std, key, self.params.frac_bits)
 
     @property
     def _counts_frac_bits(self) -> int:
@@ -524,9 +529,9 @@ class SiteSession:
         first = self.site == [s for s in self.order if s in participants][0]
         shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
         counts = class_counts(self.y_released, C).astype(np.float64)
-        counts += self._noise("counts", attempt, (C,), label_dp.counts_sensitivity(), participants)
-        return dump_array(mask_vector(counts, self._mask("counts", attempt, participants, (C,)),
-                                      self._counts_frac_bits, shared))
+        mask = self._mask("counts", attempt, participants, (C,))
+        mask += self._noise("counts", attempt, (C,), label_dp.counts_sensitivity(), participants).view(np.uint64)
+        return dump_array(mask_vector(counts, mask, self._counts_frac_bits, shared))
 
     def receive_counts(self, total: bytes, attempt: int = 0) -> None:
         self._expect("counts")
@@ -611,17 +616,21 @@ class SiteSession:
             # Clipped columns, one-hot labels (balanced afterwards by the noisy counts), noise on what is sent.
             cols = label_dp.clip_columns(self._influence, others, self.params.dp_clip)
             zbar = contribution(cols, self.y_released[self.labelled_rows], self.global_counts, balanced=False)
-            zbar[others] += self._noise("row_sums", attempt, (others.size, self.params.n_classes),
-                                        label_dp.rows_sensitivity(self.params.dp_clip), participants)
+            noise = self._noise("row_sums", attempt, (others.size, self.params.n_classes),
+                                label_dp.rows_sensitivity(self.params.dp_clip), participants)
         else:
+            noise = None
             zbar = contribution(self._influence, self.y_released[self.labelled_rows], self.global_counts,
                                 self.params.balanced)
         # No wrap-around: every participant's |Z̄| stays below 2^(63−f) / (number of participants).
         limit = 2.0 ** (63 - self.params.frac_bits) / max(1, len(participants))
-        if np.abs(zbar).max(initial=0.0) >= limit:
+        spread = 0.0 if noise is None else float(np.abs(noise).max(initial=0)) * 2.0**-self.params.frac_bits
+        if np.abs(zbar).max(initial=0.0) + spread >= limit:
             raise ProtocolError(f"{self.site}: scores exceed the fixed-point bound {limit:.3g}")
-        out, self._kept = mask_rows(zbar, self.layout.rows(self.site), self._mask("row_sums", attempt, participants,
-                                    zbar.shape), self.params.frac_bits, send_rows=others)
+        mask = self._mask("row_sums", attempt, participants, zbar.shape)
+        if noise is not None:
+            mask[others] += noise.view(np.uint64)  # the share rides with the mask, on the exact grid
+        out, self._kept = mask_rows(zbar, self.layout.rows(self.site), mask, self.params.frac_bits, send_rows=others)
         return dump_array(out)
 
     def receive_row_sums(self, rows: bytes) -> Prediction:

@@ -16,7 +16,7 @@ def packed(rng, n, L, p=0.5):
 
 
 @pytest.mark.parametrize("L, na, nb", [(1, 3, 2), (7, 1, 1), (64, 1, 9), (100, 13, 1), (255, 37, 70),
-                                       (1024, 5, 3), (4096, 3, 4)])
+                                       (1024, 5, 3), (4096, 3, 4), (8192, 3, 2)])
 def test_exact_for_random_sizes(L, na, nb):
     rng = np.random.default_rng(L * 1000 + na)
     a, b = packed(rng, na, L), packed(rng, nb, L)
@@ -79,39 +79,8 @@ def test_what_the_coordinator_and_the_key_owner_see_is_uniform():
     assert np.array_equal(proto.combine(share_a, share_b, n, 3, L), np.zeros((n, 3)))
 
 
-def _noise_at_q(L, y_row, flood=True, monkeypatch=None):
-    """The exact decrypted noise of one result ciphertext (before switching), as A would compute it."""
-    rng = np.random.default_rng(11)
-    n_a = 2048
-    x = packed(rng, n_a, L)
-    y = np.packbits(np.full((1, L), y_row, dtype=np.uint8), axis=1)
-    proto, pa, pb, hello = _start(L, x, y)
-    if not flood:
-        monkeypatch.setattr(lh.rlwe, "sample_flood", lambda shape, bits: np.zeros((2, *shape), dtype=np.int64))
-    _, body = lh._open(hello, (lh.HELLO,), 1 << 30)  # B's first step, stopped before its results
-    _, cols = lh._open(pb._hello(body), (lh.COLS,), 1 << 30)
-    pb._columns(cols)
-    sums = np.unpackbits(y, axis=1, count=L).astype(np.float64) @ pb.matrix
-    a, b = pb._finish(sums, np.array([int(y_row) * L]), 0)
-    _, noise = proto._key.decrypt_noise(a, b)
-    return np.array(noise, dtype=float)
-
-
-@pytest.mark.parametrize("flood", [True, False])
-def test_flooding_makes_the_decrypted_noise_independent_of_y(flood, monkeypatch):
-    L = 1024
-    ones = _noise_at_q(L, 1, flood, monkeypatch)  # y = all ones: noise −2 Σ_l e_l + …
-    zeros = _noise_at_q(L, 0, flood, monkeypatch)  # y = 0: none of the columns' noise
-    # y = 1…1 adds −2 Σ_l e_l to the noise: a larger variance, which Levene's test sees at once
-    p_shape = stats.ks_2samp(ones, zeros).pvalue
-    p_spread = stats.levene(ones, zeros).pvalue
-    if flood:  # same distribution: uniform on [−2^F, 2^F) up to 2^−40
-        F = lh.lattice_params(L).flood_bits
-        assert p_shape > 1e-4 and p_spread > 1e-4
-        assert np.abs(ones).max() <= 2.0**F * 1.001
-        assert stats.kstest(ones / 2.0**F, stats.uniform(-1, 2).cdf).pvalue > 1e-4
-    else:  # the test can fail: without flooding A tells the two y apart
-        assert p_spread < 1e-6
+# Flooding: A's exact decrypted noise does not depend on y (and the check fails without flooding or
+# with weakened flooding): tests/crypto/test_sampler_distributions.py.
 
 
 def test_parameters_below_the_standard_are_refused_by_the_evaluator():
@@ -174,7 +143,7 @@ def test_mask_streams_are_shared_by_evaluator_and_coordinator_only_through_the_k
     assert r.shape == (lh.SUB_BATCH, 1000) and r.max() < 2048
     assert np.array_equal(r, lh.rho(key, 2, 1000, 11))
     assert not np.array_equal(r, lh.rho(key, 3, 1000, 11))
-    assert rlwe.LOG_Q == 86
+    assert rlwe.LOG_Q == 108
 
 
 def test_a_small_site_packs_its_columns_into_few_ciphertexts():
@@ -202,3 +171,71 @@ def test_a_small_site_packs_its_columns_into_few_ciphertexts():
     unpacked = lh._header(lh.COLS) + lh._COLS.pack(0, n) + bytes((L + 1) * n * rlwe.COEFF_BYTES)
     with pytest.raises(ProtocolError, match="COLS"):
         pb._columns(memoryview(unpacked)[lh._HDR.size :])
+
+
+@pytest.mark.parametrize("L", [1, 16, 64, 1024, 4096, 8192])
+def test_flooding_covers_the_rerandomisation_noise_and_every_ciphertext_of_a_job(L):
+    # F ≥ σ + log2(N·(4Lη + 2(2N+1)η)) + log2(C), checked in exact integers, and the noise still decrypts.
+    p = lh.lattice_params(L)
+    n, eta = rlwe.N_DEFAULT, rlwe.ETA
+    shift = 4 * L * eta + 2 * (2 * n + 1) * eta
+    assert lh.flood_shift(L) == shift
+    assert lh.MAX_CIPHERTEXTS * n * shift * 2**lh.SIGMA <= 2**p.flood_bits
+    assert lh.flooding_distance_log2(p) <= -(lh.SIGMA + 1)
+    w, k = p.log_t, p.log_q_out
+    noise = 2**p.flood_bits + (2 * L + 1) * eta + (2 * n + 1) * eta
+    assert 2 * noise * 2**k + (n + 1) * 2**rlwe.LOG_Q < 2 ** (rlwe.LOG_Q + k - w)  # < Δ'/2 after switching
+    assert rlwe.LOG_Q <= rlwe.MAX_LOG_Q_128[n]
+
+
+def test_the_issue_numbers_for_the_old_bound():
+    # The old F (per ciphertext, without the re-randomisation noise) gave 2^-38.3 per ciphertext at L = 1024.
+    import math
+    old_f = math.ceil(40 + math.log2(4096 * 4 * 1024 * 21)) - 1
+    assert old_f == 68
+    assert abs(math.log2(4096 * lh.flood_shift(1024)) - (old_f + 1) + 38.3) < 0.05
+
+
+def test_a_refuses_more_result_ciphertexts_than_the_flooding_covers(monkeypatch):
+    rng = np.random.default_rng(13)
+    L = 16
+    a, b = packed(rng, 3, L), packed(rng, 5, L)
+    proto = lh.LatticeHamming()
+    assert np.array_equal(run_pair(proto, a, b, L), plaintext_hamming(a, b, L))
+    assert proto.decrypted == 5  # one ciphertext per vector of B (one block of A)
+    monkeypatch.setattr(lh, "MAX_CIPHERTEXTS", 7)
+    with pytest.raises(ProtocolError, match="more than 7 result ciphertexts"):
+        run_pair(proto, a, b, L)  # 5 + 5 > 7: the second peer is refused by A
+    with pytest.raises(ProtocolError, match="flooding covers"):
+        run_pair(lh.LatticeHamming(), a, packed(rng, 8, L), L)  # B alone: 8 > 7
+
+
+def test_the_uniform_polynomials_are_bound_to_the_bits_they_encrypt():
+    # One object encrypting two bit sets must not reuse a: b − b' would be x − x' plus small noise.
+    rng = np.random.default_rng(14)
+    L = 32
+    x1, x2 = packed(rng, 4, L), packed(rng, 4, L)
+    proto = lh.LatticeHamming()
+    seeds = []
+    for x in (x1, x2, x1):
+        hello = proto.party_a(x, L).receive(None).to_peer
+        _, body = lh._open(hello, (lh.HELLO,), 1 << 30)
+        seeds.append(lh._HELLO.unpack_from(body)[-1])
+    assert seeds[0] != seeds[1] and seeds[0] == seeds[2]
+    y = packed(rng, 3, L)
+    for x in (x1, x2):
+        assert np.array_equal(run_pair(proto, x, y, L), plaintext_hamming(x, y, L))
+
+
+def test_L_8192_has_parameters():
+    p = lh.lattice_params(8192)
+    assert (p.log_t, p.log_q_out) == (14, 32)
+
+
+def test_a_job_past_the_lattice_limit_is_refused_at_validation():
+    from xclp.protocol import JobParams
+
+    JobParams(job_id="j", n_classes=2, bits=lh.MAX_BITS, crypto="lattice").validate()
+    with pytest.raises(ValueError, match="lattice.*8192"):
+        JobParams(job_id="j", n_classes=2, bits=lh.MAX_BITS + 1, crypto="lattice").validate()
+    JobParams(job_id="j", n_classes=2, bits=lh.MAX_BITS + 1, crypto="ot").validate()

@@ -314,3 +314,18 @@ def test_a_fedct_job_under_a_dp_budget_keeps_its_ledger_in_the_status(app_client
         assert 0 < led["epsilon"] <= 5.0 and led["delta"] == 1e-5
     seen_by_a = app_client.get(f"/jobs/{job}", headers=ha).json()["training"]
     assert seen_by_a["privacy"]["epsilon"] == led["epsilon"]  # every site sees what has been spent of its data
+
+
+def test_the_seed_schema_states_the_bound_the_api_enforces():
+    # 2^63 − 1 is the largest seed (an int64); the schema says so as an inclusive integer maximum.
+    import pydantic
+    import pytest
+
+    from service.training_api import TrainJobCreate
+
+    prop = TrainJobCreate.model_json_schema()["properties"]["seed"]
+    assert prop["maximum"] == 2**63 - 1 and "exclusiveMaximum" not in prop
+    base = {"algorithm": "fedavg", "sites": ["a", "b"]}
+    assert TrainJobCreate(**base, seed=2**63 - 1).seed == 2**63 - 1
+    with pytest.raises(pydantic.ValidationError):
+        TrainJobCreate(**base, seed=2**63)

@@ -61,7 +61,7 @@ def test_each_site_receives_gaussian_noise_of_the_stated_sigma(ds, monkeypatch):
     run_xclp(ds, params(dp_noise=z, dp_clip=C, balanced=False), seed=1)
     noisy = dict(seen)
     seen.clear()
-    monkeypatch.setattr(label_dp, "noise", lambda shape, std, key: np.zeros(shape))
+    monkeypatch.setattr(label_dp, "noise", lambda shape, std, key, frac_bits: np.zeros(shape, dtype=np.int64))
     run_xclp(ds, params(dp_noise=z, dp_clip=C, balanced=False), seed=1)
     diff = np.concatenate([(noisy[i] - seen[i]).ravel() for i in noisy])
     sigma = z * C * math.sqrt(2)

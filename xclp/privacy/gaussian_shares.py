@@ -2,8 +2,8 @@
 
 Each site j of a round clips its update Δ_j = w_j − w_global to L2 norm C and adds, to its
 fixed-point encoded weights, an integer noise share n_j on the same grid (2^−f, f = FRAC_BITS of
-xclp.training.secure_aggregation): n_j = round(2^f · g_j), g_j ~ N(0, (zC)² / m) per coordinate,
-where m is the number of sites the round planned. The masks cancel in the sum; the noise shares do
+xclp.training.secure_aggregation): n_j ~ N_Z(0, (2^f · zC)² / m) per coordinate, the exact discrete
+Gaussian (xclp.privacy.discrete_gaussian), where m is the number of sites the round planned. The masks cancel in the sum; the noise shares do
 not: the coordinator decodes Σ_j (w_global + clip(Δ_j)) + Σ_j n_j·2^−f — the sum of the clipped
 updates plus Gaussian noise of variance (m'/m)·(zC)² per coordinate, m' the sites whose shares are
 in the sum. No party sees a single noisy update: each masked upload is uniform to the coordinator.
@@ -14,25 +14,27 @@ update by at most 2C in L2): each round is one Gaussian mechanism on the sum, no
 share of the noise with it). No amplification by the sampling of sites is claimed: the bound is the
 same whoever is sampled.
 
-Discretisation: the data are encoded exactly on the grid and the shares are rounded Gaussians on
-it, with a standard deviation of about 2^f·zC/√m grid steps (≈ 10^7 and more). Their sum is the
-distributed discrete Gaussian of Kairouz, Liu & Steinke (ICML 2021) up to the difference between a
-rounded and a discrete Gaussian, which is of relative order 1/σ² in grid steps; the ledger uses the
-continuous Gaussian's PLD, whose ε(δ) the discrete one matches to that order.
+Discretisation: the data are encoded exactly on the grid and the shares are exact discrete
+Gaussians on it (Canonne, Kamath & Steinke 2020), with a standard deviation of 2^f·zC/√m grid steps
+(≈ 10^7 and more). Their sum is the distributed discrete Gaussian of Kairouz, Liu & Steinke (ICML
+2021), within τ = 10 Σ_k e^{−2π²σ² k/(k+1)} (σ in grid steps: zero in any floating point) of one
+discrete Gaussian of the summed variance; the ledger uses the continuous Gaussian's PLD, which the
+discrete one matches up to terms of order e^{−2π²σ²} (docs/privacy.md). The shares have full tails:
+Box–Muller on 53-bit uniforms, used before, stopped at 8.57σ (issue 22 item 7).
 
-Randomness: normal variates by Box–Muller from AES-256-CTR (crypto.secure_sum.prg_uint64) keyed by
-os.urandom at a real site; a simulation may pass a key derived from its seed.
+Randomness: AES-256-CTR (crypto.secure_sum.prg_uint64) keyed by os.urandom at a real site; a
+simulation may pass a key derived from its seed.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
+from fractions import Fraction
 
 import numpy as np
 
-from crypto.secure_sum import prg_uint64
+from xclp.privacy import discrete_gaussian
 
 # dp-accounting (half a second to import) waits until a run accounts: the protocol imports the
 # noise of this module (through xclp.privacy.label_dp) on every site.
@@ -42,14 +44,11 @@ from crypto.secure_sum import prg_uint64
 MIN_MULTIPLIER = 0.1
 
 
-def normal(count: int, key: bytes | None = None) -> np.ndarray:
-    """`count` standard normal variates (Box–Muller on 53-bit uniforms from the CSPRNG)."""
-    pairs = (count + 1) // 2
-    words = prg_uint64(key if key is not None else os.urandom(32), 2 * pairs)
-    u = ((words >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]
-    r = np.sqrt(-2.0 * np.log(u[:pairs]))
-    theta = 2.0 * np.pi * u[pairs:]
-    return np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:count]
+def grid_sigma(std: float, frac_bits: int) -> Fraction:
+    """σ in grid steps, exactly: std · 2^f (std taken at its exact binary value)."""
+    if not (std > 0 and math.isfinite(std)):
+        raise ValueError(f"a noise share needs a positive standard deviation, got {std}")
+    return Fraction(std) * (1 << frac_bits)
 
 
 def share_std(noise_multiplier: float, clip: float, planned: int) -> float:
@@ -60,14 +59,15 @@ def share_std(noise_multiplier: float, clip: float, planned: int) -> float:
 
 
 def noise_share(n_values: int, std: float, frac_bits: int, key: bytes | None = None) -> np.ndarray:
-    """One site's share on the fixed-point grid, as uint64 (two's complement: it adds mod 2^64 like
-    the encoded weights and the masks)."""
-    if not (std > 0 and math.isfinite(std)):
-        raise ValueError(f"a noise share needs a positive standard deviation, got {std}")
-    grid = np.rint(normal(n_values, key) * (std * 2.0**frac_bits))
-    if np.abs(grid).max(initial=0) >= 2.0**62:
+    """One site's share on the fixed-point grid: the exact discrete Gaussian N_Z(0, (std·2^f)²), as
+    uint64 (two's complement: it adds mod 2^64 like the encoded weights and the masks)."""
+    sigma = grid_sigma(std, frac_bits)
+    if sigma > 1 << 56:
         raise ValueError("noise too large for the fixed-point sum")
-    return grid.astype(np.int64).view(np.uint64)
+    grid = discrete_gaussian.sample(n_values, None, key, sigma2=sigma * sigma)
+    if np.abs(grid).max(initial=0) >= 2**62:
+        raise ValueError("noise too large for the fixed-point sum")
+    return grid.view(np.uint64)
 
 
 def event(noise_multiplier: float, contributed: int, planned: int):

@@ -42,9 +42,9 @@ the coordinator sees only masked values. A job spends two of them (`events`), co
 sees the noise of the others only (the same trust model as DP-FedAvg's shares, stated in
 docs/privacy.md).
 
-Shares are continuous Gaussians (xclp.privacy.gaussian_shares.normal, from AES-CTR keyed by
-os.urandom at a real site) rounded to the 2^−f grid of the fixed-point sum (f = 40): the rounding is
-2^−40 of a noise whose σ is ≳ 0.1, far below what the accountant resolves.
+Shares are exact discrete Gaussians on the 2^−f grid of the fixed-point sum (f = 40;
+xclp.privacy.discrete_gaussian, Canonne, Kamath & Steinke 2020, from AES-CTR keyed by os.urandom at a
+real site), added to the site's mask as integers: no rounding, no cut tail (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ import math
 
 import numpy as np
 
-from xclp.privacy import randomized_response
-from xclp.privacy.gaussian_shares import MIN_MULTIPLIER, normal
+from xclp.privacy import discrete_gaussian, randomized_response
+from xclp.privacy.gaussian_shares import MIN_MULTIPLIER, grid_sigma
 
 # The accountant's imports (dp-accounting: half a second) wait until a run accounts: the protocol
 # imports this module for its noise alone.
@@ -106,12 +106,14 @@ def share_std(noise_multiplier: float, sensitivity: float, participants: int) ->
     return noise_multiplier * sensitivity / math.sqrt(participants - 1)
 
 
-def noise(shape: tuple[int, ...], std: float, key: bytes | None) -> np.ndarray:
-    """One share: N(0, std²) per entry (CSPRNG; `key` None draws a fresh os.urandom key)."""
+def noise(shape: tuple[int, ...], std: float, key: bytes | None, frac_bits: int) -> np.ndarray:
+    """One share on the 2^−f grid of the fixed-point sum: the exact discrete Gaussian N_Z(0, (std·2^f)²)
+    per entry, int64 (CSPRNG; `key` None draws a fresh os.urandom key). The site adds it to its
+    mask, so it reaches the sum exactly, with no rounding."""
     count = int(np.prod(shape))
     if std == 0.0 or count == 0:
-        return np.zeros(shape)
-    return normal(count, key).reshape(shape) * std
+        return np.zeros(shape, dtype=np.int64)
+    return discrete_gaussian.sample(count, None, key, sigma2=grid_sigma(std, frac_bits) ** 2).reshape(shape)
 
 
 def counts_sensitivity() -> float:
