@@ -19,8 +19,10 @@ every request, from its method, path and headers alone:
    that passes the limit raises `BodyTooLarge` (a 413 HTTPException, so FastAPI's body parsing and
    the routes' own error handlers answer it) — nothing past the limit is ever handed on.
 
-A refusal here is sent without reading the body: uvicorn stops reading the socket once its small
-buffer is full, so a client that keeps sending meets a full TCP window, then a closed connection.
+A refusal (here or by a route) is sent without reading the rest of the body, with `Connection:
+close`: uvicorn stops reading the socket once its small buffer is full and closes the connection
+after the answer, so a client that keeps sending meets a full TCP window, then a closed connection —
+without the header uvicorn would read the rest of the body, to throw it away, to keep the connection.
 """
 
 from __future__ import annotations
@@ -130,18 +132,27 @@ class RequestGuard:
         if declared is not None and limit and not upload and (not declared.isdigit() or int(declared) > limit):
             return await self._refuse(scope, receive, send, 413,
                                       f"a body of {declared} bytes exceeds this route's limit of {limit} bytes")
-        seen = 0
+        seen, done = 0, declared == "0" or (declared is None and "transfer-encoding" not in headers)
 
         async def counted():
-            nonlocal seen
+            nonlocal seen, done
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise BodyTooLarge(limit)
+                done = done or not message.get("more_body", False)
             return message
 
-        await self.app(scope, counted, send)
+        async def closing(message):
+            # An answer given before the whole body was read (a refusal, a 413) closes the connection:
+            # kept alive, the server would read, and throw away, the rest of the body to reach the next
+            # request — all 300 MB of it.
+            if message["type"] == "http.response.start" and not done:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, counted, closing)
 
     async def _refuse(self, scope, receive, send, status: int, detail: str, headers: dict | None = None):
         path = scope["path"]
@@ -154,7 +165,8 @@ class RequestGuard:
             from starlette.responses import Response
 
             response = Response(json.dumps({"detail": detail}), status, headers, media_type="application/json")
-        response.headers["Connection"] = "close"  # the unread body makes this connection unusable
+        if scope["method"] not in SAFE:
+            response.headers["Connection"] = "close"  # the unread body makes this connection unusable
         await response(scope, receive, send)
 
 
