@@ -59,17 +59,17 @@ def make_ds(cfg: dict):
     return simulate_sites(X, y, cfg["sites"], cfg["split"], cfg["labelled"], seed=cfg["seed"])
 
 
-def metric(url: str, name: str) -> int:
-    """A Prometheus counter of the coordinator, summed over its labels."""
+def metric(url: str, name: str, admin: str) -> int:
+    """A Prometheus counter of the coordinator, summed over its labels (GET /metrics: the admin token)."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=10, headers={"Authorization": f"Bearer {admin}"}).text
     return int(sum(float(m) for m in re.findall(rf'^{name}(?:\{{[^}}]*\}})? ([0-9.e+]+)$', text, re.M)))
 
 
-def requests_so_far(url: str) -> int:
+def requests_so_far(url: str, admin: str) -> int:
     """Total HTTP requests the coordinator has answered."""
-    return metric(url, "xclp_requests_total")
+    return metric(url, "xclp_requests_total", admin)
 
 
 def wait_agents_ready(work: Path, sites: list[str], procs: list[subprocess.Popen], timeout: float = 180) -> None:
@@ -138,7 +138,7 @@ def service_run(ds, cfg: dict, keep: bool = False) -> dict:
     from clients.api import CoordinatorClient
 
     work = Path(tempfile.mkdtemp(prefix="xclp-bench-service-"))
-    admin = "a" + secrets.token_urlsafe(16)  # start_coordinator passes `--admin-token VALUE`: no leading '-'
+    admin = secrets.token_urlsafe(32)  # the admin token: at least 32 characters (start_coordinator: in the environment)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
@@ -156,7 +156,7 @@ def service_run(ds, cfg: dict, keep: bool = False) -> dict:
             procs.append(start_agent(work, url, s, tokens[s], work / f"{s}.npz", work / f"out-{s}"))
         wait_agents_ready(work, ds.sites, procs)
         startup = time.perf_counter() - t_start
-        req0 = requests_so_far(url)
+        req0 = requests_so_far(url, admin)
 
         t0 = time.perf_counter()
         job = client.submit_job(kind="predict", sites=ds.sites, crypto=cfg["crypto"], bits=cfg["bits"], k=cfg["k"],
@@ -176,8 +176,8 @@ def service_run(ds, cfg: dict, keep: bool = False) -> dict:
         seconds = time.perf_counter() - t0
 
         st = client.job(job)
-        uploaded = metric(url, "xclp_upload_bytes_total")  # every accepted site upload, relayed ones included
-        requests = requests_so_far(url) - req0 - 2  # minus the /metrics calls; the driver's few status calls stay in
+        uploaded = metric(url, "xclp_upload_bytes_total", admin)  # every accepted site upload, relayed ones included
+        requests = requests_so_far(url, admin) - req0 - 2  # minus the /metrics calls; the driver's few status calls stay in
         contributions = {s: bytes.fromhex(json.loads((work / f"out-{s}" / ".agent-state" / f"{job}.json")
                                                      .read_text())["contribution"]) for s in ds.sites}
         results = {s: dict(np.load(p)) for s, p in paths.items()}

@@ -98,7 +98,7 @@ class LocalCluster:
         self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
         self.agent_options = list(agent_options or [])
         self.data_files: dict[str, Path] = {}  # a site's data file other than <work>/<site>.npz (e.g. a CSV)
-        self.admin_token = admin_token or secrets.token_urlsafe(16)
+        self.admin_token = admin_token or secrets.token_urlsafe(32)
         self.port = free_port()
         self.tls = tls
         self.ca_file = str(tls["ca"]) if tls else None

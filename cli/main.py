@@ -289,7 +289,8 @@ def cmd_coordinator_serve(args) -> int:
     from cli.tls import serve_tls
 
     serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
-          args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, **serve_tls(args))
+          args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, public_url=args.public_url,
+          public_metrics=args.public_metrics, **serve_tls(args))
     return 0
 
 
@@ -467,9 +468,18 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--port", type=int, default=8000)
     cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
                     help="SQLAlchemy URL: sqlite:///FILE (default) or postgresql+psycopg2://USER:PW@HOST/DB")
-    cs.add_argument("--admin-token", default=None, help="operator token (or --admin-token-file, or $XCLP_ADMIN_TOKEN)")
+    cs.add_argument("--admin-token", default=None, help="operator token, at least 32 characters (or "
+                    "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`)")
     cs.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
-    cs.add_argument("--max-body-mb", type=int, default=1024, help="largest upload accepted (MiB)")
+    cs.add_argument("--max-body-mb", type=int, default=1024,
+                    help="largest message upload a site may make (MiB; default 1024); the operator's JSON calls "
+                         "take at most 1 MiB and the dashboard's forms 4 KiB")
+    cs.add_argument("--public-url", default=None,
+                    help="the address browsers reach the coordinator at, e.g. https://coord.example.org (default: "
+                         "none). Dashboard POSTs from this origin pass the cross-site check besides the request's "
+                         "own scheme and Host; an https address makes the session cookie Secure")
+    cs.add_argument("--public-metrics", action="store_true",
+                    help="serve GET /metrics without the admin token (default: off, the admin token is needed)")
     cs.add_argument("--blob-dir", default=None,
                     help="folder for message bodies of 1 MiB or more (default: <database file>.blobs for SQLite; "
                          "none for PostgreSQL, where they stay in the database)")

@@ -6,8 +6,9 @@ import os
 
 
 def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
-          deadlines: dict | None = None, blob_dir: str | None = None, tls_cert: str | None = None,
-          tls_key: str | None = None, insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1") -> None:
+          deadlines: dict | None = None, blob_dir: str | None = None, public_url: str | None = None,
+          public_metrics: bool = False, tls_cert: str | None = None, tls_key: str | None = None,
+          insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1") -> None:
     import uvicorn
 
     from cli.logs import setup_logging
@@ -19,11 +20,12 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
     check_bind(host, tls_cert is not None, insecure_http)
     token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
     setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
-    settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir)
+    settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir,
+                        public_url=public_url, public_metrics=public_metrics)
     if deadlines:
         settings.default_deadlines.update(deadlines)
     app = create_app(settings)
     # proxy_headers: X-Forwarded-Proto/-For are believed only from forwarded_allow_ips (a TLS reverse
-    # proxy), so that the dashboard's cookie is Secure when the browser came over https.
+    # proxy): the client address the login throttle counts, and the https that makes cookies Secure.
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)

@@ -49,7 +49,8 @@ def add_serve_tls_args(p: argparse.ArgumentParser) -> None:
                         "machine (default: refused)")
     g.add_argument("--forwarded-allow-ips", default="127.0.0.1",
                    help="comma-separated addresses of reverse proxies whose X-Forwarded-Proto/-For headers are "
-                        "believed, '*' for any (default 127.0.0.1: a proxy on this machine)")
+                        "believed, '*' for any (default 127.0.0.1: a proxy on this machine): the client address "
+                        "the login throttle counts, and https for the Secure cookie")
 
 
 def serve_tls(args) -> dict:

@@ -32,10 +32,12 @@ from service import jobs_api, ops_api, sites_api, training_api, ui_api
 from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
 from service.db import Message, make_engine, make_sessionmaker
 from service.engine import JobEngine
+from service.guard import RequestGuard, Throttle, origin_of
 from service.lifecycle import DEFAULT_DEADLINES
 from service.messages_api import make_messages_router
 
 log = logging.getLogger("xclp.service")
+MIN_ADMIN_TOKEN = 32  # characters; `openssl rand -hex 24` gives 48
 
 
 @dataclass
@@ -55,6 +57,15 @@ class Settings:
     blob_fsync: bool | None = None
     # Long polls (`?wait=`) a site may hold at once; more are answered at once, as without `wait`.
     max_waits_per_site: int = 8
+    # The address people and proxies reach the coordinator at (https://coord.example.org): dashboard
+    # POSTs from this origin pass the CSRF check (besides the request's own scheme and Host), and an
+    # https address makes the session cookie Secure whatever scheme the proxy speaks to us.
+    public_url: str | None = None
+    # GET /metrics without the admin token (a scraper on a trusted network); default: admin only.
+    public_metrics: bool = False
+    # Failed dashboard logins a client may make in `login_window` seconds before it must wait.
+    login_failures: int = 5
+    login_window: float = 60.0
 
 
 @dataclass
@@ -66,8 +77,11 @@ class Metrics:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    if len(settings.admin_token) < 8:
-        raise ValueError("the admin token must have at least 8 characters")
+    if len(settings.admin_token) < MIN_ADMIN_TOKEN:
+        raise ValueError(f"the admin token must have at least {MIN_ADMIN_TOKEN} characters (it has "
+                         f"{len(settings.admin_token)}): make one with `openssl rand -hex 24`")
+    if settings.public_url is not None and origin_of(settings.public_url) is None:
+        raise ValueError(f"the public URL {settings.public_url!r} is not an http(s)://host[:port] address")
     engine = make_engine(settings.database)
     blob_dir = settings.blob_dir or default_blob_dir(settings.database)
     fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
@@ -97,6 +111,7 @@ def create_app(settings: Settings) -> FastAPI:
     # What the routes' dependencies (service.deps) and the routers read.
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
     app.state.metrics = metrics
+    app.state.login_throttle = Throttle(settings.login_failures, settings.login_window)
     app.state.last_seen = {}  # the dashboard's (service.ui_api): each site's last authenticated request
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
@@ -122,6 +137,10 @@ def create_app(settings: Settings) -> FastAPI:
         if ui_api.is_page(request):  # a person at the dashboard reads a page, not JSON
             return ui_api.error_page(request, exc.status_code, str(exc.detail))
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
+
+    # Limits and who-is-asking before any body is read (service.guard); inside count_requests, so
+    # that its refusals are counted too.
+    app.add_middleware(RequestGuard, settings=settings)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

@@ -1,4 +1,5 @@
-"""Operations: health (the database answers) and Prometheus metrics."""
+"""Operations: health (the database answers) and Prometheus metrics (the admin token, unless the
+coordinator was started with --public-metrics)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from prometheus_client import generate_latest
 from sqlalchemy import func, select
 
 from service.db import Job
-from service.deps import get_db
+from service.deps import bearer, get_db, require_admin
+from service.schemas import errors
 
 router = APIRouter(tags=["ops"])
 
@@ -19,7 +21,16 @@ def health(db=Depends(get_db)):
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+def metrics_reader(request: Request) -> None:
+    """The admin token, unless the coordinator was started with --public-metrics."""
+    if not request.app.state.settings.public_metrics:
+        require_admin(request, bearer(request))
+
+
+# (Not response_class=PlainTextResponse: that would document the JSON errors as text/plain too.)
+@router.get("/metrics", dependencies=[Depends(metrics_reader)], responses={
+    200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **errors(401, 403)})
 def metrics(request: Request, db=Depends(get_db)):
     m = request.app.state.metrics
     for status in ("running", "done", "failed"):

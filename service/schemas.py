@@ -23,7 +23,7 @@ _ERROR_MEANING = {
     409: "not now: the job is in another phase, attempt or round, has ended, or the upload differs from "
          "the one already stored",
     400: "the body is not valid JSON",
-    413: "the body exceeds the limit of its topic or of the service",
+    413: "the body exceeds the limit of its topic or of its route (service.guard)",
     422: "malformed: the request does not fit the schema, or its values do not fit together or the job",
 }
 

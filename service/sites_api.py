@@ -29,7 +29,7 @@ class SiteCreated(BaseModel):
 
 
 @router.post("/sites", response_model=SiteCreated, status_code=201, dependencies=[Depends(require_admin)],
-             responses=errors(400, 401, 403, 409, 422))
+             responses=errors(400, 401, 403, 409, 413, 422))
 def add_site(body: SiteCreate, db=Depends(get_db)):
     if not NAME.match(body.name) or body.name in (COORDINATOR, "admin"):
         raise HTTPException(422, f"invalid site name {body.name!r}: letters, digits, '_', '.', '-' (≤ 64)")

@@ -4,8 +4,11 @@ Who sees what. The operator logs in with the admin token and sees every job and 
 with its own token and sees only its own view: the jobs it takes part in and its own contact; any
 other job's or site's page answers 403. The token is typed once into the login form (POST, never a
 URL) and exchanged for a session: a random 32-byte id in an HttpOnly, SameSite=Strict cookie scoped
-to /ui, mapped server-side to who logged in. SameSite=Strict and POST-only state changes (login,
-logout) are the CSRF defence: a page on another origin can neither send the cookie nor read a page.
+to /ui, mapped server-side to who logged in, Secure when the dashboard is reached over https
+(`secure_cookies`). Against cross-site requests: SameSite=Strict, POST-only state changes (login,
+logout), and every POST's Origin (or Referer) must be the dashboard's own (service.guard) — SameSite
+alone does not stop a cross-site *login* form, which needs no cookie. A client's failed logins are
+throttled (`Throttle`: after 5 in a minute, 429 until the oldest is a minute old).
 Sessions last 8 hours (or until logout) and are kept in the coordinator's database as the SHA-256 of
 their id (`UISession`), so a restarted coordinator keeps everyone logged in and a copy of the
 database holds no live cookie; tokens are never stored, only their hashes.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +39,14 @@ from sqlalchemy import delete, func, select
 
 from service.db import Job, Message, PrunedBytes, Site, UISession, message_phase, utcnow
 from service.deps import get_db, hash_token, is_admin, load_job
+from service.guard import LOGIN_BYTES
 from xclp.protocol import JOB_PHASES
 
 UI = Path(__file__).resolve().parent / "ui"
 templates = Jinja2Templates(directory=str(UI / "templates"))
 COOKIE = "xclp_session"
 SESSION_SECONDS = 8 * 3600
-MAX_LOGIN_BYTES = 4096  # a token is 43 characters; the form is refused long before it could hurt
+MAX_LOGIN_BYTES = LOGIN_BYTES  # a token is 43 characters; the form is refused long before it could hurt
 TRAIN_PHASES = ("setup", "round", "evaluate", "done")
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -115,8 +120,31 @@ def login_page(request: Request):
     return templates.TemplateResponse(request, "login.html", {"error": None})
 
 
+def _client(request: Request) -> str:
+    """The client's address: the socket's peer, or the X-Forwarded-For of a proxy the coordinator
+    trusts (uvicorn's --forwarded-allow-ips; `xclp coordinator serve --forwarded-allow-ips`)."""
+    return request.client.host if request.client else "an unknown address"
+
+
+def secure_cookies(request: Request) -> bool:
+    """Secure (https only) session cookies: the request came over https — directly, or through a
+    trusted proxy's X-Forwarded-Proto (uvicorn rewrites the scheme) — or the coordinator's public
+    address (--public-url) is https."""
+    public = request.app.state.settings.public_url or ""
+    return request.url.scheme == "https" or public.lower().startswith("https://")
+
+
 @router.post("/login")
 async def login(request: Request, db=Depends(get_db)):
+    # The cross-site check and the body limit are service.guard's, before this runs; the throttle
+    # before the body is read too: a client past its failures gets no further answer about tokens.
+    throttle, client = request.app.state.login_throttle, _client(request)
+    wait = throttle.wait(client)
+    if wait > 0:
+        s = math.ceil(wait)
+        return templates.TemplateResponse(
+            request, "login.html", {"error": f"too many failed logins from {client}; try again in {s} s"},
+            status_code=429, headers={"Retry-After": str(s)})
     body = await request.body()
     if len(body) > MAX_LOGIN_BYTES:
         return templates.TemplateResponse(request, "login.html", {"error": "that is not a token"}, status_code=413)
@@ -127,12 +155,13 @@ async def login(request: Request, db=Depends(get_db)):
     elif token:
         who = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
     if who is None:
+        throttle.fail(client)
         return templates.TemplateResponse(request, "login.html",
                                           {"error": "unknown token: give the admin token or a site's token"},
                                           status_code=401)
     response = RedirectResponse("/ui", status_code=303)
     response.set_cookie(COOKIE, open_session(db, who), max_age=SESSION_SECONDS, path="/ui",
-                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+                        httponly=True, samesite="strict", secure=secure_cookies(request))
     return response
 
 

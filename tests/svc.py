@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from cli.demo import LocalCluster
 from service.app import Settings, create_app
 
-ADMIN = "admin-token-for-tests"
+ADMIN = "admin-token-for-tests-0123456789abcdef"
 
 
 

@@ -205,7 +205,7 @@ def interpolate(value: str, env: dict[str, str]) -> str:
 
 # Site tokens are secrets.token_urlsafe(32): one in 64 starts with '-', which argparse takes for an
 # option unless it is passed as `--token=VALUE`; the fake tokens start with '-' to catch that.
-FAKE_ENV = {"XCLP_ADMIN_TOKEN": "-admin-token-0123456789",
+FAKE_ENV = {"XCLP_ADMIN_TOKEN": "-admin-token-0123456789abcdefghijklmnop",  # ≥ 32 characters, as the coordinator wants
             **{f"XCLP_SITE{i}_TOKEN": f"-token-of-site{i}-abcdef" for i in range(len(AGENTS))}}
 
 

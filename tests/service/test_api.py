@@ -10,7 +10,9 @@ from xclp.wire import dump_array
 
 def test_health_metrics_and_docs(app_client):
     assert app_client.get("/health").json() == {"status": "ok"}
-    m = app_client.get("/metrics")
+    assert app_client.get("/metrics").status_code == 401  # the admin token, unless --public-metrics
+    assert app_client.get("/metrics", headers=add(app_client, "s")).status_code == 403  # a site's is not enough
+    m = app_client.get("/metrics", headers=admin_headers())
     assert m.status_code == 200 and "xclp_requests_total" in m.text and 'xclp_jobs{status="running"}' in m.text
     assert "/jobs/{job_id}/messages/{topic}" in app_client.get("/openapi.json").json()["paths"]
     assert app_client.get("/docs").status_code == 200
@@ -138,9 +140,21 @@ def test_admin_token_must_be_long_enough(tmp_path):
 
     from service.app import Settings, create_app
 
-    with pytest.raises(ValueError, match="admin token"):
-        create_app(Settings(database=f"sqlite:///{tmp_path / 'x.db'}", admin_token="short"))
-    assert len(ADMIN) >= 8
+    for short in ("short", "x" * 31):
+        with pytest.raises(ValueError, match="at least 32 characters"):
+            create_app(Settings(database=f"sqlite:///{tmp_path / 'x.db'}", admin_token=short))
+    assert len(ADMIN) >= 32
+    create_app(Settings(database=f"sqlite:///{tmp_path / 'x.db'}", admin_token="x" * 32))
+
+
+def test_metrics_open_to_anyone_only_when_asked(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.app import Settings, create_app
+
+    with TestClient(create_app(Settings(database=f"sqlite:///{tmp_path / 'm.db'}", admin_token=ADMIN,
+                                        public_metrics=True))) as c:
+        assert c.get("/metrics").status_code == 200
 
 
 def test_tokens_that_start_with_a_dash_reach_the_agent_intact(monkeypatch, tmp_path):
@@ -236,7 +250,7 @@ def test_long_polls_wait_off_the_worker_threads_and_are_bounded_per_site(app_cli
         t.start()
 
     def waiting():
-        text = app_client.get("/metrics").text
+        text = app_client.get("/metrics", headers=admin_headers()).text
         return int(float(next(line.split()[-1] for line in text.splitlines()
                               if line.startswith("xclp_long_polls_waiting "))))
 
