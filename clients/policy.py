@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crypto.hamming_api import traits
 from xclp.data import DataError
 
 FEDAVG = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fredy")  # sites send weights
@@ -57,10 +58,11 @@ class SitePolicy:
                        "coordinator in the clear (start the agent with --allow-unmasked-training to accept)")
         else:
             crypto = params.get("crypto")
-            if crypto == "plaintext" and not self.allow_plaintext:
+            kind = traits(str(crypto))
+            if not kind.secure and not self.allow_plaintext:
                 why = ("it asks for crypto='plaintext': this site's LSH bits, label counts and scores would reach "
                        "the coordinator in the clear (start the agent with --allow-plaintext to accept)")
-            elif str(crypto).startswith("paillier") and int(params.get("key_bits", 0)) < self.min_key_bits:
+            elif kind.key_bits and int(params.get("key_bits", 0)) < self.min_key_bits:
                 why = f"its Paillier key of {params.get('key_bits')} bits is below this site's minimum of {self.min_key_bits}"
             elif int(params.get("bits", 0)) < self.min_bits:
                 why = f"its LSH length L = {params.get('bits')} is below this site's minimum of {self.min_bits}"

@@ -29,10 +29,49 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 
-# Every protocol's name, once: the command line, the service's schemas and the protocol core take them
-# from here. "plaintext" is the reference with NO security; "lattice" is the fastest secure one.
-PROTOCOLS = ("plaintext", "lattice", "paillier", "paillier-naive", "ot")
+
+@dataclass(frozen=True)
+class Traits:
+    """What the drivers and policies need to know of a Hamming protocol, said once here (never re-derived
+    from its name): `secure` — anything but the plaintext reference; `key_bits` — it takes a Paillier
+    key size (a site's policy sets a minimum; one key pair per site and job); `replayable` — its parties
+    draw every random byte through os.urandom at their first message, so a Flower site that replays its
+    steps between messages gets the same state again (xclp_flower/replay.py)."""
+
+    module: str
+    cls: str
+    secure: bool
+    key_bits: bool = False
+    replayable: bool = False
+
+
+# Every protocol, once: the command line, the service's schemas, the protocol core, the site policy and
+# the Flower driver take names and traits from here. "plaintext" is the reference with NO security;
+# "lattice" is the fastest secure one.
+REGISTRY = {
+    "plaintext": Traits("crypto.plaintext_hamming", "PlaintextHamming", secure=False, replayable=True),
+    "lattice": Traits("crypto.lattice_hamming", "LatticeHamming", secure=True, replayable=True),
+    "paillier": Traits("crypto.paillier_hamming", "PaillierHamming", secure=True, key_bits=True),
+    "paillier-naive": Traits("crypto.paillier_hamming", "PaillierNaiveHamming", secure=True, key_bits=True),
+    "ot": Traits("crypto.ot_hamming", "OTHamming", secure=True),
+}
+PROTOCOLS = tuple(REGISTRY)
 DEFAULT_SECURE = "lattice"
+
+
+def traits(name: str) -> Traits:
+    if name not in REGISTRY:
+        raise ProtocolError(f"unknown Hamming protocol {name!r}; choose from {PROTOCOLS}")
+    return REGISTRY[name]
+
+
+def make_protocol(name: str, key_bits: int | None = None) -> HammingProtocol:
+    """The protocol object named `name` (imported only when used: Paillier pulls in phe and gmpy2)."""
+    import importlib
+
+    t = traits(name)
+    cls = getattr(importlib.import_module(t.module), t.cls)
+    return cls(key_bits=key_bits) if t.key_bits else cls()
 
 
 # A pair protocol's messages between its two sites, at most: far above what any protocol here sends

@@ -140,7 +140,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     # Limits and who-is-asking before any body is read (service.guard); inside count_requests, so
     # that its refusals are counted too.
-    app.add_middleware(RequestGuard, settings=settings)
+    app.add_middleware(RequestGuard, settings=settings, error_page=ui_api.error_page)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

@@ -99,10 +99,12 @@ def bearer_token(headers: dict[str, str]) -> str | None:
 
 
 class RequestGuard:
-    """Pure ASGI middleware: see the module docstring. `settings` is the app's Settings."""
+    """Pure ASGI middleware: see the module docstring. `settings` is the app's Settings; `error_page`
+    (request, status, detail) → Response renders a refusal for a person at the dashboard (the
+    dashboard's own, handed in by the app so that this module does not import it)."""
 
-    def __init__(self, app, settings):
-        self.app, self.settings = app, settings
+    def __init__(self, app, settings, error_page=None):
+        self.app, self.settings, self.error_page = app, settings, error_page
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -156,10 +158,8 @@ class RequestGuard:
 
     async def _refuse(self, scope, receive, send, status: int, detail: str, headers: dict | None = None):
         path = scope["path"]
-        if (path == "/ui" or path.startswith("/ui/")) and not path.startswith("/ui/api/"):
-            from service import ui_api  # a person at the dashboard reads a page
-
-            response = ui_api.error_page(Request(scope, receive), status, detail)
+        if (path == "/ui" or path.startswith("/ui/")) and not path.startswith("/ui/api/") and self.error_page:
+            response = self.error_page(Request(scope, receive), status, detail)  # a person reads a page
             response.headers.update(headers or {})
         else:
             from starlette.responses import Response

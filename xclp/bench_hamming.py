@@ -11,13 +11,7 @@ import time
 
 import numpy as np
 
-from crypto.hamming_api import PairTranscript, plaintext_hamming, run_pair
-
-
-def make_protocol(name: str, key_bits: int = 2048):
-    from xclp.protocol import JobParams, hamming_protocol
-
-    return hamming_protocol(JobParams(job_id="bench", n_classes=2, crypto=name, key_bits=key_bits))
+from crypto.hamming_api import PairTranscript, make_protocol, plaintext_hamming, run_pair, traits
 
 
 def bench_hamming(protocol: str, na: int, nb: int, bits: int, seed: int = 0, key_bits: int = 2048) -> dict:
@@ -47,5 +41,5 @@ def bench_hamming(protocol: str, na: int, nb: int, bits: int, seed: int = 0, key
         "exact": bool(np.array_equal(np.asarray(H), ref)),
         "plaintext_seconds": round(plain, 6),
         "ratio_to_plaintext": round(seconds / plain, 2) if plain > 0 else None,
-        "key_bits": key_bits if protocol.startswith("paillier") else None,
+        "key_bits": key_bits if traits(protocol).key_bits else None,
     }

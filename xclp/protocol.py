@@ -40,7 +40,7 @@ import numpy as np
 
 from crypto.channel import Channel
 from crypto.errors import ProtocolError
-from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing
+from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing, make_protocol, traits
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import (
     mask_rows,
@@ -166,7 +166,7 @@ class JobParams:
             raise ValueError(f"crypto must be one of {CRYPTO_CHOICES}, got {self.crypto!r}")
         if self.similarity not in ("lsh", "exact"):
             raise ValueError(f"similarity must be 'lsh' or 'exact', got {self.similarity!r}")
-        if self.similarity == "exact" and self.crypto != "plaintext":
+        if self.similarity == "exact" and self.secure:
             raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
         if not 1 <= self.bits <= 65535:
             raise ValueError(f"bits must be in 1..65535, got {self.bits}")
@@ -204,7 +204,7 @@ class JobParams:
 
     @property
     def secure(self) -> bool:
-        return self.crypto != "plaintext"
+        return traits(self.crypto).secure
 
     def graph_params(self) -> graphs.GraphParams:
         return graphs.GraphParams(k=self.k, power=self.power, similarity=self.similarity)
@@ -212,25 +212,7 @@ class JobParams:
 
 def hamming_protocol(params: JobParams) -> HammingProtocol:
     """The two-party Hamming protocol a job uses (all share crypto.hamming_api's interface)."""
-    if params.crypto == "plaintext":
-        from crypto.plaintext_hamming import PlaintextHamming
-
-        return PlaintextHamming()
-    if params.crypto == "paillier":
-        from crypto.paillier_hamming import PaillierHamming
-
-        return PaillierHamming(key_bits=params.key_bits)
-    if params.crypto == "paillier-naive":
-        from crypto.paillier_hamming import PaillierNaiveHamming
-
-        return PaillierNaiveHamming(key_bits=params.key_bits)
-    if params.crypto == "lattice":
-        from crypto.lattice_hamming import LatticeHamming
-
-        return LatticeHamming()
-    from crypto.ot_hamming import OTHamming
-
-    return OTHamming()
+    return make_protocol(params.crypto, params.key_bits)
 
 
 @dataclass
@@ -580,7 +562,7 @@ class SiteSession:
         proto = self._hamming
         b = self.hash()
         first = self.order.index(self.site) < self.order.index(peer)
-        if first and self.params.crypto.startswith("paillier"):
+        if first and traits(self.params.crypto).key_bits:
             # One Paillier key per site and job (generating one costs seconds), reused for every pair.
             if self._paillier_keys is None:
                 from phe import paillier

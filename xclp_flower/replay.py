@@ -29,7 +29,9 @@ import os
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-REPLAYABLE = ("plaintext", "lattice")
+from crypto.hamming_api import REGISTRY
+
+REPLAYABLE = tuple(name for name, t in REGISTRY.items() if t.replayable)
 
 
 class KeystreamRandom:
