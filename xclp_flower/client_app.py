@@ -27,6 +27,7 @@ from flwr.clientapp import ClientApp
 from clients.agent import load_site_data
 from clients.policy import PolicyError, SitePolicy
 from crypto.errors import ProtocolError
+from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
@@ -270,13 +271,17 @@ class FlowerSite:
             out: dict = {}
             for key in sorted(k for k in step if k.startswith("from:")):
                 peer = key[5:]
-                party = self.parties.get(peer) or self.parties.setdefault(peer, s.hamming_party(peer))
+                if peer not in self.parties:  # the turn-taking every driver goes through (crypto.hamming_api)
+                    if peer not in s.order or peer == self.name:
+                        raise ProtocolError(f"{self.name}: a pair message from {peer!r}, not a peer of this job")
+                    first = s.order.index(self.name) < s.order.index(peer)
+                    self.parties[peer] = PairDriver(s.hamming_party(peer), first)
                 body = bytes(step[key])
-                o = party.receive(body if body else None)  # empty: "start" (A speaks first)
-                if o.to_peer is not None:
-                    out[f"to:{peer}"] = o.to_peer
-                if o.to_server is not None:
-                    out[f"share:{peer}"] = o.to_server
+                to_peer, to_server = self.parties[peer].step(body if body else None)  # empty: A speaks first
+                if to_peer is not None:
+                    out[f"to:{peer}"] = to_peer[1]
+                if to_server is not None:
+                    out[f"share:{peer}"] = to_server
             return ConfigRecord(out)
         if name == "influence":
             s.receive_influence(bytes(step["influence"]))

@@ -347,3 +347,26 @@ def test_shares_that_do_not_combine_are_blamed_alike_in_flower_and_the_simulatio
         got = np.load(out["written"][s])["labels"]
         assert np.array_equal(got, sim.predictions[s].labels) and np.array_equal(got, ref.predictions[s].labels), s
     assert (sim.predictions["site1"].labels == -1).all()
+
+
+def test_a_flower_site_takes_pair_messages_in_turn_as_every_driver_does(federation):
+    # The site's side of a pair protocol went to party.receive directly; now it goes through
+    # PairDriver, as the agent and the simulation do: out-of-turn or foreign messages are refused.
+    ds, configs = federation
+    refusals = []
+
+    class OutOfTurn(FlowerXCLP):
+        def _step(self, phase, fields):
+            if phase == "pairs" and not refusals:
+                a, b = self.coord.pairs(list(fields))[0]
+                for site, key in ((b, f"from:{a}"), (a, "from:nobody")):  # B asked to start; a stranger
+                    self.link.round_to_sites("pairs", {site: {"job": self.params.job_id, key: b""}}, tolerate=True,
+                                             group=self.params.job_id)
+                    refusals.append(dict(self.link.failed))
+            return super()._step(phase, fields)
+
+    params = JobParams(job_id="flower-turns", n_classes=10, bits=64, k=6, crypto="lattice")
+    out = OutOfTurn(InProcessGrid(client_app, configs), params).run()
+    assert "out of turn" in next(iter(refusals[0].values()))
+    assert "not a peer of this job" in next(iter(refusals[1].values()))
+    assert out["sites"] == ds.sites and "dropped" not in out  # a refused step leaves the site's state as it was
