@@ -521,7 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
                     ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
-    ar.add_argument("--poll", type=float, default=0.1, help="seconds between polls when idle")
+    ar.add_argument("--poll", type=float, default=0.1,
+                    help="seconds between polls while a job of the site runs; with none, the wait doubles up to 3 s")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
     ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the job")
     ar.set_defaults(func=cmd_agent_run)

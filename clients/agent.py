@@ -167,9 +167,12 @@ class Agent:
                 return
             # Polls at --poll while a job of this site runs; with none, the wait doubles up to
             # max_poll (idle agents would otherwise ask the coordinator for work ten times a second).
-            delay = self.poll if busy or active else min(delay * 2, self.max_poll)
+            if busy or active:
+                delay = self.poll
             if not busy:
                 time.sleep(delay)
+                if not active:
+                    delay = min(delay * 2, self.max_poll)
 
     def lock(self) -> None:
         """One agent per --out folder: two agents sharing one would overwrite each other's job keys
