@@ -41,6 +41,8 @@ class CoordinatorClient:
         for attempt in range(self.retries + 1):
             try:
                 r = self.http.request(method, path, **kw)
+            except httpx.UnsupportedProtocol as exc:  # no retry mends a URL without http:// or https://
+                raise NotTheApi(0, f"--coordinator {self.url}: {exc} Give e.g. http://HOST:8000") from None
             except httpx.TransportError as exc:
                 if attempt == self.retries:
                     raise ApiError(503, f"coordinator unreachable at {self.url}: {exc}") from exc
