@@ -336,7 +336,7 @@ def cmd_agent_run(args) -> int:
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
     Agent(CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN")), args.site, args.data, args.out, args.poll,
-          public=args.public, policy=policy, columns=_columns(args)).run(once=args.once)
+          public=args.public, policy=policy, columns=_columns(args), max_poll=args.max_poll).run(once=args.once)
     return 0
 
 
@@ -522,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
     ar.add_argument("--poll", type=float, default=0.1,
-                    help="seconds between polls while a job of the site runs; with none, the wait doubles up to 3 s")
+                    help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
+    ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
     ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the job")
     ar.set_defaults(func=cmd_agent_run)
