@@ -55,7 +55,8 @@ def start_agent(workdir: Path, url: str, site: str, token: str, data: Path, out:
     log = open(workdir / f"agent-{site}.log", "ab")
     extra = ["--public", str(public)] if public is not None else []
     return subprocess.Popen(xclp_command() + ["agent", "run", "--coordinator", url, "--site", site,
-                                              "--data", str(data), "--out", str(out), "--poll", "0.05", *extra,
+                                              "--data", str(data), "--out", str(out), "--poll", "0.05",
+                                              "--max-poll", "0.5", *extra,
                                               *(options or [])],
                             stdout=log, stderr=subprocess.STDOUT, cwd=_repo_root(),
                             env={**os.environ, "XCLP_TOKEN": token})

@@ -302,9 +302,26 @@ def _admin(args):
 
 
 def cmd_site_add(args) -> int:
-    out = _admin(args).add_site(args.name)
-    print(json.dumps(out) if args.json else f"site {out['site']} added; its token (shown once): {out['token']}")
-    return 0
+    from cli.tables import add_site_with_token_file
+
+    return add_site_with_token_file(_admin(args), args)
+
+
+def cmd_site_list(args) -> int:
+    from cli.tables import print_sites
+
+    return print_sites(_admin(args).sites(), args.json)
+
+
+def cmd_job_list(args) -> int:
+    from cli.tables import print_jobs
+
+    return print_jobs(_admin(args).jobs(), args.json)
+
+
+def _site_names(text: str) -> list[str]:
+    """--sites "a, b" or "a,b": the names, without the spaces around them."""
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def cmd_agent_run(args) -> int:
@@ -324,12 +341,12 @@ def cmd_agent_run(args) -> int:
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     Agent(api, args.site, args.data, args.out, args.poll,
-          public=args.public, policy=policy, columns=_columns(args)).run(once=args.once)
+          public=args.public, policy=policy, columns=_columns(args), max_poll=args.max_poll).run(once=args.once)
     return 0
 
 
 def cmd_job_submit(args) -> int:
-    sites = [s for s in args.sites.split(",") if s]
+    sites = _site_names(args.sites)
     job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
                                   alpha=args.alpha, classes=args.classes, key_bits=args.key_bits,
                                   deadlines=_deadlines(args.deadline))
@@ -338,7 +355,7 @@ def cmd_job_submit(args) -> int:
 
 
 def cmd_job_submit_train(args) -> int:
-    sites = [s for s in args.sites.split(",") if s]
+    sites = _site_names(args.sites)
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
                                            "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
                                            "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation",
@@ -493,7 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("name")
     coord_args(sa)
     sa.add_argument("--json", action="store_true")
+    sa.add_argument("--token-file", type=Path, default=None, metavar="PATH",
+                    help="write the site's token to PATH (a new file, mode 0600) instead of printing it: the file "
+                         "the site's `xclp agent run --token-file PATH` reads")
     sa.set_defaults(func=cmd_site_add)
+    sl = site.add_parser("list", help="the registered sites, and when each last contacted the coordinator")
+    coord_args(sl)
+    sl.add_argument("--json", action="store_true")
+    sl.set_defaults(func=cmd_site_list)
 
     agent = sub.add_parser("agent", help="the site agent").add_subparsers(dest="what", required=True)
     ar = agent.add_parser("run", help="run this site's agent until stopped")
@@ -515,7 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
                     ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
-    ar.add_argument("--poll", type=float, default=0.1, help="seconds between polls when idle")
+    ar.add_argument("--poll", type=float, default=0.1,
+                    help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
+    ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
     ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the job")
     ar.set_defaults(func=cmd_agent_run)
@@ -583,6 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS", help="setup, round or evaluate")
     jt.add_argument("--json", action="store_true")
     jt.set_defaults(func=cmd_job_submit_train)
+    jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted")
+    coord_args(jl)
+    jl.add_argument("--json", action="store_true")
+    jl.set_defaults(func=cmd_job_list)
     jst = job.add_parser("status", help="a job's phase, progress, dropouts")
     jst.add_argument("job")
     coord_args(jst)
@@ -614,13 +644,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (DataError, ValueError) as exc:
-        print(f"xclp: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # ApiError from the coordinator: its message says what is wrong
-        if type(exc).__name__ != "ApiError":
+    except KeyboardInterrupt:  # Ctrl-C: the command stops, without a traceback
+        print("xclp: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from cli.errors import one_line  # known errors (cli/errors.py): one line; anything else is a bug
+
+        line = one_line(exc)
+        if line is None:
             raise
-        print(f"xclp: coordinator said {exc}", file=sys.stderr)
+        print(f"xclp: {line}", file=sys.stderr)
         return 2
 
 

@@ -16,6 +16,8 @@ drops during SecureHamming).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clients.api import ApiError, CoordinatorClient
+from clients.api import ApiError, CoordinatorClient, NotTheApi
 from clients.policy import SitePolicy
 from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
@@ -37,6 +39,12 @@ from xclp.protocol import JOB_PHASES, JobParams, SiteSession, Topic, decode_rost
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
 SWEEP_SECONDS = 30.0  # how often the agent looks for keys of jobs that failed or dropped it
+MAX_IDLE_POLL = 3.0  # with no job to work on, the wait between polls doubles from --poll up to this
+
+
+class AgentError(Exception):
+    """A reason this agent cannot run at all (a refused token, a token of another site, an --out folder
+    in use, a URL that is not the coordinator's): the command line prints it as one line and exits."""
 
 
 LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
@@ -82,8 +90,8 @@ class JobState:
 class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
                  poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None,
-                 columns: Columns | None = None):
-        self.api, self.site, self.poll = client, site, poll
+                 columns: Columns | None = None, max_poll: float = MAX_IDLE_POLL):
+        self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
         self.policy = policy or SitePolicy()
         self.X, self.y, self.y_true = load_site_data(data, columns)
         self.out = Path(out)
@@ -93,6 +101,9 @@ class Agent:
         self.sessions: dict[str, SiteSession] = {}
         self.pairs: dict[str, dict] = {}  # job -> pair drivers in flight (memory only)
         self.given_up: set[str] = set()
+        self.not_ours: set[str] = set()  # jobs begun before this --out held their keys: skipped, see _ours
+        self._skipped: list[str] = []  # ... found in this pass of the loop (logged once per pass)
+        self._lock_fd: int | None = None
         self._quiet_until: dict[str, tuple[float, dict]] = {}  # job -> (until, its status), see _quiet
         self._last_work: dict | None = None
         self.rows: dict[str, tuple[int, bytes]] = {}  # job -> (attempt, its masked rows), computed once
@@ -113,27 +124,33 @@ class Agent:
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
+        self.lock()
         idle_since = time.monotonic()
         next_sweep = 0.0
+        delay = self.poll
         while True:
-            busy = False
+            busy = active = False
             try:
                 work = self._work()
                 if time.monotonic() >= next_sweep:  # keys of jobs that failed or dropped this site
                     self.sweep_keys()
                     next_sweep = time.monotonic() + SWEEP_SECONDS
                 for job_id in work["jobs"] + [j for j in work["done"] if not self.result_path(j).exists()]:
-                    if job_id in self.given_up:
+                    if job_id in self.given_up or job_id in self.not_ours:
                         continue
                     try:
                         busy |= self.step(job_id)
+                        active |= job_id in work["jobs"] and job_id not in self.not_ours
                     except (ProtocolError, DataError, ValueError) as exc:
                         # This site cannot go on with the job; the coordinator drops it at the deadline.
                         log.error("job %s: giving up: %s", job_id, exc)
                         self.given_up.add(job_id)
                     except ApiError as exc:
                         log.warning("job %s: %s", job_id, exc)
+                        active = True
+                self._log_skipped()
             except ApiError as exc:
+                self._fatal(exc)
                 log.warning("coordinator: %s", exc)
             if busy:
                 idle_since = time.monotonic()
@@ -141,8 +158,71 @@ class Agent:
                 return
             if once:
                 return
+            # Polls at --poll while a job of this site runs; with none, the wait doubles up to
+            # max_poll (idle agents would otherwise ask the coordinator for work ten times a second).
+            if busy or active:
+                delay = self.poll
             if not busy:
-                time.sleep(self.poll)
+                time.sleep(delay)
+                if not active:
+                    delay = min(delay * 2, self.max_poll)
+
+    def lock(self) -> None:
+        """One agent per --out folder: two agents sharing one would overwrite each other's job keys
+        and state files. Held (flock) until the process ends."""
+        if self._lock_fd is not None:
+            return
+        path = self.out / ".agent.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise AgentError(f"--out {self.out} is in use by another agent (pid {holder or '?'}): "
+                             "give each agent its own --out folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _fatal(self, exc: ApiError) -> None:
+        """Errors of /work that no retry mends: raised as AgentError (the agent stops) instead of
+        being logged on every poll."""
+        url = getattr(self.api, "url", "the coordinator")
+        if exc.status == 401:
+            raise AgentError(f"the coordinator at {url} refused the token of site {self.site!r} ({exc.detail}): "
+                             "check --token-file (or $XCLP_TOKEN) against the token `xclp site add` gave") from None
+        if isinstance(exc, NotTheApi):
+            raise AgentError(exc.detail) from None
+        if exc.status in (403, 404, 405):
+            raise AgentError(f"{url} answered {exc.status} ({exc.detail}) to a site's request for work: "
+                             "is --coordinator the coordinator's base URL (e.g. http://HOST:8000)?") from None
+
+    def _ours(self, job_id: str, status: dict) -> bool:
+        """Whether this agent can take part in the job: it can if it holds the job's state (it joined
+        it), or if the job is still at its start (setup), where it joins now. A job that began before
+        this --out folder held its keys (an agent started on a fresh folder, or the site's jobs from
+        before it was set up here) cannot be joined or finished here: it is skipped without a word of
+        'tampering' (which is what opening its sealed messages with a new key would report)."""
+        if job_id in self.not_ours:
+            return False
+        joined = job_file(self.state_dir, job_id, ".json").exists()
+        starting = status["status"] == "running" and status["phase"] == "setup"
+        parent = status.get("parent")  # a training round's predict job: the training job's agent runs it
+        if (joined or starting) and (parent is None or job_file(self.state_dir, parent, ".json").exists()):
+            return True
+        self.not_ours.add(job_id)
+        self._skipped.append(job_id)
+        return False
+
+    def _log_skipped(self) -> None:
+        if self._skipped:
+            log.info("skipping %d job(s) that began before this agent's --out folder held their keys "
+                     "(it cannot take part in them or read their results): %s", len(self._skipped),
+                     ", ".join(self._skipped[:5]) + (", ..." if len(self._skipped) > 5 else ""))
+            self._skipped = []
 
     def wipe_keys(self, job_id: str, reason: str) -> bool:
         """Forget a job's private key (X25519) and its label-DP noise secret once the job cannot need
@@ -238,6 +318,8 @@ class Agent:
         if status["status"] == "failed" or self.site not in status["live"]:
             self.wipe_keys(job_id, "failed" if status["status"] == "failed" else "dropped")
             return False
+        if not self._ours(job_id, status):
+            return False
         self.policy.check(job_id, status)  # before this site sends anything for the job
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
@@ -301,6 +383,9 @@ class Agent:
         if last is not None and last["jobs"] and not last["done"] and all(self._quiet(j) for j in last["jobs"]):
             return last
         work = self.api.work()
+        if work.get("site", self.site) != self.site:  # (an older coordinator does not say)
+            raise AgentError(f"the token given belongs to site {work['site']!r}, not to --site {self.site!r}: start "
+                             "the agent with the token `xclp site add` printed (or wrote) for this site")
         for kind in ("jobs", "done"):
             bad = [j for j in work.get(kind, []) if not (isinstance(j, str) and JOB_ID.fullmatch(j))]
             for j in bad:

@@ -26,6 +26,10 @@ class ApiError(RuntimeError):
         self.status, self.detail = status, detail
 
 
+class NotTheApi(ApiError):
+    """A reply that is not the coordinator's API (an HTML page, a redirect): a wrong --coordinator URL."""
+
+
 class CoordinatorClient:
     def __init__(self, url: str, token: str, *, timeout: float = 120.0, retries: int = 8, backoff: float = 0.25,
                  transport: httpx.BaseTransport | None = None, ca_file: str | None = None,
@@ -44,6 +48,8 @@ class CoordinatorClient:
         for attempt in range(self.retries + 1):
             try:
                 r = self.http.request(method, path, **kw)
+            except httpx.UnsupportedProtocol as exc:  # no retry mends a URL without http:// or https://
+                raise NotTheApi(0, f"--coordinator {self.url}: {exc} Give e.g. http://HOST:8000") from None
             except httpx.TransportError as exc:
                 if (bad_cert := tls_failure(exc, self.url)) is not None:
                     raise bad_cert from None
@@ -58,8 +64,8 @@ class CoordinatorClient:
                 if r.status_code < 500 and r.status_code != 429:
                     try:
                         detail = r.json().get("detail", r.text)
-                    except ValueError:
-                        detail = r.text
+                    except (ValueError, AttributeError):
+                        raise NotTheApi(r.status_code, self._not_api(r)) from None
                     raise ApiError(r.status_code, str(detail))
                 if attempt == self.retries:
                     raise ApiError(r.status_code, r.text)
@@ -67,29 +73,49 @@ class CoordinatorClient:
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
+    def _not_api(self, r: httpx.Response) -> str:
+        """The complaint about a reply that is not the API's JSON (an HTML page, a redirect, another server)."""
+        what = f"a {r.status_code} " + ("HTML page" if "html" in r.headers.get("content-type", "") else "reply")
+        return (f"{r.request.method} {r.request.url} gave {what}, not the XCLP coordinator's API: is --coordinator "
+                f"the coordinator's base URL (e.g. http://HOST:8000, without /ui)?")
+
+    def call(self, method: str, path: str, **kw):
+        """request() for a JSON answer: one that is not JSON is an ApiError that says so."""
+        r = self.request(method, path, **kw)
+        try:
+            return r.json()
+        except ValueError:
+            raise NotTheApi(r.status_code, self._not_api(r)) from None
+
     # --- operator calls ---------------------------------------------------------------------------
     def add_site(self, name: str) -> dict:
-        return self.request("POST", "/sites", json={"name": name}).json()
+        return self.call("POST", "/sites", json={"name": name})
+
+    def sites(self) -> dict:
+        return self.call("GET", "/sites")
+
+    def jobs(self) -> list[dict]:
+        return self.call("GET", "/jobs")["jobs"]
 
     def submit_job(self, **body) -> str:
-        return self.request("POST", "/jobs", json=body).json()["job"]
+        return self.call("POST", "/jobs", json=body)["job"]
 
     def submit_train(self, **body) -> str:
-        return self.request("POST", "/jobs/train", json=body).json()["job"]
+        return self.call("POST", "/jobs/train", json=body)["job"]
 
     def model(self, job_id: str) -> bytes:
         return self.request("GET", f"/jobs/{job_id}/model").content
 
     def job(self, job_id: str) -> dict:
-        return self.request("GET", f"/jobs/{job_id}").json()
+        return self.call("GET", f"/jobs/{job_id}")
 
     # --- site calls -------------------------------------------------------------------------------
     def work(self) -> dict[str, list[str]]:
-        return self.request("GET", "/work").json()
+        return self.call("GET", "/work")
 
     def put(self, job_id: str, topic: str, body: bytes, to: str = "coordinator") -> dict:
-        return self.request("PUT", f"/jobs/{job_id}/messages/{topic}", params={"to": to}, content=body,
-                            headers={"Content-Type": "application/octet-stream"}).json()
+        return self.call("PUT", f"/jobs/{job_id}/messages/{topic}", params={"to": to}, content=body,
+                         headers={"Content-Type": "application/octet-stream"})
 
     def shared(self, job_id: str, topic: str) -> bytes | None:
         """What the coordinator broadcast to all sites of a training job (None if not there yet)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -174,7 +175,61 @@ def message_phase(job_kind: str, topic: str) -> str:
 COORDINATOR = "coordinator"
 
 
+class DatabaseError(RuntimeError):
+    """The coordinator's database cannot be opened (a wrong URL, an unreachable server, a refused
+    password, a folder that does not exist): one line that says which and why, never the password."""
+
+
+def database_url(url: str) -> str:
+    """The SQLAlchemy URL for `url`: postgres://… (as Heroku and many guides write it) is taken as
+    postgresql+psycopg2://…, when psycopg2 is installed."""
+    if url.startswith("postgres://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg2") is None:
+            raise DatabaseError("a postgres:// database needs psycopg2 (pip install psycopg2-binary), "
+                                "or write the URL as postgresql+DRIVER://…")
+        return "postgresql+psycopg2://" + url[len("postgres://"):]
+    return url
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 — only for a message; an unparsable URL has no password part to hide
+        return url.split("@")[-1]
+
+
+def _check_sqlite_folder(url: str) -> None:
+    path = url[len("sqlite:///"):].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+    if path and path != ":memory:" and not path.startswith("file:"):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise DatabaseError(f"cannot create the SQLite database {path}: the folder {folder} does not exist")
+
+
 def make_engine(url: str) -> Engine:
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    url = database_url(url)
+    _check_sqlite_folder(url)
+    try:
+        engine = _make_engine(url)
+    except (ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
+        raise DatabaseError(f"cannot use the database URL {_safe(url)} ({str(exc).splitlines()[0]}): "
+                            "give sqlite:///FILE or postgresql+psycopg2://USER:PASSWORD@HOST/DB") from None
+    try:
+        Base.metadata.create_all(engine)
+    except DBAPIError as exc:
+        engine.dispose()
+        why = " ".join(str(exc.orig).split()) or type(exc.orig).__name__
+        raise DatabaseError(f"cannot open the database {_safe(url)}: {why}") from None
+    return engine
+
+
+def _make_engine(url: str) -> Engine:
     kw: dict = {"future": True}
     if url.startswith("sqlite"):
         kw["connect_args"] = {"check_same_thread": False, "timeout": 30}
@@ -191,7 +246,6 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
-    Base.metadata.create_all(engine)
     return engine
 
 

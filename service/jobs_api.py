@@ -127,8 +127,10 @@ def _label_dp(body: JobCreate) -> dict:
 
 @router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403))
 def list_jobs(db=Depends(get_db)):
-    rows = db.execute(select(Job.id, Job.status, Job.phase).order_by(Job.created_at)).all()
-    return {"jobs": [{"job": i, "status": s, "phase": p} for i, s, p in rows]}
+    rows = db.execute(select(Job.id, Job.status, Job.phase, Job.kind, Job.sites, Job.created_at, Job.parent)
+                      .order_by(Job.created_at)).all()
+    return {"jobs": [{"job": r.id, "status": r.status, "phase": r.phase, "kind": r.kind, "sites": r.sites,
+                      "created_at": r.created_at.isoformat() + "Z", "parent": r.parent} for r in rows]}
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 403, 404, 422))

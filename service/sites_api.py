@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -44,8 +44,11 @@ def add_site(body: SiteCreate, db=Depends(get_db)):
 
 
 @router.get("/sites", dependencies=[Depends(require_admin)], responses=errors(401, 403))
-def list_sites(db=Depends(get_db)):
-    return {"sites": list(db.scalars(select(Site.name).order_by(Site.name)))}
+def list_sites(request: Request, db=Depends(get_db)):
+    """The sites' names, and when each last made an authenticated request to this coordinator process."""
+    names = list(db.scalars(select(Site.name).order_by(Site.name)))
+    seen = request.app.state.last_seen
+    return {"sites": names, "last_seen": {s: seen[s].isoformat() + "Z" for s in names if s in seen}}
 
 
 @router.get("/work", responses=errors(401))
@@ -53,5 +56,6 @@ def work(site: str = Depends(require_site), db=Depends(get_db)):
     """The running jobs this site still takes part in, and the finished ones that have its results."""
     # Only the columns it needs: a training job's state (its round history) grows with every round.
     jobs = db.execute(select(Job.id, Job.status, Job.live).where(Job.status != "failed")).all()
-    return {"jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
+    return {"site": site,  # whose token this is: an agent started with another site's name stops at once
+            "jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
             "done": [j.id for j in jobs if site in j.live and j.status == "done"]}

@@ -169,3 +169,89 @@ def test_keys_of_failed_and_dropped_jobs_are_wiped(tmp_path):
     assert JobState(agent.state_dir / "dropped.json")["wiped"] == "dropped"
     with pytest.raises(Exception, match="wiped"):
         agent.session("dropped", {"params": {}})
+
+
+def _until_done(admin, job, agents, rounds=600):
+    for _ in range(rounds):
+        for ag in agents:
+            ag.run(once=True)
+        if all(ag.result_path(job).exists() for ag in agents):
+            return
+        time.sleep(0.01)
+    raise AssertionError(admin.job(job))
+
+
+def test_a_fresh_out_skips_the_sites_old_jobs_quietly_and_takes_part_in_new_ones(rig, tmp_path, caplog):
+    """An agent started on a new --out folder holds no key of the site's earlier jobs: it cannot open
+    their sealed messages, and says so once (info) instead of reporting each as tampered with."""
+    import logging
+
+    ds, admin, agents = rig
+    a, b = (agents[s] for s in ds.sites)
+    old = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=32, k=4, classes=10)
+    _until_done(admin, old, [a, b])
+    fresh = Agent(a.api, a.site, tmp_path / f"{a.site}.npz", tmp_path / "fresh-out", policy=REFERENCE_OK)
+    with caplog.at_level(logging.INFO, logger="xclp.agent"):
+        fresh.run(once=True)
+        fresh.run(once=True)
+    lines = [r for r in caplog.records if r.name == "xclp.agent"]
+    assert [r.levelname for r in lines] == ["INFO"] and "skipping 1 job(s)" in lines[0].getMessage()
+    assert old in fresh.not_ours and not fresh.given_up and not fresh.result_path(old).exists()
+    new = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=32, k=4, classes=10)
+    _until_done(admin, new, [fresh, b])  # a job that begins after it started: it takes part
+    assert admin.job(new)["status"] == "done"
+
+
+def test_one_agent_per_out_folder(tmp_path):
+    from clients.agent import AgentError
+
+    class Idle:
+        def work(self):
+            return {"site": "s", "jobs": [], "done": []}
+
+    np.savez(tmp_path / "d.npz", X=np.random.default_rng(0).random((4, 2)), y=np.array([0, 1, -1, -1]))
+    first = Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out")
+    first.run(once=True)
+    with pytest.raises(AgentError, match=r"--out .*out is in use by another agent \(pid \d+\)"):
+        Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out").run(once=True)
+    Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out2").run(once=True)  # its own folder: fine
+
+
+def test_an_idle_agent_backs_off_and_polls_fast_again_once_a_job_appears(tmp_path, monkeypatch):
+    """No job: the wait between polls doubles from --poll up to max_poll; a job of the site brings
+    it back to --poll."""
+    from clients.agent import AgentError
+
+    class Api:
+        url = "http://x"
+        polls = 0
+
+        def work(self):
+            self.polls += 1
+            return {"site": "s", "jobs": ["j1"] if 8 <= self.polls < 10 else [], "done": []}
+
+        def job(self, job_id):
+            return {"status": "running", "live": ["t"], "kind": "predict"}  # not this site's any more
+
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(round(s, 3))
+        if len(sleeps) == 12:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(agent_mod.time, "sleep", sleep)
+    np.savez(tmp_path / "d.npz", X=np.random.default_rng(0).random((4, 2)), y=np.array([0, 1, -1, -1]))
+    agent = Agent(Api(), "s", tmp_path / "d.npz", tmp_path / "out", poll=0.1, max_poll=1.0)
+    with pytest.raises(KeyboardInterrupt):
+        agent.run()
+    assert sleeps == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.2, 0.4]
+
+    class Refused(Api):
+        def work(self):
+            from clients.api import ApiError
+
+            raise ApiError(401, "unknown site token")
+
+    with pytest.raises(AgentError, match="refused the token of site 's'"):  # stops at once, never loops
+        Agent(Refused(), "s", tmp_path / "d.npz", tmp_path / "out3").run()

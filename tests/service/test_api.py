@@ -24,7 +24,7 @@ def test_tokens(app_client):
     h = add(app_client, "a")
     assert app_client.post("/sites", json={"name": "b"}, headers=h).status_code == 403  # a site is no admin
     assert app_client.get("/work", headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert app_client.get("/work", headers=h).json() == {"jobs": [], "done": []}
+    assert app_client.get("/work", headers=h).json() == {"site": "a", "jobs": [], "done": []}  # whose token it is
     assert app_client.post("/sites", json={"name": "a"}, headers=admin_headers()).status_code == 409
     for bad in ("", "coordinator", "a b", "x" * 65, "../etc"):
         r = app_client.post("/sites", json={"name": bad}, headers=admin_headers())

@@ -1,0 +1,75 @@
+"""The operator's lists (`xclp site list`, `xclp job list`) and `xclp site add`'s token file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from xclp.data import DataError
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _when(iso: str | None) -> str:
+    return "-" if not iso else iso.replace("T", " ")[:19]
+
+
+def print_sites(out: dict, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return 0
+    seen = out.get("last_seen") or {}
+    if not out["sites"]:
+        print("no sites yet: add one with `xclp site add NAME --token-file NAME.token`")
+        return 0
+    _table(["SITE", "LAST CONTACT (UTC, since the coordinator started)"],
+           [[s, _when(seen.get(s))] for s in out["sites"]])
+    return 0
+
+
+def print_jobs(jobs: list[dict], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"jobs": jobs}, indent=2))
+        return 0
+    if not jobs:
+        print("no jobs yet")
+        return 0
+    _table(["JOB", "KIND", "STATUS", "PHASE", "SUBMITTED (UTC)", "SITES"],
+           [[j["job"], j.get("kind", "?") + (f" (of {j['parent']})" if j.get("parent") else ""), j["status"],
+             j["phase"], _when(j.get("created_at")), ",".join(j.get("sites") or [])] for j in jobs])
+    return 0
+
+
+def add_site_with_token_file(admin, args) -> int:
+    """`xclp site add NAME [--token-file PATH] [--json]`: the token is shown once by the coordinator;
+    with --token-file it goes into a new file only its owner can read, never to the terminal."""
+    path: Path | None = args.token_file
+    if path is not None:  # checked before the site exists: its token could not be shown again
+        if path.exists():
+            raise DataError(f"--token-file {path} exists: give a new file (a site's token is written once)")
+        if not path.parent.is_dir():
+            raise DataError(f"--token-file {path}: the folder {path.parent} does not exist")
+    out = admin.add_site(args.name)
+    site, token = out["site"], out["token"]
+    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
+    if path is None:
+        print(json.dumps(out) if args.json else f"site {site} added; its token (shown once): {token}")
+        print(f"xclp: keep the token in a file only the site can read (chmod 600) and start its agent with "
+              f"`{agent} FILE ...`; `xclp site add {site} --token-file FILE` writes that file itself",
+              file=sys.stderr)
+        return 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    if args.json:
+        print(json.dumps({"site": site, "token_file": str(path)}))
+    else:
+        print(f"site {site} added; its token is in {path} (mode 0600, shown nowhere else): give that file to "
+              f"the site, whose agent reads it with `{agent} {path} ...`")
+    return 0
