@@ -49,7 +49,7 @@ class CoordinatorClient:
             try:
                 r = self.http.request(method, path, **kw)
             except httpx.UnsupportedProtocol as exc:  # no retry mends a URL without http:// or https://
-                raise NotTheApi(0, f"--coordinator {self.url}: {exc} Give e.g. http://HOST:8000") from None
+                raise NotTheApi(0, f"--coordinator {self.url}: {exc} Give e.g. https://HOST:8443") from None
             except httpx.TransportError as exc:
                 if (bad_cert := tls_failure(exc, self.url)) is not None:
                     raise bad_cert from None

@@ -80,7 +80,7 @@ CASES = {
     "site-add-coordinator-ui-url": (["site", "add", "r", "--coordinator", "{url}/ui"], "base URL"),
     "job-list-coordinator-ui-url": (["job", "list", "--coordinator", "{url}/ui/"], "base URL"),
     "job-list-coordinator-without-scheme": (["job", "list", "--coordinator", "127.0.0.1:8000"],
-                                            "Give e.g. http://HOST:8000"),
+                                            "expected https://HOST[:PORT]"),
     "job-submit-sites-with-spaces": (["job", "submit", "predict", "--coordinator", "{url}", "--sites", "p, nobody"],
                                      "unknown site(s): ['nobody']"),
     "site-add-token-file-exists": (["site", "add", "r", "--coordinator", "{url}", "--token-file", "{tmp}/exists"],
