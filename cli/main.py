@@ -396,11 +396,19 @@ def cmd_job_status(args) -> int:
                      f"{priv['budget']:g}" if (priv := st["training"].get("privacy")) else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
-            return 0
-        print(f"job {st['job']}: {st['status']}, phase {st['phase']} (attempt {st['attempt']}), "
-              f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
-              + (f"; dropped {st['dropped']}" if st["dropped"] else "")
-              + (f"; failure: {st['failure']}" if st["failure"] else ""))
+        else:
+            print(f"job {st['job']}: {st['status']}, phase {st['phase']} (attempt {st['attempt']}), "
+                  f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
+                  + (f"; dropped {st['dropped']}" if st["dropped"] else "")
+                  + (f"; failure: {st['failure']}" if st["failure"] else ""))
+        for site, why in (st.get("refused") or {}).items():
+            print(f"  {site} refused: {why}")
+    return 0
+
+
+def cmd_job_cancel(args) -> int:
+    st = _admin(args).cancel(args.job)
+    print(f"job {st['job']}: {st['status']} ({st['failure']}); the sites wipe its keys at their next sweep")
     return 0
 
 
@@ -413,6 +421,8 @@ def cmd_job_wait(args) -> int:
         return 3
     if st["status"] == "failed":
         print(f"job {args.job} failed: {st['failure']}", file=sys.stderr)
+        for site, why in (st.get("refused") or {}).items():
+            print(f"  {site} refused: {why}", file=sys.stderr)
         return 1
     print(f"job {args.job} done" + (f" (dropped: {st['dropped']})" if st["dropped"] else ""))
     return 0
@@ -618,6 +628,10 @@ def build_parser() -> argparse.ArgumentParser:
     coord_args(jst)
     jst.add_argument("--json", action="store_true")
     jst.set_defaults(func=cmd_job_status)
+    jc = job.add_parser("cancel", help="end a running job; the sites wipe its keys")
+    jc.add_argument("job")
+    coord_args(jc)
+    jc.set_defaults(func=cmd_job_cancel)
     jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout")
     jw.add_argument("job")
     coord_args(jw)

@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from clients.api import ApiError, CoordinatorClient, NotTheApi
-from clients.policy import SitePolicy
+from clients.policy import PolicyError, SitePolicy
 from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError, validate_features, validate_labels
 from xclp.datafile import Columns, load_data_file
 from xclp.job_files import JOB_ID, job_file
-from xclp.protocol import JOB_PHASES, JobParams, SiteSession, Topic, decode_roster
+from xclp.protocol import JOB_PHASES, REFUSE, JobParams, SiteSession, Topic, decode_roster, refusal
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
@@ -122,6 +122,15 @@ class Agent:
             self._trainer = Trainer(self, self.public)
         return self._trainer
 
+    def refuse(self, job_id: str, exc: BaseException) -> None:
+        """Tell the coordinator this site leaves the job, and why (its policy, its data, a check that
+        failed): one sentence for the operator, nothing of the site's data."""
+        reason = f"{type(exc).__name__ if not isinstance(exc, PolicyError) else 'policy'}: {exc}"
+        try:
+            self.api.put(job_id, REFUSE, refusal(reason))
+        except ApiError as err:  # the job is over, or this site was dropped already: nothing to tell
+            log.info("job %s: the refusal was not taken: %s", job_id, err)
+
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
         self.lock()
@@ -142,9 +151,11 @@ class Agent:
                         busy |= self.step(job_id)
                         active |= job_id in work["jobs"] and job_id not in self.not_ours
                     except (ProtocolError, DataError, ValueError) as exc:
-                        # This site cannot go on with the job; the coordinator drops it at the deadline.
+                        # This site cannot go on with the job: it says so (the coordinator drops it at
+                        # once, and the operator reads why), and takes no further part.
                         log.error("job %s: giving up: %s", job_id, exc)
                         self.given_up.add(job_id)
+                        self.refuse(job_id, exc)
                     except ApiError as exc:
                         log.warning("job %s: %s", job_id, exc)
                         active = True

@@ -97,6 +97,9 @@ class CoordinatorClient:
     def jobs(self) -> list[dict]:
         return self.call("GET", "/jobs")["jobs"]
 
+    def cancel(self, job_id: str) -> dict:
+        return self.call("POST", f"/jobs/{job_id}/cancel")
+
     def submit_job(self, **body) -> str:
         return self.call("POST", "/jobs", json=body)["job"]
 

@@ -34,12 +34,14 @@ from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
 from xclp.protocol import (
     JOB_PHASES,
+    REFUSE,
     CoordinatorSession,
     JobParams,
     Layout,
     Topic,
     blame,
     encode_roster,
+    read_refusal,
     restart_without,
 )
 
@@ -154,10 +156,44 @@ def advance(db, job: Job) -> bool:
     if job.status != "running":
         return False
     before = (job.phase, job.attempt, job.round, tuple(job.live))
+    if _take_refusals(db, job):
+        return True
     (TRAIN_STEPS if job.kind == "train" else PHASE_STEPS)[job.phase](db, job)
     if len(job.live) < 2 and job.status == "running":
         fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
     return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
+
+
+def refusals(db, job: Job) -> dict[str, str]:
+    """Each site's refusal of the job, with its reason (what the operator reads in the status)."""
+    return {s: read_refusal(message_body(db, job.id, s, COORDINATOR, REFUSE))
+            for s in sorted(has_messages(db, job.id, COORDINATOR, REFUSE))}
+
+
+def _take_refusals(db, job: Job) -> bool:
+    """A site that refused (its policy) or failed (its reason) leaves the job at once, by the rules of
+    a site that missed the current phase's deadline — never waited for. A masked sum in progress
+    restarts without it (attempt + 1), as after a deadline; fewer than two sites fail the job with
+    every reason in the failure."""
+    gone = has_messages(db, job.id, COORDINATOR, REFUSE) & set(job.live)
+    if not gone:
+        return False
+    if job.kind == "predict" and job.phase in ("counts", "row_sums"):
+        _, job.attempt = restart_without(job.live, gone, job.attempt)
+        job.phase_started_at = utcnow()
+    drop(job, gone)
+    if len(job.live) < 2:
+        why = "; ".join(f"{s}: {r}" for s, r in refusals(db, job).items())
+        fail(job, f"fewer than two sites left in {job.phase}: {why}")
+    return True
+
+
+def cancel(db, job: Job) -> None:
+    """The operator ends a running job (and its round's XCLP job); the sites wipe its keys at their
+    next sweep, as for any failed job."""
+    for child in db.scalars(select(Job).where(Job.parent == job.id, Job.status == "running")):
+        fail(child, "cancelled by the operator (its training job was cancelled)")
+    fail(job, "cancelled by the operator")
 
 
 # --- phases -----------------------------------------------------------------------------------

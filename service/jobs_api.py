@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from service.db import COORDINATOR, Job, Message
 from service.deps import caller, get_db, known_sites, load_job, require_admin
-from service.engine import pair_list
+from service.engine import cancel, pair_list, refusals
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
@@ -69,6 +69,8 @@ class JobStatus(BaseModel):
     seed_sites: list[str]
     graph_sites: list[str]
     dropped: dict[str, str]
+    refused: dict[str, str] = Field(default_factory=dict, description="each site that refused the job or failed "
+                                                                      "at it, with its own reason (it left at once)")
     attempts: dict[str, int]
     params: dict
     privacy: dict = Field(default_factory=dict, description="predict jobs: the label-DP ledger of what the job "
@@ -141,12 +143,26 @@ def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
     return JobStatus(job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
                      sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
                      dropped=job.dropped, attempts=job.attempts, params=job.params,
+                     refused={s: r for s, r in refusals(db, job).items() if who == "admin" or s == who},
                      privacy=JobParams(**job.params).privacy() if job.kind == "predict" else {},
                      progress=_progress(db, job),
                      timings=job.timings,
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
                      finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
                      round=job.round or 0, parent=job.parent, training=_training_view(job, who))
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobStatus, dependencies=[Depends(require_admin)],
+             responses=errors(401, 403, 404, 409))
+def cancel_job(job_id: str, db=Depends(get_db)):
+    """End a running job (with its round's XCLP job): it fails with "cancelled by the operator", and
+    every site wipes its keys for it at its next sweep (a few seconds to SWEEP_SECONDS)."""
+    job = load_job(db, job_id)
+    if job.status != "running":
+        raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
+    cancel(db, job)
+    db.commit()
+    return job_status(job_id, "admin", db)
 
 
 def _training_view(job: Job, who: str) -> dict:

@@ -23,7 +23,7 @@ from service.deps import bearer, load_job, require_site
 from service.engine import job_params, pair_list
 from service.schemas import errors
 from service.training_engine import check_train_upload
-from xclp.protocol import TOPIC_PHASE, CoordinatorSession, decode_announce
+from xclp.protocol import MAX_REASON_CHARS, REFUSE, TOPIC_PHASE, CoordinatorSession, decode_announce, read_refusal
 from xclp.wire import load_array
 
 
@@ -184,6 +184,10 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
         raise HTTPException(409, f"job {job.id} is {job.status}")
     if site not in job.live:
         raise HTTPException(409, f"site {site!r} was dropped from job {job.id} in phase {job.dropped.get(site)}")
+    if topic == REFUSE:  # in any phase: the site leaves the job now, and the operator reads why
+        if to != COORDINATOR:
+            raise HTTPException(422, "a refusal goes to the coordinator")
+        return 4 * MAX_REASON_CHARS + 64
     if job.kind == "train":
         return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
     parts = topic.split("/")
@@ -237,6 +241,12 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
             raise HTTPException(422, f"{topic!r}: its body is checked at upload and cannot come as a file")
         if size == 0:
             raise HTTPException(422, f"{topic!r}: empty body")
+        return
+    if topic == REFUSE:
+        try:
+            read_refusal(body)
+        except ProtocolError as exc:
+            raise HTTPException(422, str(exc)) from None
         return
     if job.kind == "train":
         refused = check_train_upload(db, job, site, to, topic, body)

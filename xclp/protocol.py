@@ -77,6 +77,29 @@ TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra":
                "share": "hamming", "rows": "row_sums"}
 
 
+REFUSE = "refuse"  # a site's word that it will not, or cannot, go on with a job: any phase, any kind of job
+MAX_REASON_CHARS = 2000
+
+
+def refusal(reason: str) -> bytes:
+    """A site's refusal: the reason, as a sentence, for the operator (no data of the site in it)."""
+    import json
+
+    return json.dumps({"reason": str(reason)[:MAX_REASON_CHARS]}).encode()
+
+
+def read_refusal(body: bytes) -> str:
+    import json
+
+    try:
+        reason = json.loads(body.decode()).get("reason")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        raise ProtocolError("a refusal is JSON {\"reason\": \"…\"}") from None
+    if not isinstance(reason, str) or not reason or len(reason) > MAX_REASON_CHARS:
+        raise ProtocolError(f"a refusal's reason is a sentence of 1 to {MAX_REASON_CHARS} characters")
+    return reason
+
+
 class Topic:
     """The names of a prediction job's messages, `kind[/part…]` (TOPIC_PHASE: the phase of each kind
     a site uploads). The coordinator and the agent build every name here; an attempt number in a

@@ -253,3 +253,58 @@ def test_shares_that_do_not_combine_are_blamed_as_in_the_simulation(rig, monkeyp
     for s, a in agents.items():
         if s != victim:
             assert np.array_equal(np.load(a.result_path(job))["labels"], ref.predictions[s].labels), s
+
+
+def step_all(agents, job):
+    """One step of each agent, as its loop takes it (a site that gives up says why: Agent.refuse)."""
+    from crypto.errors import ProtocolError
+    from xclp.data import DataError
+
+    for a in agents:
+        if job in a.given_up:
+            continue
+        try:
+            a.step(job)
+        except (ProtocolError, DataError, ValueError) as exc:
+            a.given_up.add(job)
+            a.refuse(job, exc)
+
+
+def test_a_site_that_refuses_leaves_at_once_and_the_operator_reads_why(rig):
+    """No deadline passes here: the refusing site is dropped as soon as its refusal arrives."""
+    ds, admin, agents = rig
+    strict = ds.sites[2]
+    agents[strict].policy = SitePolicy()  # refuses the plaintext reference
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10)
+    end = time.monotonic() + 60
+    while (st := admin.job(job))["status"] == "running" and time.monotonic() < end:
+        step_all(agents.values(), job)
+        time.sleep(0.01)
+    assert st["status"] == "done" and st["dropped"] == {strict: "setup"}
+    assert "plaintext" in st["refused"][strict] and st["refused"][strict].startswith("policy: ")
+    # two of three refuse: the job fails at once, every reason in its failure
+    agents[ds.sites[1]].policy = SitePolicy()
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10)
+    end = time.monotonic() + 60
+    while (st := admin.job(job))["status"] == "running" and time.monotonic() < end:
+        step_all(agents.values(), job)
+        time.sleep(0.01)
+    assert st["status"] == "failed" and "fewer than two sites left in setup" in st["failure"]
+    assert all(s in st["failure"] for s in ds.sites[1:]) and sorted(st["refused"]) == ds.sites[1:]
+
+
+def test_the_operator_cancels_a_job_and_the_sites_wipe_its_keys(rig):
+    ds, admin, agents = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
+    drive(admin, job, agents.values(), lambda st: st["phase"] == "counts")
+    st = admin.cancel(job)
+    assert st["status"] == "failed" and st["failure"] == "cancelled by the operator"
+    from clients.api import ApiError
+
+    with pytest.raises(ApiError) as exc:
+        admin.cancel(job)
+    assert exc.value.status == 409
+    for a in agents.values():
+        a._work()  # the agent's loop reads its work list, then sweeps
+        assert job in a.sweep_keys()
+        assert not a.step(job)  # nothing more to do for it
