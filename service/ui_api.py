@@ -39,6 +39,7 @@ from sqlalchemy import delete, func, select
 
 from service.db import Job, Message, PrunedBytes, Site, UISession, message_phase, utcnow
 from service.deps import get_db, hash_token, is_admin, load_job
+from service.engine import refusals
 from service.guard import LOGIN_BYTES
 from xclp.protocol import JOB_PHASES
 
@@ -227,7 +228,9 @@ def job_detail(db, job: Job, v: Viewer) -> dict:
         privacy = JobParams(**job.params).privacy()
     children = [] if job.kind != "train" else [
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
+    refused = {s: r for s, r in refusals(db, job).items() if v.who == "admin" or s == v.who}
     return {**job_row(job), "attempt": job.attempt, "live": job.live, "dropped": job.dropped, "failure": job.failure,
+            "refused": refused,
             "progress": _progress(db, job), "timeline": timeline, "bytes_total": sum(nbytes.values()),
             "params": {k: job.params.get(k) for k in ("crypto", "bits", "k", "classes", "n_classes", "algorithm",
                                                       "rounds", "label_flip", "dp_noise") if k in job.params},

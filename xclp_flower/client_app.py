@@ -24,8 +24,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.agent import load_site_data
 from clients.policy import PolicyError, SitePolicy
+from clients.site_state import load_site_data
 from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
 from crypto.keys import SiteKeyPair

@@ -119,6 +119,8 @@ const XCLP = (() => {
       document.getElementById("progress-text").textContent = job.status === "running" ?
         `${job.progress.received} of ${job.progress.expected} parts of this phase received` : "";
       document.getElementById("failure").textContent = job.failure || "";
+      document.getElementById("refused").replaceChildren(...Object.entries(job.refused || {}).map(
+        ([site, why]) => el("li", {text: `${site} refused: ${why}`})));
       document.getElementById("timeline").replaceChildren(...timeline(job));
       const training = document.getElementById("training");
       training.hidden = job.kind !== "train";

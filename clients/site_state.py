@@ -1,0 +1,51 @@
+"""What a site keeps at home, apart from the agent's loop: its data file, read and checked
+(`load_site_data`, used by the agent and by Flower's ClientApp), and what it must remember about each
+job across restarts (`JobState`: small, JSON, mode 0600)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from xclp.data import DataError, validate_features, validate_labels
+from xclp.datafile import Columns, load_data_file
+
+
+def load_site_data(path: str | os.PathLike, columns: Columns | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(X, y, y_true or None) from the site's .npz, .csv or .parquet: y_true, where the file has it,
+    is for scoring training jobs only; a site column, if any, is not needed here."""
+    a = load_data_file(path, columns, require_site=False)
+    X = validate_features(a["X"])
+    y_true = a.get("y_true")
+    if y_true is not None:
+        if np.shape(y_true) != (X.shape[0],):
+            raise DataError(f"{path}: y_true must have one entry per row of X")
+        y_true = np.asarray(y_true, dtype=np.int64)
+    return X, validate_labels(a["y"], X.shape[0]), y_true
+
+
+class JobState:
+    """What the agent must remember about one job across restarts (small, JSON, private)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def __getitem__(self, k):
+        return self.data.get(k)
+
+    def __setitem__(self, k, v):
+        self.data[k] = v
+        self.save()
