@@ -34,15 +34,19 @@ from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
 from xclp.protocol import (
     JOB_PHASES,
+    LEFT_OUT,
     REFUSE,
     CoordinatorSession,
     JobParams,
     Layout,
     Topic,
     blame,
+    decode_announce,
     encode_roster,
     read_refusal,
+    refusal,
     restart_without,
+    schema_outliers,
 )
 
 log = logging.getLogger("xclp.engine")
@@ -165,9 +169,15 @@ def advance(db, job: Job) -> bool:
 
 
 def refusals(db, job: Job) -> dict[str, str]:
-    """Each site's refusal of the job, with its reason (what the operator reads in the status)."""
-    return {s: read_refusal(message_body(db, job.id, s, COORDINATOR, REFUSE))
-            for s in sorted(has_messages(db, job.id, COORDINATOR, REFUSE))}
+    """Each site that refused the job (its reason), or that the coordinator left out by the job's rules
+    (the rule): what the operator reads in the status."""
+    out = {s: read_refusal(message_body(db, job.id, s, COORDINATOR, REFUSE))
+           for s in sorted(has_messages(db, job.id, COORDINATOR, REFUSE))}
+    for (s,) in db.execute(select(Message.recipient).where(Message.job_id == job.id, Message.sender == COORDINATOR,
+                                                           Message.topic == LEFT_OUT)).all():
+        out.setdefault(s, "left out by the coordinator: " + read_refusal(message_body(db, job.id, COORDINATOR, s,
+                                                                                       LEFT_OUT)))
+    return dict(sorted(out.items()))
 
 
 def _take_refusals(db, job: Job) -> bool:
@@ -209,6 +219,12 @@ def _setup(db, job: Job) -> None:
         if len(job.live) < 2:
             return
     order = [s for s in job.sites if s in job.live]
+    outliers = schema_outliers([decode_announce(message_body(db, job.id, s, COORDINATOR, "announce")) for s in order])
+    if outliers:  # the data contract: they leave the job now, and the operator reads why
+        for s, why in outliers.items():
+            put_message(db, job.id, COORDINATOR, s, LEFT_OUT, refusal(why))
+        drop(job, set(outliers))
+        return
     roster = encode_roster([message_body(db, job.id, s, COORDINATOR, "announce") for s in order])
     for s in order:
         put_message(db, job.id, COORDINATOR, s, "roster", roster)

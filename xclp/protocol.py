@@ -78,6 +78,7 @@ TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra":
 
 
 REFUSE = "refuse"  # a site's word that it will not, or cannot, go on with a job: any phase, any kind of job
+LEFT_OUT = "left-out"  # the coordinator's word to a site it left out of a job by the job's rules, and why
 MAX_REASON_CHARS = 2000
 
 
@@ -245,11 +246,13 @@ class RosterEntry:
     n: int
     labelled: np.ndarray  # local row indices of the labelled points (the coordinator may know them)
     commitment: bytes  # to the site's seed contribution (crypto.seed.commitment)
+    features: int = 0  # the number of features of its points: the job's data contract (0: not said)
 
 
-def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray, commitment: bytes) -> bytes:
+def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray, commitment: bytes,
+                    features: int = 0) -> bytes:
     return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64),
-                        "seed_commitment": commitment})
+                        "seed_commitment": commitment, "features": int(features)})
 
 
 def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
@@ -267,15 +270,34 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
     check_peer_public(b["public_key"].tobytes(), what="announce")
     if b["seed_commitment"].dtype != np.uint8 or b["seed_commitment"].size != COMMITMENT_BYTES:
         raise ProtocolError(f"announce: the seed commitment must be {COMMITMENT_BYTES} bytes")
+    features = int(b["features"]) if "features" in b else 0
+    if features < 0:
+        raise ProtocolError("announce: a negative number of features")
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled,
-                       commitment=b["seed_commitment"].tobytes())
+                       commitment=b["seed_commitment"].tobytes(), features=features)
+
+
+def schema_outliers(entries: list[RosterEntry]) -> dict[str, str]:
+    """The job's data contract, checked by the coordinator of every driver before the roster goes out:
+    every site's points have the same number of features (LSH draws its hyperplanes for that many; a
+    site with one column more or less would be hashed against other hyperplanes, and its labels would
+    be wrong without any error). The sites whose count differs from the most common one (ties: the
+    first site's) leave the job, each with the reason."""
+    said = [e for e in entries if e.features]
+    if not said:
+        return {}
+    counts = [e.features for e in said]
+    agreed = max(dict.fromkeys(counts), key=counts.count)
+    return {e.site: f"its points have {e.features} features, the job's other sites' have {agreed} (the data "
+                    "contract: every site the same columns, in the same order)" for e in said if e.features != agreed}
 
 
 def encode_roster(announces: list[bytes]) -> bytes:
     """The roster the coordinator hands to the sites: each participant's name, public key and size,
     in site order. Which points are labelled is for the coordinator alone: it is stripped here."""
     entries = [decode_announce(a) for a in announces]
-    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment) for e in entries]
+    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment, e.features)
+              for e in entries]
     return dump_bundle({"count": len(public), **{f"a{i}": a for i, a in enumerate(public)}})
 
 
@@ -410,7 +432,7 @@ class SiteSession:
     def announce(self) -> bytes:
         self._expect("setup")
         return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows,
-                               commitment(self._contribution, self.params.job_id, self.site))
+                               commitment(self._contribution, self.params.job_id, self.site), self.X.shape[1])
 
     def set_roster(self, entries: list[RosterEntry]) -> None:
         self._expect("setup")
@@ -419,6 +441,10 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: not in the job's roster {names}")
         if len(set(names)) != len(names):
             raise ProtocolError("roster names a site twice")
+        other = {e.site: e.features for e in entries if e.features and e.features != self.X.shape[1]}
+        if other:  # the coordinator should have left them out (schema_outliers): a site checks it itself
+            raise ProtocolError(f"{self.site}: the roster mixes feature counts: this site's points have "
+                                f"{self.X.shape[1]}, {other}")
         self.roster = {e.site: e for e in entries}
         self.order = names
         self.channels = {

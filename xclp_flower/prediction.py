@@ -28,7 +28,14 @@ from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
-from xclp.protocol import CoordinatorSession, JobParams, encode_roster, restart_without
+from xclp.protocol import (
+    CoordinatorSession,
+    JobParams,
+    decode_announce,
+    encode_roster,
+    restart_without,
+    schema_outliers,
+)
 
 MESSAGE_TYPE = "query.xclp"
 
@@ -171,6 +178,11 @@ class FlowerXCLP:
             if str(hello[s]["site"]) != s:
                 raise SiteFailed(f"node {self.node_of[s]} said it is {s}, then {hello[s]['site']}")
         live = self._enough([s for s in live if s in hello], "setup")
+        # the data contract, by the core's rule (as the coordinator's engine checks it)
+        for s, why in schema_outliers([decode_announce(bytes(hello[s]["announce"])) for s in live]).items():
+            self.dropped[s] = f"setup: left out: {why}"
+            self.say(f"xclp: {s} left job {p.job_id} in setup ({why})")
+        live = self._enough([s for s in live if s not in self.dropped], "setup")
         for s in live:
             self.coord.register(s, bytes(hello[s]["announce"]))
         roster = encode_roster([bytes(hello[s]["announce"]) for s in live])

@@ -370,3 +370,14 @@ def test_a_flower_site_takes_pair_messages_in_turn_as_every_driver_does(federati
     assert "out of turn" in next(iter(refusals[0].values()))
     assert "not a peer of this job" in next(iter(refusals[1].values()))
     assert out["sites"] == ds.sites and "dropped" not in out  # a refused step leaves the site's state as it was
+
+
+def test_flower_leaves_out_a_site_whose_columns_differ_as_the_coordinator_does(federation, tmp_path):
+    ds, configs = federation
+    a = np.load(configs[2]["data-path"])
+    np.savez(tmp_path / "odd.npz", X=np.hstack([a["X"], np.ones((a["X"].shape[0], 1))]), y=a["y"])
+    odd = [*configs[:2], {**configs[2], "data-path": str(tmp_path / "odd.npz"), "out": str(tmp_path / "out")}]
+    params = JobParams(job_id="flower-contract", n_classes=10, bits=64, k=6, crypto="lattice")
+    out = FlowerXCLP(InProcessGrid(client_app, odd), params).run()
+    assert out["sites"] == ["site0", "site1"] and list(out["dropped"]) == ["site2"]
+    assert "65 features" in out["dropped"]["site2"] and "have 64" in out["dropped"]["site2"]

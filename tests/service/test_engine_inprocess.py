@@ -308,3 +308,15 @@ def test_the_operator_cancels_a_job_and_the_sites_wipe_its_keys(rig):
         a._work()  # the agent's loop reads its work list, then sweeps
         assert job in a.sweep_keys()
         assert not a.step(job)  # nothing more to do for it
+
+
+def test_a_site_whose_columns_differ_is_left_out_at_setup_with_the_reason(rig, tmp_path):
+    ds, admin, agents = rig
+    odd = ds.sites[0]
+    X = np.load(tmp_path / f"{odd}.npz")
+    np.savez(tmp_path / "odd.npz", X=np.hstack([X["X"], np.zeros((X["X"].shape[0], 1))]), y=X["y"])
+    agents[odd] = Agent(agents[odd].api, odd, tmp_path / "odd.npz", tmp_path / "out-odd", policy=REFERENCE_OK)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10)
+    st = drive(admin, job, agents.values(), lambda st: st["status"] != "running")
+    assert st["status"] == "done" and st["dropped"] == {odd: "setup"}
+    assert "65 features" in st["refused"][odd] and "have 64" in st["refused"][odd]

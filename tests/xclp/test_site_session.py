@@ -109,3 +109,21 @@ def test_a_site_takes_part_in_few_restarts_of_a_sum_each_over_fewer_sites(monkey
     monkeypatch.setattr(protocol, "MAX_SUM_RESTARTS", 1)
     with pytest.raises(ProtocolError, match="at most 1 restarts of one sum"):
         a.counts_message(names[:2], 2)
+
+
+def test_the_data_contract_leaves_out_a_site_whose_columns_differ():
+    """Every driver's coordinator leaves out a site with another number of features (schema_outliers),
+    and a site refuses a roster that mixes them whatever the coordinator does."""
+    from xclp.protocol import schema_outliers
+
+    rng = np.random.default_rng(2)
+    params = JobParams(job_id="j", n_classes=2, bits=64, k=3, crypto="lattice").validate()
+    y = np.array([0, 1, -1, -1, 0, 1])
+    sess = {s: SiteSession(params, s, rng.normal(size=(6, d)), y) for s, d in (("a", 30), ("b", 30), ("c", 29))}
+    entries = decode_roster(encode_roster([x.announce() for x in sess.values()]))
+    assert [e.features for e in entries] == [30, 30, 29]
+    why = schema_outliers(entries)
+    assert list(why) == ["c"] and "29 features" in why["c"] and "have 30" in why["c"]
+    assert schema_outliers([e for e in entries if e.site != "c"]) == {}
+    with pytest.raises(ProtocolError, match="mixes feature counts"):
+        sess["a"].set_roster(entries)
