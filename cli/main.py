@@ -37,6 +37,9 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help="neighbours per point (default 10)")
     p.add_argument("--alpha", type=float, default=0.99, help="propagation α (default 0.99)")
     p.add_argument("--power", type=float, default=3.0, help="edge weight power (default 3)")
+    p.add_argument("--standardize", action="store_true",
+                   help="federated standardisation: each feature scaled to the mean and variance of all sites' "
+                        "points, from a secure sum, before hashing (default: raw features)")
     p.add_argument("--similarity", choices=["lsh", "exact"], default="lsh",
                    help="lsh (private) or exact cosine (plaintext reference only)")
     p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext",
@@ -145,7 +148,8 @@ def cmd_simulate_predict(args) -> int:
     ds, source = load_dataset(args)
     params = JobParams(job_id=f"sim-{args.seed}", n_classes=ds.n_classes, bits=args.bits, k=args.k,
                        alpha=args.alpha, power=args.power, similarity=args.similarity, crypto=args.crypto,
-                       solver=args.solver, key_bits=args.key_bits, **label_dp_params(args, ds.n_classes)).validate()
+                       solver=args.solver, key_bits=args.key_bits, standardize=args.standardize,
+                       **label_dp_params(args, ds.n_classes)).validate()
     privacy = no_privacy()
     if params.label_flip > 0 or params.dp_noise > 0:
         ledger = PrivacyLedger(args.dp_delta, args.dp_epsilon, neighbouring=label_dp.LABEL_LEVEL)
@@ -349,7 +353,7 @@ def cmd_job_submit(args) -> int:
     sites = _site_names(args.sites)
     job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
                                   alpha=args.alpha, classes=args.classes, key_bits=args.key_bits,
-                                  deadlines=_deadlines(args.deadline))
+                                  standardize=args.standardize, deadlines=_deadlines(args.deadline))
     print(json.dumps({"job": job}) if args.json else job)
     return 0
 
@@ -566,6 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     jp.add_argument("--k", type=int, default=10)
     jp.add_argument("--alpha", type=float, default=0.99)
     jp.add_argument("--classes", type=int, default=10, help="number of classes (labels 0..C−1)")
+    jp.add_argument("--standardize", action="store_true",
+                    help="federated standardisation: each feature scaled to the mean and variance of all sites' "
+                         "points, from a secure sum the coordinator cannot read, before hashing (default: raw)")
     jp.add_argument("--key-bits", type=int, default=2048)
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS")
     jp.add_argument("--json", action="store_true")

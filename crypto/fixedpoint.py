@@ -115,3 +115,46 @@ def precision(frac_bits: int, n_terms: int = 1) -> float:
     if isinstance(n_terms, bool) or not isinstance(n_terms, int) or n_terms < 1:
         raise ProtocolError("n_terms must be a positive int")
     return n_terms * math.ldexp(1.0, -(f + 1))
+
+
+# -- wide fixed point: limbs that a masked uint64 sum can carry -----------------------------------------
+#
+# A sum whose terms need more than 63 bits (a feature's sum of squares over a million points, with 32
+# fractional bits) travels as LIMBS limbs of 32 bits each, every limb in its own uint64 slot: the masked
+# sum adds limbs slot by slot (no carry is lost while fewer than 2^32 sites add limbs below 2^32), and
+# `from_limbs` carries them back into one exact integer. Values are two's complement mod 2^(32·LIMBS).
+
+LIMB_BITS = 32
+LIMBS = 3  # 96 bits: with WIDE_FRAC_BITS = 32, |Σ| < 2^63 before the fraction
+
+
+def to_limbs(values, frac_bits: int) -> np.ndarray:
+    """round(v · 2^f) for each float in `values`, as LIMBS uint64 limbs each (shape (len, LIMBS) flattened)."""
+    frac_bits = _check_frac_bits(frac_bits)
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(v)):
+        raise ProtocolError("cannot encode NaN or infinite values")
+    width = LIMB_BITS * LIMBS
+    out = np.zeros((v.size, LIMBS), dtype=np.uint64)
+    for i, x in enumerate(v.tolist()):
+        n = round(Fraction(x) * (1 << frac_bits))  # exact: a float is a dyadic rational
+        if not -(1 << (width - 1)) <= n < (1 << (width - 1)):
+            raise ProtocolError(f"{x!r} does not fit {width}-bit fixed point with {frac_bits} fractional bits")
+        n %= 1 << width
+        for k in range(LIMBS):
+            out[i, k] = (n >> (LIMB_BITS * k)) & ((1 << LIMB_BITS) - 1)
+    return out.ravel()
+
+
+def from_limbs(limbs, frac_bits: int) -> np.ndarray:
+    """The sums that limb-wise totals of `to_limbs` encode, as float64 (each exact before the division)."""
+    frac_bits = _check_frac_bits(frac_bits)
+    arr = np.asarray(limbs, dtype=np.uint64).reshape(-1, LIMBS)
+    width = LIMB_BITS * LIMBS
+    out = np.empty(arr.shape[0], dtype=np.float64)
+    for i, row in enumerate(arr.tolist()):
+        n = sum(int(x) << (LIMB_BITS * k) for k, x in enumerate(row)) % (1 << width)
+        if n >= 1 << (width - 1):
+            n -= 1 << width
+        out[i] = float(Fraction(n, 1 << frac_bits))
+    return out

@@ -37,6 +37,8 @@ class JobCreate(RequestBody):
     alpha: float = Field(0.99, gt=0, lt=1)
     power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
     classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
+    standardize: bool = Field(False, description="federated standardisation: every site scales each feature to the "
+                                                 "mean and variance of all sites' points (a secure sum) before hashing")
     key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
                                                               "they accept; 2048 by default)")
     deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,
@@ -107,7 +109,7 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     try:
         params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
                            power=body.power, crypto=body.crypto, key_bits=body.key_bits, dp_delta=body.dp_delta,
-                           dp_clip=body.dp_clip, **_label_dp(body)).validate()
+                           dp_clip=body.dp_clip, standardize=body.standardize, **_label_dp(body)).validate()
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),

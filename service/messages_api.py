@@ -23,7 +23,15 @@ from service.deps import bearer, load_job, require_site
 from service.engine import job_params, pair_list
 from service.schemas import errors
 from service.training_engine import check_train_upload
-from xclp.protocol import MAX_REASON_CHARS, REFUSE, TOPIC_PHASE, CoordinatorSession, decode_announce, read_refusal
+from xclp.protocol import (
+    MAX_REASON_CHARS,
+    REFUSE,
+    TOPIC_PHASE,
+    CoordinatorSession,
+    counts_length,
+    decode_announce,
+    read_refusal,
+)
 from xclp.wire import load_array
 
 
@@ -171,7 +179,7 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
 
 
 SLACK = 1 << 16  # container overhead of an .npz body (names, headers) above its array bytes
-SMALL = {"seed": 1 << 12, "counts": 1 << 16}  # a sealed 32-byte contribution; a vector of class counts
+SMALL = {"seed": 1 << 12}  # a sealed 32-byte contribution
 MAX_ANNOUNCE = 1 << 26  # the labelled rows, 8 bytes each: 8 M labelled points
 
 
@@ -218,6 +226,9 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
         raise HTTPException(422, f"unknown message topic {topic!r}")
     if kind in SMALL:
         return SMALL[kind]
+    if kind == "counts":  # the class counts (and, standardising, the limbs of the feature sums)
+        features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
+        return SLACK + 8 * counts_length(job_params(job), features)
     if kind == "announce":
         return MAX_ANNOUNCE
     if kind == "intra":  # n × n uint16 distances (or n × d float64 vectors, `similarity="exact"`)
@@ -261,7 +272,8 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
             if e.site != site:
                 raise HTTPException(422, f"announce from {site} names {e.site}")
         elif kind == "counts":
-            load_array(body, dtype="uint64", shape=(params.n_classes,), what="counts")
+            features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
+            load_array(body, dtype="uint64", shape=(counts_length(params, features),), what="counts")
         elif kind == "intra":
             # The engine's own check (shape, range ≤ L, symmetry, zero diagonal), run now so that a
             # bad upload is refused here instead of failing the job later.

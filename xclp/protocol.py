@@ -40,17 +40,16 @@ import numpy as np
 
 from crypto.channel import Channel
 from crypto.errors import ProtocolError
+from crypto.fixedpoint import LIMBS, decode, encode, from_limbs, to_limbs
 from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing, make_protocol, traits
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import (
     mask_rows,
-    mask_vector,
     prg_uint64,
     server_sum,
     shared_mask_key,
     site_mask,
     unmask_rows,
-    unmask_total,
 )
 from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
 from xclp import graph as graphs
@@ -170,6 +169,10 @@ class JobParams:
     similarity: str = "lsh"  # "exact" (true cosine, plaintext reference only)
     crypto: str = "plaintext"
     normalise: bool = True  # L2-normalise vectors before hashing
+    # federated standardisation: every feature to the mean and variance of ALL sites' points, from
+    # sums that ride on the label-count secure sum (`standardisation_stats`); the coordinator never
+    # learns them, every site does
+    standardize: bool = False
     balanced: bool = True  # class-balanced label matrix
     solver: str = "auto"
     tol: float = 1e-8
@@ -275,6 +278,38 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
         raise ProtocolError("announce: a negative number of features")
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled,
                        commitment=b["seed_commitment"].tobytes(), features=features)
+
+
+STATS_FRAC_BITS = 32  # the standardisation sums' fixed point (crypto.fixedpoint.to_limbs: 96-bit limbs)
+CONSTANT_VAR = 1e-12  # a feature whose variance is below this (relative to max(1, μ²)) is constant
+
+
+def counts_length(params: JobParams, features: int) -> int:
+    """The counts sum's uint64 values: one per class, then (with `standardize`) the limbs of the
+    sites' point count, per-feature sums and sums of squares."""
+    return params.n_classes + (LIMBS * (1 + 2 * int(features)) if params.standardize else 0)
+
+
+def standardisation_stats(X: np.ndarray) -> np.ndarray:
+    """A site's share of the global moments: [n, Σx (per feature), Σx² (per feature)]."""
+    X = np.asarray(X, dtype=np.float64)
+    return np.concatenate([[float(X.shape[0])], X.sum(axis=0), (X * X).sum(axis=0)])
+
+
+def standardise(X: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X − μ)/σ with μ, σ of all sites' points, from the summed `standardisation_stats`; a feature
+    with no spread keeps σ = 1. Returns (standardised X, μ, σ)."""
+    d = X.shape[1]
+    n, s1, s2 = total[0], total[1:1 + d], total[1 + d:1 + 2 * d]
+    if n < 1:
+        raise ProtocolError("standardisation over no points")
+    mean = s1 / n
+    var = np.maximum(s2 / n - mean * mean, 0.0)
+    std = np.sqrt(var)
+    # Σx²/n − μ² cancels: a constant feature comes out at rounding noise (≈ 1e-16·μ² plus the sums'
+    # 2^-32 grain), not 0. Below this it is constant, and is only centred.
+    std[var <= CONSTANT_VAR * np.maximum(1.0, mean * mean)] = 1.0
+    return (np.asarray(X, dtype=np.float64) - mean) / std, mean, std
 
 
 def schema_outliers(entries: list[RosterEntry]) -> dict[str, str]:
@@ -553,23 +588,38 @@ class SiteSession:
         self._sums[purpose] = (attempt, list(participants))
 
     def counts_message(self, participants: list[str], attempt: int = 0) -> bytes:
+        """enc(class counts) [+ the limbs of standardisation_stats] + masks: one secure sum serves both
+        (the counts' DP noise share goes on the counts only)."""
         self._expect("counts")
         participants = self._check_participants(participants, "counts")
         self._claim_sum("counts", participants, attempt)
         C = self.params.n_classes
+        total = counts_length(self.params, self.X.shape[1])
         first = self.site == [s for s in self.order if s in participants][0]
-        shared = self._shared_mask("counts", attempt, C) if self.params.secure and first else None
         counts = class_counts(self.y_released, C).astype(np.float64)
-        mask = self._mask("counts", attempt, participants, (C,))
-        mask += self._noise("counts", attempt, (C,), label_dp.counts_sensitivity(), participants).view(np.uint64)
-        return dump_array(mask_vector(counts, mask, self._counts_frac_bits, shared))
+        values = encode(counts, self._counts_frac_bits)
+        if self.params.standardize:
+            values = np.concatenate([values, to_limbs(standardisation_stats(self.X), STATS_FRAC_BITS)])
+        mask = self._mask("counts", attempt, participants, (total,))
+        mask[:C] += self._noise("counts", attempt, (C,), label_dp.counts_sensitivity(), participants).view(np.uint64)
+        if self.params.secure and first:
+            mask += self._shared_mask("counts", attempt, total)
+        return dump_array(values + mask)
 
     def receive_counts(self, total: bytes, attempt: int = 0) -> None:
         self._expect("counts")
         C = self.params.n_classes
-        t = load_array(total, dtype=np.uint64, shape=(C,), what="counts total")
-        counts = unmask_total(t, self._counts_frac_bits,
-                              self._shared_mask("counts", attempt, C) if self.params.secure else None)
+        length = counts_length(self.params, self.X.shape[1])
+        t = load_array(total, dtype=np.uint64, shape=(length,), what="counts total")
+        if self.params.secure:
+            t = t - self._shared_mask("counts", attempt, length)
+        counts = decode(t[:C], self._counts_frac_bits)
+        if self.params.standardize:
+            stats = from_limbs(t[C:], STATS_FRAC_BITS)
+            if stats[0] != sum(e.n for e in self.roster.values() if e.site in self._sums.get("counts", (0, []))[1]):
+                raise ProtocolError(f"{self.site}: the standardisation sums do not count the participants' points "
+                                    "(masks disagree?)")
+            self.X, self.feature_mean, self.feature_std = standardise(self.X, stats)
         # Masks that do not cancel leave uniform values: checking only the sign would accept them with
         # probability 2^-C (a quarter of the time with two classes). No count can exceed the points in
         # the roster, which a uniform 64-bit value does with probability below 2^-40 per class.
@@ -716,12 +766,22 @@ class CoordinatorSession:
 
     # --- counts ----------------------------------------------------------------------------------
     def receive_counts(self, site: str, data: bytes) -> None:
-        self.counts_parts[site] = load_array(data, dtype=np.uint64, shape=(self.params.n_classes,), what="counts")
+        arr = load_array(data, dtype=np.uint64, ndim=1, what="counts")
+        features = self.roster[site].features if site in self.roster else None
+        if features is not None and features:
+            want = counts_length(self.params, features)
+            if arr.shape != (want,):
+                raise ProtocolError(f"{site}: counts of {arr.size} values, expected {want}")
+        elif arr.size < self.params.n_classes or (not self.params.standardize and arr.size != self.params.n_classes):
+            raise ProtocolError(f"{site}: counts of {arr.size} values for {self.params.n_classes} classes")
+        self.counts_parts[site] = arr
 
     def counts_total(self, participants: list[str]) -> bytes:
         missing = [s for s in participants if s not in self.counts_parts]
         if missing:
             raise ProtocolError(f"counts missing from {missing}")
+        if len({self.counts_parts[s].size for s in participants}) != 1:
+            raise ProtocolError("the sites' counts differ in length (their features differ?)")
         return dump_array(server_sum([self.counts_parts[s] for s in participants]))
 
     # --- hamming ---------------------------------------------------------------------------------

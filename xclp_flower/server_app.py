@@ -39,7 +39,8 @@ ZERO_IS_DEFAULT = {"model", "sites-per-round", "local-epochs", "lr", "clip", "dp
 
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
-    known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float}
+    known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float,
+             "standardize": lambda v: flag(v, "standardize")}
     bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - set(RUN_KEYS))
     if bad:
         raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")

@@ -381,3 +381,13 @@ def test_flower_leaves_out_a_site_whose_columns_differ_as_the_coordinator_does(f
     out = FlowerXCLP(InProcessGrid(client_app, odd), params).run()
     assert out["sites"] == ["site0", "site1"] and list(out["dropped"]) == ["site2"]
     assert "65 features" in out["dropped"]["site2"] and "have 64" in out["dropped"]["site2"]
+
+
+def test_flower_standardises_like_the_simulation(federation):
+    ds, configs = federation
+    grid, params, out = run(configs, crypto="lattice", standardize=True)
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites}
+    ref = run_xclp(ds, params, contributions=contributions)
+    for s in ds.sites:
+        assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
+    assert params_from({"standardize": "true"}, 3).standardize is True

@@ -320,3 +320,19 @@ def test_a_site_whose_columns_differ_is_left_out_at_setup_with_the_reason(rig, t
     st = drive(admin, job, agents.values(), lambda st: st["status"] != "running")
     assert st["status"] == "done" and st["dropped"] == {odd: "setup"}
     assert "65 features" in st["refused"][odd] and "have 64" in st["refused"][odd]
+
+
+def test_a_standardised_job_through_the_service_labels_as_the_simulation(rig):
+    import json
+
+    ds, admin, agents = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=128, k=6, classes=10,
+                           standardize=True)
+    st = drive(admin, job, agents.values(),
+               lambda st: st["status"] == "done" and all(a.result_path(job).exists() for a in agents.values()))
+    assert st["params"]["standardize"] is True and not st["dropped"]
+    contributions = {s: bytes.fromhex(json.loads((a.state_dir / f"{job}.json").read_text())["contribution"])
+                     for s, a in agents.items()}
+    ref = run_xclp(ds, JobParams(**st["params"]), contributions=contributions)
+    for s, a in agents.items():
+        assert np.array_equal(np.load(a.result_path(job))["labels"], ref.predictions[s].labels), s
