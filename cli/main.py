@@ -344,9 +344,23 @@ def cmd_agent_run(args) -> int:
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
-    Agent(api, args.site, args.data, args.out, args.poll,
-          public=args.public, policy=policy, columns=_columns(args), max_poll=args.max_poll).run(once=args.once)
+    agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
+                  columns=_columns(args), max_poll=args.max_poll, pins=_pins(args.pin),
+                  identity_key=args.identity_key)
+    logging.getLogger("xclp.agent").info("site %s identity %s (give it to the other sites' operators: --pin %s=%s)",
+                                         args.site, agent.identity.fingerprint, args.site, agent.identity.fingerprint)
+    agent.run(once=args.once)
     return 0
+
+
+def _pins(given: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in given or []:
+        site, sep, fp = item.partition("=")
+        if not sep or not site or not fp.startswith("SHA256:"):
+            raise ValueError(f"--pin {item!r}: give SITE=SHA256:… (the fingerprint the site's agent logs at start)")
+        out[site.strip()] = fp.strip()
+    return out
 
 
 def cmd_job_submit(args) -> int:
@@ -557,6 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
     ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
+    ar.add_argument("--pin", action="append", default=None, metavar="SITE=SHA256:…",
+                    help="a peer site's identity fingerprint, as its agent logs it at start (repeatable; default: "
+                         "none — a peer's identity is trusted on first use and kept in <out>/.agent-state)")
+    ar.add_argument("--identity-key", default=None,
+                    help="this site's Ed25519 identity key file (default <out>/.agent-state/identity.key, made on "
+                         "first start)")
     ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the job")
     ar.set_defaults(func=cmd_agent_run)
 

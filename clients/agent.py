@@ -30,6 +30,7 @@ from clients.policy import PolicyError, SitePolicy
 from clients.site_state import JobState, load_site_data
 from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
+from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
@@ -53,7 +54,11 @@ LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that
 class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
                  poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None,
-                 columns: Columns | None = None, max_poll: float = MAX_IDLE_POLL):
+                 columns: Columns | None = None, max_poll: float = MAX_IDLE_POLL, pins: dict[str, str] | None = None,
+                 identity_key: str | os.PathLike | None = None):
+        """`identity_key`: the site's Ed25519 key file (default <out>/.agent-state/identity.key, made on
+        first start); `pins`: peers' identity fingerprints given by the operator (the others are trusted
+        on first use and kept in <out>/.agent-state/known_sites.json)."""
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
         self.policy = policy or SitePolicy()
         self.X, self.y, self.y_true = load_site_data(data, columns)
@@ -61,6 +66,8 @@ class Agent:
         self.out.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.out / ".agent-state"
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
+        self.identity = Identity.load_or_create(identity_key or self.state_dir / "identity.key")
+        self.pins = Pins(self.state_dir / "known_sites.json", given=pins)
         self.sessions: dict[str, SiteSession] = {}
         self.pairs: dict[str, dict] = {}  # job -> pair drivers in flight (memory only)
         self.given_up: set[str] = set()
@@ -266,7 +273,8 @@ class Agent:
         X = self.trainer.features(status) if status.get("parent") else self.X
         sess = SiteSession(params, self.site, X, self.y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
-                           contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st))
+                           contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st),
+                           identity=self.identity, pins=self.pins)
         self.sessions[job_id] = sess
         return sess
 

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crypto.channel import Channel
-from crypto.errors import ProtocolError
+from crypto.errors import IntegrityError, ProtocolError
 from crypto.fixedpoint import LIMBS, decode, encode, from_limbs, to_limbs
 from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing, make_protocol, traits
+from crypto.identity import Identity, Pins, announce_digest, verify
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import (
     mask_rows,
@@ -250,12 +251,16 @@ class RosterEntry:
     labelled: np.ndarray  # local row indices of the labelled points (the coordinator may know them)
     commitment: bytes  # to the site's seed contribution (crypto.seed.commitment)
     features: int = 0  # the number of features of its points: the job's data contract (0: not said)
+    identity: bytes = b""  # the site's long-term Ed25519 key (crypto.identity), b"": none said
+    signature: bytes = b""  # of the announce's fields under `identity` (crypto.identity.announce_digest)
 
 
 def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray, commitment: bytes,
-                    features: int = 0) -> bytes:
+                    features: int = 0, identity: bytes = b"", signature: bytes = b"") -> bytes:
     return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64),
-                        "seed_commitment": commitment, "features": int(features)})
+                        "seed_commitment": commitment, "features": int(features),
+                        **({"identity": np.frombuffer(identity, np.uint8),
+                            "signature": np.frombuffer(signature, np.uint8)} if identity else {})})
 
 
 def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
@@ -276,8 +281,13 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
     features = int(b["features"]) if "features" in b else 0
     if features < 0:
         raise ProtocolError("announce: a negative number of features")
+    identity = b["identity"].tobytes() if "identity" in b else b""
+    signature = b["signature"].tobytes() if "signature" in b else b""
+    if identity and (len(identity) != 32 or len(signature) != 64):
+        raise ProtocolError("announce: an identity is a 32-byte Ed25519 key with a 64-byte signature")
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled,
-                       commitment=b["seed_commitment"].tobytes(), features=features)
+                       commitment=b["seed_commitment"].tobytes(), features=features, identity=identity,
+                       signature=signature)
 
 
 STATS_FRAC_BITS = 32  # the standardisation sums' fixed point (crypto.fixedpoint.to_limbs: 96-bit limbs)
@@ -331,8 +341,8 @@ def encode_roster(announces: list[bytes]) -> bytes:
     """The roster the coordinator hands to the sites: each participant's name, public key and size,
     in site order. Which points are labelled is for the coordinator alone: it is stripped here."""
     entries = [decode_announce(a) for a in announces]
-    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment, e.features)
-              for e in entries]
+    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment, e.features,
+                              e.identity, e.signature) for e in entries]
     return dump_bundle({"count": len(public), **{f"a{i}": a for i, a in enumerate(public)}})
 
 
@@ -415,7 +425,12 @@ class SiteSession:
 
     def __init__(self, params: JobParams, site: str, X: np.ndarray, y: np.ndarray,
                  keypair: SiteKeyPair | None = None, contribution: bytes | None = None,
-                 noise_seed: bytes | None = None, hamming: HammingProtocol | None = None):
+                 noise_seed: bytes | None = None, hamming: HammingProtocol | None = None,
+                 identity: Identity | None = None, pins: Pins | None = None):
+        """`identity`: the site's long-term key, signing its announce; `pins`: the peers' identities it
+        trusts — with them, a roster entry that is unsigned, badly signed or signed by another key than
+        the pinned one is refused (crypto.identity)."""
+        self.identity, self.pins = identity, pins
         self.params = params.validate()
         self.site = site
         self.X = validate_features(X, what=f"{site}: X")
@@ -466,8 +481,14 @@ class SiteSession:
     # --- setup -----------------------------------------------------------------------------------
     def announce(self) -> bytes:
         self._expect("setup")
-        return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows,
-                               commitment(self._contribution, self.params.job_id, self.site), self.X.shape[1])
+        mine = commitment(self._contribution, self.params.job_id, self.site)
+        identity = signature = b""
+        if self.identity is not None:
+            identity = self.identity.public
+            signature = self.identity.sign(announce_digest(self.params.job_id, self.site, self.keys.public_bytes(),
+                                                           mine, self.X.shape[0], self.X.shape[1]))
+        return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows, mine,
+                               self.X.shape[1], identity, signature)
 
     def set_roster(self, entries: list[RosterEntry]) -> None:
         self._expect("setup")
@@ -476,6 +497,19 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: not in the job's roster {names}")
         if len(set(names)) != len(names):
             raise ProtocolError("roster names a site twice")
+        mine = next(e for e in entries if e.site == self.site)
+        if mine.public_key != self.keys.public_bytes():
+            raise IntegrityError(f"{self.site}: the roster carries another key for this site than the one it announced")
+        if self.pins is not None:  # every peer's per-job key signed by the identity this site pinned for it
+            for e in entries:
+                if e.site == self.site:
+                    continue
+                if not e.identity:
+                    raise IntegrityError(f"{self.site}: {e.site}'s announce carries no identity signature (a "
+                                         "coordinator that strips it could swap the key)")
+                verify(e.identity, e.signature, announce_digest(self.params.job_id, e.site, e.public_key,
+                                                                e.commitment, e.n, e.features), what=e.site)
+                self.pins.check(e.site, e.identity)
         other = {e.site: e.features for e in entries if e.features and e.features != self.X.shape[1]}
         if other:  # the coordinator should have left them out (schema_outliers): a site checks it itself
             raise ProtocolError(f"{self.site}: the roster mixes feature counts: this site's points have "

@@ -28,6 +28,7 @@ from clients.policy import PolicyError, SitePolicy
 from clients.site_state import load_site_data
 from crypto.errors import ProtocolError
 from crypto.hamming_api import PairDriver
+from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
@@ -72,6 +73,8 @@ class FlowerSite:
         if missing:
             raise DataError(f"this SuperNode's --node-config lacks {missing} (site=NAME data-path=FILE out=FOLDER)")
         self.name, self.out = str(cfg["site"]), Path(str(cfg["out"]))
+        # the site's long-term identity (crypto.identity) and the peers' it pinned, beside its results
+        self.identity_key = Path(str(cfg.get("identity-key") or self.out / "identity.key"))
         self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
                                  max_epsilon=_epsilon(cfg.get("max-epsilon")))
@@ -241,7 +244,9 @@ class FlowerSite:
         self.session = SiteSession(params, self.name, X, self.y,
                                    keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
                                    contribution=bytes(secrets["contribution"]),
-                                   noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming)
+                                   noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
+                                   identity=Identity.load_or_create(self.identity_key),
+                                   pins=Pins(self.out / "known_sites.json"))
 
     def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
         s, name = self.session, str(step["step"])

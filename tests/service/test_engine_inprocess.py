@@ -257,6 +257,7 @@ def test_shares_that_do_not_combine_are_blamed_as_in_the_simulation(rig, monkeyp
 
 def step_all(agents, job):
     """One step of each agent, as its loop takes it (a site that gives up says why: Agent.refuse)."""
+    from clients.api import ApiError
     from crypto.errors import ProtocolError
     from xclp.data import DataError
 
@@ -268,6 +269,8 @@ def step_all(agents, job):
         except (ProtocolError, DataError, ValueError) as exc:
             a.given_up.add(job)
             a.refuse(job, exc)
+        except ApiError:  # the job ended between two looks
+            pass
 
 
 def test_a_site_that_refuses_leaves_at_once_and_the_operator_reads_why(rig):
@@ -336,3 +339,43 @@ def test_a_standardised_job_through_the_service_labels_as_the_simulation(rig):
     ref = run_xclp(ds, JobParams(**st["params"]), contributions=contributions)
     for s, a in agents.items():
         assert np.array_equal(np.load(a.result_path(job))["labels"], ref.predictions[s].labels), s
+
+
+def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig, monkeypatch):
+    """The coordinator hands out the roster: one that puts its own key in place of site2's (to read the
+    sealed seed contributions and pair traffic) must sign it with site2's identity, which it does not
+    hold. The other sites pinned site2's identity at their first job together (or were given it)."""
+    import service.engine as engine
+    from crypto.identity import Identity, announce_digest
+    from crypto.keys import SiteKeyPair
+    from xclp.protocol import decode_announce, encode_announce
+
+    ds, admin, agents = rig
+    victim = ds.sites[2]
+    first = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
+    drive(admin, first, agents.values(), lambda st: st["status"] == "done")  # the sites pin each other here
+    real = engine.encode_roster
+    for forged in ("another identity", "no identity"):
+        def swapped(announces, forged=forged):
+            out = []
+            for body in announces:
+                e = decode_announce(body)
+                if e.site == victim:
+                    key, me = SiteKeyPair.generate(), Identity.generate()
+                    sig = me.sign(announce_digest(job, e.site, key.public_bytes(), e.commitment, e.n, e.features))  # noqa: B023 — the job being set up
+                    body = encode_announce(e.site, key.public_bytes(), e.n, e.labelled, e.commitment, e.features,
+                                           *((me.public, sig) if forged == "another identity" else ()))
+                out.append(body)
+            return real(out)
+
+        monkeypatch.setattr(engine, "encode_roster", swapped)
+        job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
+        end = time.monotonic() + 60
+        while (st := admin.job(job))["status"] == "running" and time.monotonic() < end:
+            step_all(agents.values(), job)
+            time.sleep(0.01)
+        assert st["status"] == "failed", st  # both honest sites refused the roster: fewer than two left
+        for s in ds.sites[:2]:
+            why = st["refused"][s]
+            assert ("identity of site" in why and "changed" in why) if forged == "another identity" \
+                else "carries no identity signature" in why, why
