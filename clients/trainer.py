@@ -26,12 +26,13 @@ import numpy as np
 
 from clients.api import ApiError
 from crypto.errors import ProtocolError
+from crypto.identity import check_keys, key_digest
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
-from xclp.training.double_masking import SiteRecord, unmask_answer
+from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, unmask_answer
 from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
 from xclp.training.fedct import PublicSet, new_site_state
 from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
@@ -169,7 +170,10 @@ class Trainer:
             if s.secure_sum:
                 if st["key"] is None:  # this job's X25519 key pair, for the pairwise masks of its sums
                     st["key"] = SiteKeyPair.generate().private_bytes().hex()
-                hello["public_key"] = SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])).public_bytes().hex()
+                public = SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])).public_bytes()
+                hello["public_key"] = public.hex()
+                hello["identity"] = self.agent.identity.public.hex()  # the key signed by the site's identity
+                hello["signature"] = self.agent.identity.sign(key_digest(KEY_PURPOSE, job_id, self.site, public)).hex()
             if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
                 raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
                                 f"{status['params']['classes']} classes")
@@ -238,12 +242,12 @@ class Trainer:
         if cfg.secure_aggregation and st["key"] is None:
             raise DataError(f"job {job_id}: this site's key for the job is gone (state folder lost?): it cannot "
                             "take part in the masked sums; the rounds go on without it")
-        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys") if cfg.secure_aggregation else {}
+        keys = self._peer_keys(job_id) if cfg.secure_aggregation else {}
         record = SiteRecord.from_json(st["secagg"])
         body = site_upload(s, state, template, meta, planned=len(plan["sites"]), me=self.site, job=job_id, t=t,
                            participants=participants, record=record,
                            private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])) if st["key"] else None,
-                           public_keys={x: bytes.fromhex(k) for x, k in keys.items()})
+                           public_keys=keys)
         if cfg.secure_aggregation:  # the claim and the body are kept before anything is sent
             _atomic_write(masked, body)
             st["secagg"] = record.to_json()
@@ -263,14 +267,21 @@ class Trainer:
             ask = load_json(body, what="unmask")
             record = SiteRecord.from_json(st["secagg"])
             record.claim_unmask(self.site, t, list(ask["participants"]), list(ask["survivors"]))
-            keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
             answer = unmask_answer(me=self.site, private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
-                                   public_keys={x: bytes.fromhex(k) for x, k in keys.items()},
+                                   public_keys=self._peer_keys(job_id),
                                    participants=list(ask["participants"]), survivors=list(ask["survivors"]),
                                    sealed=dict(ask["shares"]), job=job_id, t=t)
             st["secagg"] = record.to_json()
             st["reveals"] = {**(st["reveals"] or {}), str(t): answer}
         return self._put(st, job_id, topic, dump_json(answer))
+
+    def _peer_keys(self, job_id: str) -> dict[str, bytes]:
+        """The sites' keys for the job's masked sums, each signed by the identity this site pinned for
+        its site (crypto.identity): a coordinator that swaps one is refused."""
+        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
+        ids = load_json(self.api.shared(job_id, "identities") or b"{}", what="identities")
+        return check_keys({x: bytes.fromhex(k) for x, k in keys.items()}, ids, self.agent.pins, me=self.site,
+                          job=job_id, purpose=KEY_PURPOSE)
 
     def _masked_path(self, job_id: str, t: int) -> Path:
         return job_file(self.agent.state_dir, job_id, f".masked-{t}.npz")

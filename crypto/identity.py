@@ -42,6 +42,31 @@ def announce_digest(job: str, site: str, x25519: bytes, commitment: bytes, n: in
             + struct.pack(">QQ", int(n), int(features)))
 
 
+def key_digest(purpose: str, job: str, site: str, public: bytes) -> bytes:
+    """What a site signs for a per-job key that is not in an announce (a training job's hello key)."""
+    return b"xclp/key/v1" + _lp(purpose.encode()) + _lp(job.encode()) + _lp(site.encode()) + _lp(bytes(public))
+
+
+def check_keys(keys: dict[str, bytes], identities: dict[str, dict], pins: Pins, *, me: str, job: str,
+               purpose: str) -> dict[str, bytes]:
+    """The peers' per-job keys, each checked against its signature and the identity pinned for its site
+    (IntegrityError otherwise); `identities`: {site: {"identity": hex, "signature": hex}}."""
+    for site, key in keys.items():
+        if site == me:
+            continue
+        said = identities.get(site) or {}
+        try:
+            public, sig = bytes.fromhex(said.get("identity", "")), bytes.fromhex(said.get("signature", ""))
+        except (TypeError, ValueError):
+            public = sig = b""
+        if not public:
+            raise IntegrityError(f"{me}: {site}'s key for job {job} carries no identity signature (a coordinator "
+                                 "that strips it could swap the key)")
+        verify(public, sig, key_digest(purpose, job, site, key), what=site)
+        pins.check(site, public)
+    return keys
+
+
 class Identity:
     """A site's Ed25519 key pair (the private key never leaves the site's files)."""
 

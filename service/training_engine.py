@@ -107,6 +107,9 @@ def _setup(db, job: Job) -> None:
         _put(db, job, BROADCAST, f"{s.broadcast}/0", s.dump_broadcast(s.network().state_dict()))
     if s.secure_sum:
         _put(db, job, BROADCAST, "keys", dump_json({s: facts[s]["public_key"] for s in order}))
+        # each key with its site's identity signature, for the sites to check (crypto.identity.check_keys)
+        _put(db, job, BROADCAST, "identities", dump_json({s: {k: facts[s][k] for k in ("identity", "signature")}
+                                                          for s in order if "identity" in facts[s]}))
     job.round = 1
     _phase(job, "round")
 
@@ -396,6 +399,11 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
                 except ValueError:
                     return 422, "hello: 'public_key' is not hexadecimal"
                 check_peer_public(raw, what="hello")  # a ProtocolError: 422 below
+                for k, size in (("identity", 64), ("signature", 128)):
+                    v = h.get(k)
+                    if v is not None and not (isinstance(v, str) and len(v) == size
+                                              and all(c in "0123456789abcdef" for c in v)):
+                        return 422, f"hello: {k!r} must be {size} lowercase hex digits"
             return None
         if kind == "eval":
             load_json(body, what="eval")

@@ -245,8 +245,7 @@ class FlowerSite:
                                    keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
                                    contribution=bytes(secrets["contribution"]),
                                    noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
-                                   identity=Identity.load_or_create(self.identity_key),
-                                   pins=Pins(self.out / "known_sites.json"))
+                                   identity=self.identity(), pins=self.pins())
 
     def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
         s, name = self.session, str(step["step"])
@@ -329,6 +328,12 @@ class FlowerSite:
             raise ProtocolError(f"{self.name}: a restart of the {kind} sum must be attempt {last + 1} over fewer sites "
                                 f"than {before}, got attempt {attempt} over {participants}")
         return self._sum(kind, participants, attempt)
+
+    def identity(self) -> Identity:
+        return Identity.load_or_create(self.identity_key)
+
+    def pins(self) -> Pins:
+        return Pins(self.out / "known_sites.json")
 
     def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.pkl", **arrays) -> Path:
         """`out/NAME.npz` (and the model: `out/NAME.model.pkl`, or .model.npz for a network's weights),

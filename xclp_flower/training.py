@@ -37,12 +37,13 @@ from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
+from crypto.identity import check_keys, key_digest
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.privacy.ledger import no_privacy
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.double_masking import SiteRecord, relay, unmask_answer
+from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, relay, unmask_answer
 from xclp.training.fedavg import decode_masked_round, open_masked_round
 from xclp.training.messages import dump_state
 from xclp.training.strategy import Roster, pooled_rate
@@ -152,6 +153,10 @@ class FlowerTraining:
             s.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
         if s.family == "fedavg":
             keys = {x: bytes(hello[x]["public_key"]).hex() for x in self.live}
+            # each key with its site's identity signature: the sites check them (crypto.identity.check_keys)
+            common = {**common, "identities": json.dumps(
+                {x: {"identity": bytes(hello[x]["identity"]).hex(), "signature": bytes(hello[x]["signature"]).hex()}
+                 for x in self.live if "identity" in hello[x]})}
             finish = self._fedavg_rounds(s, labelled, common, keys, s.network().state_dict())
         else:
             finish = self._fedct_rounds(s, labelled, common)
@@ -364,8 +369,12 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
             raise DataError(f"{site.name}: label {int(site.y.max())} is out of range for the run's "
                             f"{int(step['classes'])} classes")
         kept["key"] = SiteKeyPair.generate().private_bytes()  # for this run's masked sums; never leaves the node
+        public = SiteKeyPair.from_private_bytes(bytes(kept["key"])).public_bytes()
+        me = site.identity()
         return ConfigRecord({"labelled": int((site.y >= 0).sum()), "features": int(site.X.shape[1]),
-                             "public_key": SiteKeyPair.from_private_bytes(bytes(kept["key"])).public_bytes()}), kept
+                             "public_key": public, "identity": me.public,
+                             "signature": me.sign(key_digest(KEY_PURPOSE, f"flower-{site.run_id}", site.name,
+                                                             public))}), kept
     s = strategy_for(algorithm, config, int(site.classes), len(sites), n_features=int(site.X.shape[1]))
     model = s.network()
     model.load_state_dict(s.load_broadcast(bytes(step["model"])))
@@ -382,11 +391,13 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     plan, t = json.loads(str(step["plan"])), int(step["round"])
     participants = list(step.get("participants", plan["sites"]))
     record = SiteRecord.from_json(json.loads(str(kept.get("secagg", "{}"))))
-    keys = json.loads(str(step["keys"]))
+    keys = check_keys({x: bytes.fromhex(k) for x, k in json.loads(str(step["keys"])).items()},
+                      json.loads(str(step.get("identities", "{}"))), site.pins(), me=site.name,
+                      job=f"flower-{site.run_id}", purpose=KEY_PURPOSE)
     if name == "unmask":  # answered once (claimed in the record), from the run's key
         record.claim_unmask(site.name, t, participants, list(step["survivors"]))
         answer = unmask_answer(me=site.name, private=SiteKeyPair.from_private_bytes(bytes(kept["key"])),
-                               public_keys={x: bytes.fromhex(k) for x, k in keys.items()}, participants=participants,
+                               public_keys=keys, participants=participants,
                                survivors=list(step["survivors"]), sealed=json.loads(str(step["shares"])),
                                job=f"flower-{site.run_id}", t=t)
         kept["secagg"] = json.dumps(record.to_json())
@@ -410,7 +421,7 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     state, n = r if r is not None else (None, 0)
     body = site_upload(s, state, template, {"n": int(n), **metrics}, planned=len(plan["sites"]), me=site.name,
                        private=SiteKeyPair.from_private_bytes(bytes(kept["key"])),
-                       public_keys={x: bytes.fromhex(k) for x, k in keys.items()}, participants=participants,
+                       public_keys=keys, participants=participants,
                        job=f"flower-{site.run_id}", t=t, record=record)
     kept["secagg"] = json.dumps(record.to_json())
     return ConfigRecord({"update": body}), kept

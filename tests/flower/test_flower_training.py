@@ -268,7 +268,9 @@ def test_a_serverapp_cannot_repeat_rounds_add_rounds_or_change_the_runs_settings
     keys = _json.dumps({x: bytes(hello[x]["public_key"]).hex() for x in sites})
     s = STRATEGIES["fedavg"].from_config(config, 10, 3, n_features=64)
     plan = s.configure_round(1, Roster(sites, sites, []))
-    step = {**common, "round": 1, "plan": _json.dumps({**plan, "xclp_job": None}), "keys": keys,
+    ids = _json.dumps({x: {"identity": bytes(hello[x]["identity"]).hex(), "signature": bytes(hello[x]["signature"]).hex()}
+                       for x in sites})
+    step = {**common, "round": 1, "plan": _json.dumps({**plan, "xclp_job": None}), "keys": keys, "identities": ids,
             "model": s.dump_broadcast(s.network().state_dict()), "participants": sites, "attempt": 0}
 
     def ask(**change):
@@ -366,3 +368,23 @@ def test_a_training_runs_xclp_jobs_are_the_ones_its_settings_make(federation):
     FlowerXCLP(grid, replace(right, job_id="early", label_flip=0.01), link=link).run(sites=sites)
     link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg", tolerate=True)
     assert all("randomized the labels otherwise" in why for why in link.failed.values()) and len(link.failed) == 3
+
+
+def test_a_serverapp_that_swaps_a_sites_masking_key_is_refused(federation):
+    # The masked sums' X25519 keys travel through the ServerApp: one that puts its own key in place of
+    # site2's could compute site2's pairwise masks with everyone. Each key is signed by its site's
+    # identity (crypto.identity), which the ServerApp does not hold: the sites refuse the round.
+    from crypto.keys import SiteKeyPair
+
+    ds, _, configs, _ = federation
+
+    class Swapping(FlowerTraining):
+        def _fedavg_rounds(self, s, labelled, common, keys, shared):
+            return super()._fedavg_rounds(s, labelled, common, {**keys, "site2": SiteKeyPair.generate().public_bytes().hex()},
+                                          shared)
+
+    said = []
+    out = Swapping(InProcessGrid(client_app, configs), "fedavg", {**FEDAVG, "secure_aggregation": True, "rounds": 1},
+                   10, say=said.append).run()
+    assert out["history"][0]["left_out"] == ["site0", "site1"]  # each refused the swapped key
+    assert sum("site2" in m and "does not verify" in m for m in said) == 2, said

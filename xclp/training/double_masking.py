@@ -55,6 +55,7 @@ from crypto.keys import SiteKeyPair, pairwise_key
 from crypto.secure_sum import prg_uint64
 
 SEED_BYTES = 16  # Shamir over GF(2^128) shares 16-byte secrets
+KEY_PURPOSE = "secure-aggregation"  # what a site's identity signs its training job's X25519 key for
 _SHARE_AAD = b"xclp/secagg/share/v1"
 _SELF_MASK = b"xclp/secagg/self-mask/v1"
 
