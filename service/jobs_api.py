@@ -155,7 +155,7 @@ def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobStatus, dependencies=[Depends(require_admin)],
-             responses=errors(401, 403, 404, 409))
+             responses=errors(401, 403, 404, 409, 422))
 def cancel_job(job_id: str, db=Depends(get_db)):
     """End a running job (with its round's XCLP job): it fails with "cancelled by the operator", and
     every site wipes its keys for it at its next sweep (a few seconds to SWEEP_SECONDS)."""

@@ -190,7 +190,9 @@ def test_a_fresh_out_skips_the_sites_old_jobs_quietly_and_takes_part_in_new_ones
     a, b = (agents[s] for s in ds.sites)
     old = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=32, k=4, classes=10)
     _until_done(admin, old, [a, b])
-    fresh = Agent(a.api, a.site, tmp_path / f"{a.site}.npz", tmp_path / "fresh-out", policy=REFERENCE_OK)
+    # the site keeps its identity (the key its peers pinned) when it moves to a new --out
+    fresh = Agent(a.api, a.site, tmp_path / f"{a.site}.npz", tmp_path / "fresh-out", policy=REFERENCE_OK,
+                  identity_key=a.state_dir / "identity.key")
     with caplog.at_level(logging.INFO, logger="xclp.agent"):
         fresh.run(once=True)
         fresh.run(once=True)
