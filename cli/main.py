@@ -294,6 +294,18 @@ def cmd_coordinator_serve(args) -> int:
     return 0
 
 
+def cmd_coordinator_migrate(args) -> int:
+    from cli.serve import migrate
+
+    return migrate(args.database, args.dry_run)
+
+
+def cmd_coordinator_db_version(args) -> int:
+    from cli.serve import db_version
+
+    return db_version(args.database)
+
+
 def _admin(args):
     from cli.tls import client_tls
     from clients.api import CoordinatorClient
@@ -514,6 +526,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default per-phase deadline (setup, seed, counts, hamming, row_sums)")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
+    database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER:PW@HOST/DB "
+                     "(default: sqlite:///xclp-coordinator.db, serve's)")
+    cm = co.add_parser("migrate", help="bring the database's schema to this release's (serve does it at start too); "
+                       "back the database up first (docs/operating.md)")
+    cm.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cm.add_argument("--dry-run", action="store_true",
+                    help="print the current and target revisions and the SQL, change nothing (default: migrate)")
+    cm.set_defaults(func=cmd_coordinator_migrate)
+    cv = co.add_parser("db-version", help="the database's schema revision, and this release's newest")
+    cv.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cv.set_defaults(func=cmd_coordinator_db_version)
 
     site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
     sa = site.add_parser("add", help="register a site and print its token")
