@@ -32,6 +32,7 @@ log = logging.getLogger("xclp.service")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 BASELINE = "0001_baseline"
 LEGACY = "none"  # the revision a database of a release before migrations is at
+LOCK_KEY = 0x78636C70  # "xclp": the PostgreSQL advisory lock a migration holds
 if logging.getLogger("alembic").level == logging.NOTSET:  # its "Context impl …" lines: ours say what is done
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
@@ -74,22 +75,27 @@ class SchemaState:
 
 
 def schema_state(engine: Engine) -> SchemaState:
-    from alembic.runtime.migration import MigrationContext
-
     try:
         with engine.connect() as conn:
-            heads = MigrationContext.configure(conn).get_current_heads()
-            tables = set(inspect(conn).get_table_names())
+            return _state(conn)
     except DBAPIError as exc:
         raise DatabaseError(f"cannot read the schema revision of {_safe(str(engine.url))}: {_why(exc)}") from None
+
+
+def _state(conn) -> SchemaState:
+    from alembic.runtime.migration import MigrationContext
+
+    heads = MigrationContext.configure(conn).get_current_heads()
+    tables = set(inspect(conn).get_table_names())
+    url = _safe(str(conn.engine.url))
     if len(heads) > 1:
-        raise DatabaseError(f"the database {_safe(str(engine.url))} has several schema revisions ({', '.join(heads)})")
+        raise DatabaseError(f"the database {url} has several schema revisions ({', '.join(heads)})")
     current = heads[0] if heads else (LEGACY if tables & set(Base.metadata.tables) else None)
     state = SchemaState(current, head())
     if current not in (None, LEGACY) and not _known(current):
-        raise DatabaseError(f"the database {_safe(str(engine.url))} is at schema revision {current}, which this "
-                            f"release does not know (its newest is {state.head}): a newer xclp wrote it; run that "
-                            "release, or restore the backup taken before the upgrade")
+        raise DatabaseError(f"the database {url} is at schema revision {current}, which this release does not "
+                            f"know (its newest is {state.head}): a newer xclp wrote it; run that release, or "
+                            "restore the backup taken before the upgrade")
     return state
 
 
@@ -107,16 +113,23 @@ def _why(exc: DBAPIError) -> str:
 
 
 def upgrade(engine: Engine, state: SchemaState | None = None) -> SchemaState:
-    """Bring the database to the head revision (see the module's docstring); the state it was in."""
+    """Bring the database to the head revision (see the module's docstring); the state it was in.
+    On PostgreSQL one transaction under an advisory lock: two coordinators (or a coordinator and
+    `xclp coordinator migrate`) starting together migrate once, the second finding the head."""
     from alembic import command
 
     state = state or schema_state(engine)
     if state.up_to_date:
         return state
     url = _safe(str(engine.url))
-    log.info("migrating the database %s: schema %s -> %s", url, state.describe(), state.head)
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
+                state = _state(conn)  # as it is now that this process holds the lock
+                if state.up_to_date:
+                    return state
+            log.info("migrating the database %s: schema %s -> %s", url, state.describe(), state.head)
             cfg = _config(str(engine.url))
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")

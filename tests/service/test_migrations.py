@@ -206,3 +206,16 @@ def test_migrate_dry_run_and_db_version_say_where_a_previous_release_database_st
     assert f"migrated to {head()}" in capsys.readouterr().out
     assert xclp(["coordinator", "db-version", "--database", db]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"database: {head()}"
+
+
+def test_coordinators_starting_together_on_a_new_postgres_database_migrate_it_once(db_url):
+    """service.migrate holds an advisory lock on PostgreSQL: the others wait, then find the head.
+    (SQLite: one coordinator per file, on one machine.)"""
+    if not db_url.startswith("postgres"):
+        pytest.skip("PostgreSQL only: the advisory lock")
+    code = ("import sys; from service.migrate import open_database, schema_state; "
+            "print(schema_state(open_database(sys.argv[1])).current)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, db_url], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0] and all(o.strip() == head() for o in outs), outs
