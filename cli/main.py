@@ -506,7 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--host", default="127.0.0.1")
     cs.add_argument("--port", type=int, default=8000)
     cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
-                    help="SQLAlchemy URL: sqlite:///FILE (default) or postgresql+psycopg2://USER:PW@HOST/DB")
+                    help="SQLAlchemy URL: sqlite:///FILE (default: sqlite:///xclp-coordinator.db) or "
+                         "postgresql+psycopg2://USER:PW@HOST/DB; its schema is migrated to this release's at start "
+                         "(back it up before an upgrade: docs/operating.md)")
     cs.add_argument("--admin-token", default=None, help="operator token, at least 32 characters (or "
                     "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`)")
     cs.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
