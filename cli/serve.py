@@ -46,7 +46,7 @@ def migrate(database: str, dry_run: bool) -> int:
     at start, as a step of its own: stop the coordinator, back up, migrate, start)."""
     from service.migrate import schema_state, upgrade, upgrade_sql
 
-    engine = _engine(database, must_exist=False)
+    engine = _engine(database, must_exist=dry_run)  # a dry run creates no file (a mistyped path says so)
     try:
         state = schema_state(engine)
         print(f"schema: {state.describe()} -> {state.head}")
