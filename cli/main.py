@@ -298,6 +298,18 @@ def cmd_coordinator_serve(args) -> int:
     return 0
 
 
+def cmd_coordinator_migrate(args) -> int:
+    from cli.serve import migrate
+
+    return migrate(args.database, args.dry_run)
+
+
+def cmd_coordinator_db_version(args) -> int:
+    from cli.serve import db_version
+
+    return db_version(args.database)
+
+
 def _admin(args):
     from cli.tls import client_tls
     from clients.api import CoordinatorClient
@@ -512,7 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--host", default="127.0.0.1")
     cs.add_argument("--port", type=int, default=8000)
     cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
-                    help="SQLAlchemy URL: sqlite:///FILE (default) or postgresql+psycopg2://USER:PW@HOST/DB")
+                    help="SQLAlchemy URL: sqlite:///FILE (default: sqlite:///xclp-coordinator.db) or "
+                         "postgresql+psycopg2://USER:PW@HOST/DB; its schema is migrated to this release's at start "
+                         "(back it up before an upgrade: docs/operating.md)")
     cs.add_argument("--admin-token", default=None, help="operator token, at least 32 characters (or "
                     "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`)")
     cs.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
@@ -532,6 +546,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default per-phase deadline (setup, seed, counts, hamming, row_sums)")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
+    database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER:PW@HOST/DB "
+                     "(default: sqlite:///xclp-coordinator.db, serve's)")
+    cm = co.add_parser("migrate", help="bring the database's schema to this release's (serve does it at start too); "
+                       "back the database up first (docs/operating.md)")
+    cm.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cm.add_argument("--dry-run", action="store_true",
+                    help="print the current and target revisions and the SQL, change nothing (default: migrate)")
+    cm.set_defaults(func=cmd_coordinator_migrate)
+    cv = co.add_parser("db-version", help="the database's schema revision, and this release's newest")
+    cv.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cv.set_defaults(func=cmd_coordinator_db_version)
 
     site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
     sa = site.add_parser("add", help="register a site and print its token")

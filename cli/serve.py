@@ -29,3 +29,49 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
     # proxy): the client address the login throttle counts, and the https that makes cookies Secure.
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
+
+
+def _engine(database: str, must_exist: bool):
+    from service.db import DatabaseError, database_url, make_engine
+
+    url = database_url(database)
+    path = url[len("sqlite:///"):].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+    if must_exist and path and not path.startswith("file:") and not os.path.exists(path):
+        raise DatabaseError(f"no database at {path} (give --database sqlite:///FILE of the coordinator)")
+    return make_engine(url)
+
+
+def migrate(database: str, dry_run: bool) -> int:
+    """`xclp coordinator migrate`: bring the database's schema to this release's (what `serve` does
+    at start, as a step of its own: stop the coordinator, back up, migrate, start)."""
+    from service.migrate import schema_state, upgrade, upgrade_sql
+
+    engine = _engine(database, must_exist=dry_run)  # a dry run creates no file (a mistyped path says so)
+    try:
+        state = schema_state(engine)
+        print(f"schema: {state.describe()} -> {state.head}")
+        if state.up_to_date:
+            print("up to date: nothing to do")
+        elif dry_run:
+            print(upgrade_sql(engine, state).rstrip())
+            print("(dry run: nothing was changed)")
+        else:
+            upgrade(engine, state)
+            print(f"migrated to {state.head}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def db_version(database: str) -> int:
+    """`xclp coordinator db-version`: the database's schema revision, and this release's newest."""
+    from service.migrate import schema_state
+
+    engine = _engine(database, must_exist=True)
+    try:
+        state = schema_state(engine)
+    finally:
+        engine.dispose()
+    print(f"database: {state.describe()}\nthis release: {state.head}"
+          + ("" if state.up_to_date else "\n(`xclp coordinator migrate` or starting the coordinator upgrades it)"))
+    return 0

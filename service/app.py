@@ -30,11 +30,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import jobs_api, ops_api, sites_api, training_api, ui_api
 from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
-from service.db import Message, make_engine, make_sessionmaker
+from service.db import Message, make_sessionmaker
 from service.engine import JobEngine
 from service.guard import RequestGuard, Throttle, origin_of
 from service.lifecycle import DEFAULT_DEADLINES
 from service.messages_api import make_messages_router
+from service.migrate import open_database
 
 log = logging.getLogger("xclp.service")
 MIN_ADMIN_TOKEN = 32  # characters; `openssl rand -hex 24` gives 48
@@ -82,7 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
                          f"{len(settings.admin_token)}): make one with `openssl rand -hex 24`")
     if settings.public_url is not None and origin_of(settings.public_url) is None:
         raise ValueError(f"the public URL {settings.public_url!r} is not an http(s)://host[:port] address")
-    engine = make_engine(settings.database)
+    engine = open_database(settings.database)  # its schema migrated to this release's (service.migrate)
     blob_dir = settings.blob_dir or default_blob_dir(settings.database)
     fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
     blobs = BlobStore(blob_dir, settings.blob_threshold, fsync) if blob_dir else None

@@ -140,7 +140,7 @@ class PrunedBytes(Base):
     """Bytes a job's phase carried in messages that were deleted once no step needed them (a
     finished job's relayed pair traffic, a training job's old updates and models): the operator's
     count of bytes per phase (service.ui_api) is what is stored plus this. (A table of its own: a
-    coordinator upgraded on an older database gets it from create_all, with nothing to migrate.)"""
+    coordinator upgraded on an older database gets it from the baseline migration, service/migrations.)"""
 
     __tablename__ = "pruned_bytes"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
@@ -151,7 +151,7 @@ class PrunedBytes(Base):
 class UISession(Base):
     """A dashboard login (service.ui_api): the SHA-256 of its cookie's random id (the database never
     holds a live cookie), who logged in, and until when. In the database, so that a restarted
-    coordinator keeps everyone logged in; a table of its own, added to an older database by create_all."""
+    coordinator keeps everyone logged in; a table of its own, added to an older database by the baseline migration."""
 
     __tablename__ = "ui_sessions"
     id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -211,6 +211,7 @@ def _check_sqlite_folder(url: str) -> None:
 
 
 def make_engine(url: str) -> Engine:
+    """An engine on `url`, checked to open; its schema is service.migrate's (open_database)."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
     url = database_url(url)
@@ -220,8 +221,9 @@ def make_engine(url: str) -> Engine:
     except (ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
         raise DatabaseError(f"cannot use the database URL {_safe(url)} ({str(exc).splitlines()[0]}): "
                             "give sqlite:///FILE or postgresql+psycopg2://USER:PASSWORD@HOST/DB") from None
-    try:
-        Base.metadata.create_all(engine)
+    try:  # the schema is service.migrate's (open_database); here only: can it be opened at all
+        with engine.connect():
+            pass
     except DBAPIError as exc:
         engine.dispose()
         why = " ".join(str(exc.orig).split()) or type(exc.orig).__name__

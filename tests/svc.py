@@ -21,6 +21,8 @@ def reset_postgres(url: str) -> None:
 
     eng = create_engine(url)
     Base.metadata.drop_all(eng)
+    with eng.begin() as conn:  # service.migrate's record of the schema's revision
+        conn.exec_driver_sql("DROP TABLE IF EXISTS alembic_version")
     eng.dispose()
 
 

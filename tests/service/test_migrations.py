@@ -1,0 +1,249 @@
+"""Schema migrations (service.migrate, service/migrations): a database written by the previous release
+— by that release's own coordinator process, run from its source (git 215b981), with a job submitted
+and the process killed — is migrated by the current coordinator at start, the job's row is intact,
+and the job, in flight across the upgrade, finishes with the current agents and the same labels as
+the in-process run. Also: a new database gets the models' schema from the revisions alone; a
+database at a revision this release does not know is refused with one line; `xclp coordinator
+migrate --dry-run` and `db-version` say where a database stands.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from svc import ADMIN
+
+from cli.demo import free_port, start_agent, start_coordinator, wait_healthy
+from cli.main import main as xclp
+from clients.api import CoordinatorClient
+from service.db import Base, make_engine
+from service.migrate import BASELINE, LEGACY, head, open_database, schema_state
+from xclp.data import load_arrays
+from xclp.protocol import JobParams
+from xclp.simulation import run_xclp
+from xclp.splits import simulate_sites
+
+PREVIOUS = "215b981"  # the last release without migrations: its create_all made the baseline
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _previous_release(tmp: Path) -> Path:
+    """The previous release's source tree (git archive), or skip where the history is not here."""
+    try:
+        subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"git history with the previous release ({PREVIOUS}) is not available (a shallow clone or "
+                    "no git); .ci/run makes a full clone")
+    tree = tmp / "previous"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", PREVIOUS, "xclp", "crypto", "service", "clients",
+                              "cli"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def _start_previous(tree: Path, work: Path, port: int, database: str) -> subprocess.Popen:
+    env = {**os.environ, "XCLP_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(tree)}
+    log = open(work / "previous-coordinator.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "cli", "coordinator", "serve", "--host", "127.0.0.1", "--port",
+                             str(port), "--database", database], cwd=tree, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _job_row(database: str, job: str) -> dict:
+    from sqlalchemy import text
+
+    engine = make_engine(database)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT * FROM jobs WHERE id = :id"), {"id": job}).mappings().one()
+            return dict(row)
+    finally:
+        engine.dispose()
+
+
+def _logs(work: Path) -> str:
+    return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(work.glob("*.log")))
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_job_finishes(tmp_path, db_url):
+    tree = _previous_release(tmp_path)
+    X, y = load_arrays("digits", limit=300, seed=7)
+    ds = simulate_sites(X, y, 3, "iid", 0.2, seed=7)
+    procs = []
+    try:
+        # The previous release's coordinator makes the database (its create_all), registers the sites
+        # and takes a job; it is killed with the job in its first phase.
+        port = free_port()
+        procs.append(old := _start_previous(tree, tmp_path, port, db_url))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120)
+        admin = CoordinatorClient(url, ADMIN, retries=20)
+        tokens = {s: admin.add_site(s)["token"] for s in ds.sites}
+        job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=6, classes=10)
+        assert admin.job(job)["status"] == "running"
+        old.send_signal(signal.SIGKILL)
+        old.wait()
+        before = _job_row(db_url, job)
+        engine = make_engine(db_url)
+        assert schema_state(engine).current == LEGACY  # no alembic_version: the tables of a release before
+        engine.dispose()
+
+        # The current coordinator on the same database: migrated at start; the job goes on and finishes.
+        port = free_port()
+        procs.append(start_coordinator(tmp_path, port, ADMIN, db_url))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120)
+        engine = make_engine(db_url)
+        assert schema_state(engine).current == head()
+        engine.dispose()
+        assert _job_row(db_url, job) == before  # the row as the previous release left it
+        for s in ds.sites:
+            idx = np.flatnonzero(ds.site == s)
+            np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
+            procs.append(start_agent(tmp_path, url, s, tokens[s], tmp_path / f"{s}.npz", tmp_path / f"out-{s}",
+                                     options=["--allow-plaintext"]))
+        admin = CoordinatorClient(url, ADMIN, retries=20)
+        end = time.monotonic() + 300
+        while (st := admin.job(job))["status"] == "running":
+            assert time.monotonic() < end, f"the job did not finish: {st}\n{_logs(tmp_path)}"
+            time.sleep(0.05)
+        assert st["status"] == "done" and st["dropped"] == {}, f"{st}\n{_logs(tmp_path)}"
+        contributions = {}
+        for s in ds.sites:
+            result = tmp_path / f"out-{s}" / f"{job}.npz"
+            end = time.monotonic() + 60
+            while not result.exists():
+                assert time.monotonic() < end, f"no result for {s}\n{_logs(tmp_path)}"
+                time.sleep(0.05)
+            state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{job}.json").read_text())
+            contributions[s] = bytes.fromhex(state["contribution"])
+        ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="plaintext"),
+                       contributions=contributions)
+        for s in ds.sites:
+            assert np.array_equal(np.load(tmp_path / f"out-{s}" / f"{job}.npz")["labels"], ref.predictions[s].labels)
+    finally:
+        _stop(procs)
+
+
+def test_a_new_database_gets_the_models_schema_from_the_revisions(db_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    engine = open_database(db_url)
+    try:
+        assert schema_state(engine).current == head()
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == [], f"service/db.py's models differ from the revisions' schema (write a revision): {diff}"
+        open_database(db_url).dispose()  # at the head: nothing to do
+    finally:
+        engine.dispose()
+
+
+def test_a_database_of_a_newer_release_is_refused_in_one_line(tmp_path, capsys):
+    from sqlalchemy import text
+
+    db = f"sqlite:///{tmp_path / 'newer.db'}"
+    open_database(db).dispose()
+    engine = make_engine(db)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099_from_the_future'"))
+    engine.dispose()
+    assert xclp(["coordinator", "db-version", "--database", db]) == 2
+    assert xclp(["coordinator", "migrate", "--database", db]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("0099_from_the_future" in e and "does not know" in e for e in err), err
+    serve = subprocess.run([sys.executable, "-m", "cli", "coordinator", "serve", "--port", str(free_port()),
+                            "--database", db], env={**os.environ, "XCLP_ADMIN_TOKEN": ADMIN}, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr, serve.stderr
+    assert "0099_from_the_future" in serve.stderr.strip().splitlines()[-1]
+
+
+def test_migrate_dry_run_and_db_version_say_where_a_previous_release_database_stands(tmp_path, capsys):
+    import importlib.util
+
+    tree = _previous_release(tmp_path)
+    db = f"sqlite:///{tmp_path / 'previous.db'}"
+    spec = importlib.util.spec_from_file_location("previous_db", tree / "service" / "db.py")
+    previous = importlib.util.module_from_spec(spec)
+    sys.modules["previous_db"] = previous  # SQLAlchemy resolves the models' annotations through it
+    try:
+        spec.loader.exec_module(previous)
+        previous.make_engine(db).dispose()  # the previous release's create_all
+    finally:
+        del sys.modules["previous_db"]
+    assert xclp(["coordinator", "db-version", "--database", db]) == 0
+    assert "release before migrations" in capsys.readouterr().out
+    assert xclp(["coordinator", "migrate", "--database", db, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"-> {head()}" in out and f"VALUES ('{BASELINE}')" in out and "CREATE TABLE jobs" not in out
+    engine = make_engine(db)
+    assert schema_state(engine).current == LEGACY  # a dry run changes nothing
+    engine.dispose()
+    assert xclp(["coordinator", "migrate", "--database", db]) == 0
+    assert f"migrated to {head()}" in capsys.readouterr().out
+    assert xclp(["coordinator", "db-version", "--database", db]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"database: {head()}"
+
+
+def test_coordinators_starting_together_on_a_new_postgres_database_migrate_it_once(db_url):
+    """service.migrate holds an advisory lock on PostgreSQL: the others wait, then find the head.
+    (SQLite: one coordinator per file, on one machine.)"""
+    if not db_url.startswith("postgres"):
+        pytest.skip("PostgreSQL only: the advisory lock")
+    code = ("import sys; from service.migrate import open_database, schema_state; "
+            "print(schema_state(open_database(sys.argv[1])).current)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, db_url], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0] and all(o.strip() == head() for o in outs), outs
+
+
+def test_an_older_revision_is_upgraded_and_an_older_release_gets_the_tables_it_lacked(tmp_path):
+    from sqlalchemy import inspect, text
+
+    db = f"sqlite:///{tmp_path / 'older.db'}"
+    open_database(db).dispose()
+    engine = make_engine(db)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": BASELINE})
+    assert schema_state(engine).current == BASELINE
+    engine.dispose()
+    open_database(db).dispose()
+    engine = make_engine(db)
+    assert schema_state(engine).current == head()
+    engine.dispose()
+
+    # A release older than 215b981 made jobs, sites and messages only (its coordinator added the
+    # other tables with create_all at start): the baseline adds them.
+    db = f"sqlite:///{tmp_path / 'oldest.db'}"
+    engine = make_engine(db)
+    Base.metadata.create_all(engine, tables=[Base.metadata.tables[t] for t in ("jobs", "sites", "messages")])
+    assert schema_state(engine).current == LEGACY
+    engine.dispose()
+    engine = open_database(db)
+    assert set(inspect(engine).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
+    assert schema_state(engine).current == head()
+    engine.dispose()
