@@ -24,9 +24,9 @@ def predict(job, eps=None, gaussian=False, classes=3):
     return {"kind": "predict", "sites": ["a", "b"], "params": vars(p)}
 
 
-def train(eps, delta=1e-6):
+def train(eps, delta=1e-6, algorithm="fedct"):
     return {"kind": "train", "sites": ["a", "b"],
-            "params": {"algorithm": "fedavg", "config": {"secure_aggregation": True, "dp_epsilon": eps,
+            "params": {"algorithm": algorithm, "config": {"secure_aggregation": True, "dp_epsilon": eps,
                                                          "dp_delta": delta}}}
 
 
@@ -76,6 +76,11 @@ def test_data_files_are_apart_and_unbounded_jobs_end_the_budget(tmp_path):
     led = SiteLedger(tmp_path)
     SitePolicy().admit(led, "a" * 64, "plain", predict("plain"))  # no DP: recorded, nothing bounded
     assert led.epsilon("a" * 64) == math.inf
+    text = (tmp_path / "privacy-ledger.json").read_text()
+    assert "Infinity" not in text  # strict JSON: unbounded is null
+    (e,) = json.loads(text)["files"]["a" * 64]["jobs"].values()
+    assert e["epsilon_after"] is None
+    assert SitePolicy().admit(led, "a" * 64, "plain", predict("plain"))["epsilon"] == math.inf  # once
     with pytest.raises(PolicyError, match="total would reach ε = inf"):
         SitePolicy(max_epsilon=8.0).admit(led, "a" * 64, "j", predict("j", 1.0))
     assert SitePolicy(max_epsilon=8.0).admit(led, "b" * 64, "j", predict("j", 1.0))["new"]  # other data
@@ -95,6 +100,13 @@ def test_training_jobs_count_by_their_stated_budget(tmp_path):
     assert strict.admit(d, "k1", "k1", job_releases(train(1.0, 1e-5)), 100.0)["epsilon"] == pytest.approx(1.0, rel=1e-3)
     with pytest.raises(TotalExceeded, match="ε = inf"):
         strict.admit(d, "k2", "k2", job_releases(train(1.0, 1e-5)), 100.0)
+    # ... but DP-FedAvg's are Gaussians: two at ε = 1 compose in μ, at the site's own δ
+    (g,) = job_releases(train(1.0, 1e-5, "fedavg"))
+    assert g["mechanism"] == "gaussian" and gaussian_epsilon(1 / g["noise_multiplier"], 1e-5) == pytest.approx(1.0)
+    gl = SiteLedger(tmp_path / "g", delta=1e-5)
+    for k in ("f1", "f2"):
+        got = gl.admit(d, k, k, job_releases(train(1.0, 1e-5, "fedavg")), 100.0)["epsilon"]
+    assert got == pytest.approx(gaussian_epsilon(math.sqrt(2) / g["noise_multiplier"], 1e-5)) and 1.0 < got < 2.0
 
 
 def test_one_label_secret_per_file_gives_the_same_randomized_labels(tmp_path):

@@ -19,7 +19,9 @@ What a job releases, as the site accounts it (`job_releases`):
   job — the shares are drawn afresh for each job (a repeated sum with the same noise over other masks
   would be no protection either way), so each such job spends.
 - a training job: the (ε, δ) it states (its events are the run's calibration, made by the coordinator),
-  composed as the worst (ε, δ)-DP mechanism; a round's predict job (one with a parent) is inside it.
+  composed as the worst (ε, δ)-DP mechanism — except DP-FedAvg (fedavg, fedavg-per-site-lp,
+  fedavg-network), whose releases are all Gaussian: the Gaussian whose ε at δ is the stated one, so
+  that its jobs compose in μ (no δ adds up); a round's predict job (one with a parent) is inside it.
 - a job without a DP budget: unbounded. Nothing about that data file is bounded from then on, and a
   site with ``--max-epsilon`` refuses every later job on it.
 
@@ -76,8 +78,16 @@ def job_releases(status: dict) -> list[dict]:
         cfg = params.get("config") or {}
         if cfg.get("dp_epsilon") is None:
             return [{"mechanism": "unbounded"}]
-        return [{"mechanism": "epsilon_delta", "epsilon": float(cfg["dp_epsilon"]),
-                 "delta": float(cfg.get("dp_delta", 1e-5))}]
+        eps, delta = float(cfg["dp_epsilon"]), float(cfg.get("dp_delta", 1e-5))
+        from xclp.training.options import FEDAVG_ALGORITHMS
+
+        algorithm = str(params.get("algorithm", ""))
+        if algorithm in FEDAVG_ALGORITHMS and not algorithm.endswith("-xclp"):
+            # DP-FedAvg releases Gaussians only, and its run stops within (ε, δ): together one Gaussian of
+            # μ at most the μ whose ε(δ) is the stated ε (ε(δ) grows with μ; Dong, Roth & Su 2019)
+            return [{"mechanism": "gaussian", "noise_multiplier": 1 / _gaussian_mu(eps, delta), "count": 1,
+                     "stated": [eps, delta]}]
+        return [{"mechanism": "epsilon_delta", "epsilon": eps, "delta": delta}]
     from xclp.protocol import JobParams
 
     p = JobParams(**params)
@@ -88,6 +98,18 @@ def job_releases(status: dict) -> list[dict]:
     if p.dp_noise > 0:
         out.append({"mechanism": "gaussian", "noise_multiplier": float(p.dp_noise), "count": 2})
     return out or [{"mechanism": "unbounded"}]
+
+
+def _gaussian_mu(epsilon: float, delta: float) -> float:
+    """The μ = Δ/σ of the Gaussian whose ε at δ is `epsilon` (rounded up: an upper bound)."""
+    from scipy.optimize import brentq
+
+    from xclp.privacy.ledger import gaussian_epsilon
+
+    hi = 1.0
+    while gaussian_epsilon(hi, delta) < epsilon:
+        hi *= 2.0
+    return brentq(lambda m: gaussian_epsilon(m, delta) - epsilon, 0.0, hi, xtol=1e-12) * (1 + 1e-9)
 
 
 def _rr_key(r: dict) -> str:
@@ -186,8 +208,8 @@ class SiteLedger:
             data = self.read()
             entry = self._file(data, digest)
             jobs = entry["jobs"]
-            if key in jobs:
-                eps = jobs[key]["epsilon_after"]
+            if key in jobs:  # (null: unbounded)
+                eps = math.inf if jobs[key]["epsilon_after"] is None else jobs[key]["epsilon_after"]
                 return {"epsilon_before": eps, "epsilon": eps, "jobs": len(jobs), "new": False}
             before = total(jobs, self.delta) if jobs else 0.0
             if not releases:
@@ -198,6 +220,7 @@ class SiteLedger:
                     f"this site has released ε = {before:.4g} about its data file already ({len(jobs)} job(s) "
                     f"in {self.path}); with this job its total would reach ε = {after:.4g} at δ = {self.delta:g}, "
                     f"past its maximum of {max_epsilon:g} (--max-epsilon)")
-            jobs[key] = {"job": job, "releases": releases, "epsilon_after": after, "at": time.time()}
+            jobs[key] = {"job": job, "releases": releases, "epsilon_after": after if math.isfinite(after) else None,
+                         "at": time.time()}
             self._write(data)
             return {"epsilon_before": before, "epsilon": after, "jobs": len(jobs), "new": True}
