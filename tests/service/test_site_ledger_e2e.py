@@ -1,6 +1,7 @@
 """A site's privacy ledger across jobs, with real processes: a coordinator and agents started with
 `--max-epsilon 3` take a label-DP job, take an identical randomized-response job again for nothing new
-(the same randomized labels: xclp.privacy.site_ledger), and refuse the job that would take their total
+(the same randomized labels: xclp.privacy.site_ledger) — a restarted agent counting no job twice —, and
+refuse the job that would take their total
 about their data past 3 — the job status's `refused` says why, in the site's words."""
 
 import json
@@ -39,9 +40,18 @@ cluster_factory = cluster_fixture(Cluster)
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_site_refuses_the_job_that_would_pass_its_total_epsilon(cluster_factory):
     c = cluster_factory()
-    for s in c.ds.sites:
-        c.start_agent(s)
+    one, other = c.ds.sites
+    c.start_agent(one)
     first = c.submit(dp_epsilon=2.0, label_dp="rr")
+    # recorded before the site sends anything; killed and restarted, the agent does not count it again
+    end = time.monotonic() + 60
+    while not (c.out(one) / ".agent-state" / "privacy-ledger.json").exists() or not any(
+            e["job"] == first for f in c.ledger(one)["files"].values() for e in f["jobs"].values()):
+        assert time.monotonic() < end, c.logs()
+        time.sleep(0.05)
+    c.kill_agent(one)
+    c.start_agent(one)
+    c.start_agent(other)
     c.wait_done(first)
     spent = {}
     for s in c.ds.sites:
