@@ -203,6 +203,9 @@ def test_flower_dp_fedavg_xclp_keeps_the_simulations_ledger(federation, tmp_path
     for c in strict:
         (entry,) = json.loads((tmp_path / c["site"] / ".agent-state" / "privacy-ledger.json").read_text())["files"].values()
         assert [e["epsilon_after"] for e in entry["jobs"].values()] == [pytest.approx(50.0, rel=1e-3)]
+    # a second such run (another run id) would take the total past 60: every site refuses it at hello
+    with pytest.raises(SiteFailed, match=r"policy: .*released ε = 50 .*past its maximum of 60 \(--max-epsilon\)"):
+        FlowerTraining(InProcessGrid(client_app, strict, run_id=2), "fedavg-xclp", opts, 10).run()
 
 
 # --- a site that vanishes -----------------------------------------------------------------------------
