@@ -586,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--min-bits", type=int, default=1, help="refuse jobs with an LSH length L below this")
     ar.add_argument("--min-sites", type=int, default=2, help="refuse jobs with fewer participants")
     ar.add_argument("--max-epsilon", type=_positive_float, default=None,
-                    help="require differential privacy: refuse jobs that state no DP budget, or one above ε = E")
+                    help="require differential privacy: refuse jobs that state no DP budget, one above ε = E, or "
+                         "one that would take this site's total about its data past E (its ledger in "
+                         "OUT/.agent-state/privacy-ledger.json, across jobs and runs)")
     ar.add_argument("--max-delta", type=_positive_float, default=1e-5, help="... or a δ above this (default 1e-5)")
     ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
                     ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")

@@ -35,6 +35,7 @@ from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
 from xclp.job_files import JOB_ID, job_file
+from xclp.privacy.site_ledger import SiteLedger, data_digest
 from xclp.protocol import JOB_PHASES, REFUSE, JobParams, SiteSession, Topic, decode_roster, refusal
 
 log = logging.getLogger("xclp.agent")
@@ -68,6 +69,10 @@ class Agent:
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
         self.identity = Identity.load_or_create(identity_key or self.state_dir / "identity.key")
         self.pins = Pins(self.state_dir / "known_sites.json", given=pins)
+        # What this site has released about its data, across jobs and runs (xclp.privacy.site_ledger)
+        self.ledger = SiteLedger(self.state_dir, delta=self.policy.max_delta)
+        self.digest = data_digest(self.X, self.y)
+        self._admitted: set[str] = set()  # jobs recorded in the ledger by this process
         self.sessions: dict[str, SiteSession] = {}
         self.pairs: dict[str, dict] = {}  # job -> pair drivers in flight (memory only)
         self.given_up: set[str] = set()
@@ -209,7 +214,8 @@ class Agent:
         """Forget a job's private key (X25519) and its label-DP noise secret once the job cannot need
         them: finished, failed, or this site dropped from it. A later theft of the state folder then
         opens none of the sealed messages the coordinator keeps, nor strips this site's noise. (The seed contribution stays: it reproduces the job's LSH seed for an
-        audit or a replay in process, and opens nothing.) Returns True if there was a key to wipe."""
+        audit or a replay in process, and opens nothing. The secret of a predict job's randomized labels
+        is the data file's, in the site's privacy ledger: it stays, so that a later job reuses them.) Returns True if there was a key to wipe."""
         st = self.state(job_id)
         if st["key"] is None and st["noise"] is None:
             return False
@@ -271,17 +277,24 @@ class Agent:
                             f"{params.n_classes} classes")
         # A predict job started by a training round propagates over that round's features.
         X = self.trainer.features(status) if status.get("parent") else self.X
+        # A predict job's randomized labels come from the data file's one secret (the site ledger's): the
+        # same p gives the same labels in every job, spent once; a training run keeps its own per run.
+        label_seed = None
+        if params.label_flip > 0 and not status.get("parent"):
+            label_seed = self.ledger.label_seed(self.digest, params.label_flip, params.n_classes)
         sess = SiteSession(params, self.site, X, self.y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                            contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st),
-                           identity=self.identity, pins=self.pins)
+                           identity=self.identity, pins=self.pins, label_seed=label_seed)
         self.sessions[job_id] = sess
         return sess
 
     def _noise_seed(self, status: dict, st: JobState) -> bytes:
         """The secret of this site's label-DP noise (xclp.privacy.label_dp), kept with the job's key: a
         restart draws the same noise again, never a second release. A round's predict job takes its
-        training job's, so that every round propagates the same randomized labels (spent once)."""
+        training job's, so that every round propagates the same randomized labels (spent once). (A
+        predict job's randomized labels come from the site ledger's secret per data file instead: see
+        `session`.)"""
         owner = self.state(status["parent"]) if status.get("parent") else st
         if owner["noise"] is None:
             owner["noise"] = os.urandom(32).hex()
@@ -303,6 +316,12 @@ class Agent:
         if not self._ours(job_id, status):
             return False
         self.policy.check(job_id, status)  # before this site sends anything for the job
+        if job_id not in self._admitted:  # ... and its spend, in the site's own ledger (once per job)
+            got = self.policy.admit(self.ledger, self.digest, job_id, status)
+            if got["new"]:
+                log.info("job %s: recorded in this site's privacy ledger: ε = %.4g about its data (was %.4g)",
+                         job_id, got["epsilon"], got["epsilon_before"])
+            self._admitted.add(job_id)
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
         sess = self.session(job_id, status)

@@ -16,6 +16,10 @@ states no budget is refused (the site cannot tell from noise settings alone what
 spend), and so is one whose noise the server adds (FREDY, FedKT L1): the site would have to trust
 it. Under a budget a site reports no statistics of its data with its uploads (Strategy.reports_statistics):
 they would be outside the ledger.
+
+``--max-epsilon`` bounds the site's TOTAL too: `admit` records every job in the site's own ledger
+(xclp.privacy.site_ledger: what it has released about its data file, across jobs and runs) before the
+site sends anything for it, and refuses one that would take the total past E.
 """
 
 from __future__ import annotations
@@ -70,6 +74,17 @@ class SitePolicy:
             why = self._dp_shortfall(status, params)
         if why:
             raise PolicyError(f"job {job_id}: refused by this site's policy: {why}")
+
+    def admit(self, ledger, digest: str, job_id: str, status: dict, key: str | None = None) -> dict:
+        """Record the job in the site's ledger (once per job id and parameters) before it releases anything;
+        PolicyError if the site's total about its data would pass --max-epsilon. Call after `check`."""
+        from xclp.privacy.site_ledger import TotalExceeded, job_releases, params_digest
+
+        key = key or f"{job_id}#{params_digest(status.get('params') or {})}"
+        try:
+            return ledger.admit(digest, key, job_id, job_releases(status), self.max_epsilon)
+        except TotalExceeded as exc:
+            raise PolicyError(f"job {job_id}: refused by this site's policy: {exc}") from None
 
     def _dp_shortfall(self, status: dict, params: dict) -> str | None:
         """Why the job's differential privacy falls short of this site's (None: it does not)."""

@@ -426,7 +426,8 @@ class SiteSession:
     def __init__(self, params: JobParams, site: str, X: np.ndarray, y: np.ndarray,
                  keypair: SiteKeyPair | None = None, contribution: bytes | None = None,
                  noise_seed: bytes | None = None, hamming: HammingProtocol | None = None,
-                 identity: Identity | None = None, pins: Pins | None = None):
+                 identity: Identity | None = None, pins: Pins | None = None,
+                 label_seed: bytes | None = None):
         """`identity`: the site's long-term key, signing its announce; `pins`: the peers' identities it
         trusts — with them, a roster entry that is unsigned, badly signed or signed by another key than
         the pinned one is refused (crypto.identity)."""
@@ -443,14 +444,15 @@ class SiteSession:
         self._contribution = new_contribution(contribution)  # drawn now: its commitment goes in the announce
         # A site's secret for its DP noise. None (a prediction job's agent): every draw from a fresh
         # os.urandom key. Given: the randomized labels derive from it alone, so every job of a training
-        # run sees the same ones and spends the budget once (label_dp.respond_key).
+        # run sees the same ones and spends the budget once (label_dp.respond_key). label_seed, given,
+        # keys the randomized labels instead (a site's one secret per data file: xclp.privacy.site_ledger).
         self._noise_seed = noise_seed
         self.y_released = self.y  # the labels that enter the sums (randomized under label_flip)
         if params.label_flip > 0:
             lab = self.labelled_rows
             self.y_released = self.y.copy()
             self.y_released[lab] = label_dp.respond(self.y[lab], params.label_flip, params.n_classes,
-                                                    label_dp.respond_key(noise_seed))
+                                                    label_dp.respond_key(label_seed or noise_seed))
         self._seed: SeedAgreement | None = None
         self.roster: dict[str, RosterEntry] = {}
         self.order: list[str] = []

@@ -73,7 +73,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              contributions: dict[str, bytes] | None = None,
              drops: dict[str, str] | None = None,
              noise_seeds: dict[str, bytes] | None = None,
-             tap: Callable[[str, str, bytes], None] | None = None) -> SimulationResult:
+             tap: Callable[[str, str, bytes], None] | None = None,
+             label_seeds: dict[str, bytes] | None = None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
     `drops` simulates sites that vanish, with the outcomes the service gives (service/engine.py, "Phases and what ends them"):
@@ -84,7 +85,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
 
     The sites' seed contributions derive from `seed` (reproducible simulations), unless given in
     `contributions` (e.g. those of real agents, to replay a service job in process); so do the secrets
-    of their label-DP noise (`noise_seeds`).
+    of their label-DP noise (`noise_seeds`), and, where given, of their randomized labels (`label_seeds`:
+    a real site's one secret per data file, xclp.privacy.site_ledger).
     """
     say = progress or (lambda _msg: None)
     meter = ByteMeter(tap=tap)
@@ -104,7 +106,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     sessions = {
         s: SiteSession(params, s, ds.X[idx], ds.y[idx],
                        contribution=(contributions or {}).get(s) or simulation_contribution(seed, s),
-                       noise_seed=(noise_seeds or {}).get(s) or simulation_noise_seed(seed, s))
+                       noise_seed=(noise_seeds or {}).get(s) or simulation_noise_seed(seed, s),
+                       label_seed=(label_seeds or {}).get(s))
         for s, idx in rows.items()
     }
     coord = CoordinatorSession(params)

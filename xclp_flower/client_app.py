@@ -6,7 +6,11 @@ stay at the site: a step's reply carries only what the same step sends to the co
 service (announce, sealed site-to-site messages, masked sums, the pair protocol's shares). The
 site's policy is the agent's (clients/policy.py), checked at every step: no plaintext job unless
 `allow-plaintext=true`, no FedAvg without secure aggregation unless `allow-unmasked-training=true`,
-and with `max-epsilon=E` no job that states no DP budget, or one above E.
+and with `max-epsilon=E` no job that states no DP budget, or one above E, nor one that would take the
+site's total about its data file past E: the node keeps the agent's ledger of what it has released across
+jobs and runs (xclp.privacy.site_ledger) in `out/.agent-state/privacy-ledger.json` — Context.state does
+not outlive a run —, and a prediction run's randomized labels come from that ledger's one secret per
+data file, so repeating such a run releases the same labels and spends nothing new.
 
 Each message carries a step and its inputs (a ConfigRecord "xclp"); the reply carries its outputs
 ("to:PEER" — sealed, for the ServerApp to relay —, "share:PEER", the masked parts). State between
@@ -32,6 +36,7 @@ from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
+from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession, decode_roster
 from xclp_flower import flag
 from xclp_flower.replay import REPLAYABLE, deterministic_urandom
@@ -79,6 +84,8 @@ class FlowerSite:
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
                                  max_epsilon=_epsilon(cfg.get("max-epsilon")))
         self.X, self.y, self.y_true = load_site_data(str(cfg["data-path"]))
+        self.ledger = SiteLedger(self.out / ".agent-state", delta=self.policy.max_delta)
+        self._digest: str | None = None
         self.public_path = cfg.get("public-path")
         self.run_id = context.run_id
         self.state = context.state
@@ -86,6 +93,18 @@ class FlowerSite:
         self.parties: dict[str, object] = {}
         self.job = ""
         self.sums: dict[str, tuple[int, list[str]]] = {}  # masked sum → (attempt, participants) last sent
+
+    @property
+    def digest(self) -> str:
+        if self._digest is None:
+            self._digest = data_digest(self.X, self.y)
+        return self._digest
+
+    def admit_to_ledger(self, job: str, status: dict) -> None:
+        """Record the job (or training run) in the site's ledger across runs before anything is sent;
+        PolicyError past --max-epsilon. Keyed by this run, so a replayed step never counts it twice."""
+        key = f"flower-run-{self.run_id}/{job}#{params_digest(status.get('params') or {})}"
+        self.policy.admit(self.ledger, self.digest, job, status, key=key)
 
     # --- the job's secrets and inputs, in Context.state --------------------------------------------
     def _secrets(self) -> ConfigRecord | None:
@@ -194,6 +213,8 @@ class FlowerSite:
                 raise PolicyError(f"job {params.job_id} is not an XCLP job of this training run as it was accepted "
                                   f"at hello (its {odd or 'sites'} differ)")
         self._admit_noise(params)
+        if training is None:  # a training run's XCLP jobs are inside the budget it stated at hello
+            self.admit_to_ledger(params.job_id, {"kind": "predict", "params": vars(params)})
         secrets = {"params": str(step["params"]), "inputs": 0,
                    # drawn once from the real os.urandom; never leave this node
                    "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
@@ -241,11 +262,14 @@ class FlowerSite:
             from xclp_flower.training import embeddings
 
             X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]))
+        label_seed = None  # a prediction run's randomized labels: the data file's one secret (site ledger)
+        if params.label_flip > 0 and TRAINING not in self.state:
+            label_seed = self.ledger.label_seed(self.digest, params.label_flip, params.n_classes)
         self.session = SiteSession(params, self.name, X, self.y,
                                    keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
                                    contribution=bytes(secrets["contribution"]),
                                    noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
-                                   identity=self.identity(), pins=self.pins())
+                                   identity=self.identity(), pins=self.pins(), label_seed=label_seed)
 
     def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
         s, name = self.session, str(step["step"])

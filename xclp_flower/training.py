@@ -273,6 +273,8 @@ def _open_step(site, step: ConfigRecord, kept: ConfigRecord | None) -> tuple[str
         if "pin" in kept:
             raise ProtocolError(f"{site.name}: a second hello in this run (a site trains once per run)")
         site.admit_training(run_xclp_params(run, f"flower-{site.run_id}-r0"))
+        site.admit_to_ledger(f"flower-{site.run_id}", {"kind": "train", "sites": sites,
+                                                       "params": {"algorithm": algorithm, "config": config}})
         kept["pin"], kept["run"], kept["answered"] = pin, run, "[]"
     elif kept.get("pin") != pin:
         raise ProtocolError(f"{site.name}: a {step['step']!r} step whose run settings differ from those accepted "

@@ -87,10 +87,57 @@ def test_flower_runs_a_label_dp_job_like_the_simulation(federation):
     grid, params, out = run(configs, crypto="lattice", label_flip=0.3, dp_noise=0.5)
     # each site's run-level noise secret (from its node state) and seed contribution (beside its labels)
     noise = {str(c.node_config["site"]): bytes(c.state["xclp-run"]["noise"]) for c in grid.contexts.values()}
-    ref = run_xclp(ds, params, noise_seeds=noise,
+    # ... and its randomized labels' seed: one per data file, in its ledger across runs (out/.agent-state)
+    labels = {str(c["site"]): _ledger(c).label_seed(_digest(c), 0.3, 10) for c in configs}
+    ref = run_xclp(ds, params, noise_seeds=noise, label_seeds=labels,
                    contributions={s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites})
     for s in ds.sites:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
+
+
+def _ledger(config):
+    from pathlib import Path
+
+    from xclp.privacy.site_ledger import SiteLedger
+
+    return SiteLedger(Path(config["out"]) / ".agent-state")
+
+
+def _digest(config):
+    from clients.site_state import load_site_data
+    from xclp.privacy.site_ledger import data_digest
+
+    X, y, _ = load_site_data(config["data-path"])
+    return data_digest(X, y)
+
+
+def test_a_flower_site_refuses_the_run_that_would_pass_its_total_epsilon(federation, tmp_path):
+    # max-epsilon=3 at every node, a fresh out folder (its ledger): a run with randomized labels at ε = 2,
+    # the same run again (the same labels: nothing new), then a Gaussian run at ε = 2 — within the
+    # per-job maximum, past the total — which every site refuses at its announce.
+    from xclp.privacy import label_dp
+
+    ds, configs = federation
+    strict = [{**c, "max-epsilon": "3", "out": str(tmp_path / f"out-{c['site']}")} for c in configs]
+    flip = label_dp.flip_for_budget(2.0, 1e-5, 10)
+    written = []
+    for run_id in (1, 2):  # two Flower runs, as two `flwr run`s: each its own Context.state
+        grid = InProcessGrid(client_app, strict, run_id=run_id)
+        params = JobParams(job_id="flower-rr", n_classes=10, bits=128, k=6, crypto="lattice", label_flip=flip)
+        written.append(FlowerXCLP(grid, params).run(end_run=True)["written"])
+    for c in strict:
+        (entry,) = _ledger(c).read()["files"].values()
+        assert list(_ledger(c).read()["files"]) == [_digest(c)]
+        assert [e["epsilon_after"] for e in entry["jobs"].values()] == [pytest.approx(2.0, rel=1e-3)] * 2
+    grid = InProcessGrid(client_app, strict, run_id=3)
+    params = JobParams(job_id="flower-rr", n_classes=10, bits=128, k=6, crypto="lattice",
+                       dp_noise=label_dp.multiplier_for_budget(2.0, 1e-5))
+    with pytest.raises(SiteFailed, match=r"policy: .*released ε = 2 .*2 job\(s\).*past its maximum of 3 "
+                                         r"\(--max-epsilon\)"):
+        FlowerXCLP(grid, params).run(end_run=True)
+    for c in strict:
+        (entry,) = _ledger(c).read()["files"].values()
+        assert len(entry["jobs"]) == 2  # nothing recorded for the refused run
 
 
 # --- a site that vanishes from a prediction job ----------------------------------------------------------

@@ -176,13 +176,16 @@ def test_flower_fedavg_xclp_labels_over_the_round_models_embeddings(federation):
     assert abs(got - want) < 0.05
 
 
-def test_flower_dp_fedavg_xclp_keeps_the_simulations_ledger(federation):
+def test_flower_dp_fedavg_xclp_keeps_the_simulations_ledger(federation, tmp_path):
+    import json
+
     import torch
 
     ds, _, configs, _ = federation
     opts = {**FEDAVG, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 50.0, "rounds": 2}
-    # sites that require DP: a run without a budget, or with a larger one, is refused at hello
-    strict = [{**c, "max-epsilon": "60"} for c in configs]
+    # sites that require DP: a run without a budget, or with a larger one, is refused at hello. Their own
+    # out folders: the shared ones' ledgers hold this module's runs without DP (nothing bounded left)
+    strict = [{**c, "max-epsilon": "60", "out": str(tmp_path / c["site"])} for c in configs]
     with pytest.raises(SiteFailed, match="states no DP budget"):
         FlowerTraining(InProcessGrid(client_app, strict), "fedavg", {**FEDAVG, "secure_aggregation": True}, 10).run()
     with pytest.raises(SiteFailed, match="ε = 80 is above this site's maximum of 60"):
@@ -196,6 +199,13 @@ def test_flower_dp_fedavg_xclp_keeps_the_simulations_ledger(federation):
     assert out["history"][-1]["epsilon"] == pytest.approx(led["epsilon"])
     w = _weights(out["written"][ds.sites[0]])
     assert all(torch.isfinite(v).all() for v in w.values())
+    # each site's ledger across runs holds the run once, at its stated budget (xclp.privacy.site_ledger)
+    for c in strict:
+        (entry,) = json.loads((tmp_path / c["site"] / ".agent-state" / "privacy-ledger.json").read_text())["files"].values()
+        assert [e["epsilon_after"] for e in entry["jobs"].values()] == [pytest.approx(50.0, rel=1e-3)]
+    # a second such run (another run id) would take the total past 60: every site refuses it at hello
+    with pytest.raises(SiteFailed, match=r"policy: .*released ε = 50 .*past its maximum of 60 \(--max-epsilon\)"):
+        FlowerTraining(InProcessGrid(client_app, strict, run_id=2), "fedavg-xclp", opts, 10).run()
 
 
 # --- a site that vanishes -----------------------------------------------------------------------------

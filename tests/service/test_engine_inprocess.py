@@ -104,6 +104,27 @@ def test_a_label_dp_job_states_its_epsilon_and_equals_the_simulation_with_the_si
     assert not np.array_equal(ref.labels, exact.labels)
 
 
+def test_a_randomized_response_job_takes_its_labels_from_the_sites_ledger_and_a_repeat_spends_nothing(rig):
+    # The agent's randomized labels derive from its one secret per data file (xclp.privacy.site_ledger):
+    # the simulation with those seeds gives the same labels, and the same job again is recorded at no cost.
+    ds, admin, agents = rig
+    eps = []
+    for _ in range(2):
+        job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10,
+                               dp_epsilon=4.0, label_dp="rr")
+        st = drive(admin, job, agents.values(), lambda st: st["status"] == "done")
+        for a in agents.values():
+            a.step(job)  # collect
+        flip = st["params"]["label_flip"]
+        seeds = {s: a.ledger.label_seed(a.digest, flip, 10) for s, a in agents.items()}
+        contributions = {s: bytes.fromhex(a.state(job)["contribution"]) for s, a in agents.items()}
+        ref = run_xclp(ds, JobParams(**{**st["params"], "job_id": job}), contributions=contributions, label_seeds=seeds)
+        for s in ds.sites:
+            assert np.array_equal(np.load(agents[s].result_path(job))["labels"], ref.predictions[s].labels), s
+        eps.append({s: a.ledger.epsilon(a.digest) for s, a in agents.items()})
+    assert eps[0] == eps[1] and all(e == pytest.approx(4.0, rel=1e-3) for e in eps[0].values())
+
+
 def test_site_that_never_announces_is_as_if_never_there(rig):
     ds, admin, agents = rig
     silent = ds.sites[0]

@@ -50,6 +50,16 @@ class DiscreteLaplaceEvent:
     sensitivity: int = 1
 
 
+@dataclass(frozen=True)
+class EpsilonDeltaEvent:
+    """A release known only by the (ε, δ) it states (a training job as the site sees it): composed as the
+    worst (ε, δ)-DP mechanism, whose privacy loss is ±ε, and +∞ with probability δ (dp-accounting's
+    `from_privacy_parameters`). Two such releases at δ each hold together only at a δ above 2δ."""
+
+    epsilon: float
+    delta: float
+
+
 def _pld(event):
     relation = dpa.NeighboringRelation.REPLACE_ONE
     if isinstance(event, dpa.RandomizedResponseDpEvent):
@@ -59,6 +69,11 @@ def _pld(event):
     if isinstance(event, DiscreteLaplaceEvent):
         return pld_lib.from_discrete_laplace_mechanism(event.parameter, sensitivity=event.sensitivity,
                                                        value_discretization_interval=DISCRETIZATION)
+    if isinstance(event, EpsilonDeltaEvent):
+        from dp_accounting.pld import common
+
+        return pld_lib.from_privacy_parameters(common.DifferentialPrivacyParameters(event.epsilon, event.delta),
+                                               value_discretization_interval=DISCRETIZATION)
     if isinstance(event, dpa.GaussianDpEvent):  # σ/Δ = noise_multiplier (the ledger composes these apart)
         return pld_lib.from_gaussian_mechanism(event.noise_multiplier, sensitivity=1.0,
                                                value_discretization_interval=DISCRETIZATION)
@@ -73,6 +88,8 @@ def _describe(event) -> dict:
         return {"mechanism": "discrete_laplace", "parameter": event.parameter, "sensitivity": event.sensitivity}
     if isinstance(event, dpa.GaussianDpEvent):
         return {"mechanism": "gaussian", "noise_multiplier": event.noise_multiplier}
+    if isinstance(event, EpsilonDeltaEvent):
+        return {"mechanism": "epsilon_delta", "epsilon": event.epsilon, "delta": event.delta}
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
@@ -84,6 +101,8 @@ def _event(d: dict):
         return DiscreteLaplaceEvent(float(d["parameter"]), int(d["sensitivity"]))
     if d.get("mechanism") == "gaussian":
         return dpa.GaussianDpEvent(float(d["noise_multiplier"]))
+    if d.get("mechanism") == "epsilon_delta":
+        return EpsilonDeltaEvent(float(d["epsilon"]), float(d["delta"]))
     raise ValueError(f"unknown mechanism in a stored ledger: {d!r}")
 
 
