@@ -563,6 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("name")
     coord_args(sa)
     sa.add_argument("--json", action="store_true")
+    sa.add_argument("--fingerprint", default=None, metavar="SHA256:…",
+                    help="the site's identity fingerprint, as its agent logs it at start (default: none); its "
+                         "announces must then be signed by that identity, and `site list` shows it")
     sa.add_argument("--token-file", type=Path, default=None, metavar="PATH",
                     help="write the site's token to PATH (a new file, mode 0600) instead of printing it: the file "
                          "the site's `xclp agent run --token-file PATH` reads")

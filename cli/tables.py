@@ -28,8 +28,9 @@ def print_sites(out: dict, as_json: bool) -> int:
     if not out["sites"]:
         print("no sites yet: add one with `xclp site add NAME --token-file NAME.token`")
         return 0
-    _table(["SITE", "LAST CONTACT (UTC, since the coordinator started)"],
-           [[s, _when(seen.get(s))] for s in out["sites"]])
+    fps = out.get("fingerprints") or {}
+    _table(["SITE", "LAST CONTACT (UTC, since the coordinator started)", "IDENTITY"],
+           [[s, _when(seen.get(s)), fps.get(s, "-")] for s in out["sites"]])
     return 0
 
 
@@ -55,7 +56,7 @@ def add_site_with_token_file(admin, args) -> int:
             raise DataError(f"--token-file {path} exists: give a new file (a site's token is written once)")
         if not path.parent.is_dir():
             raise DataError(f"--token-file {path}: the folder {path.parent} does not exist")
-    out = admin.add_site(args.name)
+    out = admin.add_site(args.name, getattr(args, "fingerprint", None))
     site, token = out["site"], out["token"]
     agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
     if path is None:

@@ -88,8 +88,8 @@ class CoordinatorClient:
             raise NotTheApi(r.status_code, self._not_api(r)) from None
 
     # --- operator calls ---------------------------------------------------------------------------
-    def add_site(self, name: str) -> dict:
-        return self.call("POST", "/sites", json={"name": name})
+    def add_site(self, name: str, fingerprint: str | None = None) -> dict:
+        return self.call("POST", "/sites", json={"name": name, **({"fingerprint": fingerprint} if fingerprint else {})})
 
     def sites(self) -> dict:
         return self.call("GET", "/sites")

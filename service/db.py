@@ -44,6 +44,9 @@ class Site(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # the site's identity fingerprint (crypto.identity), if its operator registered one: its announces
+    # must then be signed by that identity
+    fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class TrainingState(BaseModel):

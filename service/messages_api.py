@@ -17,8 +17,9 @@ from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
+from crypto.identity import announce_digest, fingerprint, verify
 from service.blobs import blob_key
-from service.db import COORDINATOR, Job, Message, message_body, message_ref, new_message
+from service.db import COORDINATOR, Job, Message, Site, message_body, message_ref, new_message
 from service.deps import bearer, load_job, require_site
 from service.engine import job_params, pair_list
 from service.schemas import errors
@@ -271,6 +272,14 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
             e = decode_announce(body)
             if e.site != site:
                 raise HTTPException(422, f"announce from {site} names {e.site}")
+            registered = db.get(Site, site).fingerprint
+            if registered and (not e.identity or fingerprint(e.identity) != registered):
+                # a stolen token alone does not make its holder the site: its identity must sign too
+                raise HTTPException(422, f"announce from {site}: not signed by the identity registered for it "
+                                         f"({registered}), but by {fingerprint(e.identity) if e.identity else 'none'}")
+            if e.identity:
+                verify(e.identity, e.signature, announce_digest(job.id, e.site, e.public_key, e.commitment, e.n,
+                                                                e.features), what=site)
         elif kind == "counts":
             features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
             load_array(body, dtype="uint64", shape=(counts_length(params, features),), what="counts")

@@ -6,7 +6,7 @@ import re
 import secrets
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -21,6 +21,9 @@ router = APIRouter(tags=["sites"])
 
 class SiteCreate(RequestBody):
     name: SiteName
+    fingerprint: str | None = Field(None, pattern=r"^SHA256:[A-Za-z0-9+/]{43}$",
+                                    description="the site's identity fingerprint, as its agent logs it at start: "
+                                                "every announce of the site must then be signed by that identity")
 
 
 class SiteCreated(BaseModel):
@@ -34,7 +37,7 @@ def add_site(body: SiteCreate, db=Depends(get_db)):
     if not NAME.match(body.name) or body.name in (COORDINATOR, "admin"):
         raise HTTPException(422, f"invalid site name {body.name!r}: letters, digits, '_', '.', '-' (≤ 64)")
     token = secrets.token_urlsafe(32)
-    db.add(Site(name=body.name, token_hash=hash_token(token)))
+    db.add(Site(name=body.name, token_hash=hash_token(token), fingerprint=body.fingerprint))
     try:
         db.commit()
     except IntegrityError:
@@ -46,9 +49,11 @@ def add_site(body: SiteCreate, db=Depends(get_db)):
 @router.get("/sites", dependencies=[Depends(require_admin)], responses=errors(401, 403))
 def list_sites(request: Request, db=Depends(get_db)):
     """The sites' names, and when each last made an authenticated request to this coordinator process."""
-    names = list(db.scalars(select(Site.name).order_by(Site.name)))
+    rows = db.execute(select(Site.name, Site.fingerprint).order_by(Site.name)).all()
+    names = [r.name for r in rows]
     seen = request.app.state.last_seen
-    return {"sites": names, "last_seen": {s: seen[s].isoformat() + "Z" for s in names if s in seen}}
+    return {"sites": names, "last_seen": {s: seen[s].isoformat() + "Z" for s in names if s in seen},
+            "fingerprints": {r.name: r.fingerprint for r in rows if r.fingerprint}}
 
 
 @router.get("/work", responses=errors(401))

@@ -400,3 +400,28 @@ def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig,
             why = st["refused"][s]
             assert ("identity of site" in why and "changed" in why) if forged == "another identity" \
                 else "carries no identity signature" in why, why
+
+
+def test_a_registered_fingerprint_binds_a_sites_announces_to_its_identity(rig):
+    """`site add --fingerprint`: an announce under the site's token but signed by another identity
+    (a stolen token) is refused; the site's own agent takes part."""
+    from clients.api import ApiError
+    from crypto.identity import Identity
+
+    ds, admin, agents = rig
+    name = "site-reg"
+    me = Identity.generate()
+    token = admin.add_site(name, me.fingerprint)["token"]
+    assert admin.sites()["fingerprints"][name] == me.fingerprint
+    client = CoordinatorClient("http://testserver", token, transport=admin.http._transport)
+    from xclp.protocol import SiteSession
+
+    job = admin.submit_job(kind="predict", sites=[ds.sites[0], name], crypto="plaintext", bits=64, k=6, classes=10)
+    params = JobParams(**admin.job(job)["params"])
+    X = np.random.default_rng(0).normal(size=(5, 64))
+    thief = SiteSession(params, name, X, np.array([0, 1, -1, -1, -1]), identity=Identity.generate())
+    with pytest.raises(ApiError) as exc:
+        client.put(job, "announce", thief.announce())
+    assert exc.value.status == 422 and "not signed by the identity registered" in exc.value.detail
+    owner = SiteSession(params, name, X, np.array([0, 1, -1, -1, -1]), identity=me)
+    client.put(job, "announce", owner.announce())
