@@ -183,3 +183,19 @@ def cluster_fixture(cls):
             c.close()
 
     return cluster_factory
+
+
+def plant_bad_shares(monkeypatch, victim: str) -> None:
+    """Every pair of `victim` hands the server shares that do not combine (as a cheating site would):
+    the same planted fault for every driver's test of the blame rule (xclp.protocol.blame)."""
+    from crypto.errors import ProtocolError
+    from xclp.protocol import CoordinatorSession
+
+    real = CoordinatorSession.receive_pair
+
+    def receive(self, a, b, share_a, share_b):
+        if victim in (a, b):
+            raise ProtocolError(f"pair ({a}, {b}): the shares do not combine into valid distances")
+        return real(self, a, b, share_a, share_b)
+
+    monkeypatch.setattr(CoordinatorSession, "receive_pair", receive)

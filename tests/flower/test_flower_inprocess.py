@@ -359,24 +359,11 @@ def test_a_job_id_that_is_a_path_is_refused_at_the_sites_and_writes_nothing(fede
     assert not any(list(Path(c["out"]).parent.glob("*.partial.npz")) for c in configs)
 
 
-def plant_bad_shares(monkeypatch, victim: str) -> None:
-    """Every pair of `victim` hands the server shares that do not combine (as a cheating site would)."""
-    from crypto.errors import ProtocolError
-    from xclp.protocol import CoordinatorSession
-
-    real = CoordinatorSession.receive_pair
-
-    def receive(self, a, b, share_a, share_b):
-        if victim in (a, b):
-            raise ProtocolError(f"pair ({a}, {b}): the shares do not combine into valid distances")
-        return real(self, a, b, share_a, share_b)
-
-    monkeypatch.setattr(CoordinatorSession, "receive_pair", receive)
-
-
 def test_shares_that_do_not_combine_are_blamed_alike_in_flower_and_the_simulation(federation, monkeypatch):
     # The engine blamed the site and went on; Flower failed the whole job. Now both follow the core's
     # rule (xclp.protocol.blame): the site leaves the graph, the others get the simulation's labels.
+    from svc import plant_bad_shares
+
     ds, configs = federation
     plant_bad_shares(monkeypatch, "site1")
     monkeypatch.setattr(FlowerXCLP, "abort", lambda self, sites, end_run=False: None)  # keep site1's seed part

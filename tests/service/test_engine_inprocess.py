@@ -249,19 +249,11 @@ def test_shares_that_do_not_combine_are_blamed_as_in_the_simulation(rig, monkeyp
     """The engine's side of the rule that Flower and the simulation follow too (xclp.protocol.blame)."""
     import json
 
-    from crypto.errors import ProtocolError
-    from xclp.protocol import CoordinatorSession
+    from svc import plant_bad_shares
 
     ds, admin, agents = rig
     victim = ds.sites[1]
-    real = CoordinatorSession.receive_pair
-
-    def receive(self, a, b, share_a, share_b):
-        if victim in (a, b):
-            raise ProtocolError(f"pair ({a}, {b}): the shares do not combine into valid distances")
-        return real(self, a, b, share_a, share_b)
-
-    monkeypatch.setattr(CoordinatorSession, "receive_pair", receive)
+    plant_bad_shares(monkeypatch, victim)
     job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=128, k=6, classes=10)
     left = [a for s, a in agents.items() if s != victim]
     drive(admin, job, agents.values(), lambda st: st["phase"] == "row_sums")
