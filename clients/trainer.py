@@ -35,7 +35,7 @@ from xclp.training.algorithms import strategy_for
 from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, unmask_answer
 from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
 from xclp.training.fedct import PublicSet, new_site_state
-from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_state
+from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_masked_meta, load_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.strategy import Strategy
 
@@ -225,7 +225,12 @@ class Trainer:
             return False  # left out of the round's sum, or a "sum" of this site alone: never sent
         masked = self._masked_path(job_id, t)
         if cfg.secure_aggregation and masked.exists():  # made before a restart: the same body again, never
-            return self._put(st, job_id, topic, masked.read_bytes())  # a second masking of the round
+            body = masked.read_bytes()  # a second masking of the round
+            record = SiteRecord.from_json(st["secagg"])
+            if str(t) not in record.masked:  # the restart came between the body and the record's save
+                record.masked[str(t)] = list(load_masked_meta(body)["participants"])
+                st["secagg"] = record.to_json()
+            return self._put(st, job_id, topic, body)
         model = self._model(job_id, status, t - 1)
         if model is None:
             return False

@@ -85,6 +85,12 @@ def dump_masked(masked: np.ndarray, meta: dict) -> bytes:
                         _META: np.frombuffer(dump_json(meta), np.uint8)})
 
 
+def load_masked_meta(body: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+    """The metadata of a masked update (a site reading back the body it saved)."""
+    b = load_bundle(body, ("masked",), max_bytes=max_bytes, what="masked update")
+    return load_json(b[_META].tobytes(), what="masked update metadata") if _META in b else {}
+
+
 def load_masked(body: bytes, n_values: int, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[np.ndarray, dict]:
     """(masked uint64 vector of the network's size, meta) — any other shape or type is refused."""
     b = load_bundle(body, ("masked",), max_bytes=max_bytes, what="masked update")
