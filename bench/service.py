@@ -31,7 +31,6 @@ import platform
 import re
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -98,15 +97,9 @@ def start_agent(work: Path, url: str, site: str, token: str, data: Path, out: Pa
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    from cli.demo import stop_processes
+
+    stop_processes(procs, timeout=15)
 
 
 def db_bytes(db_path: Path, job: str) -> dict:

@@ -142,16 +142,22 @@ class LocalCluster:
         return path
 
     def close(self) -> None:
-        procs = [p for p in [*self.agents.values(), self.coordinator] if p is not None and p.poll() is None]
-        for p in procs:
-            os.kill(p.pid, signal.SIGCONT)  # a stopped process must run to end
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes([*self.agents.values(), self.coordinator])
+
+
+def stop_processes(procs, timeout: float = 10) -> None:
+    """End the processes this program started: SIGTERM to each still running (SIGCONT first: a stopped
+    process must run to end), then SIGKILL to any still there after `timeout` seconds."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for p in live:
+        os.kill(p.pid, signal.SIGCONT)
+        p.terminate()
+    for p in live:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _workdir(workdir: str | None) -> Path:

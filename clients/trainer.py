@@ -216,7 +216,7 @@ class Trainer:
         survivors = (status.get("training") or {}).get("survivors") or []
         if s.secure_sum and survivors:
             return self._unmask(job_id, t, st, survivors)
-        topic = f"{s.upload}/{t}/0" if s.secure_sum else f"{s.upload}/{t}"
+        topic = s.upload_topic(t)
         plan = self._round_plan(job_id, t, st, topic)
         if plan is None:
             return False

@@ -75,8 +75,7 @@ def _put(db, job: Job, recipient: str, topic: str, body: bytes) -> None:
 
 
 def _update_topic(job: Job, t: int) -> str:
-    s = strategy(job)
-    return f"{s.upload}/{t}/{job.attempt}" if s.secure_sum else f"{s.upload}/{t}"
+    return strategy(job).upload_topic(t)
 
 
 # --- setup ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from svc import ADMIN
 
-from cli.demo import free_port, start_agent, start_coordinator, wait_healthy
+from cli.demo import free_port, start_agent, start_coordinator, stop_processes, wait_healthy
 from cli.main import main as xclp
 from clients.api import CoordinatorClient
 from service.db import Base, make_engine
@@ -71,18 +71,6 @@ def _job_row(database: str, job: str) -> dict:
 
 def _logs(work: Path) -> str:
     return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(work.glob("*.log")))
-
-
-def _stop(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 @pytest.mark.slow
@@ -143,7 +131,7 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         for s in ds.sites:
             assert np.array_equal(np.load(tmp_path / f"out-{s}" / f"{job}.npz")["labels"], ref.predictions[s].labels)
     finally:
-        _stop(procs)
+        stop_processes(procs)
 
 
 def test_a_new_database_gets_the_models_schema_from_the_revisions(db_url):

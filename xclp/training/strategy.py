@@ -147,6 +147,11 @@ class Strategy(ABC):
         """Whether the uploads are masked so that the server decodes only their sum."""
         return False
 
+    def upload_topic(self, t: int) -> str:
+        """The name of a site's upload for round t, as the coordinator and the agent both build it. A
+        masked upload keeps its attempt segment, always 0: double masking never restarts a round's sum."""
+        return f"{self.upload}/{t}/0" if self.secure_sum else f"{self.upload}/{t}"
+
     @abstractmethod
     def total_rounds(self) -> int: ...
 
