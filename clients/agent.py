@@ -29,14 +29,14 @@ from clients.api import ApiError, CoordinatorClient, NotTheApi
 from clients.policy import PolicyError, SitePolicy
 from clients.site_state import JobState, load_site_data
 from crypto.errors import ProtocolError
-from crypto.hamming_api import PairDriver
 from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
 from xclp.job_files import JOB_ID, job_file
+from xclp.prediction_job import COORDINATOR, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest
-from xclp.protocol import JOB_PHASES, REFUSE, JobParams, SiteSession, Topic, decode_roster, refusal
+from xclp.protocol import REFUSE, JobParams, SiteSession, refusal
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
@@ -50,6 +50,19 @@ class AgentError(Exception):
 
 
 LONG_POLL = 2.0  # seconds the coordinator may hold a request for a message that is not there yet
+
+
+class _Inbox:
+    """The messages the coordinator holds for this site, fetched as the site's machine asks for them;
+    what the machine waits for and nothing else can move is long-polled."""
+
+    def __init__(self, api: CoordinatorClient, job_id: str):
+        self.api, self.job_id = api, job_id
+
+    def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
+        if sender == COORDINATOR:
+            return self.api.get(self.job_id, topic, **({"wait": LONG_POLL} if wait else {}))
+        return self.api.get(self.job_id, topic, sender=sender)
 
 
 class Agent:
@@ -73,19 +86,22 @@ class Agent:
         self.ledger = SiteLedger(self.state_dir, delta=self.policy.max_delta)
         self.digest = data_digest(self.X, self.y)
         self._admitted: set[str] = set()  # jobs recorded in the ledger by this process
-        self.sessions: dict[str, SiteSession] = {}
-        self.pairs: dict[str, dict] = {}  # job -> pair drivers in flight (memory only)
+        self.machines: dict[str, PredictSite] = {}  # job -> this site's side of its order (xclp.prediction_job)
         self.given_up: set[str] = set()
         self.not_ours: set[str] = set()  # jobs begun before this --out held their keys: skipped, see _ours
         self._skipped: list[str] = []  # ... found in this pass of the loop (logged once per pass)
         self._lock_fd: int | None = None
         self._quiet_until: dict[str, tuple[float, dict]] = {}  # job -> (until, its status), see _quiet
         self._last_work: dict | None = None
-        self.rows: dict[str, tuple[int, bytes]] = {}  # job -> (attempt, its masked rows), computed once
         self.public = public
         self._trainer = None
         if public is not None:  # a bad --public file is an error at start, not at the first FedCT round
             self.trainer  # noqa: B018
+
+    @property
+    def pairs(self) -> dict[str, dict]:
+        """job -> its pair protocols in flight (memory only)"""
+        return {j: m.pairs for j, m in self.machines.items() if m.pairs is not None}
 
     @property
     def trainer(self):
@@ -222,9 +238,7 @@ class Agent:
         st.data.pop("key", None)
         st.data.pop("noise", None)
         st["wiped"] = reason
-        self.sessions.pop(job_id, None)
-        self.pairs.pop(job_id, None)
-        self.rows.pop(job_id, None)
+        self.machines.pop(job_id, None)
         log.info("job %s: %s here; its private keys are wiped", job_id, reason)
         return True
 
@@ -258,10 +272,14 @@ class Agent:
     def state(self, job_id: str) -> JobState:
         return JobState(job_file(self.state_dir, job_id, ".json"))
 
+    def machine(self, job_id: str, status: dict) -> PredictSite:
+        """This site's side of the job (xclp.prediction_job.PredictSite), over a session rebuilt from the
+        job's key and contribution kept on disk; what it has sent is recorded in the same file."""
+        if job_id not in self.machines:
+            self.machines[job_id] = PredictSite(self.session(job_id, status), record=self.state(job_id))
+        return self.machines[job_id]
+
     def session(self, job_id: str, status: dict) -> SiteSession:
-        sess = self.sessions.get(job_id)
-        if sess is not None:
-            return sess
         st = self.state(job_id)
         if st["done"]:
             raise DataError(f"job {job_id}: finished here, and its key was wiped; {self.result_path(job_id)} "
@@ -286,7 +304,6 @@ class Agent:
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                            contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st),
                            identity=self.identity, pins=self.pins, label_seed=label_seed)
-        self.sessions[job_id] = sess
         return sess
 
     def _noise_seed(self, status: dict, st: JobState) -> bytes:
@@ -324,50 +341,17 @@ class Agent:
             self._admitted.add(job_id)
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
-        sess = self.session(job_id, status)
-        st = self.state(job_id)
-        phase = "done" if status["status"] == "done" else status["phase"]
-        at = JOB_PHASES.index(phase)
-        if phase == "setup":
-            return self._put_once(st, job_id, "announce", sess.announce())
-        if sess.phase == "setup":
-            roster = self.api.get(job_id, "roster")
-            if roster is None:
-                return False
-            sess.set_roster(decode_roster(roster))
-            # A restarted session reseals its seed messages so that its channels' sequence numbers
-            # line up with what its peers have seen; the coordinator keeps the first copy.
-            if st["seed_sent"]:
-                sess.seed_messages()
-        if phase == "seed":
-            if st["seed_sent"]:
-                return False
-            for peer, body in sess.seed_messages().items():
-                self._put_once(st, job_id, "seed", body, to=peer)
-            st["seed_sent"] = True
-            return True
-        if sess.phase == "seed":
-            incoming = {p: self.api.get(job_id, "seed", sender=p) for p in status["seed_sites"] if p != self.site}
-            sess.receive_seed(incoming, status["seed_sites"])
-        if phase == "counts":
-            topic = Topic.counts(status["attempt"])
-            return self._put_once(st, job_id, topic, sess.counts_message(status["live"], status["attempt"]))
-        if sess.phase == "counts":
-            a = status["attempts"]["counts"]
-            sess.receive_counts(self.api.get(job_id, Topic.counts_total(a)), a)
-        if phase == "hamming":
-            return self._hamming(st, job_id, sess, status)
-        if sess.phase == "hamming":
-            sess.receive_influence(self.api.get(job_id, "influence"))
-        attempt = status["attempt"] if at < JOB_PHASES.index("done") else status["attempts"]["row_sums"]
-        cached = self.rows.get(job_id)
-        if cached is None or cached[0] != attempt:
-            # Masks the site's contribution and keeps its own masked rows in the session;
-            # deterministic, so after a restart the repeat is byte-identical to what was sent.
-            cached = self.rows[job_id] = (attempt, sess.row_sums_message(status["live"], attempt))
-        if phase == "row_sums":
-            return self._put_once(st, job_id, Topic.rows(attempt), cached[1])
-        return self._write_result(job_id, sess, attempt)
+        machine = self.machine(job_id, status)
+        progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id),
+                                  lambda m: self._send(job_id, m))
+        if machine.lost_pairs and not self.state(job_id)["lost_hamming_logged"]:
+            log.warning("job %s: restarted inside the Hamming phase; this site's half of the pair protocols "
+                        "is lost, so the coordinator will drop it at the deadline", job_id)
+            self.state(job_id)["lost_hamming_logged"] = True
+        self._set_quiet(job_id, status if machine.waiting else None)
+        if machine.result is not None:
+            self._write_result(job_id, machine.result)
+        return progressed
 
     # --- polling --------------------------------------------------------------------------------------
     # While every job of this agent is inside SecureHamming waiting for its peers' next pair messages,
@@ -407,85 +391,17 @@ class Agent:
             self._quiet_until[job_id] = (time.monotonic() + QUIET_SECONDS, status)
 
     # --- phases -----------------------------------------------------------------------------------
-    def _put_once(self, st: JobState, job_id: str, topic: str, body: bytes, to: str = "coordinator") -> bool:
-        key = f"sent:{to}:{topic}"
-        if st[key]:
-            return False
+    def _send(self, job_id: str, m: Send) -> None:
         try:
-            self.api.put(job_id, topic, body, to=to)
+            self.api.put(job_id, m.topic, m.body, to=m.recipient)
         except ApiError as exc:
             # Sealed messages carry fresh nonces, so a relayed one repeated after a restart differs
             # from the stored copy, which is equally valid for the peer. Anything else that differs
             # from what the coordinator holds is a real conflict.
-            if not (exc.status == 409 and "already uploaded" in exc.detail and to != "coordinator"):
+            if not (exc.status == 409 and "already uploaded" in exc.detail and m.recipient != COORDINATOR):
                 raise
-        st[key] = True
-        return True
 
-    def _hamming(self, st: JobState, job_id: str, sess: SiteSession, status: dict) -> bool:
-        if job_id not in self.pairs:
-            if st["hamming_started"]:
-                if not st["lost_hamming_logged"]:
-                    log.warning("job %s: restarted inside the Hamming phase; this site's half of the pair protocols "
-                                "is lost, so the coordinator will drop it at the deadline", job_id)
-                    st["lost_hamming_logged"] = True
-                return False
-            self.api.put(job_id, "intra", sess.intra_message())  # deterministic: a retry is idempotent
-            order = [s for s in status["sites"] if s in status["live"]]
-            drivers = {}
-            for peer in order:
-                if peer == self.site:
-                    continue
-                a, b = sorted((self.site, peer), key=order.index)
-                drivers[peer] = {"side": PairDriver(sess.hamming_party(peer), first=self.site == a),
-                                 "pair": (a, b), "outbox": []}
-            self.pairs[job_id] = drivers
-            st["hamming_started"] = True  # from here on the pair protocols' state lives in memory only
-        progressed = waiting = False
-        for peer, d in self.pairs[job_id].items():
-            if peer not in status["live"]:
-                continue
-            # What the party produced is kept until uploaded: a failed upload (coordinator away
-            # longer than the retries) is sent again on the next step instead of being lost.
-            progressed |= self._flush(job_id, d)
-            side = d["side"]
-            if side.done or d["outbox"]:
-                continue
-            message = None
-            if side.awaiting is not None:
-                message = self.api.get(job_id, Topic.pair(*d["pair"], side.awaiting), sender=peer)
-                if message is None:
-                    waiting = True
-                    continue
-            to_peer, to_server = side.step(message)
-            progressed = True
-            if to_server is not None:
-                d["outbox"].append((Topic.share(*d["pair"]), to_server, "coordinator"))
-            if to_peer is not None:
-                d["outbox"].append((Topic.pair(*d["pair"], to_peer[0]), to_peer[1], peer))
-            self._flush(job_id, d)
-        self._set_quiet(job_id, status if waiting and not progressed else None)
-        if not progressed and all(d["side"].done for p, d in self.pairs[job_id].items() if p in status["live"]):
-            # All its pairs are through: the phase ends when the coordinator has every share and has built
-            # the graph and the influence columns. Wait for those in one long poll instead of many polls,
-            # which would compete with that computation for the coordinator's CPU.
-            progressed = self.api.get(job_id, "influence", wait=LONG_POLL) is not None
-        return progressed
-
-    def _flush(self, job_id: str, d: dict) -> bool:
-        sent = False
-        while d["outbox"]:
-            topic, body, to = d["outbox"][0]
-            self.api.put(job_id, topic, body, to=to)  # identical bytes on a retry: stored once
-            d["outbox"].pop(0)
-            sent = True
-        return sent
-
-    def _write_result(self, job_id: str, sess: SiteSession, attempt: int) -> bool:
-        body = self.api.get(job_id, Topic.sums(attempt))
-        if body is None:
-            return False
-        pred = sess.receive_row_sums(body)
+    def _write_result(self, job_id: str, pred) -> None:
         path = self.result_path(job_id)
         tmp = path.with_name(path.stem + ".partial.npz")
         np.savez(tmp, labels=pred.labels, confidence=pred.confidence)
@@ -493,7 +409,5 @@ class Agent:
         log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
         # The job's private key has served its purpose: forget it, so that a later theft of this
         # folder cannot open the sealed messages the coordinator keeps (the seed contributions).
-        st = self.state(job_id)
-        st["done"] = True
+        self.state(job_id)["done"] = True
         self.wipe_keys(job_id, "finished")
-        return True

@@ -46,6 +46,9 @@ class JobState:
     def __getitem__(self, k):
         return self.data.get(k)
 
+    def get(self, k, default=None):
+        return self.data.get(k, default)
+
     def __setitem__(self, k, v):
         self.data[k] = v
         self.save()

@@ -164,12 +164,11 @@ class UISession(Base):
 
 def message_phase(job_kind: str, topic: str) -> str:
     """The phase a job's message belongs to, from its topic."""
-    from xclp.protocol import TOPIC_PHASE
+    from xclp.protocol import topic_phase
 
     kind = topic.split("/")[0]
-    if job_kind == "predict":  # what sites send (TOPIC_PHASE), then what the coordinator sends
-        return TOPIC_PHASE.get(kind) or {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums"}.get(
-            kind, "setup")
+    if job_kind == "predict":
+        return topic_phase(topic)
     if kind in ("hello", "keys") or topic == "model/0":
         return "setup"
     return "evaluate" if kind == "eval" else "round"  # plan/t, update/t, votes/t, model/t, consensus/t, labels/t

@@ -1,53 +1,26 @@
-"""The job engine: moves jobs through their phases and runs the coordinator's server steps.
+"""The job engine: moves jobs through their phases, one decision at a time.
 
 It never keeps a job in memory between steps: every decision is taken from the database (the
 messages uploaded so far and the job row), so a coordinator restarted on the same database picks
-up exactly where it was. The server steps themselves are `xclp.protocol.CoordinatorSession`, the
-same code the in-process simulation runs.
-
-Phases and what ends them (the recovery rules of docs/security.md and README.md, "Robustness"):
-
-  setup     every live site has announced              → roster to every site
-  seed      every live site has sent its contribution to every other live site
-  counts    every live site has sent masked counts      → total to every site
-  hamming   every live site sent its own distances and both shares of each of its pairs
-            → graph and influence columns, one message per site
-  row_sums  every participant sent masked rows          → sums to every participant; done
-
-A deadline per phase: when it passes, the sites that have not done their part are dropped.
-Before or during hamming a dropped site is removed from the graph; after it, it still shapes the
-graph but adds no labels; in counts and row_sums the phase restarts without it (attempt + 1, so
-every mask is fresh).
+up exactly where it was. A prediction job's decisions are the core's machine
+(`xclp.prediction_job.PredictCoordinator`: the phases, drops, blame, restarts and failure, written
+once for every driver); this engine gives it the database as its mailbox, keeps its state in the
+job's row, and owns the clock (each phase's deadline, and the seconds it took). A training job's
+steps are service.training_engine's.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 
 from sqlalchemy import delete, select
 
 from service.db import COORDINATOR, Job, Message, PrunedBytes, has_messages, message_body, message_phase, utcnow
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
-from xclp.protocol import (
-    JOB_PHASES,
-    LEFT_OUT,
-    REFUSE,
-    CoordinatorSession,
-    JobParams,
-    Layout,
-    Topic,
-    blame,
-    decode_announce,
-    encode_roster,
-    read_refusal,
-    refusal,
-    restart_without,
-    schema_outliers,
-)
+from xclp.prediction_job import PredictCoordinator, PredictState
+from xclp.protocol import REFUSE, JobParams
 
 log = logging.getLogger("xclp.engine")
 
@@ -160,37 +133,67 @@ def advance(db, job: Job) -> bool:
     if job.status != "running":
         return False
     before = (job.phase, job.attempt, job.round, tuple(job.live))
-    if _take_refusals(db, job):
-        return True
-    (TRAIN_STEPS if job.kind == "train" else PHASE_STEPS)[job.phase](db, job)
-    if len(job.live) < 2 and job.status == "running":
-        fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
+    if job.kind != "train":
+        _predict_step(db, job)
+    elif not _take_refusals(db, job):
+        TRAIN_STEPS[job.phase](db, job)
+        if len(job.live) < 2 and job.status == "running":
+            fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
     return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
+
+
+class DbMailbox:
+    """The job's messages in the database, as the core's machine reads them (xclp.prediction_job.Mailbox)."""
+
+    def __init__(self, db, job_id: str):
+        self.db, self.job_id = db, job_id
+
+    def senders(self, recipient: str, topic: str) -> set[str]:
+        return has_messages(self.db, self.job_id, recipient, topic)
+
+    def recipients(self, sender: str, topic: str) -> set[str]:
+        return {r for (r,) in self.db.execute(select(Message.recipient).where(
+            Message.job_id == self.job_id, Message.sender == sender, Message.topic == topic)).all()}
+
+    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        return message_body(self.db, self.job_id, sender, recipient, topic)
 
 
 def refusals(db, job: Job) -> dict[str, str]:
     """Each site that refused the job (its reason), or that the coordinator left out by the job's rules
     (the rule): what the operator reads in the status."""
-    out = {s: read_refusal(message_body(db, job.id, s, COORDINATOR, REFUSE))
-           for s in sorted(has_messages(db, job.id, COORDINATOR, REFUSE))}
-    for (s,) in db.execute(select(Message.recipient).where(Message.job_id == job.id, Message.sender == COORDINATOR,
-                                                           Message.topic == LEFT_OUT)).all():
-        out.setdefault(s, "left out by the coordinator: " + read_refusal(message_body(db, job.id, COORDINATOR, s,
-                                                                                       LEFT_OUT)))
-    return dict(sorted(out.items()))
+    return PredictCoordinator(job_params(job), PredictState.of(job)).refusals(DbMailbox(db, job.id))
+
+
+def _predict_step(db, job: Job) -> None:
+    """One decision of the core's machine (xclp.prediction_job) on what the database holds; the job's row
+    keeps the machine's state, so a restarted coordinator goes on where it was. What is left here is the
+    clock: a phase's deadline, and the seconds each phase took."""
+    before = PredictState.of(job)
+    machine = PredictCoordinator(job_params(job), PredictState.of(job))
+    for m in machine.step(DbMailbox(db, job.id), expired(job)):
+        put_message(db, job.id, m.sender, m.recipient, m.topic, m.body)
+    after = machine.state
+    drop(job, set(before.live) - set(after.live))  # (logs each drop; the machine named the phase)
+    job.dropped = after.dropped
+    job.seed_sites, job.graph_sites = after.seed_sites, after.graph_sites
+    if machine.timings:
+        job.timings = {**job.timings, "graph_and_influence": round(sum(machine.timings.values()), 3)}
+    if after.status == "failed":
+        fail(job, after.failure)
+    elif after.phase != before.phase:
+        job.attempt = before.attempt  # (next_phase records the attempt that completed the phase)
+        next_phase(job, after.phase)
+    elif after.attempt != before.attempt:  # a masked sum restarted: its deadline counts afresh
+        job.attempt, job.phase_started_at = after.attempt, utcnow()
 
 
 def _take_refusals(db, job: Job) -> bool:
-    """A site that refused (its policy) or failed (its reason) leaves the job at once, by the rules of
-    a site that missed the current phase's deadline — never waited for. A masked sum in progress
-    restarts without it (attempt + 1), as after a deadline; fewer than two sites fail the job with
-    every reason in the failure."""
+    """A site that refused a training job, or failed in it, leaves at once; fewer than two sites fail
+    the job with every reason in the failure."""
     gone = has_messages(db, job.id, COORDINATOR, REFUSE) & set(job.live)
     if not gone:
         return False
-    if job.kind == "predict" and job.phase in ("counts", "row_sums"):
-        _, job.attempt = restart_without(job.live, gone, job.attempt)
-        job.phase_started_at = utcnow()
     drop(job, gone)
     if len(job.live) < 2:
         why = "; ".join(f"{s}: {r}" for s, r in refusals(db, job).items())
@@ -204,134 +207,3 @@ def cancel(db, job: Job) -> None:
     for child in db.scalars(select(Job).where(Job.parent == job.id, Job.status == "running")):
         fail(child, "cancelled by the operator (its training job was cancelled)")
     fail(job, "cancelled by the operator")
-
-
-# --- phases -----------------------------------------------------------------------------------
-
-
-def _setup(db, job: Job) -> None:
-    have = has_messages(db, job.id, COORDINATOR, "announce")
-    missing = set(job.live) - have
-    if missing:
-        if not expired(job):
-            return
-        drop(job, missing)  # never announced: as if it had never been in the job
-        if len(job.live) < 2:
-            return
-    order = [s for s in job.sites if s in job.live]
-    outliers = schema_outliers([decode_announce(message_body(db, job.id, s, COORDINATOR, "announce")) for s in order])
-    if outliers:  # the data contract: they leave the job now, and the operator reads why
-        for s, why in outliers.items():
-            put_message(db, job.id, COORDINATOR, s, LEFT_OUT, refusal(why))
-        drop(job, set(outliers))
-        return
-    roster = encode_roster([message_body(db, job.id, s, COORDINATOR, "announce") for s in order])
-    for s in order:
-        put_message(db, job.id, COORDINATOR, s, "roster", roster)
-    next_phase(job, "seed")
-
-
-def _seed(db, job: Job) -> None:
-    sent = {}
-    for s in job.live:
-        peers = {r for r in job.live if r != s}
-        got = {m for (m,) in db.execute(select(Message.recipient).where(
-            Message.job_id == job.id, Message.sender == s, Message.topic == "seed")).all()}
-        sent[s] = peers <= got
-    incomplete = {s for s, ok in sent.items() if not ok}
-    if incomplete:
-        if not expired(job):
-            return
-        drop(job, incomplete)
-    job.seed_sites = [s for s in job.sites if s in job.live]
-    next_phase(job, "counts")
-
-
-def _masked_sum_ready(db, job: Job, topic: str) -> bool:
-    """True when every live site has sent `topic`. Past the deadline the sites that have not are
-    dropped and the phase restarts without them (attempt + 1, hence fresh masks): a masked sum
-    cannot complete without every mask that went into it."""
-    missing = set(job.live) - has_messages(db, job.id, COORDINATOR, topic)
-    if not missing:
-        return True
-    if expired(job):
-        _, job.attempt = restart_without(job.live, missing, job.attempt)
-        drop(job, missing)
-        job.phase_started_at = utcnow()
-    return False
-
-
-def _counts(db, job: Job) -> None:
-    topic = Topic.counts(job.attempt)
-    if not _masked_sum_ready(db, job, topic):
-        return
-    coord = CoordinatorSession(job_params(job))
-    for s in job.live:
-        coord.receive_counts(s, message_body(db, job.id, s, COORDINATOR, topic))
-    total = coord.counts_total(job.live)
-    for s in job.live:
-        put_message(db, job.id, COORDINATOR, s, Topic.counts_total(job.attempt), total)
-    next_phase(job, "hamming")
-
-
-def _hamming_missing(db, job: Job) -> set[str]:
-    """The sites to remove so that every remaining site sent its distances and every remaining
-    pair both shares."""
-    order = [s for s in job.sites if s in job.live]
-    missing = set(order) - has_messages(db, job.id, COORDINATOR, "intra")
-    incomplete = {(a, b) for a, b in pair_list(order)
-                  if has_messages(db, job.id, COORDINATOR, Topic.share(a, b)) != {a, b}}
-    return blame(order, incomplete, missing)
-
-
-def _hamming(db, job: Job) -> None:
-    missing = _hamming_missing(db, job)
-    if missing:
-        if not expired(job):
-            return
-        # Gone before or during SecureHamming: removed from the graph, as if never there. The
-        # graph is built in the next step, after this drop is committed.
-        drop(job, missing)
-        return
-    t0 = time.perf_counter()
-    order = [s for s in job.sites if s in job.live]
-    coord = CoordinatorSession(job_params(job))
-    for s in order:
-        coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
-    for s in order:
-        coord.receive_intra(s, message_body(db, job.id, s, COORDINATOR, "intra"))
-    # Shares that do not combine: one of the two sites misbehaved. The pair is as good as missing;
-    # blame goes as for missing pairs (the core's rule, xclp.protocol.blame), and the job goes on.
-    blamed = coord.receive_pairs(order, {(a, b): {s: message_body(db, job.id, s, COORDINATOR, Topic.share(a, b))
-                                                  for s in (a, b)} for a, b in pair_list(order)})
-    if blamed:
-        log.warning(json.dumps({"event": "bad_shares", "job": job.id, "blamed": sorted(blamed)}))
-        drop(job, blamed)
-        return
-    W = coord.build_graph(order)
-    coord.compute_influence(W)
-    for s in order:
-        put_message(db, job.id, COORDINATOR, s, "influence", coord.influence_message(s))
-    job.graph_sites = order
-    job.timings = {**job.timings, "graph_and_influence": round(time.perf_counter() - t0, 3)}
-    next_phase(job, "row_sums")
-
-
-def _row_sums(db, job: Job) -> None:
-    topic = Topic.rows(job.attempt)
-    if not _masked_sum_ready(db, job, topic):
-        return
-    coord = CoordinatorSession(job_params(job))
-    for s in job.graph_sites:
-        coord.register(s, message_body(db, job.id, s, COORDINATOR, "announce"))
-    coord.layout = Layout(sites=list(job.graph_sites), sizes=[coord.roster[s].n for s in job.graph_sites])
-    coord.start_row_sums()
-    for s in job.live:
-        coord.receive_row_sums(s, message_body(db, job.id, s, COORDINATOR, topic))
-    for s, body in coord.row_sums_for(list(job.live)).items():
-        put_message(db, job.id, COORDINATOR, s, Topic.sums(job.attempt), body)
-    next_phase(job, "done")
-
-
-PHASE_STEPS = {"setup": _setup, "seed": _seed, "counts": _counts, "hamming": _hamming, "row_sums": _row_sums}
-assert tuple(PHASE_STEPS) == JOB_PHASES[:-1], "a step for every phase of a job, in order"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +76,14 @@ JOB_PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
 # the rest to the coordinator).
 TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
                "share": "hamming", "rows": "row_sums"}
+# ... and of what the coordinator sends (the influence columns count as the row sums' input)
+COORDINATOR_TOPIC_PHASE = {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums"}
+
+
+def topic_phase(topic: str) -> str:
+    """The phase a prediction job's message belongs to, by its topic (bytes are counted by phase)."""
+    kind = topic.split("/")[0]
+    return TOPIC_PHASE.get(kind) or COORDINATOR_TOPIC_PHASE.get(kind, "setup")
 
 
 REFUSE = "refuse"  # a site's word that it will not, or cannot, go on with a job: any phase, any kind of job
@@ -460,6 +469,7 @@ class SiteSession:
         self.seed: bytes | None = None
         self.global_counts: np.ndarray | None = None
         self.bits: np.ndarray | None = None
+        self.lsh_seconds = 0.0
         self.layout: Layout | None = None
         self._influence: np.ndarray | None = None
         self._kept: np.ndarray | None = None  # this site's own masked rows, kept at home
@@ -680,7 +690,9 @@ class SiteSession:
     def hash(self) -> np.ndarray:
         self._expect("hamming")
         if self.bits is None:
+            t0 = time.perf_counter()
             self.bits = lsh.hash_vectors(self.X, self._need_seed(), self.params.bits, self.params.normalise)
+            self.lsh_seconds = time.perf_counter() - t0  # (reported by the simulation)
         return self.bits
 
     def intra_message(self) -> bytes:

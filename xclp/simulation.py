@@ -1,7 +1,9 @@
 """The in-process driver: every site and the coordinator in one process, messages passed as bytes.
 
-It runs exactly the phase code of `xclp.protocol` (the service runs the same code over HTTP), and
-counts the bytes each party sends in each phase and the time each phase takes.
+It runs the job's two machines (`xclp.prediction_job`: the coordinator's and each site's; the service
+and Flower run the same ones over HTTP and the Grid) and moves their messages through a dict. Its
+clock is the machines' progress: when neither a site nor the coordinator can move, the phase's
+deadline has passed. It counts the bytes each party sends in each phase and the time each phase takes.
 """
 
 from __future__ import annotations
@@ -13,21 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crypto.hamming_api import PairTranscript, exchange
 from xclp.data import Dataset
+from xclp.prediction_job import COORDINATOR, PredictCoordinator, PredictSite, PredictState, Send
 from xclp.propagation import Prediction
 from xclp.protocol import (
-    CoordinatorSession,
     JobParams,
     SiteSession,
-    decode_roster,
-    encode_roster,
-    restart_without,
     simulation_contribution,
     simulation_noise_seed,
+    topic_phase,
 )
-
-PHASES = ("setup", "seed", "counts", "lsh", "hamming", "graph", "influence", "row_sums")
 
 
 @dataclass
@@ -64,6 +61,40 @@ class SimulationResult:
     params: JobParams
 
 
+class MemoryMailbox:
+    """Every message of the job, kept in a dict: the coordinator's mailbox and each site's inbox. Each
+    message is counted once, for its sender, in the phase of its topic."""
+
+    def __init__(self, meter: ByteMeter):
+        self.meter = meter
+        self.messages: dict[tuple[str, str, str], bytes] = {}
+
+    def put(self, m: Send) -> None:
+        key = (m.sender, m.recipient, m.topic)
+        if key in self.messages:  # a repeat is the same message (as the service stores it once)
+            return
+        self.messages[key] = m.body
+        self.meter.add(m.sender, topic_phase(m.topic), m.body)
+
+    def senders(self, recipient: str, topic: str) -> set[str]:
+        return {s for (s, r, t) in self.messages if r == recipient and t == topic}
+
+    def recipients(self, sender: str, topic: str) -> set[str]:
+        return {r for (s, r, t) in self.messages if s == sender and t == topic}
+
+    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        return self.messages.get((sender, recipient, topic))
+
+    def inbox(self, site: str):
+        mail = self
+
+        class Inbox:
+            def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
+                return mail.body(sender, site, topic)
+
+        return Inbox()
+
+
 def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
     return {s: np.flatnonzero(ds.site == s) for s in ds.sites}
 
@@ -77,7 +108,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              label_seeds: dict[str, bytes] | None = None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
-    `drops` simulates sites that vanish, with the outcomes the service gives (service/engine.py, "Phases and what ends them"):
+    `drops` simulates sites that vanish, the outcomes every driver gives (xclp/prediction_job.py, "Phases and what ends them"): a
+    dropped site goes silent from that phase on, and the machine drops it when the deadline passes:
     {site: "hamming"} — gone during SecureHamming: removed from the graph (it took part in the seed
     and the label counts); {site: "row_sums"} — gone inside SecureRowSums: it shapes the graph but
     adds no labels, and the sums restart without it with fresh masks (attempt 1). A dropped site
@@ -90,19 +122,14 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     """
     say = progress or (lambda _msg: None)
     meter = ByteMeter(tap=tap)
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    clock = [start]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        timings[name] = timings.get(name, 0.0) + now - clock[0]
-        clock[0] = now
-
     rows = split_by_site(ds)
     sites = list(rows)
     if len(sites) < 2:
         raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.LabelSpreadingXCLP")
+    drops = dict(drops or {})
+    bad = {s: p for s, p in drops.items() if s not in sites or p not in ("hamming", "row_sums")}
+    if bad:
+        raise ValueError(f"drops must name sites of the data set and the phase hamming or row_sums, got {bad}")
     sessions = {
         s: SiteSession(params, s, ds.X[idx], ds.y[idx],
                        contribution=(contributions or {}).get(s) or simulation_contribution(seed, s),
@@ -110,99 +137,56 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
                        label_seed=(label_seeds or {}).get(s))
         for s, idx in rows.items()
     }
-    coord = CoordinatorSession(params)
-
+    coord = PredictCoordinator(params, PredictState.new(sites))
+    site_machines = {s: PredictSite(sess) for s, sess in sessions.items()}
+    mail = MemoryMailbox(meter)
+    timings: dict[str, float] = {}
+    start = clock = time.perf_counter()
+    state = coord.state
+    phase = state.phase
     say("setup: keys and roster")
-    announces = {s: meter.add(s, "setup", sess.announce()) for s, sess in sessions.items()}
-    for s, a in announces.items():
-        coord.register(s, a)
-    roster = encode_roster([announces[s] for s in coord.order])
-    for sess in sessions.values():
-        sess.set_roster(decode_roster(meter.add("coordinator", "setup", roster)))
-    lap("setup")
+    while state.status == "running":
+        # Every site does what it can; a site the simulation drops at a phase goes silent from there on.
+        moved = False
+        for s in list(state.live):
+            if s not in drops or not state.reached(drops[s]):
+                moved |= site_machines[s].step(state, mail.inbox(s), mail.put)
+        before = (state.phase, state.attempt, tuple(state.live))
+        for m in coord.run(mail):
+            mail.put(m)
+        if not moved and before == (state.phase, state.attempt, tuple(state.live)):
+            # Nothing can move but a deadline: the sites that have not done their part drop by the rules.
+            for m in coord.run(mail, expired=True):
+                mail.put(m)
+            if before == (state.phase, state.attempt, tuple(state.live)) and state.status == "running":
+                raise RuntimeError(f"the job is stuck in {state.phase}: {state}")  # a bug of the machines
+        if state.phase != phase or state.status != "running":
+            now = time.perf_counter()
+            timings[phase] = timings.get(phase, 0.0) + now - clock
+            clock, phase = now, state.phase
+            if state.status == "running":
+                say({"seed": "seed: agreeing the LSH seed", "counts": "counts: secure sum of the label counts",
+                     "hamming": f"hamming: {len(state.live) * (len(state.live) - 1) // 2} pairs of sites "
+                                f"({params.crypto}); LSH to {params.bits} bits",
+                     "row_sums": "graph, influence columns and row sums"}.get(phase, phase))
+    if state.status == "failed":
+        raise ValueError(state.failure)
+    for s in state.live:  # each participant takes its sums
+        site_machines[s].step(state, mail.inbox(s), mail.put)
+    timings["row_sums"] = timings.get("row_sums", 0.0) + time.perf_counter() - clock
+    # the coordinator's heavy steps ran inside hamming's last decision: report them apart
+    for name, sec in coord.timings.items():
+        timings[name] = sec
+        timings["hamming"] = timings.get("hamming", 0.0) - sec
+    timings["lsh"] = sum(sess.lsh_seconds for sess in sessions.values())  # (inside hamming, at the sites)
+    timings["hamming"] = timings.get("hamming", 0.0) - timings["lsh"]
+    timings["total"] = time.perf_counter() - start
 
-    say("seed: agreeing the LSH seed")
-    outbox = {s: sess.seed_messages() for s, sess in sessions.items()}
-    for s, msgs in outbox.items():
-        for m in msgs.values():
-            meter.add(s, "seed", m)
-    for s, sess in sessions.items():
-        sess.receive_seed({peer: outbox[peer][s] for peer in sites if peer != s}, participants=sites)
-    lap("seed")
-
-    say("counts: secure sum of the label counts")
-    for s, sess in sessions.items():
-        coord.receive_counts(s, meter.add(s, "counts", sess.counts_message(sites)))
-    total = coord.counts_total(sites)
-    for sess in sessions.values():
-        meter.add("coordinator", "counts", total)
-        sess.receive_counts(total)
-    lap("counts")
-
-    say(f"lsh: hashing to {params.bits} bits")
-    for sess in sessions.values():
-        if params.similarity == "lsh":
-            sess.hash()
-    lap("lsh")
-
-    drops = dict(drops or {})
-    bad = {s: p for s, p in drops.items() if s not in sites or p not in ("hamming", "row_sums")}
-    if bad:
-        raise ValueError(f"drops must name sites of the data set and the phase hamming or row_sums, got {bad}")
-    graph_sites = [s for s in sites if drops.get(s) != "hamming"]
-    if len(graph_sites) < 2:
-        raise ValueError("fewer than two sites left after the dropouts")
-    pairs = coord.pairs(graph_sites)
-    say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
-    for s in graph_sites:
-        coord.receive_intra(s, meter.add(s, "hamming", sessions[s].intra_message()))
-    shares = {}
-    for a, b in pairs:
-        t = PairTranscript()
-        share_a, share_b = exchange(sessions[a].hamming_party(b), sessions[b].hamming_party(a), t)
-        meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
-        meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
-        shares[(a, b)] = {a: share_a, b: share_b}
-    # shares that do not combine: the pair's sites blamed by the core's rule, as every driver does
-    blamed = coord.receive_pairs(graph_sites, shares)
-    graph_sites = [s for s in graph_sites if s not in blamed]
-    if len(graph_sites) < 2:
-        raise ValueError(f"fewer than two sites left after the pair protocols (blamed: {sorted(blamed)})")
-    lap("hamming")
-
-    say("graph: kNN graph")
-    W = coord.build_graph(graph_sites)
-    lap("graph")
-
-    say("influence: columns of (I − α𝒲)^{-1}")
-    coord.compute_influence(W)
-    lap("influence")
-
-    say("row sums")
-    for s in graph_sites:
-        sessions[s].receive_influence(meter.add("coordinator", "influence", coord.influence_message(s)))
-    participants, attempt = list(graph_sites), 0
-    coord.start_row_sums()
-    for s in participants:
-        coord.receive_row_sums(s, meter.add(s, "row_sums", sessions[s].row_sums_message(participants, attempt)))
-    if any(drops.get(s) == "row_sums" for s in participants):
-        # The sum cannot complete: restart without the dropped sites, with fresh masks.
-        participants, attempt = restart_without(participants, [s for s in participants if drops.get(s) == "row_sums"],
-                                                attempt)
-        coord.start_row_sums()
-        for s in participants:
-            coord.receive_row_sums(s, meter.add(s, "row_sums", sessions[s].row_sums_message(participants, attempt)))
-    back = coord.row_sums_for(participants)
-    predictions = {}
-    for s in participants:
-        predictions[s] = sessions[s].receive_row_sums(meter.add("coordinator", "row_sums", back[s]))
+    predictions = {s: m.result for s, m in site_machines.items() if m.result is not None}
     for s in sites:
         if s not in predictions:
             m = int(rows[s].size)
             predictions[s] = Prediction(np.full(m, -1), np.zeros(m), np.zeros((m, params.n_classes)))
-    lap("row_sums")
-    timings["total"] = time.perf_counter() - start
-
     labels = np.empty(ds.n, dtype=np.int64)
     confidence = np.empty(ds.n)
     for s, idx in rows.items():

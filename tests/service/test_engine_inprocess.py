@@ -60,9 +60,8 @@ def test_site_gone_inside_row_sums_restarts_the_sums_without_it(rig):
     gone = ds.sites[-1]
     job = admin.submit_job(kind="predict", sites=ds.sites, crypto="ot", bits=128, k=6, classes=10)
     # `gone` does everything but send its masked rows: it vanishes inside SecureRowSums
-    send = agents[gone]._put_once
-    agents[gone]._put_once = lambda st, j, topic, body, to="coordinator": (
-        False if topic.startswith("rows/") else send(st, j, topic, body, to))
+    send = agents[gone]._send
+    agents[gone]._send = lambda j, m: None if m.topic.startswith("rows/") else send(j, m)
     drive(admin, job, agents.values(), lambda st: st["phase"] == "row_sums" and st["progress"]["received"] == 2)
     admin.expire(job)  # the others' rows are in; gone's never come
     st = drive(admin, job, agents.values(), lambda st: st["status"] == "done")
@@ -358,7 +357,7 @@ def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig,
     """The coordinator hands out the roster: one that puts its own key in place of site2's (to read the
     sealed seed contributions and pair traffic) must sign it with site2's identity, which it does not
     hold. The other sites pinned site2's identity at their first job together (or were given it)."""
-    import service.engine as engine
+    import xclp.prediction_job as machine  # the coordinator's machine that every driver runs
     from crypto.identity import Identity, announce_digest
     from crypto.keys import SiteKeyPair
     from xclp.protocol import decode_announce, encode_announce
@@ -367,7 +366,7 @@ def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig,
     victim = ds.sites[2]
     first = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
     drive(admin, first, agents.values(), lambda st: st["status"] == "done")  # the sites pin each other here
-    real = engine.encode_roster
+    real = machine.encode_roster
     for forged in ("another identity", "no identity"):
         def swapped(announces, forged=forged):
             out = []
@@ -381,7 +380,7 @@ def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig,
                 out.append(body)
             return real(out)
 
-        monkeypatch.setattr(engine, "encode_roster", swapped)
+        monkeypatch.setattr(machine, "encode_roster", swapped)
         job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
         end = time.monotonic() + 60
         while (st := admin.job(job))["status"] == "running" and time.monotonic() < end:

@@ -1,0 +1,479 @@
+"""A prediction job's order, written once: the coordinator's machine and the site's machine.
+
+(About 400 lines: the two sides of one job's order, read and changed together.)
+
+`xclp.protocol` holds what each party computes in each phase (`SiteSession`, `CoordinatorSession`);
+this module holds WHEN: which message comes next, what a missing site, a refusal or a bad share does,
+when a masked sum restarts, when a job fails. Every driver runs these two machines and nothing else
+of the order — the simulation (function calls, `xclp.simulation`), the coordinator's engine with its
+agents (database and HTTP, `service/engine.py`, `clients/agent.py`), Flower (the Grid,
+`xclp_flower/prediction.py`).
+
+The machines are sans-I/O, in the manner of h11: they are fed what has arrived and hand back what to
+send, and never wait, sleep, read a clock for a decision, or open a file or a socket.
+
+- `PredictCoordinator` decides from a `Mailbox` (a read-only view of the messages that have arrived,
+  kept by the driver: the database, a dict) and from whether the current phase's deadline has passed
+  (the driver's clock; the simulation calls a deadline when nothing else can move). Its whole state
+  is a `PredictState` (phase, attempt, who is live, who dropped where, …), which saves to bytes; the
+  service keeps it in the job's row, so a restarted coordinator goes on where it was.
+- `PredictSite` is one site's side: fed the job's state as the coordinator publishes it (`view`) and
+  an `Inbox` of the messages addressed to it, it sends through a callback the driver gives it (an
+  HTTP upload, a dict insert, a Flower reply) and marks a message sent only once the callback
+  returned, so that a failed upload is made again and never lost. Its record of what it sent is
+  plain JSON the driver persists (the agent's state file).
+
+Phases and what ends them (the recovery rules of docs/security.md, "Robustness"):
+
+  setup     every live site has announced              → roster to every site
+            (a site whose announce breaks the data contract is left out, `LEFT_OUT` with why)
+  seed      every live site has sent its contribution to every other live site
+  counts    every live site has sent masked counts      → total to every site
+  hamming   every live site sent its own distances and both shares of each of its pairs
+            → graph and influence columns, one message per site
+  row_sums  every participant sent masked rows          → sums to every participant; done
+
+A deadline per phase: when it passes, the sites that have not done their part are dropped. Before or
+during hamming a dropped site is removed from the graph; after it, it still shapes the graph but adds
+no labels; in counts and row_sums the phase restarts without it (`restart_without`: attempt + 1, so
+every mask is fresh). A site that refuses (`REFUSE`, any phase) leaves at once by the same rules,
+never waited for. Fewer than two sites left fail the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from crypto.hamming_api import PairDriver
+from xclp.propagation import Prediction
+from xclp.protocol import (
+    JOB_PHASES,
+    LEFT_OUT,
+    REFUSE,
+    CoordinatorSession,
+    JobParams,
+    Layout,
+    SiteSession,
+    Topic,
+    blame,
+    decode_announce,
+    decode_roster,
+    encode_roster,
+    read_refusal,
+    refusal,
+    restart_without,
+    schema_outliers,
+)
+
+log = logging.getLogger("xclp.job")
+
+COORDINATOR = "coordinator"
+MAX_STEPS = 8  # a phase may complete right after the previous one: decisions taken in one call
+
+
+class Mailbox(Protocol):
+    """What has arrived so far, as the coordinator's driver keeps it."""
+
+    def senders(self, recipient: str, topic: str) -> set[str]: ...
+
+    def recipients(self, sender: str, topic: str) -> set[str]: ...
+
+    def body(self, sender: str, recipient: str, topic: str) -> bytes | None: ...
+
+
+class Inbox(Protocol):
+    """The messages addressed to one site. `wait`: the machine can do nothing else until this one
+    comes (a driver may long-poll for it)."""
+
+    def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None: ...
+
+
+@dataclass(frozen=True)
+class Send:
+    sender: str
+    recipient: str
+    topic: str
+    body: bytes
+
+
+@dataclass
+class PredictState:
+    """Where a prediction job stands: all the coordinator's machine keeps, and what every site sees."""
+
+    sites: list[str]  # the roster order as submitted
+    live: list[str]  # still taking part
+    phase: str = "setup"
+    attempt: int = 0  # of the current phase (a masked sum's restarts)
+    attempts: dict[str, int] = field(default_factory=dict)  # phase → the attempt that completed it
+    dropped: dict[str, str] = field(default_factory=dict)  # site → the phase it dropped in
+    seed_sites: list[str] = field(default_factory=list)  # whose contributions make the LSH seed
+    graph_sites: list[str] = field(default_factory=list)  # whose points are in the graph
+    status: str = "running"  # running | done | failed
+    failure: str | None = None
+
+    FIELDS = ("sites", "live", "phase", "attempt", "attempts", "dropped", "seed_sites", "graph_sites", "status",
+              "failure")
+
+    @classmethod
+    def new(cls, sites: list[str]) -> PredictState:
+        return cls(sites=list(sites), live=list(sites))
+
+    @classmethod
+    def of(cls, obj) -> PredictState:
+        """From anything with these fields: a job's row, a job's status (dict), a saved state."""
+        get = obj.get if isinstance(obj, dict) else lambda k, d=None: getattr(obj, k, d)
+        return cls(**{k: get(k) for k in cls.FIELDS if get(k) is not None})
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PredictState:
+        return cls(**json.loads(data.decode()))
+
+    @property
+    def order(self) -> list[str]:
+        return [s for s in self.sites if s in self.live]
+
+    def reached(self, phase: str) -> bool:
+        """The job is in `phase` or past it."""
+        return JOB_PHASES.index("done" if self.status == "done" else self.phase) >= JOB_PHASES.index(phase)
+
+
+class PredictCoordinator:
+    """The coordinator's side of a prediction job's order. `run(mail, expired)` takes every decision
+    the arrived messages allow (and, with `expired`, the current phase's deadline) and returns what to
+    send; `state` is everything it keeps. `timings`: seconds of the heavy steps it ran (graph, influence)."""
+
+    def __init__(self, params: JobParams, state: PredictState):
+        self.params = params.validate()
+        self.state = state
+        self.timings: dict[str, float] = {}
+        self.solve_info = None
+
+    # --- the driver's entry ---------------------------------------------------------------------------
+    def step(self, mail: Mailbox, expired: bool = False) -> list[Send]:
+        """One decision: what to send. A driver that commits between decisions (the service) calls this;
+        `run` takes every decision in a row."""
+        out: list[Send] = []
+        st = self.state
+        if st.status != "running":
+            return out
+        if not self._take_refusals(mail):
+            getattr(self, "_" + st.phase)(mail, expired, out)
+        if len(st.live) < 2 and st.status == "running":
+            self._fail(f"fewer than two sites left after {st.phase} (dropped: {st.dropped})")
+        return out
+
+    def run(self, mail: Mailbox, expired: bool = False) -> list[Send]:
+        """Every decision the arrived messages allow now. A new phase or attempt has a deadline of its own
+        (counted by the driver from now), so `expired` holds only for the phase it was given for."""
+        out: list[Send] = []
+        for _ in range(MAX_STEPS):
+            st = self.state
+            before = (st.phase, st.attempt, tuple(st.live), st.status)
+            out += self.step(mail, expired)
+            after = (st.phase, st.attempt, tuple(st.live), st.status)
+            if after == before or st.status != "running":
+                break
+            if after[:2] != before[:2]:
+                expired = False
+        return out
+
+    # --- what every phase shares ----------------------------------------------------------------------
+    def _drop(self, sites) -> None:
+        st = self.state
+        sites = set(sites) & set(st.live)
+        if not sites:
+            return
+        st.dropped = {**st.dropped, **{s: st.phase for s in sorted(sites)}}
+        st.live = [s for s in st.live if s not in sites]
+
+    def _fail(self, reason: str) -> None:
+        self.state.status, self.state.failure = "failed", reason
+
+    def _next(self, phase: str) -> None:
+        st = self.state
+        st.attempts = {**st.attempts, st.phase: st.attempt}
+        st.phase, st.attempt = phase, 0
+        if phase == "done":
+            st.status = "done"
+
+    def refusals(self, mail: Mailbox) -> dict[str, str]:
+        """Each site that refused (its reason) or was left out by the job's rules (the rule)."""
+        out = {s: read_refusal(mail.body(s, COORDINATOR, REFUSE)) for s in sorted(mail.senders(COORDINATOR, REFUSE))}
+        for s in self.state.sites:
+            body = mail.body(COORDINATOR, s, LEFT_OUT)
+            if body is not None:
+                out.setdefault(s, "left out by the coordinator: " + read_refusal(body))
+        return dict(sorted(out.items()))
+
+    def _take_refusals(self, mail: Mailbox) -> bool:
+        """A site that refused (its policy) or failed (its reason) leaves at once, by the rules of a site
+        that missed the current phase's deadline. A masked sum in progress restarts without it."""
+        st = self.state
+        gone = mail.senders(COORDINATOR, REFUSE) & set(st.live)
+        if not gone:
+            return False
+        if st.phase in ("counts", "row_sums"):
+            _, st.attempt = restart_without(st.live, gone, st.attempt)
+        self._drop(gone)
+        if len(st.live) < 2:
+            why = "; ".join(f"{s}: {r}" for s, r in self.refusals(mail).items())
+            self._fail(f"fewer than two sites left in {st.phase}: {why}")
+        return True
+
+    def _masked_sum_ready(self, mail: Mailbox, topic: str, expired: bool) -> bool:
+        """True when every live site has sent `topic`. Past the deadline the sites that have not are
+        dropped and the phase restarts without them (attempt + 1, hence fresh masks): a masked sum
+        cannot complete without every mask that went into it."""
+        st = self.state
+        missing = set(st.live) - mail.senders(COORDINATOR, topic)
+        if not missing:
+            return True
+        if expired:
+            _, st.attempt = restart_without(st.live, missing, st.attempt)
+            self._drop(missing)
+        return False
+
+    def _session(self, mail: Mailbox, sites: list[str]) -> CoordinatorSession:
+        coord = CoordinatorSession(self.params)
+        for s in sites:
+            coord.register(s, mail.body(s, COORDINATOR, "announce"))
+        return coord
+
+    # --- phases ---------------------------------------------------------------------------------------
+    def _setup(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        st = self.state
+        missing = set(st.live) - mail.senders(COORDINATOR, "announce")
+        if missing:
+            if not expired:
+                return
+            self._drop(missing)  # never announced: as if it had never been in the job
+            if len(st.live) < 2:
+                return
+        order = st.order
+        announces = {s: mail.body(s, COORDINATOR, "announce") for s in order}
+        outliers = schema_outliers([decode_announce(announces[s]) for s in order])
+        if outliers:  # the data contract: they leave the job now, and the operator reads why
+            for s, why in outliers.items():
+                out.append(Send(COORDINATOR, s, LEFT_OUT, refusal(why)))
+            self._drop(set(outliers))
+            return
+        roster = encode_roster([announces[s] for s in order])
+        out.extend(Send(COORDINATOR, s, "roster", roster) for s in order)
+        self._next("seed")
+
+    def _seed(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        st = self.state
+        incomplete = {s for s in st.live if not {r for r in st.live if r != s} <= mail.recipients(s, "seed")}
+        if incomplete:
+            if not expired:
+                return
+            self._drop(incomplete)
+        st.seed_sites = st.order
+        self._next("counts")
+
+    def _counts(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        st = self.state
+        topic = Topic.counts(st.attempt)
+        if not self._masked_sum_ready(mail, topic, expired):
+            return
+        coord = CoordinatorSession(self.params)
+        for s in st.live:
+            coord.receive_counts(s, mail.body(s, COORDINATOR, topic))
+        total = coord.counts_total(st.live)
+        out.extend(Send(COORDINATOR, s, Topic.counts_total(st.attempt), total) for s in st.live)
+        self._next("hamming")
+
+    def _hamming_missing(self, mail: Mailbox) -> set[str]:
+        """The sites to remove so that every remaining site sent its distances and every remaining pair
+        both shares."""
+        order = self.state.order
+        missing = set(order) - mail.senders(COORDINATOR, "intra")
+        incomplete = {(a, b) for i, a in enumerate(order) for b in order[i + 1:]
+                      if mail.senders(COORDINATOR, Topic.share(a, b)) != {a, b}}
+        return blame(order, incomplete, missing)
+
+    def _hamming(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        st = self.state
+        missing = self._hamming_missing(mail)
+        if missing:
+            if expired:  # gone before or during SecureHamming: removed from the graph, as if never there
+                self._drop(missing)
+            return
+        order = st.order
+        coord = self._session(mail, order)
+        for s in order:
+            coord.receive_intra(s, mail.body(s, COORDINATOR, "intra"))
+        # Shares that do not combine: one of the two sites misbehaved. The pair is as good as missing;
+        # blame goes as for missing pairs (xclp.protocol.blame), and the job goes on without them.
+        blamed = coord.receive_pairs(order, {(a, b): {s: mail.body(s, COORDINATOR, Topic.share(a, b)) for s in (a, b)}
+                                             for a, b in coord.pairs(order)})
+        if blamed:
+            log.warning(json.dumps({"event": "bad_shares", "blamed": sorted(blamed)}))
+            self._drop(blamed)
+            return
+        t0 = time.perf_counter()
+        W = coord.build_graph(order)
+        t1 = time.perf_counter()
+        coord.compute_influence(W)
+        self.timings = {**self.timings, "graph": t1 - t0, "influence": time.perf_counter() - t1}
+        self.solve_info = coord.solve_info
+        out.extend(Send(COORDINATOR, s, "influence", coord.influence_message(s)) for s in order)
+        st.graph_sites = order
+        self._next("row_sums")
+
+    def _row_sums(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        st = self.state
+        topic = Topic.rows(st.attempt)
+        if not self._masked_sum_ready(mail, topic, expired):
+            return
+        coord = self._session(mail, st.graph_sites)
+        coord.layout = Layout(sites=list(st.graph_sites), sizes=[coord.roster[s].n for s in st.graph_sites])
+        coord.start_row_sums()
+        for s in st.live:
+            coord.receive_row_sums(s, mail.body(s, COORDINATOR, topic))
+        out.extend(Send(COORDINATOR, s, Topic.sums(st.attempt), body)
+                   for s, body in coord.row_sums_for(list(st.live)).items())
+        self._next("done")
+
+
+class PredictSite:
+    """One site's side of a prediction job's order, over its `SiteSession`.
+
+    `step(view, inbox, send)` does whatever the site can do now and returns whether anything happened;
+    `result` holds the site's labels once the job is done here. `record` (JSON, the driver persists it)
+    says what the site has sent, so that after a restart nothing is sent twice; every other input is
+    fetched again from the inbox (the coordinator keeps it), and the session is rebuilt from it — except
+    the live pair protocols, whose state lives in memory only: a site restarted inside SecureHamming
+    cannot finish its pairs and is dropped at the deadline (`lost_pairs`)."""
+
+    def __init__(self, session: SiteSession, record: dict | None = None):
+        self.session = session
+        self.record = record if record is not None else {}
+        self.pairs: dict[str, dict] | None = None
+        self.rows: tuple[int, bytes] | None = None
+        self.result: Prediction | None = None
+        self.waiting = False  # the last step found nothing to do but wait for a peer's pair message
+        self.lost_pairs = False
+
+    @property
+    def name(self) -> str:
+        return self.session.site
+
+    def _once(self, send: Callable[[Send], None], topic: str, body: bytes, to: str = COORDINATOR) -> bool:
+        key = f"sent:{to}:{topic}"
+        if self.record.get(key):
+            return False
+        send(Send(self.name, to, topic, body))
+        self.record[key] = True
+        return True
+
+    def step(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
+        sess, me = self.session, self.name
+        self.waiting = False
+        if self.result is not None or view.status == "failed" or me not in view.live:
+            return False
+        phase = "done" if view.status == "done" else view.phase
+        if phase == "setup":
+            return self._once(send, "announce", sess.announce())
+        if sess.phase == "setup":
+            roster = inbox.get("roster")
+            if roster is None:
+                return False
+            sess.set_roster(decode_roster(roster))
+            # A restarted session reseals its seed messages so that its channels' sequence numbers line
+            # up with what its peers have seen; the coordinator keeps the first copy.
+            if self.record.get("seed_sent"):
+                sess.seed_messages()
+        if phase == "seed":
+            if self.record.get("seed_sent"):
+                return False
+            for peer, body in sess.seed_messages().items():
+                self._once(send, "seed", body, to=peer)
+            self.record["seed_sent"] = True
+            return True
+        if sess.phase == "seed":
+            incoming = {p: inbox.get("seed", sender=p) for p in view.seed_sites if p != me}
+            sess.receive_seed(incoming, view.seed_sites)
+        if phase == "counts":
+            return self._once(send, Topic.counts(view.attempt), sess.counts_message(view.live, view.attempt))
+        if sess.phase == "counts":
+            a = view.attempts["counts"]
+            sess.receive_counts(inbox.get(Topic.counts_total(a)), a)
+        if phase == "hamming":
+            return self._hamming(view, inbox, send)
+        if sess.phase == "hamming":
+            sess.receive_influence(inbox.get("influence"))
+        attempt = view.attempt if phase == "row_sums" else view.attempts["row_sums"]
+        if self.rows is None or self.rows[0] != attempt:
+            # Masks the site's contribution and keeps its own masked rows in the session; deterministic,
+            # so after a restart the repeat is byte-identical to what was sent.
+            self.rows = (attempt, sess.row_sums_message(view.live, attempt))
+        if phase == "row_sums":
+            return self._once(send, Topic.rows(attempt), self.rows[1])
+        body = inbox.get(Topic.sums(attempt))
+        if body is None:
+            return False
+        self.result = sess.receive_row_sums(body)
+        return True
+
+    def _hamming(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
+        sess, me = self.session, self.name
+        if self.pairs is None:
+            if self.record.get("hamming_started"):
+                self.lost_pairs = True
+                return False
+            send(Send(me, COORDINATOR, "intra", sess.intra_message()))  # deterministic: a retry is idempotent
+            order = view.order
+            self.pairs = {}
+            for peer in order:
+                if peer != me:
+                    a, b = sorted((me, peer), key=order.index)
+                    self.pairs[peer] = {"side": PairDriver(sess.hamming_party(peer), first=me == a), "pair": (a, b),
+                                        "outbox": []}
+            self.record["hamming_started"] = True  # from here on the pair protocols' state lives in memory only
+        progressed = waiting = False
+        for peer, d in self.pairs.items():
+            if peer not in view.live:
+                continue
+            # What the party produced is kept until sent: a failed upload is made again on the next
+            # step instead of being lost.
+            progressed |= self._flush(d, send)
+            side = d["side"]
+            if side.done:
+                continue
+            message = None
+            if side.awaiting is not None:
+                message = inbox.get(Topic.pair(*d["pair"], side.awaiting), sender=peer)
+                if message is None:
+                    waiting = True
+                    continue
+            to_peer, to_server = side.step(message)
+            progressed = True
+            if to_server is not None:
+                d["outbox"].append(Send(me, COORDINATOR, Topic.share(*d["pair"]), to_server))
+            if to_peer is not None:
+                d["outbox"].append(Send(me, peer, Topic.pair(*d["pair"], to_peer[0]), to_peer[1]))
+            self._flush(d, send)
+        self.waiting = waiting and not progressed
+        if not progressed and all(d["side"].done for p, d in self.pairs.items() if p in view.live):
+            # All its pairs are through: the phase ends when the coordinator has every share and has
+            # built the graph; a driver may wait for that in one long poll.
+            progressed = inbox.get("influence", wait=True) is not None
+        return progressed
+
+    @staticmethod
+    def _flush(d: dict, send: Callable[[Send], None]) -> bool:
+        sent = False
+        while d["outbox"]:
+            send(d["outbox"][0])  # identical bytes on a retry: stored once
+            d["outbox"].pop(0)
+            sent = True
+        return sent
