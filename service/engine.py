@@ -20,6 +20,7 @@ from service.db import COORDINATOR, Job, Message, PrunedBytes, has_messages, mes
 from service.lifecycle import drop, expired, fail, next_phase, put_message
 from service.training_engine import TRAIN_STEPS, obsolete_round_messages
 from xclp.prediction_job import PredictCoordinator, PredictState
+from xclp.prediction_job import refusals as job_refusals
 from xclp.protocol import REFUSE, JobParams
 
 log = logging.getLogger("xclp.engine")
@@ -162,7 +163,7 @@ class DbMailbox:
 def refusals(db, job: Job) -> dict[str, str]:
     """Each site that refused the job (its reason), or that the coordinator left out by the job's rules
     (the rule): what the operator reads in the status."""
-    return PredictCoordinator(job_params(job), PredictState.of(job)).refusals(DbMailbox(db, job.id))
+    return job_refusals(DbMailbox(db, job.id), job.sites)
 
 
 def _predict_step(db, job: Job) -> None:

@@ -101,6 +101,53 @@ class Send:
     body: bytes
 
 
+class MemoryMailbox:
+    """Every message of a job in a dict: the coordinator's mailbox and each site's inbox, for the drivers
+    that keep a job in memory (the simulation, Flower's ServerApp). A message is stored once: a repeat
+    (a site re-sending after a failed reply) is the same message, as the service stores it once."""
+
+    def __init__(self, on_put: Callable[[Send], None] | None = None):
+        self.on_put = on_put
+        self.messages: dict[tuple[str, str, str], bytes] = {}
+
+    def put(self, m: Send) -> bool:
+        key = (m.sender, m.recipient, m.topic)
+        if key in self.messages:
+            return False
+        self.messages[key] = m.body
+        if self.on_put is not None:
+            self.on_put(m)
+        return True
+
+    def senders(self, recipient: str, topic: str) -> set[str]:
+        return {s for (s, r, t) in self.messages if r == recipient and t == topic}
+
+    def recipients(self, sender: str, topic: str) -> set[str]:
+        return {r for (s, r, t) in self.messages if s == sender and t == topic}
+
+    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        return self.messages.get((sender, recipient, topic))
+
+    def addressed_to(self, site: str) -> dict[tuple[str, str], bytes]:
+        """(sender, topic) → body of every message to `site`."""
+        return {(s, t): b for (s, r, t), b in self.messages.items() if r == site}
+
+    def inbox(self, site: str) -> DictInbox:
+        return DictInbox(self, site)
+
+
+class DictInbox:
+    """A site's inbox over a MemoryMailbox, or over the messages a driver handed it ({(sender, topic): body})."""
+
+    def __init__(self, mail: MemoryMailbox | dict, site: str = ""):
+        self.mail, self.site = mail, site
+
+    def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
+        if isinstance(self.mail, dict):
+            return self.mail.get((sender, topic))
+        return self.mail.body(sender, self.site, topic)
+
+
 @dataclass
 class PredictState:
     """Where a prediction job stands: all the coordinator's machine keeps, and what every site sees."""
@@ -143,6 +190,17 @@ class PredictState:
     def reached(self, phase: str) -> bool:
         """The job is in `phase` or past it."""
         return JOB_PHASES.index("done" if self.status == "done" else self.phase) >= JOB_PHASES.index(phase)
+
+
+def refusals(mail: Mailbox, sites: list[str]) -> dict[str, str]:
+    """Each site that refused a job (its reason) or was left out by the job's rules (the rule): what the
+    operator reads. (Any kind of job: a site refuses a training job the same way.)"""
+    out = {s: read_refusal(mail.body(s, COORDINATOR, REFUSE)) for s in sorted(mail.senders(COORDINATOR, REFUSE))}
+    for s in sites:
+        body = mail.body(COORDINATOR, s, LEFT_OUT)
+        if body is not None:
+            out.setdefault(s, "left out by the coordinator: " + read_refusal(body))
+    return dict(sorted(out.items()))
 
 
 class PredictCoordinator:
@@ -205,13 +263,7 @@ class PredictCoordinator:
             st.status = "done"
 
     def refusals(self, mail: Mailbox) -> dict[str, str]:
-        """Each site that refused (its reason) or was left out by the job's rules (the rule)."""
-        out = {s: read_refusal(mail.body(s, COORDINATOR, REFUSE)) for s in sorted(mail.senders(COORDINATOR, REFUSE))}
-        for s in self.state.sites:
-            body = mail.body(COORDINATOR, s, LEFT_OUT)
-            if body is not None:
-                out.setdefault(s, "left out by the coordinator: " + read_refusal(body))
-        return dict(sorted(out.items()))
+        return refusals(mail, self.state.sites)
 
     def _take_refusals(self, mail: Mailbox) -> bool:
         """A site that refused (its policy) or failed (its reason) leaves at once, by the rules of a site

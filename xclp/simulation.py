@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xclp.data import Dataset
-from xclp.prediction_job import COORDINATOR, PredictCoordinator, PredictSite, PredictState, Send
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictSite, PredictState
 from xclp.propagation import Prediction
 from xclp.protocol import (
     JobParams,
@@ -59,40 +59,6 @@ class SimulationResult:
     bytes: dict
     solver: str
     params: JobParams
-
-
-class MemoryMailbox:
-    """Every message of the job, kept in a dict: the coordinator's mailbox and each site's inbox. Each
-    message is counted once, for its sender, in the phase of its topic."""
-
-    def __init__(self, meter: ByteMeter):
-        self.meter = meter
-        self.messages: dict[tuple[str, str, str], bytes] = {}
-
-    def put(self, m: Send) -> None:
-        key = (m.sender, m.recipient, m.topic)
-        if key in self.messages:  # a repeat is the same message (as the service stores it once)
-            return
-        self.messages[key] = m.body
-        self.meter.add(m.sender, topic_phase(m.topic), m.body)
-
-    def senders(self, recipient: str, topic: str) -> set[str]:
-        return {s for (s, r, t) in self.messages if r == recipient and t == topic}
-
-    def recipients(self, sender: str, topic: str) -> set[str]:
-        return {r for (s, r, t) in self.messages if s == sender and t == topic}
-
-    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
-        return self.messages.get((sender, recipient, topic))
-
-    def inbox(self, site: str):
-        mail = self
-
-        class Inbox:
-            def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
-                return mail.body(sender, site, topic)
-
-        return Inbox()
 
 
 def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
@@ -139,7 +105,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     }
     coord = PredictCoordinator(params, PredictState.new(sites))
     site_machines = {s: PredictSite(sess) for s, sess in sessions.items()}
-    mail = MemoryMailbox(meter)
+    mail = MemoryMailbox(on_put=lambda m: meter.add(m.sender, topic_phase(m.topic), m.body))
     timings: dict[str, float] = {}
     start = clock = time.perf_counter()
     state = coord.state
