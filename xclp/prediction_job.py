@@ -276,7 +276,7 @@ class PredictCoordinator:
             _, st.attempt = restart_without(st.live, gone, st.attempt)
         self._drop(gone)
         if len(st.live) < 2:
-            why = "; ".join(f"{s}: {r}" for s, r in self.refusals(mail).items())
+            why = "; ".join(r if r.startswith(s) else f"{s}: {r}" for s, r in self.refusals(mail).items())
             self._fail(f"fewer than two sites left in {st.phase}: {why}")
         return True
 
@@ -483,7 +483,7 @@ class PredictSite:
                 self.lost_pairs = True
                 return False
             send(Send(me, COORDINATOR, "intra", sess.intra_message()))  # deterministic: a retry is idempotent
-            order = view.order
+            order = [s for s in sess.order if s in view.live]  # the roster's order decides who speaks first
             self.pairs = {}
             for peer in order:
                 if peer != me:

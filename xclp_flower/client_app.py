@@ -12,9 +12,11 @@ jobs and runs (xclp.privacy.site_ledger) in `out/.agent-state/privacy-ledger.jso
 not outlive a run —, and a prediction run's randomized labels come from that ledger's one secret per
 data file, so repeating such a run releases the same labels and spends nothing new.
 
-Each message carries a step and its inputs (a ConfigRecord "xclp"); the reply carries its outputs
-("to:PEER" — sealed, for the ServerApp to relay —, "share:PEER", the masked parts). State between
-messages: xclp_flower/replay.py (secrets and the inputs taken so far, replayed).
+A prediction job's order is the core's (xclp.prediction_job.PredictSite, as the agent runs it): each
+message carries the job's state and the messages addressed to this site ("in:SENDER:TOPIC", a
+ConfigRecord "xclp"); the reply carries what the site sends ("out:RECIPIENT:TOPIC": sealed for a peer,
+for the ServerApp to relay, or for the coordinator). State between messages: xclp_flower/replay.py
+(secrets and the inputs taken so far, replayed).
 """
 
 from __future__ import annotations
@@ -31,24 +33,18 @@ from flwr.clientapp import ClientApp
 from clients.policy import PolicyError, SitePolicy
 from clients.site_state import load_site_data
 from crypto.errors import ProtocolError
-from crypto.hamming_api import PairDriver
 from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
+from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
-from xclp.protocol import JobParams, SiteSession, decode_roster
+from xclp.protocol import JobParams, SiteSession
 from xclp_flower import flag
 from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
 STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
 RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
-STEPS = ("announce", "roster", "seed", "recount", "counts", "pairs", "influence", "rows", "sums", "abort")
-# Steps after the pair protocols replay without them: the protocols' state is needed by no later step
-# and draw nothing a later step draws after (its masks and noise come from keys, not the keystream), so
-# each of these steps, when taken and when replayed, sees the same session either way — at a third of
-# the cost for a lattice job.
-PAST_PAIRS = ("influence", "rows", "sums")
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 ENDED = "xclp-ended"  # a prediction run's job is over here: no other job of the run is taken
 TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
@@ -117,7 +113,8 @@ class FlowerSite:
     def _keep(self, step: ConfigRecord) -> None:
         secrets = self._secrets()
         n = int(secrets["inputs"])
-        self.state[f"{STATE}:{self.job}-in-{n}"] = ConfigRecord(dict(step))
+        self.state[f"{STATE}:{self.job}-in-{n}"] = ConfigRecord({k: v for k, v in step.items()
+                                                                 if k == "view" or str(k).startswith("in:")})
         secrets["inputs"] = n + 1
 
     def _forget(self) -> None:
@@ -128,18 +125,21 @@ class FlowerSite:
 
     # --- one call -----------------------------------------------------------------------------------
     def handle(self, step: ConfigRecord) -> ConfigRecord:
-        name, self.job = str(step.get("step", "")), str(step.get("job", ""))
-        if name not in STEPS:
-            raise ProtocolError(f"unknown XCLP step {name!r}")
+        """One message round of a job: the job's state as the ServerApp publishes it ("view"), the messages
+        addressed to this site since its last round ("in:SENDER:TOPIC"), and with the first, the job's
+        parameters ("start"). This site's side of the order is the core's (xclp.prediction_job.PredictSite):
+        it does everything it can now, and the reply carries what it sends ("out:RECIPIENT:TOPIC"), and
+        once it has its labels, where it wrote them."""
+        self.job = str(step.get("job", ""))
         if not self.job:
             raise ProtocolError(f"{self.name}: an XCLP step that names no job")
-        if name == "abort":  # the job failed, or went on without this site: its secrets and inputs go
+        if str(step.get("step", "")) == "abort":  # the job failed, or went on without this site
             if self._secrets() is not None:
                 self._forget()
             if bool(step.get("end-run", False)):  # a prediction run's only job: nothing of the run stays
                 self._end_run()
             return ConfigRecord({"aborted": self.job})
-        if name == "announce":
+        if "start" in step:
             if ENDED in self.state:
                 raise PolicyError(f"{self.name}: this run's prediction job has ended here; a run has one (its label "
                                   "noise was drawn once and is gone)")
@@ -148,19 +148,36 @@ class FlowerSite:
             self._wipe_jobs()  # a job this site was left out of (too slow to answer) is over: its secrets go
             self._start(step)
         elif self._secrets() is None:
-            raise ProtocolError(f"{self.name}: step {name!r} of job {self.job} before its announce (or after its end)")
+            raise ProtocolError(f"{self.name}: a step of job {self.job} before its start (or after its end)")
+        view = PredictState.from_bytes(bytes(step["view"]))
+        arrived = _arrived(step)
         secrets = self._secrets()
+        sends: list[Send] = []
         with deterministic_urandom(bytes(secrets["replay"])):
             self._open(secrets)
-            for earlier in self._inputs():
-                if name in PAST_PAIRS and str(earlier["step"]) == "pairs":
-                    continue  # their shares are with the coordinator; nothing later needs the pair protocols
-                self._draws_nothing_past_pairs(earlier, self._take)  # what it answered then was sent then
-            out = self._draws_nothing_past_pairs(step, lambda st: self._take(st, final=True))
-        if name == "sums":
-            self._forget()
-        else:
+            machine, inbox = PredictSite(self.session), {}
+            for earlier in self._inputs():  # what it answered then was sent then
+                inbox.update(_arrived(earlier))
+                _all_it_can(machine, PredictState.from_bytes(bytes(earlier["view"])), inbox, lambda m: None)
+            inbox.update(arrived)
+            _all_it_can(machine, view, inbox, sends.append)
+        out = ConfigRecord({f"out:{m.recipient}:{m.topic}": m.body for m in sends})
+        if machine.result is None:
             self._keep(step)
+            return out
+        pred, params = machine.result, self.session.params
+        # with the site's seed contribution (public once the seed phase revealed it to its peers): an audit
+        # can replay the job in process with the same LSH seed, as an agent's state allows
+        path = self.write_result(params.job_id, labels=pred.labels, confidence=pred.confidence,
+                                 seed_contribution=np.frombuffer(self.session.my_contribution(), dtype=np.uint8))
+        end_run = bool(secrets.get("end-run", False))
+        self._forget()
+        if end_run:  # a prediction run: nothing of it is needed here any more
+            self._end_run()
+        else:  # a training run's rounds train on these
+            self.state[RESULT] = ConfigRecord({"job": params.job_id, "labels": pred.labels.astype(np.int64).tobytes(),
+                                               "confidence": pred.confidence.astype(np.float64).tobytes()})
+        out["written"], out["points"] = str(path), int(pred.labels.size)
         return out
 
     def _wipe_jobs(self) -> None:
@@ -168,19 +185,6 @@ class FlowerSite:
         still here when another starts (or the run finishes) is one this site was left out of."""
         for key in [k for k in self.state.config_records if k.startswith(f"{STATE}:")]:
             del self.state[key]
-
-    @staticmethod
-    def _draws_nothing_past_pairs(step: ConfigRecord, take):
-        """take(step), checking PAST_PAIRS's premise: a step after the pairs draws nothing from the
-        keystream (replayed without the pairs, it would otherwise reuse bytes the pairs used)."""
-        if str(step["step"]) not in PAST_PAIRS:
-            return take(step)
-        before = os.urandom._pos
-        out = take(step)
-        if os.urandom._pos != before:
-            raise ProtocolError(f"the {step['step']!r} step drew randomness after the pair protocols: it cannot be "
-                                "replayed without them (a bug here, not the ServerApp's)")
-        return out
 
     def _end_run(self) -> None:
         """After a prediction run's only job: its noise secret and labels go, and a mark stays that
@@ -194,7 +198,7 @@ class FlowerSite:
         self.state[ENDED] = ConfigRecord({"ended": 1})
 
     def _start(self, step: ConfigRecord) -> None:
-        params = JobParams(**json.loads(str(step["params"]))).validate()
+        params = JobParams(**json.loads(str(step["start"]))).validate()
         if params.job_id != self.job:
             raise ProtocolError(f"{self.name}: the announce of job {self.job} carries the parameters of {params.job_id}")
         self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
@@ -215,7 +219,7 @@ class FlowerSite:
         self._admit_noise(params)
         if training is None:  # a training run's XCLP jobs are inside the budget it stated at hello
             self.admit_to_ledger(params.job_id, {"kind": "predict", "params": vars(params)})
-        secrets = {"params": str(step["params"]), "inputs": 0,
+        secrets = {"params": str(step["start"]), "inputs": 0, "end-run": bool(step.get("end-run", False)),
                    # drawn once from the real os.urandom; never leave this node
                    "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
                    "replay": os.urandom(32)}
@@ -271,88 +275,6 @@ class FlowerSite:
                                    noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
                                    identity=self.identity(), pins=self.pins(), label_seed=label_seed)
 
-    def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
-        s, name = self.session, str(step["step"])
-        if name == "announce":
-            return ConfigRecord({"site": self.name, "announce": s.announce()})
-        if name == "roster":
-            s.set_roster(decode_roster(bytes(step["roster"])))
-            return ConfigRecord({f"to:{peer}": body for peer, body in s.seed_messages().items()})
-        if name == "seed":
-            sent = {k[5:]: bytes(v) for k, v in step.items() if k.startswith("from:")}
-            participants = list(step["participants"])
-            s.receive_seed(sent, participants=participants)
-            return ConfigRecord({"counts": s.counts_message(participants, self._sum("counts", participants, 0))})
-        if name == "recount":  # the counts sum restarts without a site that did not send its part
-            participants = list(step["participants"])
-            return ConfigRecord({"counts": s.counts_message(participants, self._restart("counts", step))})
-        if name == "counts":
-            attempt, sent = int(step.get("attempt", 0)), self.sums.get("counts", (0, []))[0]
-            if attempt != sent:
-                raise ProtocolError(f"{self.name}: a counts total for attempt {attempt}, but this site's last "
-                                    f"counts were for attempt {sent}")
-            s.receive_counts(bytes(step["total"]), attempt)
-            if s.params.similarity == "lsh":
-                s.hash()
-            return ConfigRecord({"intra": s.intra_message()})
-        if name == "pairs":
-            out: dict = {}
-            for key in sorted(k for k in step if k.startswith("from:")):
-                peer = key[5:]
-                if peer not in self.parties:  # the turn-taking every driver goes through (crypto.hamming_api)
-                    if peer not in s.order or peer == self.name:
-                        raise ProtocolError(f"{self.name}: a pair message from {peer!r}, not a peer of this job")
-                    first = s.order.index(self.name) < s.order.index(peer)
-                    self.parties[peer] = PairDriver(s.hamming_party(peer), first)
-                body = bytes(step[key])
-                to_peer, to_server = self.parties[peer].step(body if body else None)  # empty: A speaks first
-                if to_peer is not None:
-                    out[f"to:{peer}"] = to_peer[1]
-                if to_server is not None:
-                    out[f"share:{peer}"] = to_server
-            return ConfigRecord(out)
-        if name == "influence":
-            s.receive_influence(bytes(step["influence"]))
-            participants = list(step["participants"])
-            return ConfigRecord({"rows": s.row_sums_message(participants, self._sum("row_sums", participants, 0))})
-        if name == "rows":  # the row sums restart without a site that did not send its part
-            participants = list(step["participants"])
-            return ConfigRecord({"rows": s.row_sums_message(participants, self._restart("row_sums", step))})
-        # "sums": this site's scores, its labels — written here, never sent
-        pred = s.receive_row_sums(bytes(step["rows"]))
-        path = job_file(self.out, s.params.job_id, ".npz")
-        if final:
-            # with the site's seed contribution (public once the seed phase revealed it to its peers): an
-            # audit can replay the job in process with the same LSH seed, as an agent's state allows
-            self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
-                              seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
-            if bool(step.get("end-run", False)):  # a prediction run: nothing of it is needed here any more
-                self._end_run()
-            else:  # a training run's rounds train on these
-                self.state[RESULT] = ConfigRecord({"job": s.params.job_id,
-                                                   "labels": pred.labels.astype(np.int64).tobytes(),
-                                                   "confidence": pred.confidence.astype(np.float64).tobytes()})
-        return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
-
-    def _sum(self, kind: str, participants: list[str], attempt: int) -> int:
-        """Record the attempt and participants this site sends a sum's part for (the session checks the
-        list itself: SiteSession._check_participants)."""
-        self.sums[kind] = (attempt, list(participants))
-        return attempt
-
-    def _restart(self, kind: str, step: ConfigRecord) -> int:
-        """A masked sum's next attempt (xclp.protocol.restart_without): attempt + 1 over fewer sites than
-        the last, every mask fresh. Anything else (the same attempt again, a site added back) is refused:
-        two sums over the same participants with different masks and noise would let the noise be averaged."""
-        attempt, participants = int(step["attempt"]), list(step["participants"])
-        if kind not in self.sums:
-            raise ProtocolError(f"{self.name}: a restart of the {kind} sum before its first attempt")
-        last, before = self.sums[kind]
-        if attempt != last + 1 or not set(participants) < set(before):
-            raise ProtocolError(f"{self.name}: a restart of the {kind} sum must be attempt {last + 1} over fewer sites "
-                                f"than {before}, got attempt {attempt} over {participants}")
-        return self._sum(kind, participants, attempt)
-
     def identity(self) -> Identity:
         return Identity.load_or_create(self.identity_key)
 
@@ -404,6 +326,24 @@ class FlowerSite:
         return out
 
 
+def _arrived(step: ConfigRecord) -> dict[tuple[str, str], bytes]:
+    """The messages a round brought ("in:SENDER:TOPIC" → body), by (sender, topic)."""
+    out = {}
+    for key in step:
+        kind, _, rest = str(key).partition(":")
+        if kind == "in":
+            sender, _, topic = rest.partition(":")
+            out[(sender, topic)] = bytes(step[key])
+    return out
+
+
+def _all_it_can(machine: PredictSite, view: PredictState, inbox: dict, send) -> None:
+    """The site's machine, stepped until it has nothing more to do in this round."""
+    for _ in range(8):
+        if not machine.step(view, DictInbox(inbox), send):
+            return
+
+
 def _answer(message: Message, context: Context, work) -> Message:
     """A step's reply; a refusal or a bad input is a reply with "error" (what and why), for the
     ServerApp to report: never a traceback, and the site's state is left as it was."""
@@ -415,7 +355,7 @@ def _answer(message: Message, context: Context, work) -> Message:
             out = work(FlowerSite(context), step)
     except (DataError, PolicyError, ProtocolError, ValueError, KeyError) as exc:
         site = context.node_config.get("site", f"node {context.node_id}")
-        out = ConfigRecord({"error": f"{site}: {exc}"})
+        out = ConfigRecord({"error": str(exc) if str(exc).startswith(f"{site}:") else f"{site}: {exc}"})
     return Message(RecordDict({"xclp": out}), reply_to=message)
 
 

@@ -7,6 +7,7 @@ and each call is a fresh FlowerSite, as each message is a fresh process there.""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable
 
 from flwr.app import Context, Message, RecordDict
@@ -28,7 +29,7 @@ class InProcessGrid(Grid):
         self._replies: dict[str, Message] = {}
         self.seen: list[tuple[str, int, dict]] = []  # every payload both ways ("to"/"from", node, fields)
         self.vanish_after: dict[int, int] = {}  # node → how many messages it answers before it goes silent
-        self.vanish_in: dict[int, str] = {}  # node → the step at whose first message it goes silent
+        self.vanish_in: dict[int, str] = {}  # node → the step (or job phase) at whose first message it goes silent
         self.taken: dict[int, int] = dict.fromkeys(self.contexts, 0)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE, 0
 
@@ -55,6 +56,8 @@ class InProcessGrid(Grid):
             self.seen.extend(("to", node, dict(r)) for r in m.content.config_records.values())
             self.taken[node] += 1
             steps = {str(r.get("step", "")) for r in m.content.config_records.values()}
+            # an XCLP job's messages name the job's phase (its state, "view"): vanish_in may name a phase
+            steps |= {json.loads(bytes(r["view"]))["phase"] for r in m.content.config_records.values() if "view" in r}
             if self.vanish_in.get(node) in steps:
                 self.vanish_after[node] = self.taken[node] - 1
             if self.taken[node] > self.vanish_after.get(node, self.taken[node]):

@@ -28,14 +28,8 @@ from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
-from xclp.protocol import (
-    CoordinatorSession,
-    JobParams,
-    decode_announce,
-    encode_roster,
-    restart_without,
-    schema_outliers,
-)
+from xclp.prediction_job import COORDINATOR, MemoryMailbox, PredictCoordinator, PredictState, Send
+from xclp.protocol import REFUSE, JobParams, refusal
 
 MESSAGE_TYPE = "query.xclp"
 
@@ -128,7 +122,7 @@ class FlowerXCLP:
         self.params = params.validate()
         self.link = link or FlowerLink(grid, timeout, nodes)
         self.say = say or (lambda _m: None)
-        self.coord = CoordinatorSession(params)
+        self.started: set[str] = set()  # sites that have been given the job's parameters
 
     @property
     def bytes_by_phase(self) -> dict[str, int]:
@@ -169,58 +163,67 @@ class FlowerXCLP:
         return out
 
     def _run(self, sites: list[str], announce: dict | None, end_run: bool) -> dict:
+        """The core's coordinator machine over the Grid: each message round gives every live site the job's
+        state and the messages addressed to it since its last round, and takes back what it sends; the
+        machine decides. A site that fails or does not answer refuses the job, by its reason (it leaves as
+        the machine's rules say); a round in which nothing moves is a deadline that passed."""
         p = self.params
-        live = self._enough(sites, "setup")
-        self.say(f"setup: {len(live)} sites")
-        hello = self._step("announce", {s: {"params": json.dumps(asdict(p)), "sites": sites, **(announce or {})}
-                                        for s in live})
-        for s in hello:
-            if str(hello[s]["site"]) != s:
-                raise SiteFailed(f"node {self.node_of[s]} said it is {s}, then {hello[s]['site']}")
-        live = self._enough([s for s in live if s in hello], "setup")
-        # the data contract, by the core's rule (as the coordinator's engine checks it)
-        for s, why in schema_outliers([decode_announce(bytes(hello[s]["announce"])) for s in live]).items():
-            self.dropped[s] = f"setup: left out: {why}"
-            self.say(f"xclp: {s} left job {p.job_id} in setup ({why})")
-        live = self._enough([s for s in live if s not in self.dropped], "setup")
-        for s in live:
-            self.coord.register(s, bytes(hello[s]["announce"]))
-        roster = encode_roster([bytes(hello[s]["announce"]) for s in live])
-
-        self.say("seed: the sites agree the LSH seed (sealed, relayed)")
-        sealed = self._step("roster", {s: {"roster": roster} for s in live})
-        live = self._enough([s for s in live if s in sealed], "seed")
-        inbox = {s: {f"from:{peer}": bytes(sealed[peer][f"to:{s}"]) for peer in live if peer != s} for s in live}
-        counts = self._step("seed", {s: {**inbox[s], "participants": live} for s in live})
-        counts, live, attempt = self._complete_sum(counts, live, "recount", "counts")
-        for s in live:
-            self.coord.receive_counts(s, bytes(counts[s]["counts"]))
-        total = self.coord.counts_total(live)
-
-        self.say("counts: the label-count total")
-        intra = self._step("counts", {s: {"total": total, "attempt": attempt} for s in live})
-        graph = self._enough([s for s in live if s in intra], "hamming")
-        for s in graph:
-            self.coord.receive_intra(s, bytes(intra[s]["intra"]))
-
-        self.say(f"hamming: {len(self.coord.pairs(graph))} pairs ({p.crypto})")
-        graph = self._pairs(graph)
-
-        self.say("graph and influence")
-        t0 = time.perf_counter()
-        W = self.coord.build_graph(graph)
-        self.coord.compute_influence(W)
-        self.seconds_by_phase["graph"] = self.seconds_by_phase.get("graph", 0.0) + time.perf_counter() - t0
-
-        self.say("row sums")
-        rows = self._step("influence", {s: {"influence": self.coord.influence_message(s), "participants": graph}
-                                        for s in graph})
-        rows, participants, _ = self._complete_sum(rows, list(graph), "rows", "row sums")
-        self.coord.start_row_sums()
-        for s in participants:
-            self.coord.receive_row_sums(s, bytes(rows[s]["rows"]))
-        back = self.coord.row_sums_for(participants)
-        done = self._step("sums", {s: {"rows": back[s], "end-run": end_run} for s in participants})
+        self.say(f"setup: {len(sites)} sites")
+        state = PredictState.new(sites)
+        machine = PredictCoordinator(p, state)
+        mail = MemoryMailbox()
+        delivered: dict[str, set] = {s: set() for s in sites}
+        start = {"start": json.dumps(asdict(p)), "sites": sites, "end-run": end_run, **(announce or {})}
+        done: dict[str, ConfigRecord] = {}
+        phase = state.phase
+        for _ in range(4 * MAX_PAIR_MESSAGES + 16):  # every round moves the job, or ends a phase by its deadline
+            takers = [s for s in state.live if s not in done]
+            if not takers:
+                break
+            fields = {}
+            for s in takers:
+                new = {k: b for k, b in mail.addressed_to(s).items() if k not in delivered[s]}
+                delivered[s] |= set(new)
+                fields[s] = {"view": state.to_bytes(), **({} if phase != "setup" or s in self.started else start),
+                             **{f"in:{sender}:{topic}": body for (sender, topic), body in new.items()}}
+            self.started |= set(takers)
+            replies = self._step(state.phase, fields)
+            moved = False
+            for s, why in self.link.failed.items():  # a site that failed or went silent refuses, with why
+                moved |= mail.put(Send(s, COORDINATOR, REFUSE, refusal(why)))
+            for s, rec in replies.items():
+                for key in rec:
+                    kind, _, rest = str(key).partition(":")
+                    if kind != "out":
+                        continue
+                    to, _, topic = rest.partition(":")
+                    if to != COORDINATOR and to not in sites or to == s:
+                        raise SiteFailed(f"{s} addressed a message to {to!r}, not a peer of this job")
+                    moved |= mail.put(Send(s, to, topic, bytes(rec[key])))
+                if "written" in rec:
+                    done[s] = rec
+            if state.status != "running":
+                break
+            before = (state.phase, state.attempt, tuple(state.live), state.status)
+            for m in machine.run(mail):
+                mail.put(m)
+            if not moved and before == (state.phase, state.attempt, tuple(state.live), state.status):
+                for m in machine.run(mail, expired=True):  # nothing can move: the phase's deadline
+                    mail.put(m)
+            if state.phase != phase:
+                self.say(f"{state.phase}: {len(state.live)} sites")
+                phase = state.phase
+            for s, why in self._left(machine, mail).items():
+                if s not in self.dropped:
+                    self.dropped[s] = why
+                    self.say(f"xclp: {s} left job {p.job_id} ({why})")
+            if state.status == "failed":
+                raise SiteFailed(state.failure + self._why_left())
+        else:
+            raise SiteFailed(f"job {p.job_id} made no progress in {4 * MAX_PAIR_MESSAGES + 16} rounds")
+        if state.status != "done":
+            raise SiteFailed(f"job {p.job_id}: {state.failure or state.status}")
+        self.seconds_by_phase["graph"] = self.seconds_by_phase.get("graph", 0.0) + sum(machine.timings.values())
         out = {"job": p.job_id, "sites": [s for s in sites if s in done], "crypto": p.crypto,
                "points": {s: int(done[s]["points"]) for s in done},
                "written": {s: str(done[s]["written"]) for s in done}, "bytes": dict(self.bytes_by_phase),
@@ -230,33 +233,22 @@ class FlowerXCLP:
             out["dropped"] = dict(self.dropped)
         return out
 
+    def _left(self, machine: PredictCoordinator, mail: MemoryMailbox) -> dict[str, str]:
+        """Each site that left the job: the phase, and its reason where it gave (or was given) one."""
+        why = machine.refusals(mail)
+        return {s: f"{phase}: {why.get(s, 'its part of the phase was missing or did not combine')}"
+                for s, phase in machine.state.dropped.items()}
+
+    def _why_left(self) -> str:
+        return " (left the job: " + ("; ".join(f"{s} ({w})" for s, w in self.dropped.items()) or "none") + ")"
+
     def _step(self, phase: str, fields: dict[str, dict]) -> dict[str, ConfigRecord]:
-        """One step of this job to the named sites (every message names the job: a site keeps each job's
-        state apart); the replies of the sites that answered. Those that did not are dropped, with why."""
+        """One message round of this job to the named sites (every message names the job: a site keeps
+        each job's state apart); the replies of the sites that answered (the others: link.failed)."""
         back = self.link.round_to_sites(phase, {s: {"job": self.params.job_id, **f} for s, f in fields.items()},
                                         group=self.params.job_id, tolerate=True)
         self.silent |= self.link.silent
-        for s, why in self.link.failed.items():
-            self.dropped[s] = f"{phase}: {why}"
-            self.say(f"xclp: {s} left job {self.params.job_id} in {phase} ({why})")
         return back
-
-    def _complete_sum(self, replies: dict, participants: list[str], restart: str,
-                      phase: str) -> tuple[dict, list[str], int]:
-        """A masked sum needs every participant's part: while some did not send theirs, the sum
-        restarts without them (step `restart`, attempt + 1, fresh masks). (replies, participants, attempt)."""
-        attempt = 0
-        while set(replies) != set(participants):
-            participants, attempt = restart_without(participants, set(participants) - set(replies), attempt)
-            self._enough(participants, phase)
-            replies = self._step(restart, {s: {"participants": participants, "attempt": attempt} for s in participants})
-        return replies, participants, attempt
-
-    def _enough(self, sites: list[str], phase: str) -> list[str]:
-        if len(sites) < 2:
-            left = "; ".join(f"{s} ({why})" for s, why in self.dropped.items()) or "none"
-            raise SiteFailed(f"an XCLP job needs at least 2 sites, {len(sites)} left in {phase} (left the job: {left})")
-        return sites
 
     def abort(self, sites: list[str], end_run: bool = False) -> None:
         """The sites still answering wipe the job's secrets and inputs from their state (and, after a
@@ -264,47 +256,6 @@ class FlowerXCLP:
         if sites:
             self.link.round_to_sites("abort", {s: {"job": self.params.job_id, "end-run": end_run} for s in sites},
                                      group=self.params.job_id, tolerate=True)
-
-    def _pairs(self, sites: list[str]) -> list[str]:
-        """Every pair's protocol at once: each round, every site with messages waiting takes them all;
-        what a site sends its peer waits in the peer's inbox for the next round. A site that fails
-        leaves the graph with its pairs; the sites left, whose every pair completed."""
-        sites = list(sites)
-        pairs = self.coord.pairs(sites)
-        inbox: dict[str, dict[str, bytes]] = {s: {} for s in sites}
-        for a, b in pairs:
-            inbox[a][f"from:{b}"] = b""  # A speaks first
-        shares: dict[tuple[str, str], dict[str, bytes]] = {pair: {} for pair in pairs}
-        rounds = 0
-        while any(inbox.values()):
-            rounds += 1
-            if rounds > MAX_PAIR_MESSAGES:
-                raise ProtocolError(f"the pair protocols did not finish within {MAX_PAIR_MESSAGES} rounds")
-            waiting = {s: box for s, box in inbox.items() if box}
-            inbox = {s: {} for s in sites}
-            replies = self._step("pairs", waiting)
-            gone = set(waiting) - set(replies)
-            if gone:  # their inboxes stay empty: nothing is addressed to a site that left (below)
-                sites = self._enough([s for s in sites if s not in gone], "hamming")
-            for s, rec in replies.items():
-                for key in rec:
-                    kind, _, peer = str(key).partition(":")
-                    if peer not in self.coord.order or peer == s:
-                        raise SiteFailed(f"{s} addressed {key!r}, not a peer of this job")
-                    if peer not in sites:
-                        continue  # a peer that left the graph
-                    pair = (s, peer) if self.coord.order.index(s) < self.coord.order.index(peer) else (peer, s)
-                    if kind == "to":
-                        inbox[peer][f"from:{s}"] = bytes(rec[key])
-                    elif kind == "share":
-                        shares[pair][s] = bytes(rec[key])
-        # A pair without both shares, or whose shares do not combine: blamed by the core's rule and left
-        # out of the graph, as the coordinator's engine does (xclp.protocol.blame).
-        blamed = self.coord.receive_pairs(sites, shares)
-        for x in sorted(blamed):
-            self.dropped[x] = "hamming: its pair shares were missing or did not combine"
-            self.say(f"xclp: {x} left job {self.params.job_id} in hamming (shares missing or not combining)")
-        return self._enough([x for x in sites if x not in blamed], "hamming")
 
 
 def _record_bytes(fields: dict) -> int:

@@ -5,9 +5,7 @@ between messages is the node's `Context.state` (records of numbers, strings and 
 side of an XCLP job is a state machine with live objects in it (an end-to-end channel per peer, the
 pair protocols' parties, arrays), so the ClientApp keeps, instead of the objects, what makes them:
 its secrets and every message it has taken, in order. Each call rebuilds the session and takes the
-earlier messages again, then the new one — except that a step after the pair protocols skips the
-pairs' messages, whose state no later step needs (client_app.PAST_PAIRS; such a step must draw
-nothing from the keystream, which the site checks at every call).
+earlier messages again, then the new one.
 
 Replaying gives the same state only if every random draw repeats. The site's long-lived secrets (its
 X25519 key, its seed contribution, its DP noise secret) are stored, not drawn. Everything else the

@@ -3,12 +3,15 @@ each node's ClientApp, every Context through Flower's serialisation between call
 the in-process simulation's with the same seed contributions, for the plaintext reference and the
 lattice protocol; the sites' policy and bad inputs give clear errors."""
 
+import json
+
 import numpy as np
 import pytest
 
 pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]' (.ci/run installs it)")
 
 from xclp.data import load_arrays  # noqa: E402
+from xclp.prediction_job import PredictState  # noqa: E402
 from xclp.protocol import JobParams  # noqa: E402
 from xclp.simulation import run_xclp  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
@@ -148,9 +151,9 @@ def _state_keys(grid, node):
 
 
 @pytest.mark.parametrize("phase, as_simulated, balanced", [
-    ("pairs", "hamming", True),  # in the pair protocols: it leaves the graph
-    ("influence", "row_sums", True),  # after the graph: the row sums restart without it (attempt 1)
-    ("seed", "hamming", False),  # after giving its seed contribution: the counts restart without it
+    ("hamming", "hamming", True),  # in the pair protocols: it leaves the graph
+    ("row_sums", "row_sums", True),  # after the graph: the row sums restart without it (attempt 1)
+    ("counts", "hamming", False),  # after giving its seed contribution: the counts restart without it
 ])
 def test_a_flower_job_goes_on_without_a_vanished_site_as_the_coordinators_does(federation, phase, as_simulated,
                                                                                 balanced):
@@ -170,10 +173,10 @@ def test_a_flower_job_goes_on_without_a_vanished_site_as_the_coordinators_does(f
     ref = run_xclp(ds, params, contributions=contributions, drops={"site1": as_simulated})
     for s in left:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
-    if phase != "pairs":  # a masked sum restarted over the two sites left: attempt 1, fresh masks
-        restart = "recount" if phase == "seed" else "rows"
-        sent = [f for way, _, f in grid.seen if way == "to" and f.get("step") == restart]
-        assert len(sent) == 2 and all(f["attempt"] == 1 and list(f["participants"]) == left for f in sent)
+    if phase != "hamming":  # a masked sum restarted over the two sites left: attempt 1, fresh masks
+        views = [PredictState.from_bytes(bytes(f["view"])) for way, _, f in grid.seen if way == "to" and "view" in f]
+        restarted = [v for v in views if v.phase == phase and v.attempt == 1]
+        assert len(restarted) >= 2 and all(v.live == left for v in restarted)
     for node in (100, 102):  # the prediction run is over: nothing of it stays at the sites left
         assert not _state_keys(grid, node)
 
@@ -183,7 +186,7 @@ def test_a_site_that_was_too_slow_wipes_that_jobs_secrets_at_the_next_job(federa
     # node state until its next job of the run starts, which wipes them.
     ds, configs = federation
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_in = {101: "influence"}
+    grid.vanish_in = {101: "row_sums"}
     first = JobParams(job_id="flower-slow-1", n_classes=10, bits=128, k=6, crypto="lattice")
     FlowerXCLP(grid, first).run()
     assert any(k.startswith("xclp:flower-slow-1") for k in grid.contexts[101].state.config_records)
@@ -196,9 +199,9 @@ def test_a_site_that_was_too_slow_wipes_that_jobs_secrets_at_the_next_job(federa
 def test_a_flower_job_with_fewer_than_two_sites_left_fails_and_the_last_site_wipes_it(federation):
     ds, configs = federation
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_in = {101: "pairs", 102: "pairs"}
+    grid.vanish_in = {101: "hamming", 102: "hamming"}
     params = JobParams(job_id="flower-two-gone", n_classes=10, bits=128, k=6, crypto="lattice")
-    with pytest.raises(SiteFailed, match="at least 2 sites, 1 left in hamming.*site1 \\(pairs: node 101: no answer"):
+    with pytest.raises(SiteFailed, match="fewer than two sites left in hamming: site1: node 101: no answer"):
         FlowerXCLP(grid, params).run(end_run=True)
     assert not _state_keys(grid, 100)
 
@@ -229,12 +232,16 @@ def test_a_flower_site_refuses_padded_or_lonely_participant_lists(federation):
     ds, configs = federation
     refusals = []
 
+    def padded(view):
+        st = PredictState.from_bytes(bytes(view))
+        st.live = st.live * 50
+        return st.to_bytes()
+
     class Padding(FlowerXCLP):
         def _step(self, phase, fields):
-            if phase == "seed":
-                padded = {s: {**f, "participants": list(f["participants"]) * 50} for s, f in fields.items()}
-                back = super()._step(phase, padded)
-                refusals.append(dict(self.dropped))
+            if phase == "counts":
+                back = super()._step(phase, {s: {**f, "view": padded(f["view"])} for s, f in fields.items()})
+                refusals.append(dict(self.link.failed))
                 return back
             return super()._step(phase, fields)
 
@@ -254,61 +261,49 @@ def test_a_flower_site_refuses_padded_or_lonely_participant_lists(federation):
 def test_a_malformed_reply_ends_the_job_with_a_clear_error_and_wipes_the_sites(federation):
     ds, configs = federation
 
-    class Lossy(FlowerXCLP):  # a reply that lost a field on its way
+    class Lossy(FlowerXCLP):  # a reply whose message lost its bytes on the way
         def _step(self, phase, fields):
             back = super()._step(phase, fields)
             if phase == "counts":
-                back["site1"] = {}
+                back["site1"] = {"out:coordinator:counts/0": "not bytes"}
             return back
 
     grid = InProcessGrid(client_app, configs)
     params = JobParams(job_id="flower-lossy", n_classes=10, bits=128, k=6, crypto="lattice")
-    with pytest.raises(SiteFailed, match="a site's reply was malformed \\(KeyError: 'intra'\\)"):
+    with pytest.raises(SiteFailed, match="a site's reply was malformed \\(TypeError"):
         Lossy(grid, params).run()
     for node in grid.contexts:
         assert not [k for k in grid.contexts[node].state.config_records if k.startswith("xclp:")]
 
 
-def test_a_step_after_the_pairs_that_draws_randomness_is_caught(federation, monkeypatch):
-    # Such steps replay without the pairs (PAST_PAIRS): a draw there would reuse the pairs' keystream.
-    import os
-
-    from xclp.protocol import SiteSession
-
-    ds, configs = federation
-    real = SiteSession.receive_influence
-
-    def drawing(self, message):
-        os.urandom(8)
-        return real(self, message)
-
-    monkeypatch.setattr(SiteSession, "receive_influence", drawing)
-    params = JobParams(job_id="flower-draw", n_classes=10, bits=128, k=6, crypto="lattice")
-    with pytest.raises(SiteFailed, match="drew randomness after the pair protocols"):
-        FlowerXCLP(InProcessGrid(client_app, configs), params).run()
-
-
 def test_a_flower_site_restarts_a_masked_sum_only_over_fewer_sites(federation):
     # A ServerApp that asks for the row sums again over the same sites (fresh masks and noise: two
-    # releases to average), or skips attempts, is refused; the job itself is not harmed.
+    # releases to average) is refused by the core's rule (SiteSession._claim_sum); the round it asked in
+    # is not kept, and the job itself is not harmed.
     ds, configs = federation
     refusals = []
+
+    def again(view):
+        st = PredictState.from_bytes(bytes(view))
+        st.attempt = 1
+        return st.to_bytes()
 
     class Repeating(FlowerXCLP):
         def _step(self, phase, fields):
             back = super()._step(phase, fields)
-            if phase == "influence":
-                for attempt, sites in ((1, sorted(fields)), (2, sorted(fields)[:2])):
-                    self.link.round_to_sites("rows", {s: {"job": self.params.job_id, "participants": sites,
-                                                          "attempt": attempt} for s in sites}, tolerate=True)
-                    refusals.append(dict(self.link.failed))
+            if phase == "row_sums" and not refusals:
+                honest = dict(self.link.failed)  # (what the driver reads of its own round)
+                self.link.round_to_sites("row_sums", {s: {"job": self.params.job_id, "view": again(f["view"])}
+                                                      for s, f in fields.items()}, tolerate=True)
+                refusals.append(dict(self.link.failed))
+                self.link.failed = honest
             return back
 
     grid = InProcessGrid(client_app, configs)
     params = JobParams(job_id="flower-repeat", n_classes=10, bits=128, k=6, crypto="lattice")
     out = Repeating(grid, params).run(end_run=True)
-    assert sorted(refusals[0]) == ds.sites and sorted(refusals[1]) == ds.sites[:2]
-    assert all("must be attempt 1 over fewer sites" in why for r in refusals for why in r.values())
+    assert sorted(refusals[0]) == ds.sites
+    assert all("must be a later attempt than 0 over fewer sites" in why for r in refusals for why in r.values())
     assert out["sites"] == ds.sites and "dropped" not in out
 
 
@@ -352,9 +347,13 @@ def test_a_job_id_that_is_a_path_is_refused_at_the_sites_and_writes_nothing(fede
         with pytest.raises(ProtocolError, match="not a plain name"):  # an honest ServerApp checks it too
             FlowerXCLP(InProcessGrid(client_app, configs), JobParams(job_id=bad, n_classes=10, bits=64, k=6))
         app = FlowerXCLP(InProcessGrid(client_app, configs), JobParams(job_id="ok", n_classes=10, bits=64, k=6))
-        app.params = dataclasses.replace(app.params, job_id=bad)  # a ServerApp that skips the check
-        with pytest.raises(SiteFailed, match="not a plain name"):
-            app.run()
+        sites = app.link.connect()  # a ServerApp that skips the check: the job's first message, by hand
+        start = json.dumps(dataclasses.asdict(dataclasses.replace(app.params, job_id=bad)))
+        app.link.round_to_sites("setup", {s: {"job": bad, "start": start, "sites": sites,
+                                              "view": PredictState.new(sites).to_bytes()} for s in sites},
+                                tolerate=True)
+        assert sorted(app.link.failed) == sites
+        assert all("not a plain name" in why for why in app.link.failed.values())
     assert all(Path(p).read_bytes() == b for p, b in files.items())
     assert not any(list(Path(c["out"]).parent.glob("*.partial.npz")) for c in configs)
 
@@ -384,26 +383,29 @@ def test_shares_that_do_not_combine_are_blamed_alike_in_flower_and_the_simulatio
 
 
 def test_a_flower_site_takes_pair_messages_in_turn_as_every_driver_does(federation):
-    # The site's side of a pair protocol went to party.receive directly; now it goes through
-    # PairDriver, as the agent and the simulation do: out-of-turn or foreign messages are refused.
+    # The site's side of a pair protocol went to party.receive directly; now it is the core's machine
+    # (PredictSite, over PairDriver), as for the agent and the simulation: it takes only the peer's
+    # message it awaits — a stranger's, or one the peer did not send, is never read —, and a message
+    # forged in the peer's name fails the end-to-end channel: the site refuses and leaves the job.
     ds, configs = federation
-    refusals = []
+    seen = []
 
-    class OutOfTurn(FlowerXCLP):
+    class Forging(FlowerXCLP):
         def _step(self, phase, fields):
-            if phase == "pairs" and not refusals:
-                a, b = self.coord.pairs(list(fields))[0]
-                for site, key in ((b, f"from:{a}"), (a, "from:nobody")):  # B asked to start; a stranger
-                    self.link.round_to_sites("pairs", {site: {"job": self.params.job_id, key: b""}}, tolerate=True,
-                                             group=self.params.job_id)
-                    refusals.append(dict(self.link.failed))
+            if phase == "hamming" and not seen:
+                a, b = "site0", "site1"
+                fields = {**fields, a: {**fields[a], "in:nobody:pair/nobody/site0/0": b"x",
+                                        f"in:{b}:pair/{a}/{b}/5": b"y"},  # neither is awaited
+                          b: {**fields[b], f"in:{a}:pair/{a}/{b}/0": b"forged"}}
+                back = super()._step(phase, fields)
+                seen.append(dict(self.link.failed))
+                return back
             return super()._step(phase, fields)
 
     params = JobParams(job_id="flower-turns", n_classes=10, bits=64, k=6, crypto="lattice")
-    out = OutOfTurn(InProcessGrid(client_app, configs), params).run()
-    assert "out of turn" in next(iter(refusals[0].values()))
-    assert "not a peer of this job" in next(iter(refusals[1].values()))
-    assert out["sites"] == ds.sites and "dropped" not in out  # a refused step leaves the site's state as it was
+    out = Forging(InProcessGrid(client_app, configs), params).run()
+    assert list(seen[0]) == ["site1"]
+    assert out["sites"] == ["site0", "site2"] and list(out["dropped"]) == ["site1"]
 
 
 def test_flower_leaves_out_a_site_whose_columns_differ_as_the_coordinator_does(federation, tmp_path):

@@ -244,7 +244,7 @@ def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
     out = FlowerTraining(grid, "fedavg-xclp", {**FEDAVG, "secure_aggregation": True}, 10, max_missed=1).run()
     first, job = out["history"][0], out["xclp_jobs"][0]
     assert job["round"] == 1 and job["sites"] == ["site0", "site2"] and list(job["dropped"]) == ["site1"]
-    assert job["dropped"]["site1"].startswith("roster: ") and "no answer" in job["dropped"]["site1"]
+    assert job["dropped"]["site1"].startswith("seed: ") and "no answer" in job["dropped"]["site1"]
     assert first["left_out"] == ["site1"] and first["attempts"] == 1 and first["pseudo_label_accuracy"] > 0.5
     assert out["dropped"] == {"site1": "missed 1 round in a row"}
     # the job's secrets are wiped at the sites still answering (the vanished node keeps its own)
