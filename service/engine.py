@@ -31,10 +31,6 @@ def job_params(job: Job) -> JobParams:
     return JobParams(**job.params)
 
 
-def pair_list(order: list[str]) -> list[tuple[str, str]]:
-    return [(a, b) for i, a in enumerate(order) for b in order[i + 1 :]]
-
-
 class JobEngine:
     """Polls running jobs and advances them; one engine per coordinator process."""
 

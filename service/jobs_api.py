@@ -10,17 +10,19 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
-from service.db import COORDINATOR, Job, Message
+from service.db import Job, Message
 from service.deps import caller, get_db, known_sites, load_job, require_admin
-from service.engine import cancel, pair_list, refusals
+from service.engine import cancel, refusals
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import train_progress
+from xclp.prediction_job import PredictState
+from xclp.prediction_job import progress as phase_progress
 from xclp.privacy import label_dp
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams, Topic
+from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 
 log = logging.getLogger("xclp.service")
 router = APIRouter(tags=["jobs"])
@@ -196,16 +198,8 @@ def _progress(db, job: Job) -> dict:
     """How far the current phase is: parts received out of parts expected."""
     if job.kind == "train":
         return train_progress(job, db)
-    expected = {"setup": len(job.live), "seed": len(job.live) * (len(job.live) - 1), "counts": len(job.live),
-                "hamming": len(job.live) + 2 * len(pair_list(job.live)), "row_sums": len(job.live)}.get(job.phase, 0)
-    prefix = {"setup": "announce", "seed": "seed", "counts": Topic.counts(job.attempt), "hamming": None,
-              "row_sums": Topic.rows(job.attempt)}.get(job.phase)
-    if job.phase == "hamming":
-        got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.recipient == COORDINATOR,
-                                                   (Message.topic == "intra") | Message.topic.startswith("share/")))
-    elif prefix is not None:
-        got = db.scalar(select(func.count()).where(Message.job_id == job.id, Message.topic == prefix))
-    else:
-        got = expected
+    expected, exact, prefixes = phase_progress(PredictState.of(job))
+    where = [Message.topic == t for t in exact] + [Message.topic.startswith(p) for p in prefixes]
+    got = db.scalar(select(func.count()).where(Message.job_id == job.id, or_(*where))) if where else expected
     return {"phase": job.phase, "received": int(got or 0), "expected": expected,
             "fraction": round(min(1.0, (got or 0) / expected), 3) if expected else 1.0}

@@ -16,18 +16,18 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
-from crypto.hamming_api import MAX_PAIR_MESSAGES
 from crypto.identity import announce_digest, fingerprint, verify
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, Site, message_body, message_ref, new_message
 from service.deps import bearer, load_job, require_site
-from service.engine import job_params, pair_list
+from service.engine import job_params
 from service.schemas import errors
 from service.training_engine import check_train_upload
+from xclp.prediction_job import Inadmissible, PredictState
+from xclp.prediction_job import admit as admit_upload
 from xclp.protocol import (
     MAX_REASON_CHARS,
     REFUSE,
-    TOPIC_PHASE,
     CoordinatorSession,
     counts_length,
     decode_announce,
@@ -199,32 +199,10 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
         return 4 * MAX_REASON_CHARS + 64
     if job.kind == "train":
         return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
-    parts = topic.split("/")
-    kind = parts[0]
-    phase_of = TOPIC_PHASE
-    if kind not in phase_of:
-        raise HTTPException(422, f"unknown message topic {topic!r}")
-    if phase_of[kind] != job.phase:
-        raise HTTPException(409, f"{kind!r} belongs to phase {phase_of[kind]}; job {job.id} is in phase {job.phase}")
-    relayed = kind in ("seed", "pair")
-    if relayed and (to == site or to not in job.live):
-        raise HTTPException(422, f"{kind!r} goes to another live site of the job, not {to!r}")
-    if not relayed and to != COORDINATOR:
-        raise HTTPException(422, f"{kind!r} goes to the coordinator")
-    if kind in ("counts", "rows"):
-        if len(parts) != 2 or parts[1] != str(job.attempt):
-            raise HTTPException(409, f"{topic!r}: the current attempt of phase {job.phase} is {job.attempt}")
-    elif kind in ("pair", "share"):
-        order = [s for s in job.sites if s in job.live]
-        n_parts = 4 if kind == "pair" else 3
-        if len(parts) != n_parts or (parts[1], parts[2]) not in pair_list(order) or site not in parts[1:3]:
-            raise HTTPException(422, f"{topic!r} does not name a pair of live sites that includes {site}")
-        if kind == "pair" and (to not in parts[1:3] or not parts[3].isdigit()):
-            raise HTTPException(422, f"{topic!r}: pair messages go to the other site of the pair, numbered")
-        if kind == "pair" and int(parts[3]) >= MAX_PAIR_MESSAGES:
-            raise HTTPException(422, f"{topic!r}: a pair protocol sends fewer than {MAX_PAIR_MESSAGES} messages")
-    elif len(parts) != 1:
-        raise HTTPException(422, f"unknown message topic {topic!r}")
+    try:  # the job's order says who may send what, when (the rule every driver checks)
+        kind = admit_upload(PredictState.of(job), site, to, topic)
+    except Inadmissible as exc:
+        raise HTTPException(409 if exc.conflict else 422, str(exc)) from None
     if kind in SMALL:
         return SMALL[kind]
     if kind == "counts":  # the class counts (and, standardising, the limbs of the feature sums)

@@ -49,12 +49,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from crypto.hamming_api import PairDriver
+from crypto.errors import ProtocolError
+from crypto.hamming_api import MAX_PAIR_MESSAGES, PairDriver
 from xclp.propagation import Prediction
 from xclp.protocol import (
     JOB_PHASES,
     LEFT_OUT,
     REFUSE,
+    TOPIC_PHASE,
     CoordinatorSession,
     JobParams,
     Layout,
@@ -201,6 +203,57 @@ def refusals(mail: Mailbox, sites: list[str]) -> dict[str, str]:
         if body is not None:
             out.setdefault(s, "left out by the coordinator: " + read_refusal(body))
     return dict(sorted(out.items()))
+
+
+class Inadmissible(ProtocolError):
+    """An upload that does not fit the job's order: `conflict` — not now (another phase or attempt; a
+    driver answers 409) —, else never (a topic or recipient that no step of the job has; 422)."""
+
+    def __init__(self, message: str, conflict: bool = False):
+        super().__init__(message)
+        self.conflict = conflict
+
+
+def admit(state: PredictState, site: str, to: str, topic: str) -> str:
+    """Who may send what, when, in a prediction job (every driver checks a site's messages by this rule
+    before reading them): the topic's kind, or Inadmissible. `site` is a live site of the job."""
+    parts = topic.split("/")
+    kind = parts[0]
+    if kind not in TOPIC_PHASE:
+        raise Inadmissible(f"unknown message topic {topic!r}")
+    if TOPIC_PHASE[kind] != state.phase:
+        raise Inadmissible(f"{kind!r} belongs to phase {TOPIC_PHASE[kind]}; the job is in phase {state.phase}",
+                           conflict=True)
+    relayed = kind in ("seed", "pair")
+    if relayed and (to == site or to not in state.live):
+        raise Inadmissible(f"{kind!r} goes to another live site of the job, not {to!r}")
+    if not relayed and to != COORDINATOR:
+        raise Inadmissible(f"{kind!r} goes to the coordinator")
+    if kind in ("counts", "rows"):
+        if len(parts) != 2 or parts[1] != str(state.attempt):
+            raise Inadmissible(f"{topic!r}: the current attempt of phase {state.phase} is {state.attempt}",
+                               conflict=True)
+    elif kind in ("pair", "share"):
+        order = state.order
+        pairs = {(a, b) for i, a in enumerate(order) for b in order[i + 1:]}
+        if len(parts) != (4 if kind == "pair" else 3) or (parts[1], parts[2]) not in pairs or site not in parts[1:3]:
+            raise Inadmissible(f"{topic!r} does not name a pair of live sites that includes {site}")
+        if kind == "pair" and (to not in parts[1:3] or not parts[3].isdigit()):
+            raise Inadmissible(f"{topic!r}: pair messages go to the other site of the pair, numbered")
+        if kind == "pair" and int(parts[3]) >= MAX_PAIR_MESSAGES:
+            raise Inadmissible(f"{topic!r}: a pair protocol sends fewer than {MAX_PAIR_MESSAGES} messages")
+    elif len(parts) != 1:
+        raise Inadmissible(f"unknown message topic {topic!r}")
+    return kind
+
+
+def progress(state: PredictState) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    """How to count the current phase's progress: the parts expected, and the topics (exact, and by
+    prefix) of the parts that count, sent to the coordinator or relayed."""
+    m = len(state.live)
+    return {"setup": (m, ("announce",), ()), "seed": (m * (m - 1), ("seed",), ()),
+            "counts": (m, (Topic.counts(state.attempt),), ()), "hamming": (m + m * (m - 1), ("intra",), ("share/",)),
+            "row_sums": (m, (Topic.rows(state.attempt),), ())}.get(state.phase, (0, (), ()))
 
 
 class PredictCoordinator:

@@ -28,7 +28,15 @@ from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
-from xclp.prediction_job import COORDINATOR, MemoryMailbox, PredictCoordinator, PredictState, Send
+from xclp.prediction_job import (
+    COORDINATOR,
+    Inadmissible,
+    MemoryMailbox,
+    PredictCoordinator,
+    PredictState,
+    Send,
+    admit,
+)
 from xclp.protocol import REFUSE, JobParams, refusal
 
 MESSAGE_TYPE = "query.xclp"
@@ -197,8 +205,11 @@ class FlowerXCLP:
                     if kind != "out":
                         continue
                     to, _, topic = rest.partition(":")
-                    if to != COORDINATOR and to not in sites or to == s:
-                        raise SiteFailed(f"{s} addressed a message to {to!r}, not a peer of this job")
+                    try:  # who may send what, when: the rule the coordinator's upload checks apply too
+                        admit(state, s, to, topic)
+                    except Inadmissible as exc:  # a site that breaks the job's order leaves it, named
+                        moved |= mail.put(Send(s, COORDINATOR, REFUSE, refusal(f"{s} sent {topic!r} to {to}: {exc}")))
+                        break
                     moved |= mail.put(Send(s, to, topic, bytes(rec[key])))
                 if "written" in rec:
                     done[s] = rec

@@ -1,0 +1,127 @@
+"""The prediction job's order (xclp/prediction_job.py), tested on the machines themselves: the rules
+every driver (the simulation, the engine with its agents, Flower) runs and no driver writes."""
+
+import numpy as np
+import pytest
+
+from xclp.data import load_arrays
+from xclp.prediction_job import (
+    COORDINATOR,
+    Inadmissible,
+    MemoryMailbox,
+    PredictCoordinator,
+    PredictSite,
+    PredictState,
+    Send,
+    admit,
+)
+from xclp.protocol import REFUSE, JobParams, SiteSession, Topic, refusal
+from xclp.simulation import run_xclp
+from xclp.splits import simulate_sites
+
+
+@pytest.fixture(scope="module")
+def ds():
+    X, y = load_arrays("digits", limit=150, seed=2)
+    return simulate_sites(X, y, 3, "iid", 0.2, seed=2)
+
+
+def machines(ds, params):
+    sites = list(ds.sites)
+    sessions = {s: SiteSession(params, s, ds.X[ds.site == s], ds.y[ds.site == s], contribution=bytes([i]) * 32)
+                for i, s in enumerate(sites)}
+    return PredictCoordinator(params, PredictState.new(sites)), {s: PredictSite(x) for s, x in sessions.items()}
+
+
+def drive(coord, sites, mail, until, silent=()):
+    """Sites and coordinator in turn until `until(state)`; a round where nothing moves is a deadline."""
+    st = coord.state
+    for _ in range(200):
+        if until(st):
+            return
+        moved = False
+        for s in list(st.live):
+            if s not in silent:
+                moved |= sites[s].step(st, mail.inbox(s), mail.put)
+        before = (st.phase, st.attempt, tuple(st.live))
+        for m in coord.run(mail):
+            mail.put(m)
+        if not moved and before == (st.phase, st.attempt, tuple(st.live)):
+            for m in coord.run(mail, expired=True):
+                mail.put(m)
+    raise AssertionError(st)
+
+
+def test_the_state_saves_to_bytes_and_a_restored_machine_decides_the_same(ds):
+    params = JobParams(job_id="m1", n_classes=10, bits=64, k=5)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming")
+    saved = coord.state.to_bytes()
+    drive(coord, sites, mail, lambda st: st.status == "done")
+    # a coordinator restarted from the bytes it saved at hamming takes the same decisions on the same mail
+    again = PredictCoordinator(params, PredictState.from_bytes(saved))
+    out = again.run(mail)
+    assert again.state == coord.state
+    assert {(m.recipient, m.topic) for m in out} == {(s, t) for s in ds.sites for t in ("influence", "sums/0")}
+    assert PredictState.from_bytes(coord.state.to_bytes()) == coord.state
+
+
+def test_a_refusal_in_a_masked_sum_restarts_it_without_the_site_and_fewer_than_two_fail(ds):
+    params = JobParams(job_id="m2", n_classes=10, bits=64, k=5)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "counts")
+    mail.put(Send("site2", COORDINATOR, REFUSE, refusal("policy: no")))
+    coord.run(mail)
+    st = coord.state
+    assert st.phase == "counts" and st.attempt == 1 and st.live == ["site0", "site1"]
+    assert st.dropped == {"site2": "counts"} and coord.refusals(mail) == {"site2": "policy: no"}
+    mail.put(Send("site1", COORDINATOR, REFUSE, refusal("out of memory")))
+    coord.run(mail)
+    assert st.status == "failed" and "site1: out of memory" in st.failure and "site2: policy: no" in st.failure
+
+
+def test_a_silent_site_is_dropped_only_when_the_deadline_passes(ds):
+    params = JobParams(job_id="m3", n_classes=10, bits=64, k=5)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "row_sums")
+    for s in ("site0", "site1"):
+        sites[s].step(coord.state, mail.inbox(s), mail.put)
+    assert coord.run(mail) == [] and coord.state.live == list(ds.sites)  # site2 may still come
+    coord.run(mail, expired=True)
+    assert coord.state.attempt == 1 and coord.state.live == ["site0", "site1"]  # fresh masks, without it
+
+
+def test_the_machines_give_the_simulations_labels(ds):
+    params = JobParams(job_id="m4", n_classes=10, bits=64, k=5)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.status == "done")
+    for s in ds.sites:
+        sites[s].step(coord.state, mail.inbox(s), mail.put)
+    ref = run_xclp(ds, params, contributions={s: bytes([i]) * 32 for i, s in enumerate(ds.sites)})
+    for s in ds.sites:
+        assert np.array_equal(sites[s].result.labels, ref.predictions[s].labels)
+
+
+def test_who_may_send_what_when():
+    st = PredictState.new(["a", "b", "c"])
+    st.phase, st.attempt = "counts", 1
+    assert admit(st, "a", COORDINATOR, Topic.counts(1)) == "counts"
+    for site, to, topic, conflict in [
+        ("a", COORDINATOR, Topic.counts(0), True),  # a past attempt
+        ("a", COORDINATOR, "rows/1", True),  # another phase
+        ("a", "b", Topic.counts(1), False),  # a sum goes to the coordinator
+        ("a", COORDINATOR, "nonsense", False),
+    ]:
+        with pytest.raises(Inadmissible) as err:
+            admit(st, site, to, topic)
+        assert err.value.conflict is conflict
+    st.phase = "hamming"
+    assert admit(st, "b", "a", Topic.pair("a", "b", 3)) == "pair"
+    for site, to, topic in [("c", "a", Topic.pair("a", "b", 0)), ("a", "c", Topic.pair("a", "b", 0)),
+                            ("b", "a", Topic.pair("b", "a", 0)), ("a", "b", Topic.pair("a", "b", 10 ** 9))]:
+        with pytest.raises(Inadmissible):
+            admit(st, site, to, topic)
