@@ -41,16 +41,16 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
             c.start_agent(s)
         names = ",".join(ds.sites)
 
-        code, out = cli(capsys, "job", "submit", "predict", *coord, "--sites", names, "--crypto", "plaintext",
-                        "--bits", "128", "--k", "8", "--json")
+        code, out = cli(capsys, "job", "submit", "predict", *coord, "--sites", names, "--classes", "10",
+                        "--crypto", "plaintext", "--bits", "128", "--k", "8", "--json")
         job = json.loads(out)["job"]
         assert code == 0 and cli(capsys, "job", "wait", job, *coord, "--timeout", "120")[0] == 0
         code, out = cli(capsys, "job", "status", job, *coord, "--json")
         assert code == 0 and json.loads(out)["status"] == "done"
         assert np.load(c.result(job, last))["labels"].shape == ((ds.site == last).sum(),)
 
-        code, out = cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--algorithm", "fedct",
-                        "--model", "tree,logreg", "--public", str(tmp_path / "U.npz"), "--rounds", "2", "--json")
+        code, out = cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--classes", "10",
+                        "--algorithm", "fedct", "--model", "tree,logreg", "--public", str(tmp_path / "U.npz"), "--rounds", "2", "--json")
         job = json.loads(out)["job"]
         assert code == 0 and cli(capsys, "job", "wait", job, *coord, "--timeout", "120")[0] == 0
         st = json.loads(cli(capsys, "job", "status", job, *coord, "--json")[1])
@@ -62,10 +62,11 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
         assert c.result(job, last, ".model.pkl").stat().st_size > 0
 
         # an unknown site or a bad U is refused before anything is stored
-        assert cli(capsys, "job", "submit", "train", *coord, "--sites", "site0,nobody", "--algorithm", "fedavg")[0] == 2
+        assert cli(capsys, "job", "submit", "train", *coord, "--sites", "site0,nobody", "--classes", "10",
+                   "--algorithm", "fedavg")[0] == 2
         (tmp_path / "bad.npz").write_bytes(b"not an npz")
-        assert cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--algorithm", "fedct",
-                   "--public", str(tmp_path / "bad.npz"))[0] == 2
+        assert cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--classes", "10",
+                   "--algorithm", "fedct", "--public", str(tmp_path / "bad.npz"))[0] == 2
     finally:
         c.close()
 
