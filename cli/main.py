@@ -92,6 +92,12 @@ def _add_column_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site-column", default="site", help="CSV/Parquet: the site column (default site)")
     p.add_argument("--truth-column", default="y_true",
                    help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
+    p.add_argument("--id-column", default=None, metavar="NAME",
+                   help="a column of point IDs (e.g. a patient number): not a feature, and written with each "
+                        "point's label into the results (default: none, the id is the row's position)")
+    p.add_argument("--ignore-columns", default=None, metavar="A,B,…",
+                   help="comma-separated columns that are neither features nor labels, dropped on reading "
+                        "(default: none, every other column is a feature)")
 
 
 def _positive_float(text: str) -> float:
@@ -106,9 +112,10 @@ def _positive_float(text: str) -> float:
 
 
 def _columns(args):
-    from xclp.datafile import Columns
+    from xclp.datafile import Columns, parse_column_list
 
-    return Columns(label=args.label_column, site=args.site_column, truth=args.truth_column)
+    return Columns(label=args.label_column, site=args.site_column, truth=args.truth_column, id=args.id_column,
+                   ignore=parse_column_list(args.ignore_columns))
 
 
 def load_dataset(args):
@@ -611,7 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
                     ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
     _add_column_args(ar)
-    ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
+    ar.add_argument("--out", required=True, help="folder for each job's results: <job>.npz (labels, confidence, "
+                    "ids) and <job>.csv (id,label,confidence)")
     ar.add_argument("--poll", type=float, default=0.1,
                     help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
     ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")

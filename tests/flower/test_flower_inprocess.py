@@ -425,3 +425,27 @@ def test_flower_standardises_like_the_simulation(federation):
     for s in ds.sites:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
     assert params_from({"standardize": "true"}, 3).standardize is True
+
+
+def test_a_flower_node_reads_a_csv_with_named_label_id_and_ignored_columns(federation, tmp_path):
+    """--node-config label-column= id-column= ignore-columns= as the agent's flags: the same labels as
+    the .npz; a column named but absent ends the job with the site's one-line reason."""
+    import csv
+
+    ds, configs = federation
+    a = np.load(configs[2]["data-path"])
+    with open(tmp_path / "site2.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["pid", *[f"px{j}" for j in range(a["X"].shape[1])], "diagnosis", "note"])
+        for i, (x, lab) in enumerate(zip(a["X"], a["y"])):
+            w.writerow([f"p{i}", *map(repr, x.tolist()), "" if lab < 0 else int(lab), "free text"])
+    node = {**configs[2], "data-path": str(tmp_path / "site2.csv"), "out": str(tmp_path / "out"),
+            "label-column": "diagnosis", "id-column": "pid", "ignore-columns": "note"}
+    params = JobParams(job_id="flower-columns", n_classes=10, bits=128, k=6, crypto="lattice")
+    out = FlowerXCLP(InProcessGrid(client_app, [*configs[:2], node]), params).run()
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites}
+    ref = run_xclp(ds, params, contributions=contributions)
+    assert np.array_equal(np.load(out["written"]["site2"])["labels"], ref.predictions["site2"].labels)
+    out = run([*configs[:2], {**node, "id-column": "mrn"}])[2]  # the job goes on without that site
+    assert list(out["dropped"]) == ["site2"] and "no ID column 'mrn'" in out["dropped"]["site2"]
+    assert "id-column=" in out["dropped"]["site2"]
