@@ -93,8 +93,8 @@ def _add_column_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truth-column", default="y_true",
                    help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
     p.add_argument("--id-column", default=None, metavar="NAME",
-                   help="a column of point IDs (e.g. a patient number): not a feature, and written with each "
-                        "point's label into the results (default: none, the id is the row's position)")
+                   help="a column of point IDs (e.g. a patient number): not a feature; an agent writes it beside "
+                        "each point's label in its results (default: none, the id is the row's position)")
     p.add_argument("--ignore-columns", default=None, metavar="A,B,…",
                    help="comma-separated columns that are neither features nor labels, dropped on reading "
                         "(default: none, every other column is a feature)")
