@@ -12,8 +12,11 @@ A run that fails (fewer than two sites left, a bad run config, a protocol error)
 "xclp: the run failed: REASON" and raises RunFailed, an ordinary Exception: Flower 1.41 records a
 ServerApp's Exception — not a SystemExit, which its `except Exception` lets through — as the run's
 failure. In a deployment, flwr-serverapp (flwr/superlink/runtime/run_serverapp.py) pushes sub-status
-"failed" with details "ServerApp failed with exception: xclp: the run failed: REASON" and exits 1;
-in a simulation, run_serverapp_th queues it and the simulation ends with an error. `flwr run` itself
+"failed" with details "ServerApp failed with exception: xclp: the run failed: REASON" and exits 1
+(a SystemExit left the run failed only once its heartbeat stopped, "No heartbeat received from the
+task", the reason lost); in a simulation, run_serverapp_th queues it and the simulation ends with
+an error (a SystemExit passed as a success). tests/flower/test_flower_deployment.py checks it against
+a real SuperLink. `flwr run` itself
 exits 0 once the SuperLink has accepted the run, failed or not (flwr/cli/run/run.py returns after
 StartRun; --stream only prints the logs): a script checks the run's status afterwards,
 `flwr ls SUPERLINK --run-id ID --format json` → runs[0]["status"] == "finished:failed"
