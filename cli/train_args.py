@@ -26,6 +26,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     own.add_argument("--site-column", default="site", help="CSV/Parquet: the site column (default site)")
     own.add_argument("--truth-column", default="y_true",
                      help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
+    own.add_argument("--id-column", default=None, metavar="NAME",
+                     help="a column of point IDs, not a feature, in --data and --test (default: none)")
+    own.add_argument("--ignore-columns", default=None, metavar="A,B,…",
+                     help="comma-separated columns of --data and --test that are dropped on reading (default: none, "
+                          "every other column is a feature)")
     p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
     p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
     p.add_argument("--labels", type=int, default=100, help="labels in all, over the labelled sites (default 100)")

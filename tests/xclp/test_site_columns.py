@@ -97,3 +97,38 @@ def test_the_agent_names_a_missing_column_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("xclp:")]  # (besides the agent's start log)
     assert code == 2 and len(errors) == 1 and "no ID column 'mrn'" in errors[0] and "Traceback" not in err
+
+
+def _pooled(path, X, y, site, extra: bool):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow((["pid"] if extra else []) + [f"px{j}" for j in range(X.shape[1])] + ["label", "site"]
+                   + (["note"] if extra else []))
+        for i in range(len(y)):
+            w.writerow(([f"p{i}"] if extra else []) + [repr(float(v)) for v in X[i]]
+                       + ["" if y[i] < 0 else int(y[i]), site[i]] + (["free, text"] if extra else []))
+
+
+def test_simulations_read_the_same_points_with_an_id_and_ignored_columns(tmp_path):
+    from xclp.data import load_arrays
+    from xclp.training.runner import TrainConfig, prepare_files
+
+    X, y_true = load_arrays("digits", limit=120, seed=1)
+    y = np.where(np.arange(120) % 3 == 0, y_true, -1)
+    site = np.array(["north", "south"])[np.arange(120) % 2]
+    _pooled(tmp_path / "plain.csv", X, y, site, extra=False)
+    _pooled(tmp_path / "extra.csv", X, y, site, extra=True)
+    _pooled(tmp_path / "test-plain.csv", X[:20], y_true[:20], site[:20], extra=False)
+    _pooled(tmp_path / "test-extra.csv", X[:20], y_true[:20], site[:20], extra=True)
+    plain = prepare_files(TrainConfig(algorithm="fedavg", data=str(tmp_path / "plain.csv"),
+                                      test=str(tmp_path / "test-plain.csv")))
+    extra = prepare_files(TrainConfig(algorithm="fedavg", data=str(tmp_path / "extra.csv"),
+                                      test=str(tmp_path / "test-extra.csv"), id_column="pid", ignore_columns="note"))
+    for a, b in zip(plain[0], extra[0]):
+        assert a.name == b.name and np.array_equal(a.X, b.X) and np.array_equal(a.y, b.y)
+    assert np.array_equal(plain[2][0], extra[2][0]) and plain[3] == extra[3]
+    for name, flags in [("plain.csv", []), ("extra.csv", ["--id-column", "pid", "--ignore-columns", "note"])]:
+        assert main(["simulate", "predict", "--data", str(tmp_path / name), "--bits", "64", "--quiet",
+                     "--no-baselines", "--predictions", str(tmp_path / f"{name}.npz"), *flags]) == 0
+    with np.load(tmp_path / "plain.csv.npz") as a, np.load(tmp_path / "extra.csv.npz") as b:
+        assert np.array_equal(a["labels"], b["labels"]) and np.array_equal(a["confidence"], b["confidence"])
