@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cli.helpfmt import ALPHA_HELP, BITS_HELP, CLASSES_HELP, CRYPTO_HELP, K_HELP, KEY_BITS_HELP
 from crypto.hamming_api import DEFAULT_SECURE as DEFAULT_SECURE_CRYPTO
 from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 from xclp.data import DataError
@@ -25,41 +26,42 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--dataset", choices=["digits", "fashion-mnist", "mnist5k"], default=None,
                      help="a data set that installs offline (default: digits)")
     src.add_argument("--data", type=Path, help=".npz (X, y, site, optional y_true), .csv or .parquet (a label column, "
-                     "empty or −1 = unlabelled, a site column, the rest features)")
+                     "empty or −1 = unlabelled, a site column, the rest features); default: --dataset's")
     _add_column_args(p)
-    p.add_argument("--limit", type=int, default=None, help="use a seeded random subset of N points")
+    p.add_argument("--limit", type=int, default=None, help="use a seeded random subset of N points (default: all)")
     p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
     p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
     p.add_argument("--labeled-fraction", type=float, default=0.1, help="labelled fraction per site (default 0.1)")
     p.add_argument("--unlabelled-sites", type=int, default=0,
                    help="how many sites (the last ones) hold no labels at all (default 0)")
-    p.add_argument("--bits", type=int, default=1024, help="LSH length L (default 1024)")
-    p.add_argument("--k", type=int, default=10, help="neighbours per point (default 10)")
-    p.add_argument("--alpha", type=float, default=0.99, help="propagation α (default 0.99)")
+    p.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
+    p.add_argument("--k", type=int, default=10, help=K_HELP)
+    p.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
     p.add_argument("--power", type=float, default=3.0, help="edge weight power (default 3)")
     p.add_argument("--standardize", action="store_true",
                    help="federated standardisation: each feature scaled to the mean and variance of all sites' "
                         "points, from a secure sum, before hashing (default: raw features)")
     p.add_argument("--similarity", choices=["lsh", "exact"], default="lsh",
                    help="lsh (private) or exact cosine (plaintext reference only)")
-    p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext",
-                   help="secure protocol for Hamming distances and row sums; plaintext = no security (reference)")
-    p.add_argument("--key-bits", type=int, default=2048, help="Paillier modulus size (default 2048)")
-    p.add_argument("--solver", choices=["auto", "cg", "minres", "dense"], default="auto")
+    p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext", help=CRYPTO_HELP)
+    p.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    p.add_argument("--solver", choices=["auto", "cg", "minres", "dense"], default="auto",
+                   help="linear solver for the influence columns (auto picks by size)")
     p.add_argument("--no-baselines", action="store_true", help="skip per-site and centralized LP")
     p.add_argument("--seed", type=int, default=0, help="fixes the split and the LSH hyperplanes")
-    p.add_argument("--json", type=Path, help="write the results as JSON")
-    p.add_argument("--predictions", type=Path, help="write labels and confidence (.npz, aligned with the rows)")
+    p.add_argument("--json", type=Path, help="write the results as JSON to this file (default: none)")
+    p.add_argument("--predictions", type=Path, help="write labels and confidence (.npz, aligned with the rows; default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     dp = p.add_argument_group("label-DP of what the sums release (xclp/privacy/label_dp.py)")
     dp.add_argument("--dp-epsilon", type=float, default=None,
-                    help="a budget ε for the job's releases about the labels (calibrates the mechanism below)")
+                    help="a budget ε for the job's releases about the labels (calibrates the mechanism below; default: none, "
+                         "exact sums)")
     dp.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the budget (default 1e-5)")
     dp.add_argument("--label-dp", choices=("rr", "gaussian"), default="rr",
                     help="rr: randomized response on each site's labels (default; far more accurate at equal ε); "
                          "gaussian: noise shares inside the secure sums")
-    dp.add_argument("--label-flip", type=float, default=None, help="rr's noise parameter p, instead of a budget")
-    dp.add_argument("--dp-noise", type=float, default=None, help="gaussian's noise multiplier z, instead of a budget")
+    dp.add_argument("--label-flip", type=float, default=None, help="rr's noise parameter p, instead of a budget (default: none)")
+    dp.add_argument("--dp-noise", type=float, default=None, help="gaussian's noise multiplier z, instead of a budget (default: none)")
     dp.add_argument("--dp-clip", type=float, default=None,
                     help="gaussian: L2 bound C of each influence column over the other sites' rows (default 1)")
 
@@ -90,6 +92,12 @@ def _add_column_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site-column", default="site", help="CSV/Parquet: the site column (default site)")
     p.add_argument("--truth-column", default="y_true",
                    help="CSV/Parquet: an optional ground-truth column, for scoring only (default y_true)")
+    p.add_argument("--id-column", default=None, metavar="NAME",
+                   help="a column of point IDs (e.g. a patient number): not a feature; an agent writes it beside "
+                        "each point's label in its results (default: none, the id is the row's position)")
+    p.add_argument("--ignore-columns", default=None, metavar="A,B,…",
+                   help="comma-separated columns that are neither features nor labels, dropped on reading "
+                        "(default: none, every other column is a feature)")
 
 
 def _positive_float(text: str) -> float:
@@ -104,9 +112,10 @@ def _positive_float(text: str) -> float:
 
 
 def _columns(args):
-    from xclp.datafile import Columns
+    from xclp.datafile import Columns, parse_column_list
 
-    return Columns(label=args.label_column, site=args.site_column, truth=args.truth_column)
+    return Columns(label=args.label_column, site=args.site_column, truth=args.truth_column, id=args.id_column,
+                   ignore=parse_column_list(args.ignore_columns))
 
 
 def load_dataset(args):
@@ -377,9 +386,11 @@ def _pins(given: list[str] | None) -> dict[str, str]:
 
 def cmd_job_submit(args) -> int:
     sites = _site_names(args.sites)
+    dp = {} if args.dp_epsilon is None else {"dp_epsilon": args.dp_epsilon, "dp_delta": args.dp_delta,
+                                             "label_dp": args.label_dp, "dp_clip": args.dp_clip}
     job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
                                   alpha=args.alpha, classes=args.classes, key_bits=args.key_bits,
-                                  standardize=args.standardize, deadlines=_deadlines(args.deadline))
+                                  standardize=args.standardize, deadlines=_deadlines(args.deadline), **dp)
     print(json.dumps({"job": job}) if args.json else job)
     return 0
 
@@ -470,7 +481,9 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xclp", description="Privacy-preserving cross-client label propagation")
+    from cli.helpfmt import Parser
+
+    parser = Parser(prog="xclp", description="Privacy-preserving cross-client label propagation")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="in-process simulations of XCLP jobs").add_subparsers(dest="what", required=True)
@@ -497,17 +510,18 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="accuracy curves of training runs (simulation or job status JSON files)")
     pl.add_argument("runs", nargs="+", help="JSON of `xclp simulate train --json` or `xclp job status ID --json`")
     pl.add_argument("--out", required=True, help="PNG to write")
-    pl.add_argument("--title", default=None)
+    pl.add_argument("--title", default=None, help="the plot's title (default: none)")
     pl.set_defaults(func=cmd_plot)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     bh = bench.add_parser("hamming", help="secure Hamming distance between two sites")
-    bh.add_argument("--protocol", choices=CRYPTO_CHOICES, required=True)
-    bh.add_argument("--sizes", type=int, nargs=2, metavar=("NA", "NB"), default=[100, 100])
-    bh.add_argument("--bits", type=int, default=1024)
-    bh.add_argument("--key-bits", type=int, default=2048)
-    bh.add_argument("--seed", type=int, default=0)
-    bh.add_argument("--json", type=Path)
+    bh.add_argument("--protocol", choices=CRYPTO_CHOICES, required=True, help="the protocol to measure")
+    bh.add_argument("--sizes", type=int, nargs=2, metavar=("NA", "NB"), default=[100, 100],
+                    help="points at each of the two sites")
+    bh.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
+    bh.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    bh.add_argument("--seed", type=int, default=0, help="random seed of the points and keys")
+    bh.add_argument("--json", type=Path, help="write the measurements as JSON to this file (default: none)")
     bh.set_defaults(func=cmd_bench_hamming)
 
     from cli.tls import add_client_tls_args, add_serve_tls_args, add_tls_parser
@@ -516,20 +530,26 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--coordinator", required=True, help="coordinator URL, e.g. https://coord.example:8000")
         add_client_tls_args(p)
         if admin:
-            p.add_argument("--admin-token", default=None, help="operator token (visible in ps: prefer the next two)")
-            p.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
+            p.add_argument("--admin-token", default=None, help="operator token (visible in ps: prefer the next two; "
+                           "default: --admin-token-file, else $XCLP_ADMIN_TOKEN)")
+            p.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token "
+                           "(default: $XCLP_ADMIN_TOKEN)")
 
     co = sub.add_parser("coordinator", help="the coordinator service").add_subparsers(dest="what", required=True)
     cs = co.add_parser("serve", help="run the coordinator (FastAPI + uvicorn)")
-    cs.add_argument("--host", default="127.0.0.1")
-    cs.add_argument("--port", type=int, default=8000)
+    cs.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on: 0.0.0.0 (or this machine's address) to reach the sites, which needs "
+                         "--tls-cert/--tls-key or --insecure-http behind a TLS proxy; 127.0.0.1 for this machine only")
+    cs.add_argument("--port", type=int, default=8000, help="TCP port to listen on (e.g. 8443 for HTTPS)")
     cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
                     help="SQLAlchemy URL: sqlite:///FILE (default: sqlite:///xclp-coordinator.db) or "
                          "postgresql+psycopg2://USER:PW@HOST/DB; its schema is migrated to this release's at start "
                          "(back it up before an upgrade: docs/operating.md)")
     cs.add_argument("--admin-token", default=None, help="operator token, at least 32 characters (or "
-                    "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`)")
-    cs.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token")
+                    "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`; default: none, the operator's "
+                    "calls are refused)")
+    cs.add_argument("--admin-token-file", default=None, help="file whose first line is the operator token "
+                    "(default: $XCLP_ADMIN_TOKEN)")
     cs.add_argument("--max-body-mb", type=int, default=1024,
                     help="largest message upload a site may make (MiB; default 1024); the operator's JSON calls "
                          "take at most 1 MiB and the dashboard's forms 4 KiB")
@@ -543,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder for message bodies of 1 MiB or more (default: <database file>.blobs for SQLite; "
                          "none for PostgreSQL, where they stay in the database)")
     cs.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
-                    help="default per-phase deadline (setup, seed, counts, hamming, row_sums)")
+                    help="default per-phase deadline of new jobs (setup, seed, counts, hamming, row_sums; repeatable; default: "
+                         "setup 10 min, hamming 1 h, the others 2–10 min)")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
     database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER:PW@HOST/DB "
@@ -560,27 +581,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
     sa = site.add_parser("add", help="register a site and print its token")
-    sa.add_argument("name")
+    sa.add_argument("name", help="the site's name (letters, digits, . _ -), as its agent's --site")
     coord_args(sa)
-    sa.add_argument("--json", action="store_true")
+    sa.add_argument("--json", action="store_true", help="print {\"site\": …, \"token\": …} as JSON")
     sa.add_argument("--fingerprint", default=None, metavar="SHA256:…",
                     help="the site's identity fingerprint, as its agent logs it at start (default: none); its "
                          "announces must then be signed by that identity, and `site list` shows it")
     sa.add_argument("--token-file", type=Path, default=None, metavar="PATH",
                     help="write the site's token to PATH (a new file, mode 0600) instead of printing it: the file "
-                         "the site's `xclp agent run --token-file PATH` reads")
+                         "the site's `xclp agent run --token-file PATH` reads; default: printed)")
     sa.set_defaults(func=cmd_site_add)
     sl = site.add_parser("list", help="the registered sites, and when each last contacted the coordinator")
     coord_args(sl)
-    sl.add_argument("--json", action="store_true")
+    sl.add_argument("--json", action="store_true", help="print the sites as JSON instead of a table")
     sl.set_defaults(func=cmd_site_list)
 
     agent = sub.add_parser("agent", help="the site agent").add_subparsers(dest="what", required=True)
     ar = agent.add_parser("run", help="run this site's agent until stopped")
     coord_args(ar, admin=False)
-    ar.add_argument("--site", required=True)
-    ar.add_argument("--token", default=None, help="the site's token (visible in ps: prefer --token-file or $XCLP_TOKEN)")
-    ar.add_argument("--token-file", default=None, help="file whose first line is the site's token")
+    ar.add_argument("--site", required=True, help="this site's name, as registered with `xclp site add`")
+    ar.add_argument("--token", default=None, help="the site's token (visible in ps: prefer --token-file or $XCLP_TOKEN; "
+                    "default: --token-file, else $XCLP_TOKEN)")
+    ar.add_argument("--token-file", default=None, help="file whose first line is the site's token (default: $XCLP_TOKEN)")
     ar.add_argument("--allow-plaintext", action="store_true",
                     help="take part in predict jobs with crypto=plaintext (LSH bits and sums in the clear)")
     ar.add_argument("--allow-unmasked-training", action="store_true",
@@ -591,12 +613,13 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--max-epsilon", type=_positive_float, default=None,
                     help="require differential privacy: refuse jobs that state no DP budget, one above ε = E, or "
                          "one that would take this site's total about its data past E (its ledger in "
-                         "OUT/.agent-state/privacy-ledger.json, across jobs and runs)")
+                         "OUT/.agent-state/privacy-ledger.json, across jobs and runs; default: none, no DP required)")
     ar.add_argument("--max-delta", type=_positive_float, default=1e-5, help="... or a δ above this (default 1e-5)")
     ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
                     ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
     _add_column_args(ar)
-    ar.add_argument("--out", required=True, help="folder for each job's <job>.npz (labels, confidence)")
+    ar.add_argument("--out", required=True, help="folder for each job's results: <job>.npz (labels, confidence, "
+                    "ids) and <job>.csv (id,label,confidence)")
     ar.add_argument("--poll", type=float, default=0.1,
                     help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
     ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")
@@ -607,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--identity-key", default=None,
                     help="this site's Ed25519 identity key file (default <out>/.agent-state/identity.key, made on "
                          "first start)")
-    ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the job")
+    ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the "
+                    "job (default: none; FedCT jobs are refused)")
     ar.set_defaults(func=cmd_agent_run)
 
     job = sub.add_parser("job", help="jobs (operator)").add_subparsers(dest="what", required=True)
@@ -615,98 +639,122 @@ def build_parser() -> argparse.ArgumentParser:
     jp = js.add_parser("predict", help="one-shot transductive prediction")
     coord_args(jp)
     jp.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
-    jp.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
-    jp.add_argument("--bits", type=int, default=1024)
-    jp.add_argument("--k", type=int, default=10)
-    jp.add_argument("--alpha", type=float, default=0.99)
-    jp.add_argument("--classes", type=int, default=10, help="number of classes (labels 0..C−1)")
+    jp.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
+    jp.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
+    jp.add_argument("--k", type=int, default=10, help=K_HELP)
+    jp.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
+    jp.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
     jp.add_argument("--standardize", action="store_true",
                     help="federated standardisation: each feature scaled to the mean and variance of all sites' "
                          "points, from a secure sum the coordinator cannot read, before hashing (default: raw)")
-    jp.add_argument("--key-bits", type=int, default=2048)
-    jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS")
-    jp.add_argument("--json", action="store_true")
+    jp.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
+                    help="this job's deadline for a phase (setup, seed, counts, hamming, row_sums; repeatable; "
+                         "default: the coordinator's --deadline)")
+    jdp = jp.add_argument_group("label-DP of what the job releases about the sites' labels (docs/privacy.md)")
+    jdp.add_argument("--dp-epsilon", type=_positive_float, default=None,
+                     help="a label-DP budget ε for the job, which calibrates the noise below (agents started with "
+                          "--max-epsilon take part only in jobs that state one; default: none, exact sums)")
+    jdp.add_argument("--dp-delta", type=_positive_float, default=1e-5, help="δ of the budget")
+    jdp.add_argument("--label-dp", choices=("rr", "gaussian"), default="rr",
+                     help="rr: randomized response on each site's labels (far more accurate at equal ε); "
+                          "gaussian: noise shares inside the secure sums")
+    jdp.add_argument("--dp-clip", type=_positive_float, default=1.0,
+                     help="gaussian: L2 bound C of each influence column over the other sites' rows")
+    jp.add_argument("--json", action="store_true", help="print {\"job\": ID} as JSON")
     jp.set_defaults(func=cmd_job_submit)
     jt = js.add_parser("train", help="semi-supervised training rounds (FedAvg/FedCT, ± XCLP) with the sites training at home")
     coord_args(jt)
     jt.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
     from xclp.training.options import SERVICE_ALGORITHMS, TIE_RULES
 
-    jt.add_argument("--algorithm", choices=SERVICE_ALGORITHMS, default="fedavg-xclp")
+    jt.add_argument("--algorithm", choices=SERVICE_ALGORITHMS, default="fedavg-xclp",
+                    help="the training algorithm: FedAvg or FedCT, each with or without XCLP pseudo-labels, FedKT, FREDY")
     jt.add_argument("--rounds", type=int, default=10, help="rounds (FedAvg, after the warm-up) or label exchanges (FedCT)")
     jt.add_argument("--sites-per-round", type=int, default=None, help="FedAvg: sites sampled per round (default min(5, N))")
-    jt.add_argument("--local-epochs", type=int, default=5)
+    jt.add_argument("--local-epochs", type=int, default=5,
+                    help="FedAvg: passes over its own data each site makes per round (more is less communication "
+                         "but more drift between sites)")
     jt.add_argument("--model", default=None, help="FedAvg: mlp|cnn; FedCT: tree|forest|boosting|logreg|mlp|cnn "
-                                                  "(a comma list is cycled over the sites)")
-    jt.add_argument("--lr", type=float, default=None)
+                                                  "(a comma list is cycled over the sites; default: mlp for FedAvg, tree for FedCT)")
+    jt.add_argument("--lr", type=float, default=None,
+                    help="the sites' learning rate (default 0.1 for FedAvg's SGD, 1e-3 for FedCT's Adam)")
     jt.add_argument("--warmup-rounds", type=int, default=0, help="FedAvg: labelled-only stage-1 rounds")
     jt.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds")
     jt.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
-    jt.add_argument("--public", default=None, help="FedCT: the public set U (.npz with X or .npy); its SHA-256 is pinned")
-    jt.add_argument("--public-sha256", default=None, help="FedCT: pin U by digest instead of --public")
-    jt.add_argument("--public-size", type=int, default=None)
-    jt.add_argument("--tie", choices=TIE_RULES, default="lowest")
-    jt.add_argument("--quorum", type=float, default=None)
-    jt.add_argument("--mix", type=float, default=None)
-    jt.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
-    jt.add_argument("--bits", type=int, default=1024)
-    jt.add_argument("--k", type=int, default=10)
-    jt.add_argument("--alpha", type=float, default=0.99)
-    jt.add_argument("--classes", type=int, default=10)
-    jt.add_argument("--key-bits", type=int, default=2048)
-    jt.add_argument("--seed", type=int, default=0)
+    jt.add_argument("--public", default=None, help="FedCT: the public set U (.npz with X or .npy); its SHA-256 is pinned (default: none)")
+    jt.add_argument("--public-sha256", default=None, help="FedCT: pin U by digest instead of --public (default: none)")
+    jt.add_argument("--public-size", type=int, default=None,
+                    help="FedCT: the number of points of U pinned by --public-sha256 (default: none)")
+    jt.add_argument("--tie", choices=TIE_RULES, default="lowest", help="FedCT: tie rule of the sites' vote")
+    jt.add_argument("--quorum", type=float, default=None,
+                    help="FedCT: qualified majority for a consensus label, e.g. 0.9 (default: a plain majority)")
+    jt.add_argument("--mix", type=float, default=None,
+                    help="FedCT: pseudo-labelled points per private labelled point (default: all of U)")
+    jt.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
+    jt.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
+    jt.add_argument("--k", type=int, default=10, help=K_HELP)
+    jt.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
+    jt.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
+    jt.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    jt.add_argument("--seed", type=int, default=0, help="seed of the models' initialisation and the sites' sampling")
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
     jt.add_argument("--dp-epsilon", type=float, default=None,
                     help="a differential-privacy budget ε over the job — fedct: randomized response on each site's "
                          "labels, at the site; fedavg: Gaussian noise shares in the secure sum (with --clip); "
-                         "the job status reports the ε spent")
+                         "the job status reports the ε spent (default: none, no DP)")
     jt.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
-    jt.add_argument("--clip", type=float, default=None, help="DP-FedAvg: L2 bound C on each site's update")
+    jt.add_argument("--clip", type=float, default=None, help="DP-FedAvg: L2 bound C on each site's update "
+                    "(default: none, no clipping)")
     jt.add_argument("--partitions", type=int, default=None, help="FedKT: partitions s of each party's data (default 2)")
     jt.add_argument("--teachers", type=int, default=None, help="FedKT: teachers t per partition (default 5)")
-    jt.add_argument("--levels", choices=("L1", "L2"), default=None, help="FedKT: where the vote noise goes")
-    jt.add_argument("--gamma", type=float, default=None, help="FedKT: discrete Laplace parameter of the vote counts")
-    jt.add_argument("--queries", type=int, default=None, help="FedKT: points of U2 the server labels")
-    jt.add_argument("--student-model", default=None, help="FedKT: the students' and the final model's learner")
+    jt.add_argument("--levels", choices=("L1", "L2"), default=None, help="FedKT: where the vote noise goes (default L1)")
+    jt.add_argument("--gamma", type=float, default=None, help="FedKT: discrete Laplace parameter of the vote counts "
+                    "(default: from --dp-epsilon, or no noise)")
+    jt.add_argument("--queries", type=int, default=None, help="FedKT: points of U2 the server labels (default: all)")
+    jt.add_argument("--student-model", default=None, help="FedKT: the students' and the final model's learner "
+                    "(default: forest for tree teachers)")
     jt.add_argument("--noise-multiplier", type=float, default=None,
                     help="DP-FedAvg: noise std z·C on each round's sum (default: calibrated to --dp-epsilon)")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
                          "the coordinator sees only their sum)")
-    jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS", help="setup, round or evaluate")
-    jt.add_argument("--json", action="store_true")
+    jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
+                    help="this job's deadline for a phase: setup, round or evaluate (repeatable; default: the "
+                         "coordinator's)")
+    jt.add_argument("--json", action="store_true", help="print {\"job\": ID} as JSON")
     jt.set_defaults(func=cmd_job_submit_train)
     jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted")
     coord_args(jl)
-    jl.add_argument("--json", action="store_true")
+    jl.add_argument("--json", action="store_true", help="print the jobs as JSON instead of a table")
     jl.set_defaults(func=cmd_job_list)
     jst = job.add_parser("status", help="a job's phase, progress, dropouts")
-    jst.add_argument("job")
+    jst.add_argument("job", help="the job's id, as `job submit` printed it")
     coord_args(jst)
-    jst.add_argument("--json", action="store_true")
+    jst.add_argument("--json", action="store_true", help="print the whole status as JSON")
     jst.set_defaults(func=cmd_job_status)
     jc = job.add_parser("cancel", help="end a running job; the sites wipe its keys")
-    jc.add_argument("job")
+    jc.add_argument("job", help="the job's id")
     coord_args(jc)
     jc.set_defaults(func=cmd_job_cancel)
     jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout")
-    jw.add_argument("job")
+    jw.add_argument("job", help="the job's id")
     coord_args(jw)
-    jw.add_argument("--timeout", type=float, default=3600)
-    jw.add_argument("--quiet", action="store_true")
+    jw.add_argument("--timeout", type=float, default=3600, help="seconds to wait before giving up with exit 3")
+    jw.add_argument("--quiet", action="store_true", help="no progress on stderr")
     jw.set_defaults(func=cmd_job_wait)
 
     add_tls_parser(sub)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
-    demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
+    demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
     demo.add_argument("--bits", type=int, default=None, help="LSH bits (default 1024; 256 with --train)")
     demo.add_argument("--train", choices=["fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fedavg"],
-                      default=None, help="run a FedAvg training job instead of a prediction job")
+                      default=None, help="run a FedAvg training job instead of a prediction job (default: a prediction job)")
     demo.add_argument("--rounds", type=int, default=5, help="with --train: training rounds")
-    demo.add_argument("--sites", type=int, default=3)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--json", type=Path)
+    demo.add_argument("--sites", type=int, default=3, help="number of site agents")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the data split")
+    demo.add_argument("--json", type=Path, help="write the results as JSON to this file (default: none)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

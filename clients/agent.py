@@ -3,7 +3,7 @@
 It polls the coordinator for work and drives `xclp.protocol.SiteSession` (the same code as the
 in-process simulation) over HTTP. The site's data, keys and results stay here: the agent writes
 each job's labels and confidences into its output folder as `<job>.npz` (`labels`, `confidence`,
-aligned with the rows of its data file).
+aligned with the rows of its data file) and `<job>.csv` (clients/results.py).
 
 Restarts: the agent keeps, per job, its X25519 key and seed contribution on disk (mode 0600). A
 restarted agent rebuilds its session by replaying what the coordinator holds for it (roster, seed
@@ -23,11 +23,10 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
-
 from clients.api import ApiError, CoordinatorClient, NotTheApi
 from clients.policy import PolicyError, SitePolicy
-from clients.site_state import JobState, load_site_data
+from clients.results import write_results
+from clients.site_state import JobState, load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
@@ -75,7 +74,7 @@ class Agent:
         on first use and kept in <out>/.agent-state/known_sites.json)."""
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
         self.policy = policy or SitePolicy()
-        self.X, self.y, self.y_true = load_site_data(data, columns)
+        self.X, self.y, self.y_true, self.ids = load_site(data, columns)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.out / ".agent-state"
@@ -403,9 +402,7 @@ class Agent:
 
     def _write_result(self, job_id: str, pred) -> None:
         path = self.result_path(job_id)
-        tmp = path.with_name(path.stem + ".partial.npz")
-        np.savez(tmp, labels=pred.labels, confidence=pred.confidence)
-        os.replace(tmp, path)
+        write_results(path, pred.labels, pred.confidence, self.ids)  # and <job>.csv: id,label,confidence
         log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
         # The job's private key has served its purpose: forget it, so that a later theft of this
         # folder cannot open the sealed messages the coordinator keeps (the seed contributions).

@@ -1,5 +1,5 @@
 """What a site keeps at home, apart from the agent's loop: its data file, read and checked
-(`load_site_data`, used by the agent and by Flower's ClientApp), and what it must remember about each
+(`load_site`, used by the agent and by Flower's ClientApp), and what it must remember about each
 job across restarts (`JobState`: small, JSON, mode 0600)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,9 +15,17 @@ from xclp.data import DataError, validate_features, validate_labels
 from xclp.datafile import Columns, load_data_file
 
 
-def load_site_data(path: str | os.PathLike, columns: Columns | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(X, y, y_true or None) from the site's .npz, .csv or .parquet: y_true, where the file has it,
-    is for scoring training jobs only; a site column, if any, is not needed here."""
+class SiteData(NamedTuple):
+    X: np.ndarray
+    y: np.ndarray
+    y_true: np.ndarray | None  # for scoring training jobs only
+    ids: np.ndarray | None  # the ID column's values (strings), where one was named: carried into the results
+
+
+def load_site(path: str | os.PathLike, columns: Columns | None = None) -> SiteData:
+    """The site's .npz, .csv or .parquet, checked: y_true where the file has it, the IDs where
+    `columns.id` names a column; a site column, if any, is not needed here."""
+    columns = columns or Columns()
     a = load_data_file(path, columns, require_site=False)
     X = validate_features(a["X"])
     y_true = a.get("y_true")
@@ -24,7 +33,12 @@ def load_site_data(path: str | os.PathLike, columns: Columns | None = None) -> t
         if np.shape(y_true) != (X.shape[0],):
             raise DataError(f"{path}: y_true must have one entry per row of X")
         y_true = np.asarray(y_true, dtype=np.int64)
-    return X, validate_labels(a["y"], X.shape[0]), y_true
+    return SiteData(X, validate_labels(a["y"], X.shape[0]), y_true, a["id"] if columns.id else None)
+
+
+def load_site_data(path: str | os.PathLike, columns: Columns | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(X, y, y_true or None): `load_site` without the IDs."""
+    return load_site(path, columns)[:3]
 
 
 class JobState:

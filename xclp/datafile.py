@@ -5,11 +5,13 @@ where the file has them site (n names) and y_true (n ints, for scoring only) —
 through the same checks (xclp.data: validate_features, validate_labels, make_dataset), so a bad
 file gets the same clear error whatever its format.
 
-- .npz: arrays named X, y, site, y_true (no pickle).
+- .npz: arrays named X, y, site, y_true (no pickle); an ID column names an array of the file (n entries).
 - .csv: a header row; the label column (named by `Columns.label`, default "label") holds integer
   class labels, with an empty cell or −1 for an unlabelled point; an optional site column and an
-  optional y_true column; every other column is a feature and must be numeric. Read with the
-  standard library's csv module, row by row (the core install needs nothing more).
+  optional y_true column; optionally an ID column (`Columns.id`: not a feature, its values come back
+  as "id" and go into the site's results) and columns to ignore (`Columns.ignore`: dropped); every
+  other column is a feature and must be numeric. Read with the standard library's csv module, row by
+  row (the core install needs nothing more).
 - .parquet: the same columns; a null label is an unlabelled point. Read with pyarrow, the optional
   extra `pip install -e '.[parquet]'` (the error says so when it is missing).
 """
@@ -38,11 +40,32 @@ class Columns:
     label: str = "label"
     site: str = "site"
     truth: str = "y_true"
+    id: str | None = None  # carried into the results, never a feature
+    ignore: tuple[str, ...] = ()  # dropped
 
     def __post_init__(self):
         names = [self.label, self.site, self.truth]
         if any(not isinstance(c, str) or not c.strip() for c in names) or len(set(names)) != 3:
             raise DataError(f"the label, site and truth columns need three different names, got {names}")
+        if self.id is not None and (not self.id.strip() or self.id in names):
+            raise DataError(f"the ID column {self.id!r} must be named and differ from the label, site and truth "
+                            f"columns {names}")
+        clash = [c for c in self.ignore if c in (self.label, self.id)]
+        if clash:
+            raise DataError(f"cannot ignore the label or ID column {clash[0]!r}")
+
+    @property
+    def not_features(self) -> set[str]:
+        return {self.label, self.site, self.truth, *self.ignore} | ({self.id} if self.id else set())
+
+    def named(self) -> list[str]:
+        """The columns the user named besides the usual label/site/truth: each must exist."""
+        return ([self.id] if self.id else []) + list(self.ignore)
+
+
+def parse_column_list(text: str | None) -> tuple[str, ...]:
+    """"a, b,c" (the --ignore-columns flag, a node config's ignore-columns=): the names, without spaces."""
+    return tuple(c.strip() for c in (text or "").split(",") if c.strip())
 
 
 def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
@@ -56,7 +79,7 @@ def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if suffix == ".npz":
-        return load_npz(path, require_site=require_site)
+        return _npz(path, columns, require_site)
     X, other, lines = (_read_csv if suffix == ".csv" else _read_parquet)(path, columns, require_site)
     return _arrays(path, X, other, columns, lines)
 
@@ -72,10 +95,15 @@ def _layout(path: Path, header: list[str], columns: Columns, require_site: bool)
     if len(set(header)) != len(header):
         raise DataError(f"{path}: repeated column names in the header {header}")
     if columns.label not in header:
-        raise DataError(f"{path}: no label column {columns.label!r} (columns: {header}); name it with --label-column")
+        raise DataError(f"{path}: no label column {columns.label!r} (columns: {header}); name it with --label-column (a Flower node: label-column=)")
     if require_site and columns.site not in header:
         raise DataError(f"{path}: no site column {columns.site!r} (columns: {header}); name it with --site-column")
-    features = [h for h in header if h not in (columns.label, columns.site, columns.truth)]
+    if columns.id and columns.id not in header:
+        raise DataError(f"{path}: no ID column {columns.id!r} (columns: {header}); check --id-column (a Flower node: id-column=)")
+    missing = [c for c in columns.ignore if c not in header]
+    if missing:
+        raise DataError(f"{path}: no column {missing[0]!r} to ignore (columns: {header}); check --ignore-columns (a Flower node: ignore-columns=)")
+    features = [h for h in header if h not in columns.not_features]
     if not features:
         raise DataError(f"{path}: no feature columns (columns: {header})")
     return features
@@ -95,7 +123,7 @@ def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndar
                 raise DataError(f"{path}: empty file; expected a header row and one row per point")
             features = _layout(path, header, columns, require_site)
             at = [header.index(h) for h in features]
-            other = {h: [] for h in header if h not in features}
+            other = {h: [] for h in header if h not in features and h not in columns.ignore}
             where = {h: header.index(h) for h in other}
             blocks, block, lines = [], [], []
             for r in reader:
@@ -154,7 +182,8 @@ def _read_parquet(path: Path, columns: Columns, require_site: bool) -> tuple[np.
             X[:, j] = column.to_numpy()
         else:
             X[:, j] = _numbers(path, name, lines, column.to_pylist())
-    other = {h: table.column(header.index(h)).to_pylist() for h in header if h not in features}
+    other = {h: table.column(header.index(h)).to_pylist() for h in header
+             if h not in features and h not in columns.ignore}
     return X, other, lines
 
 
@@ -167,10 +196,30 @@ def _arrays(path: Path, X: np.ndarray, col: dict[str, list], columns: Columns, l
         if any(s == "" for s in sites):
             raise DataError(f"{path}: row {lines[sites.index('')]}: empty site name in column {columns.site!r}")
         out["site"] = np.array(sites, dtype=str).reshape(n)
+    if columns.id:
+        ids = ["" if v is None else str(v).strip() for v in col[columns.id]]
+        if "" in ids:
+            raise DataError(f"{path}: row {lines[ids.index('')]}: empty ID in column {columns.id!r}")
+        out["id"] = np.array(ids, dtype=str).reshape(n)
     if columns.truth in col:
         out["y_true"] = np.array([_label(path, columns.truth, line, v) for line, v in zip(lines, col[columns.truth])],
                                  dtype=np.int64).reshape(n)
     return out
+
+
+def _npz(path: Path, columns: Columns, require_site: bool) -> dict[str, np.ndarray]:
+    """A .npz's arrays; an ID column is one of them (n entries), as "id"; an ignored one is not read anyway."""
+    arrays = load_npz(path, require_site=require_site)
+    missing = [c for c in columns.named() if c not in arrays]
+    if missing:
+        raise DataError(f"{path}: no array {missing[0]!r} (arrays: {sorted(arrays)}); check --id-column / "
+                        "--ignore-columns")
+    if columns.id:
+        ids = np.asarray(arrays[columns.id])
+        if ids.shape != (np.shape(arrays["X"])[0],):
+            raise DataError(f"{path}: the ID array {columns.id!r} must have one entry per row of X")
+        arrays["id"] = ids.astype(str)
+    return arrays
 
 
 def _numbers(path: Path, column: str, lines: list[int], values: list) -> np.ndarray:

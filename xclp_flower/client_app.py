@@ -1,7 +1,8 @@
 """The site's side of XCLP as a Flower ClientApp: `@app.query("xclp")`, one handler for every step.
 
 The node's configuration names the site and its data (`flower-supernode --node-config
-"site=hospital-a data-path=a.csv out=results allow-plaintext=false"`); vectors, labels and results
+"site=hospital-a data-path=a.csv out=results allow-plaintext=false"`, and for a CSV or Parquet file
+`label-column=diagnosis id-column=patient ignore-columns=notes,date` as the agent's flags); vectors, labels and results
 stay at the site: a step's reply carries only what the same step sends to the coordinator in the
 service (announce, sealed site-to-site messages, masked sums, the pair protocol's shares). The
 site's policy is the agent's (clients/policy.py), checked at every step: no plaintext job unless
@@ -31,11 +32,12 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.policy import PolicyError, SitePolicy
-from clients.site_state import load_site_data
+from clients.site_state import load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
+from xclp.datafile import Columns, parse_column_list
 from xclp.job_files import job_file
 from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
@@ -65,6 +67,14 @@ def _epsilon(value) -> float | None:
     return v
 
 
+def _columns(cfg) -> Columns:
+    """The data file's columns from the node config, as the agent's flags name them: label-column=
+    (default label), id-column= (not a feature), ignore-columns=A,B (dropped), truth-column=."""
+    text = {k: str(cfg.get(k) or "").strip() for k in ("label-column", "id-column", "ignore-columns", "truth-column")}
+    return Columns(label=text["label-column"] or "label", truth=text["truth-column"] or "y_true",
+                   id=text["id-column"] or None, ignore=parse_column_list(text["ignore-columns"]))
+
+
 class FlowerSite:
     """One site in one run, rebuilt from its node config and its Context.state."""
 
@@ -79,7 +89,7 @@ class FlowerSite:
         self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
                                  max_epsilon=_epsilon(cfg.get("max-epsilon")))
-        self.X, self.y, self.y_true = load_site_data(str(cfg["data-path"]))
+        self.X, self.y, self.y_true, self.ids = load_site(str(cfg["data-path"]), _columns(cfg))
         self.ledger = SiteLedger(self.out / ".agent-state", delta=self.policy.max_delta)
         self._digest: str | None = None
         self.public_path = cfg.get("public-path")

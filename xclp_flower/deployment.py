@@ -84,6 +84,34 @@ class LocalFlower:
                                + self.logs())
         return json.loads(found.group(1))
 
+    def start(self, run_config: str, timeout: float = 120) -> tuple[int, int]:
+        """`flwr run --format json` without waiting for the run: (its exit status, the run's id). Flower
+        1.41's `flwr run` exits once the SuperLink has accepted the run: its status says nothing of how
+        the run ends (`finished` below does)."""
+        self.wait_ready()
+        r = subprocess.run([str(self.bin / "flwr"), "run", str(APP), "local", "--run-config",
+                            f"{run_config} nodes={len(self.sites)}", "--format", "json"],
+                           env=self.env, cwd=self.work, capture_output=True, text=True, timeout=timeout)
+        try:
+            return r.returncode, int(json.loads(r.stdout)["run-id"])
+        except (ValueError, KeyError, TypeError):
+            raise RuntimeError(f"flwr run (rc {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}") from None
+
+    def finished(self, run_id: int, timeout: float = 300) -> dict:
+        """The run's row of `flwr ls --run-id ID --format json` once its status is finished:… ("status":
+        "finished:completed" | "finished:failed" | "finished:stopped", "status-details": the reason)."""
+        end = time.monotonic() + timeout
+        while True:
+            r = subprocess.run([str(self.bin / "flwr"), "ls", "local", "--run-id", str(run_id), "--format", "json"],
+                               env=self.env, cwd=self.work, capture_output=True, text=True, timeout=60)
+            try:
+                row = json.loads(r.stdout)["runs"][0]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise RuntimeError(f"flwr ls (rc {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}") from None
+            if str(row.get("status", "")).startswith("finished") or time.monotonic() > end:
+                return row
+            time.sleep(1)
+
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.work.glob("*.log")))
 

@@ -7,6 +7,20 @@ default 2) and timeout (seconds a round, or that wait, may take); for training r
 `algorithm`, TRAIN_KEYS below and max-missed-rounds. A site that does not answer, or answers with
 an error, leaves an XCLP job as it leaves the coordinator's (FlowerXCLP.run), and a training run
 leaves it out of the round and goes on (FlowerTraining).
+
+A run that fails (fewer than two sites left, a bad run config, a protocol error) prints
+"xclp: the run failed: REASON" and raises RunFailed, an ordinary Exception: Flower 1.41 records a
+ServerApp's Exception — not a SystemExit, which its `except Exception` lets through — as the run's
+failure. In a deployment, flwr-serverapp (flwr/superlink/runtime/run_serverapp.py) pushes sub-status
+"failed" with details "ServerApp failed with exception: xclp: the run failed: REASON" and exits 1
+(a SystemExit left the run failed only once its heartbeat stopped, "No heartbeat received from the
+task", the reason lost); in a simulation, run_serverapp_th queues it and the simulation ends with
+an error (a SystemExit passed as a success). tests/flower/test_flower_deployment.py checks it against
+a real SuperLink. `flwr run` itself
+exits 0 once the SuperLink has accepted the run, failed or not (flwr/cli/run/run.py returns after
+StartRun; --stream only prints the logs): a script checks the run's status afterwards,
+`flwr ls SUPERLINK --run-id ID --format json` → runs[0]["status"] == "finished:failed"
+(README, "A failed run and `flwr run`'s exit status").
 """
 
 from __future__ import annotations
@@ -23,6 +37,11 @@ from xclp_flower.prediction import MESSAGE_TYPE, FlowerLink, FlowerXCLP, SiteFai
 from xclp_flower.training import ALGORITHMS, FlowerTraining
 
 app = ServerApp()
+
+
+class RunFailed(RuntimeError):
+    """The run failed, for the reason given: raised out of the ServerApp so that Flower marks the run
+    failed (see above)."""
 
 
 TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": str, "public-size": int, "seed": int,
@@ -46,7 +65,9 @@ def params_from(run_config: dict, run_id: int) -> JobParams:
         raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")
     run_config = {k: v for k, v in run_config.items() if k in known}
     kw = {k: cast(run_config[k]) for k, cast in known.items() if k in run_config}
-    return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes", 10), **kw).validate()
+    if "classes" not in kw:  # no silent class count (the app's pyproject declares one)
+        raise ValueError("the run config needs classes=C, the number of classes (every site's labels are 0..C−1)")
+    return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes"), **kw).validate()
 
 
 @app.main()
@@ -74,5 +95,5 @@ def main(grid: Grid, context: Context) -> None:
                                      run_id=context.run_id, max_missed=int(cfg.get("max-missed-rounds", 3))).run()
     except (SiteFailed, ProtocolError, ValueError) as exc:
         print(f"xclp: the run failed: {exc}")
-        raise SystemExit(1) from None
+        raise RunFailed(f"xclp: the run failed: {exc}") from None
     print("xclp: done " + json.dumps(summary))

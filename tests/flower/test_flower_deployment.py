@@ -100,3 +100,23 @@ def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(tmp_pat
         with open(summary["written"][s].replace(".npz", ".model.npz"), "rb") as f:
             got = load_state(f.read(), build_network("mlp", 64, 10).state_dict())[0]
         assert all(torch.equal(got[k], want[k]) for k in want), s
+
+
+def test_a_failed_run_is_finished_failed_at_the_superlink_though_flwr_run_exits_0(tmp_path):
+    """The ServerApp's RunFailed reaches Flower as the run's failure, with the reason; `flwr run` (1.41)
+    has exited 0 by then, as soon as the run was accepted: a script reads the status (README)."""
+    X, y = load_arrays("digits", limit=120, seed=5)
+    ds = simulate_sites(X, y, 2, "iid", 0.2, seed=5)
+    files = {}
+    for s in ds.sites:
+        files[s] = tmp_path / f"{s}.npz"
+        np.savez(files[s], X=ds.X[ds.site == s], y=ds.y[ds.site == s])
+    flower = LocalFlower(tmp_path, files)
+    try:
+        code, run_id = flower.start("bits=64 k=6 crypto='lattice' classes=1")
+        run = flower.finished(run_id)
+    finally:
+        flower.close()
+    assert code == 0
+    assert run["status"] == "finished:failed", (run, flower.logs())
+    assert "xclp: the run failed: n_classes must be at least 2" in run["status-details"], run

@@ -426,4 +426,62 @@ def test_flower_standardises_like_the_simulation(federation):
     ref = run_xclp(ds, params, contributions=contributions)
     for s in ds.sites:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
-    assert params_from({"standardize": "true"}, 3).standardize is True
+    assert params_from({"standardize": "true", "classes": 10}, 3).standardize is True
+    with pytest.raises(ValueError, match="needs classes=C"):
+        params_from({"crypto": "lattice"}, 3)
+
+
+def test_a_flower_node_reads_a_csv_with_named_label_id_and_ignored_columns(federation, tmp_path):
+    """--node-config label-column= id-column= ignore-columns= as the agent's flags: the same labels as
+    the .npz; a column named but absent ends the job with the site's one-line reason."""
+    import csv
+
+    ds, configs = federation
+    a = np.load(configs[2]["data-path"])
+    with open(tmp_path / "site2.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["pid", *[f"px{j}" for j in range(a["X"].shape[1])], "diagnosis", "note"])
+        for i, (x, lab) in enumerate(zip(a["X"], a["y"])):
+            w.writerow([f"p{i}", *map(repr, x.tolist()), "" if lab < 0 else int(lab), "free text"])
+    node = {**configs[2], "data-path": str(tmp_path / "site2.csv"),  # the same out folder: its identity key
+            "label-column": "diagnosis", "id-column": "pid", "ignore-columns": "note"}
+    params = JobParams(job_id="flower-columns", n_classes=10, bits=128, k=6, crypto="lattice")
+    out = FlowerXCLP(InProcessGrid(client_app, [*configs[:2], node]), params).run()
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites}
+    ref = run_xclp(ds, params, contributions=contributions)
+    assert np.array_equal(np.load(out["written"]["site2"])["labels"], ref.predictions["site2"].labels)
+    out = run([*configs[:2], {**node, "id-column": "mrn"}])[2]  # the job goes on without that site
+    assert list(out["dropped"]) == ["site2"] and "no ID column 'mrn'" in out["dropped"]["site2"]
+    assert "id-column=" in out["dropped"]["site2"]
+
+
+@pytest.mark.parametrize("how", ["every site left", "bad run config"])
+def test_a_failed_run_raises_what_flower_records_as_the_runs_failure(federation, capsys, how):
+    """Flower's own ServerApp thread (the simulation's; flwr-serverapp catches the same `except
+    Exception`) receives the failure: a SystemExit would pass through it as a success."""
+    import re
+    import threading
+    from queue import Queue
+
+    from flwr.app import Context, RecordDict
+    from flwr.simulation.run_simulation import run_serverapp_th
+
+    from xclp_flower.server_app import RunFailed
+    from xclp_flower.server_app import app as server_app
+
+    ds, configs = federation
+    nodes = [{k: v for k, v in c.items() if k != "data-path"} for c in configs]  # every site fails at once
+    run_config = {"crypto": "lattice", "bits": 64, "k": 6, "classes": 10, "nodes": 3, "timeout": 30}
+    if how == "bad run config":
+        nodes, run_config = configs, {**run_config, "classes": 1}
+    context = Context(run_id=5, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    errors, contexts = Queue(), Queue()
+    thread = run_serverapp_th(None, server_app, context, InProcessGrid(client_app, nodes), "", threading.Event(),
+                              errors, False, contexts)
+    thread.join(120)
+    assert not thread.is_alive() and contexts.empty()
+    exc = errors.get_nowait()
+    words = "lacks \\['data-path'\\]" if how == "every site left" else "n_classes must be at least 2"
+    assert isinstance(exc, RunFailed)
+    assert re.search("xclp: the run failed: .*" + words, str(exc)), str(exc)
+    assert re.search("xclp: the run failed: .*" + words, capsys.readouterr().out)

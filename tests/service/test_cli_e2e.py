@@ -25,14 +25,19 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
     X = (X / 16.0).astype(np.float32)
     public, ds = X[:100], simulate_sites(X[100:], y[100:], 3, "iid", 0.2, seed=1)
     np.savez(tmp_path / "U.npz", X=public)
-    sites = {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in ds.sites[:2]}
-    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites, public=tmp_path / "U.npz")
+    # every site's points carry an ID (a .npz array, a CSV column) and a column to ignore
+    pid = {s: np.array([f"{s}-{i}" for i in range((ds.site == s).sum())]) for s in ds.sites}
+    sites = {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s], "pid": pid[s], "note": pid[s]} for s in ds.sites[:2]}
+    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites, public=tmp_path / "U.npz",
+                       agent_options=("--allow-plaintext", "--allow-unmasked-training", "--id-column", "pid",
+                                      "--ignore-columns", "note"))
     try:
         coord = ["--coordinator", c.url, f"--admin-token={ADMIN}"]
         last = ds.sites[2]  # registered through the CLI, which prints its token once; its data is a CSV
-        rows = np.column_stack([ds.X[ds.site == last], ds.y[ds.site == last]])
-        header = ",".join([f"px{j}" for j in range(ds.X.shape[1])] + ["label"])
-        np.savetxt(tmp_path / f"{last}.csv", rows, delimiter=",", header=header, comments="", fmt="%.9g")
+        rows = np.column_stack([pid[last], ds.X[ds.site == last].astype(str), ds.y[ds.site == last].astype(str),
+                                np.full(len(pid[last]), "free text")])
+        header = ",".join(["pid"] + [f"px{j}" for j in range(ds.X.shape[1])] + ["label", "note"])
+        np.savetxt(tmp_path / f"{last}.csv", rows, delimiter=",", header=header, comments="", fmt="%s")
         c.data_files[last] = tmp_path / f"{last}.csv"
         code, out = cli(capsys, "site", "add", last, *coord, "--json")
         assert code == 0 and json.loads(out)["site"] == last
@@ -41,16 +46,22 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
             c.start_agent(s)
         names = ",".join(ds.sites)
 
-        code, out = cli(capsys, "job", "submit", "predict", *coord, "--sites", names, "--crypto", "plaintext",
-                        "--bits", "128", "--k", "8", "--json")
+        code, out = cli(capsys, "job", "submit", "predict", *coord, "--sites", names, "--classes", "10",
+                        "--crypto", "plaintext", "--bits", "128", "--k", "8", "--json")
         job = json.loads(out)["job"]
         assert code == 0 and cli(capsys, "job", "wait", job, *coord, "--timeout", "120")[0] == 0
         code, out = cli(capsys, "job", "status", job, *coord, "--json")
         assert code == 0 and json.loads(out)["status"] == "done"
         assert np.load(c.result(job, last))["labels"].shape == ((ds.site == last).sum(),)
+        for s in ds.sites:  # beside each .npz, a CSV of id,label,confidence with the site's own IDs
+            with np.load(c.result(job, s)) as f:
+                assert list(f["ids"]) == list(pid[s])
+                table = np.loadtxt(c.result(job, s).with_suffix(".csv"), delimiter=",", dtype=str)
+                assert list(table[0]) == ["id", "label", "confidence"] and list(table[1:, 0]) == list(pid[s])
+                assert list(table[1:, 1].astype(int)) == list(f["labels"])
 
-        code, out = cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--algorithm", "fedct",
-                        "--model", "tree,logreg", "--public", str(tmp_path / "U.npz"), "--rounds", "2", "--json")
+        code, out = cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--classes", "10",
+                        "--algorithm", "fedct", "--model", "tree,logreg", "--public", str(tmp_path / "U.npz"), "--rounds", "2", "--json")
         job = json.loads(out)["job"]
         assert code == 0 and cli(capsys, "job", "wait", job, *coord, "--timeout", "120")[0] == 0
         st = json.loads(cli(capsys, "job", "status", job, *coord, "--json")[1])
@@ -62,10 +73,11 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
         assert c.result(job, last, ".model.pkl").stat().st_size > 0
 
         # an unknown site or a bad U is refused before anything is stored
-        assert cli(capsys, "job", "submit", "train", *coord, "--sites", "site0,nobody", "--algorithm", "fedavg")[0] == 2
+        assert cli(capsys, "job", "submit", "train", *coord, "--sites", "site0,nobody", "--classes", "10",
+                   "--algorithm", "fedavg")[0] == 2
         (tmp_path / "bad.npz").write_bytes(b"not an npz")
-        assert cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--algorithm", "fedct",
-                   "--public", str(tmp_path / "bad.npz"))[0] == 2
+        assert cli(capsys, "job", "submit", "train", *coord, "--sites", names, "--classes", "10",
+                   "--algorithm", "fedct", "--public", str(tmp_path / "bad.npz"))[0] == 2
     finally:
         c.close()
 

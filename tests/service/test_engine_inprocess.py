@@ -416,3 +416,19 @@ def test_a_registered_fingerprint_binds_a_sites_announces_to_its_identity(rig):
     assert exc.value.status == 422 and "not signed by the identity registered" in exc.value.detail
     owner = SiteSession(params, name, X, np.array([0, 1, -1, -1, -1]), identity=me)
     client.put(job, "announce", owner.announce())
+
+
+def test_a_site_with_labels_outside_the_jobs_classes_refuses_and_says_so(rig):
+    """The class count is the operator's (`job submit --classes`): a site holding a label outside it
+    leaves the job at once, and the operator reads which label."""
+    ds, admin, agents = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=5)
+    end = time.monotonic() + 60
+    while (st := admin.job(job))["status"] == "running" and time.monotonic() < end:
+        step_all(agents.values(), job)
+        time.sleep(0.01)
+    assert st["status"] == "failed" and len(st["refused"]) >= 2  # (the job fails once two have left)
+    assert "fewer than two sites left in setup" in st["failure"]
+    for s in st["refused"]:
+        top = int(ds.y[ds.site == s].max())
+        assert f"{s}: label {top} is out of range for the job's 5 classes" in st["refused"][s]

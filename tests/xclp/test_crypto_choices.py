@@ -9,7 +9,7 @@ import pytest
 from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS
 from xclp.protocol import CRYPTO_CHOICES, JobParams, hamming_protocol
 
-JOB = ["--coordinator", "http://x", "--sites", "a,b"]
+JOB = ["--coordinator", "http://x", "--sites", "a,b", "--classes", "10"]
 
 
 def _crypto_action(parser, argv):

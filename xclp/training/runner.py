@@ -97,6 +97,8 @@ class TrainConfig:
     label_column: str = "label"
     site_column: str = "site"
     truth_column: str = "y_true"
+    id_column: str | None = None  # not a feature (a simulation reports no per-point results)
+    ignore_columns: str | None = None  # "a,b": dropped
 
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
@@ -188,10 +190,11 @@ def pool_indices(config: TrainConfig, n_pool: int) -> np.ndarray:
 
 def prepare_files(cfg: TrainConfig):
     """`prepare` for the user's own files (--data, --test, --public): the sites as the file gives them."""
-    from xclp.datafile import Columns, dataset_from_file, load_data_file
+    from xclp.datafile import Columns, dataset_from_file, load_data_file, parse_column_list
     from xclp.training.fedct import PublicSet
 
-    columns = Columns(cfg.label_column, cfg.site_column, cfg.truth_column)
+    columns = Columns(cfg.label_column, cfg.site_column, cfg.truth_column, id=cfg.id_column,
+                      ignore=parse_column_list(cfg.ignore_columns))
     ds = dataset_from_file(cfg.data, columns)
     if len(ds.sites) < 2:
         raise DataError(f"{cfg.data}: its site column names {len(ds.sites)} site(s); a federation needs at least 2")
