@@ -32,6 +32,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.policy import PolicyError, SitePolicy
+from clients.results import write_results
 from clients.site_state import load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Pins
@@ -178,8 +179,9 @@ class FlowerSite:
         pred, params = machine.result, self.session.params
         # with the site's seed contribution (public once the seed phase revealed it to its peers): an audit
         # can replay the job in process with the same LSH seed, as an agent's state allows
-        path = self.write_result(params.job_id, labels=pred.labels, confidence=pred.confidence,
-                                 seed_contribution=np.frombuffer(self.session.my_contribution(), dtype=np.uint8))
+        self.out.mkdir(parents=True, exist_ok=True)
+        path, _ = write_results(job_file(self.out, params.job_id, ".npz"), pred.labels, pred.confidence, self.ids,
+                                seed_contribution=np.frombuffer(self.session.my_contribution(), dtype=np.uint8))
         end_run = bool(secrets.get("end-run", False))
         self._forget()
         if end_run:  # a prediction run: nothing of it is needed here any more
