@@ -74,7 +74,7 @@ class Agent:
         on first use and kept in <out>/.agent-state/known_sites.json)."""
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
         self.policy = policy or SitePolicy()
-        self.X, self.y, self.y_true, self.ids = load_site(data, columns)
+        self.X, self.y, self.y_true, self.ids, self.columns = load_site(data, columns)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.out / ".agent-state"
@@ -302,7 +302,8 @@ class Agent:
         sess = SiteSession(params, self.site, X, self.y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                            contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st),
-                           identity=self.identity, pins=self.pins, label_seed=label_seed)
+                           identity=self.identity, pins=self.pins, label_seed=label_seed,
+                           columns=None if status.get("parent") else self.columns)  # (a round's: embeddings)
         return sess
 
     def _noise_seed(self, status: dict, st: JobState) -> bytes:

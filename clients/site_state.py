@@ -20,6 +20,7 @@ class SiteData(NamedTuple):
     y: np.ndarray
     y_true: np.ndarray | None  # for scoring training jobs only
     ids: np.ndarray | None  # the ID column's values (strings), where one was named: carried into the results
+    columns: tuple[str, ...] | None = None  # the feature columns' names (a table's header; a .npz has none)
 
 
 def load_site(path: str | os.PathLike, columns: Columns | None = None) -> SiteData:
@@ -33,7 +34,8 @@ def load_site(path: str | os.PathLike, columns: Columns | None = None) -> SiteDa
         if np.shape(y_true) != (X.shape[0],):
             raise DataError(f"{path}: y_true must have one entry per row of X")
         y_true = np.asarray(y_true, dtype=np.int64)
-    return SiteData(X, validate_labels(a["y"], X.shape[0]), y_true, a["id"] if columns.id else None)
+    names = tuple(str(c) for c in a["columns"]) if "columns" in a else None
+    return SiteData(X, validate_labels(a["y"], X.shape[0]), y_true, a["id"] if columns.id else None, names)
 
 
 def load_site_data(path: str | os.PathLike, columns: Columns | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

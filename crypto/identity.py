@@ -37,9 +37,11 @@ def _lp(b: bytes) -> bytes:
     return struct.pack(">I", len(b)) + b
 
 
-def announce_digest(job: str, site: str, x25519: bytes, commitment: bytes, n: int, features: int) -> bytes:
+def announce_digest(job: str, site: str, x25519: bytes, commitment: bytes, n: int, features: int,
+                    columns: bytes = b"") -> bytes:
+    """What a site signs of its announce; `columns`: the digest of its column names, where it names them."""
     return (_DOMAIN + _lp(job.encode()) + _lp(site.encode()) + _lp(bytes(x25519)) + _lp(bytes(commitment))
-            + struct.pack(">QQ", int(n), int(features)))
+            + struct.pack(">QQ", int(n), int(features)) + (_lp(bytes(columns)) if columns else b""))
 
 
 def key_digest(purpose: str, job: str, site: str, public: bytes) -> bytes:

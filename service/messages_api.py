@@ -29,6 +29,7 @@ from xclp.protocol import (
     MAX_REASON_CHARS,
     REFUSE,
     CoordinatorSession,
+    columns_digest,
     counts_length,
     decode_announce,
     read_refusal,
@@ -257,7 +258,7 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
                                          f"({registered}), but by {fingerprint(e.identity) if e.identity else 'none'}")
             if e.identity:
                 verify(e.identity, e.signature, announce_digest(job.id, e.site, e.public_key, e.commitment, e.n,
-                                                                e.features), what=site)
+                                                                e.features, columns_digest(e.columns)), what=site)
         elif kind == "counts":
             features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
             load_array(body, dtype="uint64", shape=(counts_length(params, features),), what="counts")

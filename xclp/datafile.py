@@ -80,8 +80,10 @@ def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
         raise DataError(f"{path}: no such file")
     if suffix == ".npz":
         return _npz(path, columns, require_site)
-    X, other, lines = (_read_csv if suffix == ".csv" else _read_parquet)(path, columns, require_site)
-    return _arrays(path, X, other, columns, lines)
+    X, other, lines, features = (_read_csv if suffix == ".csv" else _read_parquet)(path, columns, require_site)
+    out = _arrays(path, X, other, columns, lines)
+    out["columns"] = np.array(features, dtype=str)  # the feature columns' names: the job's data contract
+    return out
 
 
 def dataset_from_file(path: str | os.PathLike, columns: Columns | None = None) -> Dataset:
@@ -109,8 +111,8 @@ def _layout(path: Path, header: list[str], columns: Columns, require_site: bool)
     return features
 
 
-def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndarray, dict[str, list], list[int]]:
-    """(X, the label/site/truth columns' cells, row numbers). Streamed: the features become floats a
+def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndarray, dict[str, list], list[int], list[str]]:
+    """(X, the label/site/truth columns' cells, row numbers, the feature columns' names). Streamed: the features become floats a
     block of rows at a time, so memory peaks at about twice the float matrix (its blocks, then the
     matrix) instead of every cell as a Python string (bench/datafile.py: a 20,000 × 784 file peaks at
     a fifth of what holding the strings took)."""
@@ -145,7 +147,7 @@ def _read_csv(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndar
         raise DataError(f"{path}: not a readable CSV file ({exc})") from None
     if not blocks:
         raise DataError(f"{path}: a header and no points")
-    return np.vstack(blocks), other, lines
+    return np.vstack(blocks), other, lines, features
 
 
 def _block(path: Path, features: list[str], rows: list[list[str]], lines: list[int]) -> np.ndarray:
@@ -157,7 +159,7 @@ def _block(path: Path, features: list[str], rows: list[list[str]], lines: list[i
         return np.array([[_number(path, h, n, v) for h, v in zip(features, r)] for n, r in zip(lines, rows)])
 
 
-def _read_parquet(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndarray, dict[str, list], list[int]]:
+def _read_parquet(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndarray, dict[str, list], list[int], list[str]]:
     """As _read_csv. Numeric feature columns without nulls go to numpy whole; any other goes cell by
     cell, to name the cell that is wrong."""
     try:
@@ -184,7 +186,7 @@ def _read_parquet(path: Path, columns: Columns, require_site: bool) -> tuple[np.
             X[:, j] = _numbers(path, name, lines, column.to_pylist())
     other = {h: table.column(header.index(h)).to_pylist() for h in header
              if h not in features and h not in columns.ignore}
-    return X, other, lines
+    return X, other, lines, features
 
 
 def _arrays(path: Path, X: np.ndarray, col: dict[str, list], columns: Columns, lines: list[int]) -> dict:

@@ -33,6 +33,7 @@ coordinator, zero masks) and is named as such: it is the reference and the tool 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -262,14 +263,24 @@ class RosterEntry:
     features: int = 0  # the number of features of its points: the job's data contract (0: not said)
     identity: bytes = b""  # the site's long-term Ed25519 key (crypto.identity), b"": none said
     signature: bytes = b""  # of the announce's fields under `identity` (crypto.identity.announce_digest)
+    columns: tuple[str, ...] = ()  # the feature columns' names, in order (a table's header; (): not said)
+
+
+MAX_COLUMN_NAMES = 1 << 20  # bytes of an announce's column names (JSON)
+
+
+def columns_digest(columns) -> bytes:
+    """What a site's signature covers of its column names (b"" when it names none)."""
+    return hashlib.sha256(json.dumps(list(columns)).encode()).digest() if columns else b""
 
 
 def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray, commitment: bytes,
-                    features: int = 0, identity: bytes = b"", signature: bytes = b"") -> bytes:
+                    features: int = 0, identity: bytes = b"", signature: bytes = b"", columns=()) -> bytes:
     return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64),
                         "seed_commitment": commitment, "features": int(features),
                         **({"identity": np.frombuffer(identity, np.uint8),
-                            "signature": np.frombuffer(signature, np.uint8)} if identity else {})})
+                            "signature": np.frombuffer(signature, np.uint8)} if identity else {}),
+                        **({"columns": np.frombuffer(json.dumps(list(columns)).encode(), np.uint8)} if columns else {})})
 
 
 def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
@@ -294,9 +305,19 @@ def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
     signature = b["signature"].tobytes() if "signature" in b else b""
     if identity and (len(identity) != 32 or len(signature) != 64):
         raise ProtocolError("announce: an identity is a 32-byte Ed25519 key with a 64-byte signature")
+    columns: tuple[str, ...] = ()
+    if "columns" in b:
+        try:
+            if b["columns"].size > MAX_COLUMN_NAMES:
+                raise ValueError("too long")
+            columns = tuple(json.loads(b["columns"].tobytes().decode()))
+        except (ValueError, TypeError, UnicodeDecodeError):
+            raise ProtocolError("announce: the column names are a JSON list of strings") from None
+        if not all(isinstance(c, str) for c in columns) or len(columns) != features:
+            raise ProtocolError(f"announce: {len(columns)} column names for {features} features")
     return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled,
                        commitment=b["seed_commitment"].tobytes(), features=features, identity=identity,
-                       signature=signature)
+                       signature=signature, columns=columns)
 
 
 STATS_FRAC_BITS = 32  # the standardisation sums' fixed point (crypto.fixedpoint.to_limbs: 96-bit limbs)
@@ -342,8 +363,29 @@ def schema_outliers(entries: list[RosterEntry]) -> dict[str, str]:
         return {}
     counts = [e.features for e in said]
     agreed = max(dict.fromkeys(counts), key=counts.count)
-    return {e.site: f"its points have {e.features} features, the job's other sites' have {agreed} (the data "
-                    "contract: every site the same columns, in the same order)" for e in said if e.features != agreed}
+    out = {e.site: f"its points have {e.features} features, the job's other sites' have {agreed} (the data "
+                   "contract: every site the same columns, in the same order)" for e in said if e.features != agreed}
+    # Sites that name their columns (a table's header) must name the same ones, in the same order: a
+    # swapped pair of columns has the right count and gives wrong labels just as silently.
+    named = [e for e in said if e.columns and e.site not in out]
+    if named:
+        headers = [e.columns for e in named]
+        common = max(dict.fromkeys(headers), key=headers.count)
+        for e in named:
+            if e.columns != common:
+                out[e.site] = "its feature columns differ from the job's other sites': " + _column_difference(e.columns,
+                                                                                                               common)
+    return out
+
+
+def _column_difference(mine: tuple[str, ...], theirs: tuple[str, ...]) -> str:
+    """The first difference between two headers, in words."""
+    if sorted(mine) == sorted(theirs):
+        j = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+        return f"the same columns in another order (column {j + 1} is {mine[j]!r}, theirs {theirs[j]!r})"
+    extra, missing = [c for c in mine if c not in theirs], [c for c in theirs if c not in mine]
+    return "; ".join(part for part in (f"it has {extra[:5]} that they do not" if extra else "",
+                                       f"it lacks {missing[:5]}" if missing else "") if part)
 
 
 def encode_roster(announces: list[bytes]) -> bytes:
@@ -351,7 +393,7 @@ def encode_roster(announces: list[bytes]) -> bytes:
     in site order. Which points are labelled is for the coordinator alone: it is stripped here."""
     entries = [decode_announce(a) for a in announces]
     public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment, e.features,
-                              e.identity, e.signature) for e in entries]
+                              e.identity, e.signature, e.columns) for e in entries]
     return dump_bundle({"count": len(public), **{f"a{i}": a for i, a in enumerate(public)}})
 
 
@@ -436,11 +478,13 @@ class SiteSession:
                  keypair: SiteKeyPair | None = None, contribution: bytes | None = None,
                  noise_seed: bytes | None = None, hamming: HammingProtocol | None = None,
                  identity: Identity | None = None, pins: Pins | None = None,
-                 label_seed: bytes | None = None):
+                 label_seed: bytes | None = None, columns: tuple[str, ...] | list[str] | None = None):
         """`identity`: the site's long-term key, signing its announce; `pins`: the peers' identities it
         trusts — with them, a roster entry that is unsigned, badly signed or signed by another key than
-        the pinned one is refused (crypto.identity)."""
+        the pinned one is refused (crypto.identity). `columns`: the feature columns' names (a table's
+        header), announced for the job's data contract (schema_outliers)."""
         self.identity, self.pins = identity, pins
+        self.columns = tuple(str(c) for c in columns) if columns is not None else ()
         self.params = params.validate()
         self.site = site
         self.X = validate_features(X, what=f"{site}: X")
@@ -498,9 +542,10 @@ class SiteSession:
         if self.identity is not None:
             identity = self.identity.public
             signature = self.identity.sign(announce_digest(self.params.job_id, self.site, self.keys.public_bytes(),
-                                                           mine, self.X.shape[0], self.X.shape[1]))
+                                                           mine, self.X.shape[0], self.X.shape[1],
+                                                           columns_digest(self.columns)))
         return encode_announce(self.site, self.keys.public_bytes(), self.X.shape[0], self.labelled_rows, mine,
-                               self.X.shape[1], identity, signature)
+                               self.X.shape[1], identity, signature, self.columns)
 
     def set_roster(self, entries: list[RosterEntry]) -> None:
         self._expect("setup")
@@ -520,12 +565,17 @@ class SiteSession:
                     raise IntegrityError(f"{self.site}: {e.site}'s announce carries no identity signature (a "
                                          "coordinator that strips it could swap the key)")
                 verify(e.identity, e.signature, announce_digest(self.params.job_id, e.site, e.public_key,
-                                                                e.commitment, e.n, e.features), what=e.site)
+                                                                e.commitment, e.n, e.features,
+                                                                columns_digest(e.columns)), what=e.site)
                 self.pins.check(e.site, e.identity)
         other = {e.site: e.features for e in entries if e.features and e.features != self.X.shape[1]}
         if other:  # the coordinator should have left them out (schema_outliers): a site checks it itself
             raise ProtocolError(f"{self.site}: the roster mixes feature counts: this site's points have "
                                 f"{self.X.shape[1]}, {other}")
+        odd = [e.site for e in entries if e.columns and self.columns and e.columns != self.columns]
+        if odd:
+            raise ProtocolError(f"{self.site}: the roster mixes feature columns: {odd} name theirs otherwise than "
+                                "this site (the data contract: the same columns, in the same order)")
         self.roster = {e.site: e for e in entries}
         self.order = names
         self.channels = {

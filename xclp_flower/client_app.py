@@ -90,7 +90,7 @@ class FlowerSite:
         self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
                                  max_epsilon=_epsilon(cfg.get("max-epsilon")))
-        self.X, self.y, self.y_true, self.ids = load_site(str(cfg["data-path"]), _columns(cfg))
+        self.X, self.y, self.y_true, self.ids, self.columns = load_site(str(cfg["data-path"]), _columns(cfg))
         self.ledger = SiteLedger(self.out / ".agent-state", delta=self.policy.max_delta)
         self._digest: str | None = None
         self.public_path = cfg.get("public-path")
@@ -285,7 +285,8 @@ class FlowerSite:
                                    keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
                                    contribution=bytes(secrets["contribution"]),
                                    noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
-                                   identity=self.identity(), pins=self.pins(), label_seed=label_seed)
+                                   identity=self.identity(), pins=self.pins(), label_seed=label_seed,
+                                   columns=None if "features-model" in secrets else self.columns)
 
     def identity(self) -> Identity:
         return Identity.load_or_create(self.identity_key)

@@ -125,3 +125,35 @@ def test_who_may_send_what_when():
                             ("b", "a", Topic.pair("b", "a", 0)), ("a", "b", Topic.pair("a", "b", 10 ** 9))]:
         with pytest.raises(Inadmissible):
             admit(st, site, to, topic)
+
+
+def test_a_site_whose_columns_are_another_order_or_others_is_left_out_naming_the_difference(ds):
+    # The data contract: a swapped pair of columns has the right count and would give wrong labels
+    # silently; the coordinator's machine leaves the site out, the reason naming the difference.
+    params = JobParams(job_id="m5", n_classes=10, bits=64, k=5)
+    names = tuple(f"px{j}" for j in range(ds.X.shape[1]))
+    swapped = (names[1], names[0], *names[2:])
+    renamed = (*names[:-1], "mrn")
+    for odd, why in ((swapped, "another order (column 1 is 'px1', theirs 'px0')"), (renamed, "it has ['mrn']")):
+        headers = {"site0": names, "site1": names, "site2": odd}
+        sessions = {s: SiteSession(params, s, ds.X[ds.site == s], ds.y[ds.site == s], columns=headers[s])
+                    for s in ds.sites}
+        coord = PredictCoordinator(params, PredictState.new(list(ds.sites)))
+        mail = MemoryMailbox()
+        for s, sess in sessions.items():
+            mail.put(Send(s, COORDINATOR, "announce", sess.announce()))
+        out = coord.run(mail)
+        for m in out:
+            mail.put(m)
+        assert coord.state.live == ["site0", "site1"] and coord.state.phase == "seed"
+        reason = coord.refusals(mail)["site2"]
+        assert "feature columns differ" in reason and why in reason, reason
+        assert {m.recipient for m in out if m.topic == "roster"} == {"site0", "site1"}
+        # ... and a site checks the roster itself: one that mixes headers is refused
+        roster = [m.body for m in out if m.topic == "roster"][0]
+        from xclp.protocol import decode_roster, encode_roster
+
+        mixed = encode_roster([mail.body(s, COORDINATOR, "announce") for s in ds.sites])
+        with pytest.raises(Exception, match="mixes feature columns"):
+            sessions["site0"].set_roster(decode_roster(mixed))
+        sessions["site1"].set_roster(decode_roster(roster))  # the agreed one is taken

@@ -27,7 +27,7 @@ def _write(path, n=6):
 def test_an_id_column_is_carried_and_ignored_columns_are_dropped(tmp_path):
     rows = _write(tmp_path / "a.csv")
     cols = Columns(label="diagnosis", id="patient", ignore=parse_column_list(" notes, ward "))
-    X, y, y_true, ids = load_site(tmp_path / "a.csv", cols)
+    X, y, y_true, ids, _ = load_site(tmp_path / "a.csv", cols)
     assert X.shape == (6, 2) and np.array_equal(X[:, 0], [r[1] for r in rows])  # f0, f1 only
     assert list(ids) == [r[0] for r in rows] and y_true is None
     assert list(y) == [0, -1, 2, -1, 1, -1]
