@@ -397,11 +397,11 @@ def cmd_job_submit(args) -> int:
 
 def cmd_job_submit_train(args) -> int:
     sites = _site_names(args.sites)
-    body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
-                                           "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
-                                           "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation",
-                                           "dp_epsilon", "dp_delta", "clip", "noise_multiplier", "partitions",
-                                           "teachers", "levels", "gamma", "queries", "student_model")}
+    from xclp.training.options import TRAINING_OPTIONS
+
+    body = {k: getattr(args, k) for k in ("algorithm", "classes", "crypto", "bits", "k", "alpha", "key_bits",
+                                           "max_missed_rounds", "secure_aggregation")}
+    body.update({o.name: getattr(args, o.name) for o in TRAINING_OPTIONS})  # the request's fields, by the flags' names
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
         names = [m for m in args.model.split(",") if m]
@@ -666,59 +666,28 @@ def build_parser() -> argparse.ArgumentParser:
     jt = js.add_parser("train", help="semi-supervised training rounds (FedAvg/FedCT, ± XCLP) with the sites training at home")
     coord_args(jt)
     jt.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
-    from xclp.training.options import SERVICE_ALGORITHMS, TIE_RULES
+    from cli.train_args import add_training_options
+    from xclp.training.options import SERVICE_ALGORITHMS
 
     jt.add_argument("--algorithm", choices=SERVICE_ALGORITHMS, default="fedavg-xclp",
                     help="the training algorithm: FedAvg or FedCT, each with or without XCLP pseudo-labels, FedKT, FREDY")
-    jt.add_argument("--rounds", type=int, default=10, help="rounds (FedAvg, after the warm-up) or label exchanges (FedCT)")
-    jt.add_argument("--sites-per-round", type=int, default=None, help="FedAvg: sites sampled per round (default min(5, N))")
-    jt.add_argument("--local-epochs", type=int, default=5,
-                    help="FedAvg: passes over its own data each site makes per round (more is less communication "
-                         "but more drift between sites)")
     jt.add_argument("--model", default=None, help="FedAvg: mlp|cnn; FedCT: tree|forest|boosting|logreg|mlp|cnn "
                                                   "(a comma list is cycled over the sites; default: mlp for FedAvg, tree for FedCT)")
-    jt.add_argument("--lr", type=float, default=None,
-                    help="the sites' learning rate (default 0.1 for FedAvg's SGD, 1e-3 for FedCT's Adam)")
-    jt.add_argument("--warmup-rounds", type=int, default=0, help="FedAvg: labelled-only stage-1 rounds")
-    jt.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds")
-    jt.add_argument("--period", type=int, default=10, help="FedCT: local steps between exchanges (torch learners)")
     jt.add_argument("--public", default=None, help="FedCT: the public set U (.npz with X or .npy); its SHA-256 is pinned (default: none)")
     jt.add_argument("--public-sha256", default=None, help="FedCT: pin U by digest instead of --public (default: none)")
     jt.add_argument("--public-size", type=int, default=None,
                     help="FedCT: the number of points of U pinned by --public-sha256 (default: none)")
-    jt.add_argument("--tie", choices=TIE_RULES, default="lowest", help="FedCT: tie rule of the sites' vote")
-    jt.add_argument("--quorum", type=float, default=None,
-                    help="FedCT: qualified majority for a consensus label, e.g. 0.9 (default: a plain majority)")
-    jt.add_argument("--mix", type=float, default=None,
-                    help="FedCT: pseudo-labelled points per private labelled point (default: all of U)")
     jt.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
     jt.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
     jt.add_argument("--k", type=int, default=10, help=K_HELP)
     jt.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
     jt.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
     jt.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
-    jt.add_argument("--seed", type=int, default=0, help="seed of the models' initialisation and the sites' sampling")
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
-    jt.add_argument("--dp-epsilon", type=float, default=None,
-                    help="a differential-privacy budget ε over the job — fedct: randomized response on each site's "
-                         "labels, at the site; fedavg: Gaussian noise shares in the secure sum (with --clip); "
-                         "the job status reports the ε spent (default: none, no DP)")
-    jt.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the DP budget (default 1e-5)")
-    jt.add_argument("--clip", type=float, default=None, help="DP-FedAvg: L2 bound C on each site's update "
-                    "(default: none, no clipping)")
-    jt.add_argument("--partitions", type=int, default=None, help="FedKT: partitions s of each party's data (default 2)")
-    jt.add_argument("--teachers", type=int, default=None, help="FedKT: teachers t per partition (default 5)")
-    jt.add_argument("--levels", choices=("L1", "L2"), default=None, help="FedKT: where the vote noise goes (default L1)")
-    jt.add_argument("--gamma", type=float, default=None, help="FedKT: discrete Laplace parameter of the vote counts "
-                    "(default: from --dp-epsilon, or no noise)")
-    jt.add_argument("--queries", type=int, default=None, help="FedKT: points of U2 the server labels (default: all)")
-    jt.add_argument("--student-model", default=None, help="FedKT: the students' and the final model's learner "
-                    "(default: forest for tree teachers)")
-    jt.add_argument("--noise-multiplier", type=float, default=None,
-                    help="DP-FedAvg: noise std z·C on each round's sum (default: calibrated to --dp-epsilon)")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
                          "the coordinator sees only their sum)")
+    add_training_options(jt)  # the options every driver shares, defined once (xclp.training.options)
     jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="this job's deadline for a phase: setup, round or evaluate (repeatable; default: the "
                          "coordinator's)")

@@ -12,7 +12,7 @@ import uuid
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import Field
+from pydantic import Field, create_model
 
 from service.db import COORDINATOR, Job, message_body
 from service.deps import caller, get_db, known_sites, load_job, require_admin
@@ -22,62 +22,52 @@ from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
-from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TIE_RULES
+from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TRAINING_OPTIONS, Option
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class TrainJobCreate(RequestBody):
+class _TrainJobFields(RequestBody):
+    """The training job request's own fields; the options every driver shares are added below."""
+
     algorithm: Literal[SERVICE_ALGORITHMS]
     sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
                                   description="participating sites (at least two, each once), in roster order")
     classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
-    rounds: int = Field(10, ge=1, le=100_000, description="FedAvg rounds (after the warm-up) or FedCT label exchanges")
-    sites_per_round: int = Field(5, ge=1, description="FedAvg: sites sampled per round (secure aggregation: ≥ 2)")
-    local_epochs: int = Field(5, ge=1, le=10_000)
     model: str | list[str] | None = Field(None, description="FedAvg: mlp|cnn; FedCT: a learner or one per site, "
                                                             f"of {LEARNERS}")
-    lr: float | None = Field(None, gt=0, allow_inf_nan=False)
-    warmup_rounds: int = Field(0, ge=0, le=100_000, description="FedAvg: labelled-only stage-1 rounds")
-    refresh: int = Field(1, ge=1, description="recompute XCLP pseudo-labels every R rounds")
-    period: int = Field(10, ge=1, description="FedCT: local optimiser steps between exchanges (torch learners)")
     public_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
                                       description="FedCT: SHA-256 pinning the public set U (xclp.training.fedct.public_digest)")
     public_size: int | None = Field(None, ge=1, description="FedCT: number of points in U")
-    tie: Literal[TIE_RULES] = Field("lowest", description="FedCT vote tie rule")
-    quorum: float | None = Field(None, ge=0, le=1)
-    mix: float | None = Field(None, ge=0, le=1)
     crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="XCLP protocol; 'plaintext' has no security")
     bits: int = Field(1024, ge=1, le=65535)
     k: int = Field(10, ge=1, le=10_000)
     alpha: float = Field(0.99, gt=0, lt=1)
     key_bits: int = Field(2048, ge=1024, le=16384)
-    seed: int = Field(0, ge=0, le=(1 << 63) - 1, description="0 ≤ seed ≤ 2^63 − 1")
     secure_aggregation: bool = Field(True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
-    dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                     description="a differential-privacy budget ε over the whole job, where the "
-                                                 "algorithm has a mechanism (fedct: randomized response on each "
-                                                 "site's labels; fedavg: Gaussian noise shares in the secure sum, "
-                                                 "with clip); the job status reports the ε spent")
-    dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the DP budget")
-    clip: float | None = Field(None, gt=0, allow_inf_nan=False,
-                               description="DP-FedAvg: the L2 bound on each site's update (with dp_epsilon or "
-                                           "noise_multiplier; needs secure_aggregation)")
-    noise_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                           description="DP-FedAvg: z, the noise std on each round's sum is z·clip "
-                                                       "(default: calibrated to dp_epsilon)")
-    partitions: int | None = Field(None, ge=1, le=100, description="FedKT: partitions s of each party's data (default 2)")
-    teachers: int | None = Field(None, ge=1, le=1000, description="FedKT: teachers t per partition (default 5)")
-    levels: Literal["L1", "L2"] | None = Field(None, description="FedKT: where the vote noise goes (default L1)")
-    gamma: float | None = Field(None, gt=0, allow_inf_nan=False, description="FedKT: discrete Laplace parameter")
-    queries: int | None = Field(None, ge=1, description="FedKT: points of U2 the server labels; FREDY: public queries the teachers label")
-    student_model: Literal[LEARNERS] | None = Field(None, description="FedKT: the students' and the final model's learner; FREDY: the student's")
     max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
     xclp_deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(
         default_factory=dict, description="phase deadlines of XCLP child jobs")
+
+
+def _field(o: Option):
+    """An option of TRAINING_OPTIONS as a request field: its type, default, bounds and sentence."""
+    ann = o.type if o.choices is None else Literal[o.choices]
+    if o.default is None:
+        ann = ann | None
+    bounds = {b: getattr(o, b) for b in ("ge", "gt", "le", "lt") if getattr(o, b) is not None}
+    if o.type is float:
+        bounds["allow_inf_nan"] = False
+    return ann, Field(o.default, description=o.help, **bounds)
+
+
+# The request's fields: its own, and every shared training option (xclp.training.options), so that the
+# command line's flags, this body and Flower's run config are made from one definition.
+TrainJobCreate = create_model("TrainJobCreate", __base__=_TrainJobFields,
+                              **{o.name: _field(o) for o in TRAINING_OPTIONS})
 
 
 def training_params(body: TrainJobCreate, job_id: str) -> dict:

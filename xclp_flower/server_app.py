@@ -32,6 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
 from xclp.protocol import JobParams
+from xclp.training.options import TRAINING_OPTIONS
 from xclp_flower import flag
 from xclp_flower.prediction import MESSAGE_TYPE, FlowerLink, FlowerXCLP, SiteFailed  # noqa: F401 — re-exported
 from xclp_flower.training import ALGORITHMS, FlowerTraining
@@ -44,16 +45,17 @@ class RunFailed(RuntimeError):
     failed (see above)."""
 
 
-TRAIN_KEYS = {"algorithm": str, "rounds": int, "model": str, "public-sha256": str, "public-size": int, "seed": int,
-              "sites-per-round": int, "local-epochs": int, "lr": float, "warmup-rounds": int,
+# The training keys of the run config: the run's own, and every shared training option
+# (xclp.training.options, the command line's flags and the job request's fields made from the same).
+TRAIN_KEYS = {"algorithm": str, "model": str, "public-sha256": str, "public-size": int,
               "secure-aggregation": lambda v: flag(v, "secure-aggregation"),
-              "clip": float, "dp-epsilon": float, "dp-delta": float}
+              **{o.key: o.check for o in TRAINING_OPTIONS}}
 
 RUN_KEYS = {"timeout": float, "nodes": int, "max-missed-rounds": int}  # how the ServerApp runs, for any job
 
 # A Flower app declares every run config key with a value (TOML has no null): 0 or "" stands for "the
 # algorithm's default" (no clip, no budget) for these.
-ZERO_IS_DEFAULT = {"model", "sites-per-round", "local-epochs", "lr", "clip", "dp-epsilon", "dp-delta"}
+ZERO_IS_DEFAULT = {"model", "local-epochs", "dp-delta"} | {o.key for o in TRAINING_OPTIONS if o.default is None}
 
 
 def params_from(run_config: dict, run_id: int) -> JobParams:
@@ -88,7 +90,7 @@ def main(grid: Grid, context: Context) -> None:
             # the training keys as the strategies' options (sites-per-round → sites_per_round)
             options = {k.replace("-", "_"): cast(cfg[k]) for k, cast in TRAIN_KEYS.items()
                        if k in cfg and k not in ("algorithm", "public-sha256", "public-size")
-                       and not (k in ZERO_IS_DEFAULT and cast(cfg[k]) in (0, ""))}
+                       and not (k in ZERO_IS_DEFAULT and cfg[k] in (0, ""))}
             options.update(crypto=params.crypto, bits=params.bits, k=params.k, alpha=params.alpha)
             summary = FlowerTraining(grid, algorithm, options, params.n_classes, str(cfg.get("public-sha256", "")),
                                      int(cfg.get("public-size", 0)), timeout, say=print, nodes=nodes,

@@ -1,8 +1,11 @@
-"""The names of the training loops' choices (algorithms, learners, tie rules), kept free of heavy
-imports (torch, scikit-learn) so that building the `xclp` parser stays fast; the flags themselves are
-cli/train_args.py's."""
+"""The training loops' choices (algorithms, learners, tie rules) and options (`TRAINING_OPTIONS`: each
+defined once, from which the command line's flags, the training job request's fields and Flower's run
+config keys are made), kept free of heavy imports (torch, scikit-learn) so that building the `xclp`
+parser stays fast."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES  # noqa: F401 — the choices of --crypto
 
@@ -15,3 +18,90 @@ SERVICE_ALGORITHMS = ALGORITHMS  # every one runs as a training job too
 PUBLIC_SET_ALGORITHMS = FEDCT_ALGORITHMS + FEDKT_ALGORITHMS + FREDY_ALGORITHMS  # a public unlabelled set U is drawn
 TIE_RULES = ("lowest", "random", "abstain")
 LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One training option, defined once: the command line's flag (`flag`), the training job request's
+    field (`name`), Flower's run config key (`key`) and the strategies' option (`name`) are made from it,
+    with its default, bounds and sentence. Context-bound options (the XCLP ones shared with prediction
+    jobs; `model`, a list in a request; secure aggregation, on by default only where a service runs it)
+    are defined where their context is."""
+
+    name: str
+    type: type
+    default: object  # None: the algorithm's own default (said in `help`)
+    help: str
+    choices: tuple | None = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def key(self) -> str:
+        return self.name.replace("_", "-")
+
+    def check(self, value):
+        """`value` as this option's type, within its bounds (ValueError naming the option otherwise)."""
+        if value is None:
+            return None
+        try:
+            v = self.type(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.key}: {value!r} is not a {self.type.__name__}") from None
+        if self.type is float and v != v:
+            raise ValueError(f"{self.key}: not a number")
+        bad = ((self.choices is not None and v not in self.choices) or (self.ge is not None and v < self.ge)
+               or (self.gt is not None and v <= self.gt) or (self.le is not None and v > self.le)
+               or (self.lt is not None and v >= self.lt))
+        if bad:
+            raise ValueError(f"{self.key}: {v!r} is out of range ({self.bounds()})")
+        return v
+
+    def bounds(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices))
+        parts = [f"{op} {x:g}" for op, x in (("≥", self.ge), (">", self.gt), ("≤", self.le), ("<", self.lt))
+                 if x is not None]
+        return " and ".join(parts) or "any"
+
+
+TRAINING_OPTIONS = (
+    Option("rounds", int, 10, "rounds (FedAvg, after the warm-up; FREDY's FedAvg rounds) or label exchanges (FedCT)",
+           ge=1, le=100_000),
+    Option("sites_per_round", int, None, "FedAvg: sites sampled per round (default min(5, N); secure aggregation: ≥ 2)",
+           ge=1),
+    Option("local_epochs", int, 5, "FedAvg: passes over its own data each site makes per round (more is less "
+           "communication but more drift between sites)", ge=1, le=10_000),
+    Option("lr", float, None, "the sites' learning rate (default 0.1 for FedAvg's SGD, 1e-3 for FedCT's Adam)", gt=0),
+    Option("warmup_rounds", int, 0, "FedAvg: labelled-only stage-1 rounds S", ge=0, le=100_000),
+    Option("refresh", int, 1, "recompute XCLP pseudo-labels every R rounds", ge=1),
+    Option("period", int, 10, "FedCT: local optimiser steps between exchanges (torch learners)", ge=1),
+    Option("tie", str, "lowest", "FedCT: tie rule of the sites' vote", choices=TIE_RULES),
+    Option("quorum", float, None, "FedCT: qualified majority for a consensus label, e.g. 0.9 (default: a plain "
+           "majority)", ge=0, le=1),
+    Option("mix", float, None, "FedCT: pseudo-labelled points per private labelled point (default: all of U)",
+           ge=0, le=1),
+    Option("seed", int, 0, "seed of the models' initialisation and the sites' sampling", ge=0, le=(1 << 63) - 1),
+    Option("dp_epsilon", float, None, "a differential-privacy budget ε over the run — fedct: randomized response on "
+           "each site's labels; fedavg: Gaussian noise shares in the secure sum (with clip); fedkt, fredy: the noisy "
+           "vote counts (default: none, no DP)", gt=0),
+    Option("dp_delta", float, 1e-5, "δ of the DP budget", gt=0, lt=1),
+    Option("clip", float, None, "DP-FedAvg: L2 bound C on each site's update (default: none, no clipping)", gt=0),
+    Option("noise_multiplier", float, None, "DP-FedAvg: noise std z·C on each round's sum (default: calibrated to "
+           "dp_epsilon)", gt=0),
+    Option("partitions", int, None, "FedKT: partitions s of each party's data (default 2)", ge=1, le=100),
+    Option("teachers", int, None, "FedKT: teachers t per partition (default 5)", ge=1, le=1000),
+    Option("levels", str, None, "FedKT: where the vote noise goes — L1 the server's vote counts (protects a party), "
+           "L2 each party's teachers' counts (protects an example); default L1", choices=("L1", "L2")),
+    Option("gamma", float, None, "FedKT, FREDY: noise parameter γ of the vote counts (discrete Laplace); default: "
+           "from dp_epsilon, or no noise", gt=0),
+    Option("queries", int, None, "FedKT, FREDY: points of the public set the server labels (default: all)", ge=1),
+    Option("student_model", str, None, "FedKT: the students' and the final model's learner (default forest for tree "
+           "teachers); FREDY: the student's (default: the FedAvg network's kind)", choices=LEARNERS),
+)
