@@ -59,6 +59,7 @@ class SimulationResult:
     bytes: dict
     solver: str
     params: JobParams
+    job: PredictState | None = None  # where the job ended: who dropped in which phase, each sum's attempt
 
 
 def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
@@ -74,7 +75,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              label_seeds: dict[str, bytes] | None = None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
-    `drops` simulates sites that vanish, the outcomes every driver gives (xclp/prediction_job.py, "Phases and what ends them"): a
+    `drops` simulates sites that vanish (from the phase named on: seed, counts, hamming, row_sums), the outcomes every driver gives (xclp/prediction_job.py, "Phases and what ends them"): a
     dropped site goes silent from that phase on, and the machine drops it when the deadline passes:
     {site: "hamming"} — gone during SecureHamming: removed from the graph (it took part in the seed
     and the label counts); {site: "row_sums"} — gone inside SecureRowSums: it shapes the graph but
@@ -93,9 +94,10 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     if len(sites) < 2:
         raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.LabelSpreadingXCLP")
     drops = dict(drops or {})
-    bad = {s: p for s, p in drops.items() if s not in sites or p not in ("hamming", "row_sums")}
+    bad = {s: p for s, p in drops.items() if s not in sites or p not in ("seed", "counts", "hamming", "row_sums")}
     if bad:
-        raise ValueError(f"drops must name sites of the data set and the phase hamming or row_sums, got {bad}")
+        raise ValueError(f"drops must name sites of the data set and a phase (seed, counts, hamming, row_sums), "
+                         f"got {bad}")
     sessions = {
         s: SiteSession(params, s, ds.X[idx], ds.y[idx],
                        contribution=(contributions or {}).get(s) or simulation_contribution(seed, s),
@@ -159,7 +161,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         labels[idx] = predictions[s].labels
         confidence[idx] = predictions[s].confidence
     solver = getattr(coord.solve_info, "method", "none")
-    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params)
+    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params, state)
 
 
 def unlabelled_accuracy(ds: Dataset, labels: np.ndarray, mask: np.ndarray | None = None) -> float:

@@ -242,6 +242,7 @@ class FlowerXCLP:
                "seconds": {k: round(v, 4) for k, v in self.seconds_by_phase.items()}}
         if self.dropped:
             out["dropped"] = dict(self.dropped)
+        out["state"] = json.loads(state.to_bytes())  # the machine's: who dropped in which phase, each sum's attempt
         return out
 
     def _left(self, machine: PredictCoordinator, mail: MemoryMailbox) -> dict[str, str]:

@@ -1,0 +1,108 @@
+"""One order, three drivers: the same job, with the same site vanishing in the same phase, run through
+the simulation, the coordinator's engine with its agents (the real app, real Agent objects) and Flower
+(its in-process Grid, every Context through Flower's serialisation). Each ends with the same drop, in
+the same phase, the same restarts of the masked sums, and, for every site left, the simulation's labels
+(with that driver's seed contributions). Until the order lived in xclp/prediction_job.py, each driver
+wrote its own, and they disagreed (Flower failed a job the engine went on with)."""
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from svc import ADMIN, expire_deadline
+
+from clients.agent import Agent
+from clients.api import CoordinatorClient
+from service.app import Settings, create_app
+from xclp.data import load_arrays
+from xclp.prediction_job import PredictState
+from xclp.protocol import JobParams
+from xclp.simulation import run_xclp
+from xclp.splits import simulate_sites
+
+GONE = "site1"
+
+
+@pytest.fixture(scope="module")
+def ds():
+    X, y = load_arrays("digits", limit=150, seed=6)
+    return simulate_sites(X, y, 3, "iid", 0.2, seed=6)
+
+
+def through_the_service(ds, params, phase, tmp_path):
+    settings = Settings(database=f"sqlite:///{tmp_path / 'o.db'}", admin_token=ADMIN, engine_interval=0.02)
+    with TestClient(create_app(settings)) as tc:
+        admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
+        agents = {}
+        for s in ds.sites:
+            token = admin.add_site(s)["token"]
+            np.savez(tmp_path / f"{s}.npz", X=ds.X[ds.site == s], y=ds.y[ds.site == s])
+            agents[s] = Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), s,
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+        job = admin.submit_job(kind="predict", sites=ds.sites, crypto=params.crypto, bits=params.bits, k=params.k,
+                               classes=params.n_classes)
+        last, still, end = None, 0, time.monotonic() + 180
+        while time.monotonic() < end:
+            st = admin.job(job)
+            if st["status"] != "running":
+                break
+            for s, a in agents.items():
+                if s != GONE or not PredictState.of(st).reached(phase):  # silent from `phase` on
+                    a.step(job)
+            now = (st["phase"], st["attempt"], tuple(st["live"]), st["progress"]["received"])
+            still = still + 1 if now == last else 0
+            last = now
+            if still >= 10:  # nothing moves: the silent site is waited for until the deadline
+                expire_deadline(tc.app.state.sessionmaker, job)
+                still = 0
+            time.sleep(0.01)
+        for s, a in agents.items():
+            if s != GONE:
+                a.step(job)  # take the sums
+        st = admin.job(job)
+        assert st["status"] == "done", st
+        labels = {s: np.load(a.result_path(job))["labels"] for s, a in agents.items() if a.result_path(job).exists()}
+        contributions = {s: bytes.fromhex(a.state(job)["contribution"]) for s, a in agents.items()}
+        return st["dropped"], st["attempts"], labels, contributions, JobParams(**st["params"])
+
+
+def through_flower(ds, params, phase, tmp_path):
+    pytest.importorskip("flwr", reason="Flower is the optional extra")
+    from xclp_flower.client_app import app as client_app
+    from xclp_flower.grid import InProcessGrid
+    from xclp_flower.prediction import FlowerXCLP
+
+    configs = []
+    for s in ds.sites:
+        np.savez(tmp_path / f"f-{s}.npz", X=ds.X[ds.site == s], y=ds.y[ds.site == s])
+        configs.append({"site": s, "data-path": str(tmp_path / f"f-{s}.npz"), "out": str(tmp_path / f"fout-{s}")})
+    grid = InProcessGrid(client_app, configs)
+    grid.vanish_in = {100 + ds.sites.index(GONE): phase}
+    out = FlowerXCLP(grid, params).run()
+    labels = {s: np.load(out["written"][s])["labels"] for s in out["written"]}
+    contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in out["written"]}
+    node = grid.contexts[100 + ds.sites.index(GONE)]
+    contributions[GONE] = bytes(node.state[f"xclp:{params.job_id}"]["contribution"])
+    state = out["state"]
+    return state["dropped"], state["attempts"], labels, contributions, params
+
+
+@pytest.mark.parametrize("phase", ["counts", "hamming", "row_sums"])
+def test_the_same_drop_restart_and_labels_through_every_driver(ds, phase, tmp_path):
+    params = JobParams(job_id="one-order", n_classes=10, bits=64, k=5, crypto="lattice")
+    sim = run_xclp(ds, params, drops={GONE: phase})
+    want_dropped, want_attempts = sim.job.dropped, sim.job.attempts
+    assert want_dropped == {GONE: phase}
+    # a masked sum the site left restarts once without it, the others complete at their first attempt
+    assert want_attempts == {"setup": 0, "seed": 0, "counts": int(phase == "counts"), "hamming": 0,
+                             "row_sums": int(phase == "row_sums")}
+    for name, driver in (("service", through_the_service), ("flower", through_flower)):
+        (tmp_path / name).mkdir()
+        dropped, attempts, labels, contributions, used = driver(ds, params, phase, tmp_path / name)
+        assert {s: p.split(":")[0] for s, p in dropped.items()} == want_dropped, name
+        assert attempts == want_attempts, name
+        assert sorted(labels) == sorted(s for s in ds.sites if s != GONE), name
+        ref = run_xclp(ds, used, contributions=contributions, drops={GONE: phase})
+        for s, got in labels.items():
+            assert np.array_equal(got, ref.predictions[s].labels), (name, s)
