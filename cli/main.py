@@ -1,6 +1,6 @@
 """The `xclp` command line.
 
-(About 520 lines: the parser of every command and the thin handlers that call into the packages, kept
+(About 750 lines: the parser of every command and the thin handlers that call into the packages, kept
 in one file so that the whole command surface reads in one place; the work itself is elsewhere.)
 """
 

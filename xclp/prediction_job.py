@@ -1,6 +1,7 @@
 """A prediction job's order, written once: the coordinator's machine and the site's machine.
 
-(About 400 lines: the two sides of one job's order, read and changed together.)
+(About 600 lines: the two sides of one job's order and the rules that admit its messages, read and changed
+together.)
 
 `xclp.protocol` holds what each party computes in each phase (`SiteSession`, `CoordinatorSession`);
 this module holds WHEN: which message comes next, what a missing site, a refusal or a bad share does,

@@ -1,6 +1,6 @@
 """The XCLP protocol core: each party's side of every phase, sans-I/O.
 
-(About 550 lines: both parties of every phase, and the messages they exchange, in one place: a
+(About 1,000 lines: both parties of every phase, and the messages they exchange, in one place: a
 phase's two sides are read and changed together.)
 
 `SiteSession` is one site's side and `CoordinatorSession` the coordinator's. Both only consume and
