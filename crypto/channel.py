@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from crypto.encoding import lp
 from crypto.errors import IntegrityError, ProtocolError
 
 VERSION = 1
@@ -61,10 +62,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30  # 1 GiB, ciphertext and header included
 _MAX_FIELD_BYTES = 1024
 _DOMAIN = b"xclp/channel/v1"
 _STATE_VERSION = 1
-
-
-def _lp4(data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + data
 
 
 def _field(value: str, what: str) -> bytes:
@@ -79,14 +76,14 @@ def _field(value: str, what: str) -> bytes:
 
 
 def _direction_key(key: bytes, job: bytes, sender: bytes, recipient: bytes) -> bytes:
-    info = _DOMAIN + _lp4(job) + _lp4(sender) + _lp4(recipient)
+    info = _DOMAIN + lp(job) + lp(sender) + lp(recipient)
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=_DOMAIN, info=info).derive(key)
 
 
 def _key_check(key: bytes, job: bytes, me: bytes, peer: bytes) -> str:
     """A short public fingerprint of (key, job, pair) to tell a mismatched state/key on import."""
     lo, hi = sorted([me, peer])
-    mac = hmac.new(key, _DOMAIN + b"/state-check" + _lp4(job) + _lp4(lo) + _lp4(hi), hashlib.sha256)
+    mac = hmac.new(key, _DOMAIN + b"/state-check" + lp(job) + lp(lo) + lp(hi), hashlib.sha256)
     return mac.hexdigest()[:32]
 
 

@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from crypto.encoding import lp
 from crypto.errors import IntegrityError, ProtocolError
 
 _DOMAIN = b"xclp/announce/v1"
@@ -33,20 +34,16 @@ def fingerprint(public: bytes) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(bytes(public)).digest()).decode().rstrip("=")
 
 
-def _lp(b: bytes) -> bytes:
-    return struct.pack(">I", len(b)) + b
-
-
 def announce_digest(job: str, site: str, x25519: bytes, commitment: bytes, n: int, features: int,
                     columns: bytes = b"") -> bytes:
     """What a site signs of its announce; `columns`: the digest of its column names, where it names them."""
-    return (_DOMAIN + _lp(job.encode()) + _lp(site.encode()) + _lp(bytes(x25519)) + _lp(bytes(commitment))
-            + struct.pack(">QQ", int(n), int(features)) + (_lp(bytes(columns)) if columns else b""))
+    return (_DOMAIN + lp(job.encode()) + lp(site.encode()) + lp(bytes(x25519)) + lp(bytes(commitment))
+            + struct.pack(">QQ", int(n), int(features)) + (lp(bytes(columns)) if columns else b""))
 
 
 def key_digest(purpose: str, job: str, site: str, public: bytes) -> bytes:
     """What a site signs for a per-job key that is not in an announce (a training job's hello key)."""
-    return b"xclp/key/v1" + _lp(purpose.encode()) + _lp(job.encode()) + _lp(site.encode()) + _lp(bytes(public))
+    return b"xclp/key/v1" + lp(purpose.encode()) + lp(job.encode()) + lp(site.encode()) + lp(bytes(public))
 
 
 def check_keys(keys: dict[str, bytes], identities: dict[str, dict], pins: Pins, *, me: str, job: str,

@@ -29,17 +29,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from crypto.encoding import lp
 from crypto.errors import ProtocolError
 
 KEY_BYTES = 32  # X25519 private and public keys
 _DOMAIN = b"xclp/pairwise-key/v1"
 _MAX_NAME_BYTES = 1024
 _MAX_HKDF_BYTES = 255 * 32
-
-
-def _lp(data: bytes) -> bytes:
-    """Length-prefixed field (4-byte big-endian length)."""
-    return struct.pack(">I", len(data)) + data
 
 
 def _name_bytes(value: str, what: str) -> bytes:
@@ -132,13 +128,13 @@ def pairwise_info(
     return b"".join(
         [
             _DOMAIN,
-            _lp(_name_bytes(job, "job")),
-            _lp(_name_bytes(purpose, "purpose")),
+            lp(_name_bytes(job, "job")),
+            lp(_name_bytes(purpose, "purpose")),
             struct.pack(">Q", attempt),
-            _lp(sides[0][0]),
-            _lp(sides[0][1]),
-            _lp(sides[1][0]),
-            _lp(sides[1][1]),
+            lp(sides[0][0]),
+            lp(sides[0][1]),
+            lp(sides[1][0]),
+            lp(sides[1][1]),
         ]
     )
 

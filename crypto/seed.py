@@ -33,9 +33,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import struct
 
 from crypto.channel import Channel
+from crypto.encoding import lp
 from crypto.errors import ProtocolError
 
 CONTRIBUTION_BYTES = 32
@@ -45,10 +45,6 @@ _DOMAIN = b"xclp/lsh-seed/v1"
 _FINGERPRINT_DOMAIN = b"xclp/lsh-seed-fingerprint/v1"
 _COMMIT_DOMAIN = b"xclp/lsh-seed-commit/v1"
 COMMITMENT_BYTES = 32
-
-
-def _lp(data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + data
 
 
 def _check_contribution(value: bytes, who: str) -> bytes:
@@ -80,25 +76,25 @@ def derive_seed(contributions: dict[str, bytes], order: list[str], job: str) -> 
         raise ProtocolError("no contributions to derive a seed from")
     h = hashlib.sha256()
     h.update(_DOMAIN)
-    h.update(_lp(job.encode("utf-8")))
+    h.update(lp(job.encode("utf-8")))
     for site in order:
         if site in contributions:
-            h.update(_lp(site.encode("utf-8")))
-            h.update(_lp(_check_contribution(contributions[site], site)))
+            h.update(lp(site.encode("utf-8")))
+            h.update(lp(_check_contribution(contributions[site], site)))
     return h.digest()
 
 
 def commitment(contribution: bytes, job: str, site: str) -> bytes:
     """commit(c): what a site publishes before anyone reveals a contribution (see the top)."""
     c = _check_contribution(contribution, site)
-    return hashlib.sha256(_COMMIT_DOMAIN + _lp(job.encode("utf-8")) + _lp(site.encode("utf-8")) + _lp(c)).digest()
+    return hashlib.sha256(_COMMIT_DOMAIN + lp(job.encode("utf-8")) + lp(site.encode("utf-8")) + lp(c)).digest()
 
 
 def seed_fingerprint(seed: bytes, job: str) -> bytes:
     """A 16-byte public check value that sites send to the coordinator to confirm they agree."""
     if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
         raise ProtocolError(f"a seed has {SEED_BYTES} bytes")
-    return hashlib.sha256(_FINGERPRINT_DOMAIN + _lp(job.encode("utf-8")) + seed).digest()[:16]
+    return hashlib.sha256(_FINGERPRINT_DOMAIN + lp(job.encode("utf-8")) + seed).digest()[:16]
 
 
 class SeedAgreement:
