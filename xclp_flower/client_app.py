@@ -13,8 +13,20 @@ not outlive a run —, and a prediction run's randomized labels come from that l
 data file, so repeating such a run releases the same labels and spends nothing new.
 
 Each message carries a step and its inputs (a ConfigRecord "xclp"); the reply carries its outputs
-("to:PEER" — sealed, for the ServerApp to relay —, "share:PEER", the masked parts). State between
-messages: xclp_flower/replay.py (secrets and the inputs taken so far, replayed).
+("to:PEER" — sealed, for the ServerApp to relay —, "share:PEER", the masked parts).
+
+State between messages. Flower's deployment runtime runs a ClientApp in a fresh process for every
+message; what survives is the node's `Context.state`. The site's side of a job is a state machine with
+live objects in it (a channel per peer, the pair protocols' parties), so after each step the site
+saves its session to bytes (`SiteSession.to_bytes`: the job's secrets and progress, never its points
+or labels) in one record per job, "xclp:J", and the next message restores it (`from_bytes`, over the
+data file reloaded). Every secret is drawn once, from the CSPRNG (os.urandom, secrets, OpenSSL), when
+first needed, and is state from then on: nothing is drawn twice and nothing is replayed, so every
+protocol of the service runs here (lattice, Paillier, OT; plaintext by the site's opt-in). A step
+that fails leaves the record as it was. The record is bytes in a ConfigRecord: Flower moves a
+Context between the SuperNode and the ClientApp process in one gRPC message (up to 2 GiB); an OT
+job's state (its running sums, n_a·n_b·8 bytes a pair) is the largest, a few MB at a few thousand
+points a site.
 """
 
 from __future__ import annotations
@@ -31,7 +43,6 @@ from flwr.clientapp import ClientApp
 from clients.policy import PolicyError, SitePolicy
 from clients.site_state import load_site_data
 from crypto.errors import ProtocolError
-from crypto.hamming_api import PairDriver
 from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
@@ -39,16 +50,10 @@ from xclp.job_files import job_file
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession, decode_roster
 from xclp_flower import flag
-from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
-STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
+STATE = "xclp"  # the node's record for an XCLP job J, "xclp:J": its parameters and its saved session
 RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
 STEPS = ("announce", "roster", "seed", "recount", "counts", "pairs", "influence", "rows", "sums", "abort")
-# Steps after the pair protocols replay without them: the protocols' state is needed by no later step
-# and draw nothing a later step draws after (its masks and noise come from keys, not the keystream), so
-# each of these steps, when taken and when replayed, sees the same session either way — at a third of
-# the cost for a lattice job.
-PAST_PAIRS = ("influence", "rows", "sums")
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 ENDED = "xclp-ended"  # a prediction run's job is over here: no other job of the run is taken
 TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
@@ -90,7 +95,6 @@ class FlowerSite:
         self.run_id = context.run_id
         self.state = context.state
         self.session: SiteSession | None = None
-        self.parties: dict[str, object] = {}
         self.job = ""
         self.sums: dict[str, tuple[int, list[str]]] = {}  # masked sum → (attempt, participants) last sent
 
@@ -102,28 +106,16 @@ class FlowerSite:
 
     def admit_to_ledger(self, job: str, status: dict) -> None:
         """Record the job (or training run) in the site's ledger across runs before anything is sent;
-        PolicyError past --max-epsilon. Keyed by this run, so a replayed step never counts it twice."""
+        PolicyError past --max-epsilon. Keyed by this run, so a step taken again never counts it twice."""
         key = f"flower-run-{self.run_id}/{job}#{params_digest(status.get('params') or {})}"
         self.policy.admit(self.ledger, self.digest, job, status, key=key)
 
-    # --- the job's secrets and inputs, in Context.state --------------------------------------------
-    def _secrets(self) -> ConfigRecord | None:
+    # --- the job's record in Context.state: its parameters and saved session -------------------------
+    def _record(self) -> ConfigRecord | None:
         return self.state.get(f"{STATE}:{self.job}")
 
-    def _inputs(self) -> list[ConfigRecord]:
-        n = int(self._secrets()["inputs"]) if self._secrets() is not None else 0
-        return [self.state[f"{STATE}:{self.job}-in-{i}"] for i in range(n)]
-
-    def _keep(self, step: ConfigRecord) -> None:
-        secrets = self._secrets()
-        n = int(secrets["inputs"])
-        self.state[f"{STATE}:{self.job}-in-{n}"] = ConfigRecord(dict(step))
-        secrets["inputs"] = n + 1
-
     def _forget(self) -> None:
-        """The finished job's secrets and inputs, wiped (its labels stay, in RESULT and the out folder)."""
-        for i in range(int(self._secrets()["inputs"])):
-            del self.state[f"{STATE}:{self.job}-in-{i}"]
+        """The finished job's secrets, wiped (its labels stay, in RESULT and the out folder)."""
         del self.state[f"{STATE}:{self.job}"]
 
     # --- one call -----------------------------------------------------------------------------------
@@ -133,8 +125,8 @@ class FlowerSite:
             raise ProtocolError(f"unknown XCLP step {name!r}")
         if not self.job:
             raise ProtocolError(f"{self.name}: an XCLP step that names no job")
-        if name == "abort":  # the job failed, or went on without this site: its secrets and inputs go
-            if self._secrets() is not None:
+        if name == "abort":  # the job failed, or went on without this site: its secrets go
+            if self._record() is not None:
                 self._forget()
             if bool(step.get("end-run", False)):  # a prediction run's only job: nothing of the run stays
                 self._end_run()
@@ -143,44 +135,28 @@ class FlowerSite:
             if ENDED in self.state:
                 raise PolicyError(f"{self.name}: this run's prediction job has ended here; a run has one (its label "
                                   "noise was drawn once and is gone)")
-            if self._secrets() is not None:
+            if self._record() is not None:
                 raise ProtocolError(f"{self.name}: job {self.job} has already started here")
             self._wipe_jobs()  # a job this site was left out of (too slow to answer) is over: its secrets go
-            self._start(step)
-        elif self._secrets() is None:
+            record = self._start(step)
+        elif self._record() is None:
             raise ProtocolError(f"{self.name}: step {name!r} of job {self.job} before its announce (or after its end)")
-        secrets = self._secrets()
-        with deterministic_urandom(bytes(secrets["replay"])):
-            self._open(secrets)
-            for earlier in self._inputs():
-                if name in PAST_PAIRS and str(earlier["step"]) == "pairs":
-                    continue  # their shares are with the coordinator; nothing later needs the pair protocols
-                self._draws_nothing_past_pairs(earlier, self._take)  # what it answered then was sent then
-            out = self._draws_nothing_past_pairs(step, lambda st: self._take(st, final=True))
+        else:
+            record = self._record()
+        self._open(record)
+        out = self._take(step)
         if name == "sums":
             self._forget()
-        else:
-            self._keep(step)
+        else:  # saved only once the step went through: a refused step leaves the record as it was
+            self.state[f"{STATE}:{self.job}"] = ConfigRecord({**dict(record), "session": self.session.to_bytes(),
+                                                              "sums": json.dumps(self.sums)})
         return out
 
     def _wipe_jobs(self) -> None:
-        """Every XCLP job's secrets and inputs held here ("xclp:J…"): jobs run one at a time, so a job
-        still here when another starts (or the run finishes) is one this site was left out of."""
+        """Every XCLP job's record held here ("xclp:J"): jobs run one at a time, so a job still here
+        when another starts (or the run finishes) is one this site was left out of."""
         for key in [k for k in self.state.config_records if k.startswith(f"{STATE}:")]:
             del self.state[key]
-
-    @staticmethod
-    def _draws_nothing_past_pairs(step: ConfigRecord, take):
-        """take(step), checking PAST_PAIRS's premise: a step after the pairs draws nothing from the
-        keystream (replayed without the pairs, it would otherwise reuse bytes the pairs used)."""
-        if str(step["step"]) not in PAST_PAIRS:
-            return take(step)
-        before = os.urandom._pos
-        out = take(step)
-        if os.urandom._pos != before:
-            raise ProtocolError(f"the {step['step']!r} step drew randomness after the pair protocols: it cannot be "
-                                "replayed without them (a bug here, not the ServerApp's)")
-        return out
 
     def _end_run(self) -> None:
         """After a prediction run's only job: its noise secret and labels go, and a mark stays that
@@ -193,14 +169,13 @@ class FlowerSite:
                 del self.state[record]
         self.state[ENDED] = ConfigRecord({"ended": 1})
 
-    def _start(self, step: ConfigRecord) -> None:
+    def _start(self, step: ConfigRecord) -> ConfigRecord:
+        """The job's record at its announce, once the site's policy has taken it (not stored yet: the
+        announce's own step stores it with the new session)."""
         params = JobParams(**json.loads(str(step["params"]))).validate()
         if params.job_id != self.job:
             raise ProtocolError(f"{self.name}: the announce of job {self.job} carries the parameters of {params.job_id}")
         self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
-        if params.crypto not in REPLAYABLE:
-            raise PolicyError(f"job {params.job_id}: crypto={params.crypto!r} cannot run inside Flower yet: a site "
-                              f"replays its steps between messages, which needs {REPLAYABLE}")
         training = self.state.get(TRAINING)
         if training is not None and "run" in training:  # an XCLP job of this training run: its own settings
             from dataclasses import asdict
@@ -215,13 +190,10 @@ class FlowerSite:
         self._admit_noise(params)
         if training is None:  # a training run's XCLP jobs are inside the budget it stated at hello
             self.admit_to_ledger(params.job_id, {"kind": "predict", "params": vars(params)})
-        secrets = {"params": str(step["params"]), "inputs": 0,
-                   # drawn once from the real os.urandom; never leave this node
-                   "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
-                   "replay": os.urandom(32)}
+        record = {"params": str(step["params"])}
         if "features-model" in step:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
-            secrets.update({k: step[k] for k in ("features-model", "features-config")})
-        self.state[f"{STATE}:{self.job}"] = ConfigRecord(secrets)
+            record.update({k: step[k] for k in ("features-model", "features-config")})
+        return ConfigRecord(record)
 
     def admit_training(self, xclp: JobParams) -> None:
         """At a training run's hello: an XCLP job that came before it must have randomized the labels as
@@ -250,28 +222,28 @@ class FlowerSite:
                                   "second such job in the run would let its releases be averaged; one per run")
             run["gaussian-jobs"] = 1
 
-    def _open(self, secrets: ConfigRecord) -> None:
-        params = JobParams(**json.loads(str(secrets["params"]))).validate()
-        hamming = None
-        if params.crypto == "lattice":
-            from crypto.lattice_hamming import LatticeHamming
-
-            hamming = LatticeHamming(threads=1)  # one thread: the random draws in a fixed order
+    def _open(self, record: ConfigRecord) -> None:
+        """The job's session: new at the announce (its X25519 key and seed contribution drawn now, from
+        the CSPRNG), else restored from the record over the data file reloaded."""
         X = self.X
-        if "features-model" in secrets:
+        if "features-model" in record:
             from xclp_flower.training import embeddings
 
-            X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]))
+            X = embeddings(self.X, str(record["features-config"]), bytes(record["features-model"]))
+        if "session" in record:
+            self.session = SiteSession.from_bytes(bytes(record["session"]), X, self.y, identity=self.identity(),
+                                                  pins=self.pins())
+            self.sums = {k: (int(a), list(p)) for k, (a, p) in json.loads(str(record["sums"])).items()}
+            return
+        params = JobParams(**json.loads(str(record["params"]))).validate()
         label_seed = None  # a prediction run's randomized labels: the data file's one secret (site ledger)
         if params.label_flip > 0 and TRAINING not in self.state:
             label_seed = self.ledger.label_seed(self.digest, params.label_flip, params.n_classes)
-        self.session = SiteSession(params, self.name, X, self.y,
-                                   keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
-                                   contribution=bytes(secrets["contribution"]),
-                                   noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
-                                   identity=self.identity(), pins=self.pins(), label_seed=label_seed)
+        self.session = SiteSession(params, self.name, X, self.y, keypair=SiteKeyPair.generate(),
+                                   noise_seed=bytes(self.state[RUN]["noise"]), identity=self.identity(),
+                                   pins=self.pins(), label_seed=label_seed)
 
-    def _take(self, step: ConfigRecord, final: bool = False) -> ConfigRecord:
+    def _take(self, step: ConfigRecord) -> ConfigRecord:
         s, name = self.session, str(step["step"])
         if name == "announce":
             return ConfigRecord({"site": self.name, "announce": s.announce()})
@@ -298,14 +270,8 @@ class FlowerSite:
         if name == "pairs":
             out: dict = {}
             for key in sorted(k for k in step if k.startswith("from:")):
-                peer = key[5:]
-                if peer not in self.parties:  # the turn-taking every driver goes through (crypto.hamming_api)
-                    if peer not in s.order or peer == self.name:
-                        raise ProtocolError(f"{self.name}: a pair message from {peer!r}, not a peer of this job")
-                    first = s.order.index(self.name) < s.order.index(peer)
-                    self.parties[peer] = PairDriver(s.hamming_party(peer), first)
-                body = bytes(step[key])
-                to_peer, to_server = self.parties[peer].step(body if body else None)  # empty: A speaks first
+                peer, body = key[5:], bytes(step[key])  # the turn-taking every driver goes through (hamming_api)
+                to_peer, to_server = s.pair_driver(peer).step(body if body else None)  # empty: A speaks first
                 if to_peer is not None:
                     out[f"to:{peer}"] = to_peer[1]
                 if to_server is not None:
@@ -321,17 +287,16 @@ class FlowerSite:
         # "sums": this site's scores, its labels — written here, never sent
         pred = s.receive_row_sums(bytes(step["rows"]))
         path = job_file(self.out, s.params.job_id, ".npz")
-        if final:
-            # with the site's seed contribution (public once the seed phase revealed it to its peers): an
-            # audit can replay the job in process with the same LSH seed, as an agent's state allows
-            self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
-                              seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
-            if bool(step.get("end-run", False)):  # a prediction run: nothing of it is needed here any more
-                self._end_run()
-            else:  # a training run's rounds train on these
-                self.state[RESULT] = ConfigRecord({"job": s.params.job_id,
-                                                   "labels": pred.labels.astype(np.int64).tobytes(),
-                                                   "confidence": pred.confidence.astype(np.float64).tobytes()})
+        # with the site's seed contribution (public once the seed phase revealed it to its peers): an
+        # audit can run the job again in process with the same LSH seed, as an agent's state allows
+        self.write_result(s.params.job_id, labels=pred.labels, confidence=pred.confidence,
+                          seed_contribution=np.frombuffer(s.my_contribution(), dtype=np.uint8))
+        if bool(step.get("end-run", False)):  # a prediction run: nothing of it is needed here any more
+            self._end_run()
+        else:  # a training run's rounds train on these
+            self.state[RESULT] = ConfigRecord({"job": s.params.job_id,
+                                               "labels": pred.labels.astype(np.int64).tobytes(),
+                                               "confidence": pred.confidence.astype(np.float64).tobytes()})
         return ConfigRecord({"written": str(path), "points": int(pred.labels.size)})
 
     def _sum(self, kind: str, participants: list[str], attempt: int) -> int:
