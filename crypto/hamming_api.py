@@ -18,6 +18,11 @@ Bit vectors are passed packed: uint8 arrays of shape (n, ceil(n_bits / 8)) as pr
 ``numpy.packbits(bits, axis=1)`` (big-endian bit order, zero padding).
 
 `run_pair` drives both sides in one process: the simulation, the tests and the benchmark use it.
+
+Every party saves itself to bytes between messages, `party.state()`, and the protocol rebuilds it
+over the same bits, `protocol.restore_party(bits, n_bits, data)` (crypto/state.py's framing: no
+pickle), so a driver that keeps nothing but bytes between messages — a Flower site — runs every
+protocol. What a party draws it draws once, from the CSPRNG, and keeps as state from then on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SecureHamming, lattice variant: additively homomorphic Ring-LWE (crypto.rlwe) with the sums done
 as dense matrix products. Implements :class:`crypto.hamming_api.HammingProtocol` (name ``"lattice"``).
-(About 500 lines: the protocol's messages, both parties and the coordinator's step, read together
-with the security argument below, which every one of them relies on.)
+(About 650 lines: the protocol's messages, both parties, their saved state and the coordinator's
+step, read together with the security argument below, which every one of them relies on.)
 
 A holds bit vectors x_1..x_{n_a}, B holds y_1..y_{n_b}, all of L bits; the coordinator ends with
 H[p, b] = h(x_p, y_b) and nothing else. With h = |x| + |y| − 2⟨x, y⟩:
@@ -53,6 +53,15 @@ the smallest multiple of 8 with E·2^(k−108) + (N + 1)/2 < 2^(k−w−1), wher
 (k = 16 for small L, 24 at L = 1024, 32 from L = 2048 to 8192). q was 2^86 until the flooding bound
 above was corrected: at 2^86 the noise budget leaves F ≤ 73, which covers fewer than five result
 ciphertexts at σ = 40. Both sides check the parameters; a HELLO with parameters below the standard is refused.
+
+Randomness and saved state. Each side draws one 32-byte key from os.urandom and expands every random
+value from it (AES-256-CTR, crypto.rlwe, one subkey per use): A's master key gives s, its public
+keys' errors and its columns' errors (per bit set, block and rows), B's secret gives ρ's key and the
+re-randomisation and flooding of each (block, group of vectors). So a party saves as its key and its
+progress (``state()``, ``LatticeHamming.restore_party``) and a restored party makes the very bytes
+the saved one would have; and nothing is ever drawn twice for the same value — a fresh error for
+A's columns under the same a (for another peer, or after a restore) would give two samples of one
+a·s, and a fresh flooding of the same result two floodings to average.
 
 Messages (``b"XLAT" | version | type``, then fixed little-endian fields; lengths are checked against
 the header before anything is parsed; any violation raises ProtocolError):

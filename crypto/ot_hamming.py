@@ -1,7 +1,7 @@
 """SecureHamming, oblivious-transfer variant: SHADE (Bringer–Chabanne–Patey 2013), batched.
 
-(About 650 lines: both SHADE parties, their message formats and the batched OT extension that
-drives them are one protocol, read together.)
+(About 710 lines: both SHADE parties, their message formats, their saved state and the batched OT
+extension that drives them are one protocol, read together.)
 
 A (OT sender) holds x_1..x_{n_a}, B (OT receiver) holds y_1..y_{n_b}, all L-bit vectors; the
 coordinator ends with H[a, b] = h(x_a, y_b) and nothing else. Arithmetic is in Z_q, q = L + 1.

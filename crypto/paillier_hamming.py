@@ -1,7 +1,8 @@
 """SecureHamming, Paillier variant: the paper's protocol and a fast packed version.
 
-(One module of about 950 lines because the two protocols share their message formats, key
-checks and the masked-result step; apart, each would reach into the other's internals.)
+(One module of about 1,000 lines because the two protocols share their message formats, key
+checks, the masked-result step and their parties' saved state; apart, each would reach into the
+other's internals.)
 
 Two protocols implement :class:`crypto.hamming_api.HammingProtocol`:
 

@@ -119,11 +119,16 @@ class RLWEParams:
 # -- randomness ----------------------------------------------------------------------------------
 
 
-def random_words(count: int, key: bytes | None = None, stream: int = 0) -> np.ndarray:
-    """`count` uint64 words of AES-256-CTR keystream under a fresh os.urandom key (a CSPRNG), or
-    under the injected 32-byte `key` (its `stream`): a party that keys its draws can be saved as its
-    key and redraw them byte for byte after a restore (crypto.lattice_hamming)."""
-    return prg_uint64(os.urandom(32) if key is None else key, int(count), stream=stream)
+def random_words(count: int) -> np.ndarray:
+    """`count` uint64 words of AES-256-CTR keystream under a fresh os.urandom key (a CSPRNG)."""
+    return prg_uint64(os.urandom(32), int(count))
+
+
+def _words(count: int, key: bytes | None, stream: int = 0) -> np.ndarray:
+    """random_words, or the keystream under an injected 32-byte `key` (its `stream`): a party that
+    keys its draws can be saved as its key and redraw them byte for byte after a restore
+    (crypto.lattice_hamming)."""
+    return random_words(count) if key is None else prg_uint64(key, int(count), stream=stream)
 
 
 def subkey(key: bytes, *label) -> bytes:
@@ -142,7 +147,7 @@ def sample_ternary(shape, key: bytes | None = None) -> np.ndarray:
     parts, have, draw = [], 0, 0
     while have < count:
         more = (count - have) // 8 + 64
-        raw = (random_words(more) if key is None else random_words(more, key, draw)).view(np.uint8)  # 255 is rejected
+        raw = _words(more, key, draw).view(np.uint8)  # 255 is rejected: 1 byte in 256
         draw += 1
         raw = raw[raw < 255][: count - have]
         parts.append(raw)
@@ -156,7 +161,7 @@ def sample_cbd(shape, eta: int = ETA, key: bytes | None = None) -> np.ndarray:
     if not 1 <= eta <= 32:
         raise ProtocolError(f"η must be in 1..32, got {eta}")
     count = int(np.prod(shape))
-    w = random_words(count, key)
+    w = _words(count, key)
     mask = np.uint64((1 << eta) - 1)
     pos = np.bitwise_count(w & mask).astype(np.int64)
     neg = np.bitwise_count((w >> np.uint64(32)) & mask).astype(np.int64)
@@ -174,7 +179,7 @@ def sample_flood(shape, bits: int, key: bytes | None = None) -> np.ndarray:
     if not WORD < bits < LOG_Q - 1:
         raise ProtocolError(f"flooding bits must be in {WORD + 1}..{LOG_Q - 2}, got {bits}")
     count = int(np.prod(shape))
-    w = random_words(2 * count, key).reshape(2, count)
+    w = _words(2 * count, key).reshape(2, count)
     lo = (w[0] >> np.uint64(64 - WORD)).astype(np.int64)
     hi = (w[1] >> np.uint64(64 - (bits + 1 - WORD))).astype(np.int64) - (1 << (bits - WORD))
     return normalise(lo, hi).reshape((2, *tuple(np.atleast_1d(shape))))
@@ -432,7 +437,7 @@ class PublicKey:
 
     def encrypt_zero(self, count: int, key: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`count` fresh encryptions of zero: (a, b) words, each (2, count, N) (their u and errors
-        keyed by `key` if given: see random_words)."""
+        keyed by `key` if given: see _words)."""
         n, eta = self.params.n, self.params.eta
         u_spec = ternary_spectrum(sample_ternary((count, n), None if key is None else subkey(key, "u")))  # (count, N/2)
         errors = sample_cbd((2, count, n), eta, None if key is None else subkey(key, "e"))  # e1, e2: i.i.d., so added in the FFT's folded order

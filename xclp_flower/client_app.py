@@ -23,10 +23,12 @@ or labels) in one record per job, "xclp:J", and the next message restores it (`f
 data file reloaded). Every secret is drawn once, from the CSPRNG (os.urandom, secrets, OpenSSL), when
 first needed, and is state from then on: nothing is drawn twice and nothing is replayed, so every
 protocol of the service runs here (lattice, Paillier, OT; plaintext by the site's opt-in). A step
-that fails leaves the record as it was. The record is bytes in a ConfigRecord: Flower moves a
-Context between the SuperNode and the ClientApp process in one gRPC message (up to 2 GiB); an OT
-job's state (its running sums, n_a·n_b·8 bytes a pair) is the largest, a few MB at a few thousand
-points a site.
+that fails leaves the record as it was. The record is bytes in a ConfigRecord (no size limit of its
+own): Flower moves a Context between the SuperNode and the ClientApp process in one gRPC message,
+2 GiB at most. What makes it large is the pair protocols in progress: an OT party's running sums
+(8 bytes a pair of points) and its chunk's OT rows (16 bytes per vector and bit), a lattice B's
+block of A's columns ((L + 1)·n_a·14 bytes, n_a ≤ 4,096 a block) — 1.3 MB at 500 points a site and
+L = 256 (bench/flower_restore.py; the replaying site kept 15 MB there).
 """
 
 from __future__ import annotations

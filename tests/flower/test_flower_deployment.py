@@ -1,7 +1,9 @@
 """XCLP in a real Flower deployment: a `flower-superlink` and three `flower-supernode` processes on
-loopback, `flwr run` of the example app (examples/flower-xclp) with the lattice protocol. Each site's
-labels, written at the site, equal the in-process simulation's with the same inputs and the same
-seed contributions (which each site writes beside its labels)."""
+loopback, `flwr run` of the example app (examples/flower-xclp) with the lattice protocol and with
+Paillier (2048-bit keys: each site restores its saved session, Paillier key included, at every
+message, in a fresh ClientApp process). Each site's labels, written at the site, equal the
+in-process simulation's with the same inputs and the same seed contributions (which each site
+writes beside its labels)."""
 
 import numpy as np
 import pytest
@@ -17,7 +19,8 @@ from xclp_flower.deployment import LocalFlower  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path):
+@pytest.mark.parametrize("crypto", ["lattice", "paillier"])
+def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path, crypto):
     X, y = load_arrays("digits", limit=300, seed=5)
     ds = simulate_sites(X, y, 3, "iid", 0.2, seed=5)
     files = {}
@@ -27,14 +30,14 @@ def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path):
         np.savez(files[s], X=ds.X[m], y=ds.y[m])
     flower = LocalFlower(tmp_path, files)
     try:
-        summary = flower.run("bits=128 k=6 crypto='lattice'")
+        summary = flower.run(f"bits=128 k=6 crypto='{crypto}'")
     finally:
         flower.close()
     assert all(p.poll() is not None for p in flower.procs.values())  # every process ended
-    assert summary["crypto"] == "lattice" and summary["sites"] == ds.sites
+    assert summary["crypto"] == crypto and summary["sites"] == ds.sites
     results = {s: np.load(summary["written"][s]) for s in ds.sites}
     contributions = {s: results[s]["seed_contribution"].tobytes() for s in ds.sites}
-    params = JobParams(job_id=summary["job"], n_classes=10, bits=128, k=6, crypto="lattice")
+    params = JobParams(job_id=summary["job"], n_classes=10, bits=128, k=6, crypto=crypto)
     ref = run_xclp(ds, params, contributions=contributions)
     for s in ds.sites:
         assert np.array_equal(results[s]["labels"], ref.predictions[s].labels), s
