@@ -47,6 +47,7 @@ from nacl import bindings as nb
 from nacl.exceptions import RuntimeError as NaclRuntimeError
 
 from crypto.errors import ProtocolError
+from crypto.state import State, pack
 
 POINT_BYTES = 32
 KEY_BYTES = 32
@@ -114,6 +115,21 @@ class BaseOTSender:
         """S = a·G (32 bytes)."""
         return self._s
 
+    def state(self) -> bytes:
+        """The secret scalar a (wiped once finished), S and whether it has finished (crypto.state)."""
+        return pack({"sid": self.session_id, "count": self.count, "a": self._a, "S": self._s,
+                     "finished": self._finished})
+
+    @classmethod
+    def restore(cls, data: bytes) -> BaseOTSender:
+        s = State(data, "base OT sender")
+        snd = cls.__new__(cls)  # not __init__: it would draw a new a
+        snd.session_id, snd.count = _check_session_id(s.bytes("sid")), _check_count(s.int("count"))
+        snd._a, snd._s, snd._finished = s.bytes("a"), s.bytes("S", POINT_BYTES), s.bool("finished")
+        if not snd._finished and len(snd._a) != 32:
+            raise ProtocolError("base OT: a saved sender's scalar is 32 bytes")
+        return snd
+
     @property
     def reply_bytes(self) -> int:
         return self.count * POINT_BYTES
@@ -173,6 +189,20 @@ class BaseOTReceiver:
             keys.append(_kdf(self.session_id, i, s, r, _mul(b, s, "b·S")))
         self._keys = keys
         return b"".join(reply)
+
+    def state(self) -> bytes:
+        """The choice bits and, once it has responded, the keys it ended with (crypto.state)."""
+        return pack({"sid": self.session_id, "choices": bytes(self._choices),
+                     "keys": b"".join(self._keys) if self._keys is not None else b"", "responded": self._keys is not None})
+
+    @classmethod
+    def restore(cls, data: bytes) -> BaseOTReceiver:
+        s = State(data, "base OT receiver")
+        rcv = cls(s.bytes("sid"), list(s.bytes("choices")))
+        if s.bool("responded"):
+            keys = s.bytes("keys", rcv.count * KEY_BYTES)
+            rcv._keys = [keys[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(rcv.count)]
+        return rcv
 
     @property
     def keys(self) -> list[bytes]:

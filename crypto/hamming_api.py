@@ -18,6 +18,11 @@ Bit vectors are passed packed: uint8 arrays of shape (n, ceil(n_bits / 8)) as pr
 ``numpy.packbits(bits, axis=1)`` (big-endian bit order, zero padding).
 
 `run_pair` drives both sides in one process: the simulation, the tests and the benchmark use it.
+
+Every party saves itself to bytes between messages, `party.state()`, and the protocol rebuilds it
+over the same bits, `protocol.restore_party(bits, n_bits, data)` (crypto/state.py's framing: no
+pickle), so a driver that keeps nothing but bytes between messages — a Flower site — runs every
+protocol. What a party draws it draws once, from the CSPRNG, and keeps as state from then on.
 """
 
 from __future__ import annotations
@@ -34,23 +39,22 @@ from crypto.errors import ProtocolError
 class Traits:
     """What the drivers and policies need to know of a Hamming protocol, said once here (never re-derived
     from its name): `secure` — anything but the plaintext reference; `key_bits` — it takes a Paillier
-    key size (a site's policy sets a minimum; one key pair per site and job); `replayable` — its parties
-    draw every random byte through os.urandom at their first message, so a Flower site that replays its
-    steps between messages gets the same state again (xclp_flower/replay.py)."""
+    key size (a site's policy sets a minimum; one key pair per site and job). (Every protocol's parties
+    save their state to bytes and restore from it — `state()`, `restore_party` —, so no trait says
+    which may run where a site keeps nothing between messages: all do.)"""
 
     module: str
     cls: str
     secure: bool
     key_bits: bool = False
-    replayable: bool = False
 
 
 # Every protocol, once: the command line, the service's schemas, the protocol core, the site policy and
 # the Flower driver take names and traits from here. "plaintext" is the reference with NO security;
 # "lattice" is the fastest secure one.
 REGISTRY = {
-    "plaintext": Traits("crypto.plaintext_hamming", "PlaintextHamming", secure=False, replayable=True),
-    "lattice": Traits("crypto.lattice_hamming", "LatticeHamming", secure=True, replayable=True),
+    "plaintext": Traits("crypto.plaintext_hamming", "PlaintextHamming", secure=False),
+    "lattice": Traits("crypto.lattice_hamming", "LatticeHamming", secure=True),
     "paillier": Traits("crypto.paillier_hamming", "PaillierHamming", secure=True, key_bits=True),
     "paillier-naive": Traits("crypto.paillier_hamming", "PaillierNaiveHamming", secure=True, key_bits=True),
     "ot": Traits("crypto.ot_hamming", "OTHamming", secure=True),
@@ -90,6 +94,10 @@ class Outgoing:
 class HammingParty(Protocol):
     def receive(self, message: bytes | None) -> Outgoing: ...
 
+    def state(self) -> bytes:
+        """Everything the party needs for its next message, as bytes (crypto.state: no pickle): its
+        secrets and progress, not its bits (the site reloads them from its data)."""
+
 
 class HammingProtocol(Protocol):
     name: str
@@ -99,6 +107,10 @@ class HammingProtocol(Protocol):
     def party_b(self, bits: np.ndarray, n_bits: int) -> HammingParty: ...
 
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray: ...
+
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> HammingParty:
+        """The party (A or B, as saved) that `party.state()` saved, over the same bits: it goes on
+        byte for byte as the saved one would have (where it draws nothing new)."""
 
 
 @dataclass
@@ -162,6 +174,25 @@ class PairDriver:
         self.got = 0  # messages received from the peer
         self.done = False
         self.share_out = False
+
+    def state(self) -> bytes:
+        """The turn-taking's counters and the party's own state (crypto.state framing)."""
+        from crypto.state import Nested, pack
+
+        return pack({"turn": self.my_turn, "sent": self.sent, "got": self.got, "done": self.done,
+                     "share_out": self.share_out, "max": self.max_messages, "party": Nested(self.party.state())})
+
+    @classmethod
+    def restore(cls, data: bytes, restore_party) -> PairDriver:
+        """The driver `state()` saved; `restore_party(bytes)` rebuilds its party (the protocol's
+        restore_party over the site's bits, wrapped in its channel)."""
+        from crypto.state import State
+
+        s = State(data, "pair driver")
+        d = cls(restore_party(s.nested("party")), s.bool("turn"), s.int("max", 1))
+        d.sent, d.got = s.int("sent", 0, d.max_messages), s.int("got", 0, d.max_messages)
+        d.done, d.share_out = s.bool("done"), s.bool("share_out")
+        return d
 
     @property
     def awaiting(self) -> int | None:

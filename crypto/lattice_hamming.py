@@ -1,7 +1,7 @@
 """SecureHamming, lattice variant: additively homomorphic Ring-LWE (crypto.rlwe) with the sums done
 as dense matrix products. Implements :class:`crypto.hamming_api.HammingProtocol` (name ``"lattice"``).
-(About 500 lines: the protocol's messages, both parties and the coordinator's step, read together
-with the security argument below, which every one of them relies on.)
+(About 650 lines: the protocol's messages, both parties, their saved state and the coordinator's
+step, read together with the security argument below, which every one of them relies on.)
 
 A holds bit vectors x_1..x_{n_a}, B holds y_1..y_{n_b}, all of L bits; the coordinator ends with
 H[p, b] = h(x_p, y_b) and nothing else. With h = |x| + |y| − 2⟨x, y⟩:
@@ -54,6 +54,15 @@ the smallest multiple of 8 with E·2^(k−108) + (N + 1)/2 < 2^(k−w−1), wher
 above was corrected: at 2^86 the noise budget leaves F ≤ 73, which covers fewer than five result
 ciphertexts at σ = 40. Both sides check the parameters; a HELLO with parameters below the standard is refused.
 
+Randomness and saved state. Each side draws one 32-byte key from os.urandom and expands every random
+value from it (AES-256-CTR, crypto.rlwe, one subkey per use): A's master key gives s, its public
+keys' errors and its columns' errors (per bit set, block and rows), B's secret gives ρ's key and the
+re-randomisation and flooding of each (block, group of vectors). So a party saves as its key and its
+progress (``state()``, ``LatticeHamming.restore_party``) and a restored party makes the very bytes
+the saved one would have; and nothing is ever drawn twice for the same value — a fresh error for
+A's columns under the same a (for another peer, or after a restore) would give two samples of one
+a·s, and a fresh flooding of the same result two floodings to average.
+
 Messages (``b"XLAT" | version | type``, then fixed little-endian fields; lengths are checked against
 the header before anything is parsed; any violation raises ProtocolError):
 
@@ -85,6 +94,7 @@ from crypto import rlwe
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits
 from crypto.secure_sum import prg_uint64
+from crypto.state import State, pack
 
 MAGIC = b"XLAT"
 VERSION = 3  # 2: A's columns packed r to a ciphertext; 3: q = 2^108, the uniform seed bound to A's bits
@@ -229,8 +239,8 @@ class LatticeHamming:
     def party_a(self, bits: np.ndarray, n_bits: int) -> LatticePartyA:
         return LatticePartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits))
 
-    def party_b(self, bits: np.ndarray, n_bits: int) -> LatticePartyB:
-        return LatticePartyB(self, check_bits(bits, n_bits, "B's bits"), int(n_bits))
+    def party_b(self, bits: np.ndarray, n_bits: int, secret: bytes | None = None) -> LatticePartyB:
+        return LatticePartyB(self, check_bits(bits, n_bits, "B's bits"), int(n_bits), secret)
 
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
         """The coordinator's step: h = (u − ρ) mod t, checked to lie in [0, L]."""
@@ -263,17 +273,39 @@ class LatticeHamming:
         The seed is bound to the bits it encrypts (and to L): were two bit sets encrypted under the
         same a, B would subtract the b parts and read x − x' (up to small noise). One bit set per seed,
         so every a is used once."""
+        if self._master is None:
+            self._master = os.urandom(32)  # the one draw: s and every error of A below expand from it
         if self._key is None:
-            self._master = os.urandom(32)
-            self._key = rlwe.SecretKey.generate(params.ring)
+            self._key = rlwe.SecretKey.generate(params.ring, key=rlwe.subkey(self._master, "secret"))
         if self._key.params.log_t != params.log_t:  # t follows L: same s, a key per t
             self._key = rlwe.SecretKey(params.ring, self._key.s)
         seed = hashlib.sha256(b"xclp/lattice/uniform-seed/v1" + self._master
                               + struct.pack("<I", params.n_bits) + digest).digest()
         if seed not in self._public:
-            pk = self._key.public_key(seed, stream=_pk_stream(params.n_bits))
+            pk = self._key.public_key(seed, stream=_pk_stream(params.n_bits),
+                                      noise_key=rlwe.subkey(self._master, "public-key", seed))
             self._public[seed] = rlwe.words_to_bytes(pk.p0)
         return self._key, seed, self._public[seed]
+
+    # -- saved state (crypto.state: no pickle) -------------------------------------------------------
+    def state(self) -> bytes:
+        """A's job-wide secret: the master key (s, its public keys' and columns' errors all expand
+        from it, so nothing else is kept) and the count of results decrypted under it."""
+        return pack({"master": self._master or b"", "decrypted": self.decrypted})
+
+    def restore(self, data: bytes) -> LatticeHamming:
+        s = State(data, "lattice protocol")
+        master = s.bytes("master")
+        if master and len(master) != 32:
+            raise ProtocolError("lattice: a saved master key is 32 bytes")
+        self._master, self._key, self._public, self._columns = master or None, None, {}, {}
+        self.decrypted = s.int("decrypted", 0, MAX_CIPHERTEXTS)
+        return self
+
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> LatticePartyA | LatticePartyB:
+        s = State(data, "lattice party")
+        cls = LatticePartyA if s.str("role") == "a" else LatticePartyB
+        return cls.restore(self, bits, n_bits, s)
 
     def _count(self, ciphertexts: int) -> None:
         """A decrypts `ciphertexts` more results under its key: refused past MAX_CIPHERTEXTS, the
@@ -298,8 +330,12 @@ class LatticeHamming:
             m[:, : r * width] = columns.reshape(count, r * width)
             a = rlwe.uniform_poly(seed, count, self.n, stream=block)
             rows = [(c, min(c + 64, count)) for c in range(0, count, 64)]
-            parts = _parallel(lambda c: key.encrypt(a[:, c[0] : c[1]], m[c[0] : c[1]])[:, :, : r * width],
-                              rows, self.threads)
+            # errors keyed by the master key, block and rows: the same ciphertexts whenever they are
+            # made (for another peer, after a restore) — a fresh error under the same a would hand
+            # two peers two samples of one a·s to average
+            parts = _parallel(lambda c: key.encrypt(a[:, c[0] : c[1]], m[c[0] : c[1]],
+                                                    rlwe.subkey(self._master, "columns", seed, block, c[0]))
+                              [:, :, : r * width], rows, self.threads)
             b = np.concatenate(parts, axis=1)
             store[block] = _header(COLS) + _COLS.pack(block, width) + rlwe.words_to_bytes(b)
         return store[block]
@@ -325,6 +361,13 @@ class _Party:
         self.failed = False
         self.finished = False
         self.messages = 0
+
+    def _common(self) -> dict:
+        return {"failed": self.failed, "finished": self.finished, "messages": self.messages}
+
+    def _set_common(self, s: State) -> None:
+        self.failed, self.finished = s.bool("failed"), s.bool("finished")
+        self.messages = s.int("messages", 0, MAX_MESSAGES)
 
     def receive(self, message: bytes | None) -> Outgoing:
         if self.failed:
@@ -414,15 +457,39 @@ class LatticePartyA(_Party):
         start, stop = self.blocks[block]
         return self.proto._cols(self.params, self.bits, block, start, stop)
 
+    def state(self) -> bytes:
+        """A's progress and the results decrypted so far (its key is the protocol's: LatticeHamming.state)."""
+        return pack({"role": "a", **self._common(), "started": self.started, "block": self.block, "next": self.next,
+                     "n_b": self.n_b, **({"share": self.share} if self.share is not None else {})})
+
+    @classmethod
+    def restore(cls, proto: LatticeHamming, bits: np.ndarray, n_bits: int, s: State) -> LatticePartyA:
+        a = proto.party_a(bits, n_bits)
+        a._set_common(s)
+        a.started, a.block = s.bool("started"), s.int("block", 0, len(a.blocks))
+        n_b = s.json("n_b")
+        if n_b is not None and (isinstance(n_b, bool) or not isinstance(n_b, int) or n_b < 1):
+            raise ProtocolError("lattice: a saved party A has a bad n_b")
+        a.n_b, a.next = n_b, s.int("next", 0, n_b or 0)
+        a.share = s.optional_array("share", np.uint16, (a.n_a, n_b))
+        return a
+
 
 
 class LatticePartyB(_Party):
     """B: the evaluating side. It never decrypts; it re-randomises, floods and switches every result."""
 
-    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int):
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, secret: bytes | None = None):
         super().__init__(proto, bits, n_bits)
         self.n_b = bits.shape[0]
-        self.rho_key = os.urandom(32)
+        # B's one draw (or an injected key): ρ's key (its share for the coordinator) and every
+        # re-randomisation and flooding draw, one subkey per (block, group), expand from it. So a
+        # restored B makes the same results; and a B restored from an older state and asked again
+        # sends the SAME result, never a second independently flooded one that A could average.
+        self.secret = os.urandom(32) if secret is None else bytes(secret)
+        if len(self.secret) != 32:
+            raise ProtocolError("lattice: B's secret is 32 bytes")
+        self.rho_key = rlwe.subkey(self.secret, "rho")
         self.public: rlwe.PublicKey | None = None
         self.seed: bytes | None = None
         self.n_a = 0
@@ -431,6 +498,33 @@ class LatticePartyB(_Party):
         self.next = 0
         self.matrix: np.ndarray | None = None  # (L, 3N + 3 n_blk) float64: 36-bit parts of the block's columns
         self.weights_ct: np.ndarray | None = None  # (a words (2, N), b words (2, n_blk)) of Enc(|x|)
+        self.cols: bytes | None = None  # the block's COLS body: the matrix is rebuilt from it on restore
+
+    def state(self) -> bytes:
+        """B's secret, A's public key and the block in progress (its COLS body, not the matrix made
+        from it: a fraction of the size, and the matrix is remade exactly)."""
+        live = self.public is not None and not self.finished
+        return pack({"role": "b", **self._common(), "secret": self.secret, "n_a": self.n_a,
+                     "seed": self.seed or b"", "block": self.block, "next": self.next,
+                     **({"p0": self.public.p0, "cols": self.cols} if live else {})})
+
+    @classmethod
+    def restore(cls, proto: LatticeHamming, bits: np.ndarray, n_bits: int, s: State) -> LatticePartyB:
+        b = cls(proto, check_bits(bits, n_bits, "B's bits"), int(n_bits), s.bytes("secret", 32))
+        b._set_common(s)
+        b.seed, b.n_a = s.bytes("seed") or None, s.int("n_a", 0)
+        b.blocks = _blocks(b.n_a, proto.n)
+        b.block, b.next = s.int("block", -1, len(b.blocks)), s.int("next", 0, b.n_b)
+        if "p0" in s:  # a block in progress: A's public key, and the block's matrix made again
+            if b.seed is None or len(b.seed) != 32 or not 0 <= b.block < len(b.blocks):
+                raise ProtocolError("lattice: a saved party B in a block has no seed or a bad block")
+            p1 = rlwe.uniform_poly(b.seed, 1, proto.n, stream=_pk_stream(b.params.n_bits))[:, 0]
+            b.public = rlwe.PublicKey(b.params.ring, s.array("p0", np.int64, (2, proto.n)), p1)
+            block, after = b.block, b.next
+            b.block, b.next = block - 1, b.n_b  # as just before the block's COLS came
+            b._columns(memoryview(s.bytes("cols")))
+            b.next = after
+        return b
 
     def _step(self, message):
         p, n = self.params, self.proto.n
@@ -456,7 +550,7 @@ class LatticePartyB(_Party):
         self.next += count
         done = self.next == self.n_b and self.block == len(self.blocks) - 1
         if done:  # a site is B for many peers at once: free the block's matrix as soon as possible
-            self.finished, self.matrix, self.weights_ct = True, None, None
+            self.finished, self.matrix, self.weights_ct, self.cols = True, None, None, None
         return Outgoing(to_peer=out, to_server=share, done=done)
 
     def _hello(self, body: memoryview) -> memoryview:
@@ -500,6 +594,7 @@ class LatticePartyB(_Party):
             raise ProtocolError(f"lattice: COLS of block {block} has {width} points, expected {stop - start}")
         r, count = packing(L, width, n)
         _need(body, _COLS.size + count * r * width * rlwe.COEFF_BYTES, "COLS")
+        self.cols = bytes(body)
         b = rlwe.words_from_bytes(body[_COLS.size :], count * r * width, "COLS").reshape(2, count * r, width)
         a = rlwe.uniform_poly(self.seed, count, n, stream=block)
         neg = rlwe.normalise(-a[0], -a[1])
@@ -558,8 +653,8 @@ class LatticePartyB(_Party):
         # per part (every partial sum stays below 2^57, far inside int64).
         masks = rho(self.rho_key, group, self.n_a, p.log_t)[:count, start:stop]
         shifted = (weights[:, None] + masks) << (p.ring.delta_shift - rlwe.WORD)
-        za, zb = self.public.encrypt_zero(count)
-        flood = rlwe.sample_flood((count, width), p.flood_bits)
+        za, zb = self.public.encrypt_zero(count, rlwe.subkey(self.secret, "zero", self.block, group))
+        flood = rlwe.sample_flood((count, width), p.flood_bits, rlwe.subkey(self.secret, "flood", self.block, group))
         a = rlwe.normalise(-2 * ya[0] + sa[0] + za[0], -2 * ya[1] + sa[1] + za[1])
         b = rlwe.normalise(-2 * yb[0] + sb[0] + zb[0, :, :width] + flood[0],
                            -2 * yb[1] + sb[1] + shifted + zb[1, :, :width] + flood[1])

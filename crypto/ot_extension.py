@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from crypto.base_ot import BaseOTReceiver, BaseOTSender
 from crypto.errors import ProtocolError
+from crypto.state import Nested, State, pack
 
 KAPPA = 128  # computational security parameter = number of base OTs = row width in bits
 ROW_BYTES = KAPPA // 8
@@ -154,10 +155,14 @@ def tccr_hash(rows: np.ndarray, first_index: int, nblocks: int) -> np.ndarray:
 
 
 class _PRG:
-    """AES-128-CTR keystream from a base-OT key, read in consecutive pieces."""
+    """AES-128-CTR keystream from a base-OT key, read in consecutive pieces, from byte `pos` on (a
+    restored stream starts at its counter block and drops the bytes of it already read)."""
 
-    def __init__(self, key: bytes):
-        self._enc = Cipher(algorithms.AES(key[:16]), modes.CTR(bytes(16))).encryptor()
+    def __init__(self, key: bytes, pos: int = 0):
+        block, skip = divmod(int(pos), 16)
+        self._enc = Cipher(algorithms.AES(key[:16]), modes.CTR(block.to_bytes(16, "big"))).encryptor()
+        if skip:
+            self._enc.update(bytes(skip))
 
     def read_into(self, zeros: memoryview, out: np.ndarray) -> None:
         self._enc.update_into(zeros, out)
@@ -166,16 +171,30 @@ class _PRG:
 class _Stream:
     """128 PRGs filled into one 128 × nbytes matrix per batch."""
 
-    def __init__(self, keys: list[bytes]):
-        self._prgs = [_PRG(k) for k in keys]
+    def __init__(self, keys: list[bytes], pos: int = 0):
+        self.keys = [bytes(k) for k in keys]
+        self.pos = int(pos)  # bytes read from each PRG so far: with the keys, the whole state
+        self._prgs = [_PRG(k, self.pos) for k in keys]
         self._zeros = np.zeros(0, np.uint8)
         self._buf = np.zeros(0, np.uint8)
+
+    def state(self) -> bytes:
+        return pack({"keys": b"".join(self.keys), "width": len(self.keys[0]) if self.keys else 0, "pos": self.pos})
+
+    @classmethod
+    def restore(cls, data: bytes) -> _Stream:
+        s = State(data, "OT extension stream")
+        width, keys = s.int("width", 16, 64), s.bytes("keys")
+        if len(keys) != KAPPA * width:
+            raise ProtocolError("OT extension: a saved stream holds 128 keys")
+        return cls([keys[i * width : (i + 1) * width] for i in range(KAPPA)], s.int("pos", 0))
 
     def matrix(self, nbytes: int) -> np.ndarray:
         if self._zeros.shape[0] < nbytes:
             self._zeros = np.zeros(nbytes, np.uint8)
             self._buf = np.empty(nbytes + 16, np.uint8)
         out = np.empty((len(self._prgs), nbytes), np.uint8)
+        self.pos += nbytes
         z = self._zeros[:nbytes]
         for j, prg in enumerate(self._prgs):
             prg.read_into(z, self._buf)
@@ -214,6 +233,25 @@ class OTExtReceiver:
         self._g0 = _Stream([k0 for k0, _ in pairs])
         self._g1 = _Stream([k1 for _, k1 in pairs])
 
+    def state(self) -> bytes:
+        """Before the base OTs end: the base-OT sender; after: the two streams (keys and position)
+        and the next OT index (crypto.state)."""
+        if self._g0 is None:
+            return pack({"base": Nested(self._base.state()), "next": self.next_index})
+        return pack({"g0": Nested(self._g0.state()), "g1": Nested(self._g1.state()), "next": self.next_index})
+
+    @classmethod
+    def restore(cls, data: bytes) -> OTExtReceiver:
+        s = State(data, "OT extension receiver")
+        r = cls.__new__(cls)  # not __init__: it would draw a new base-OT secret
+        r._base, r._g0, r._g1 = None, None, None
+        if "base" in s:
+            r._base = BaseOTSender.restore(s.nested("base"))
+        else:
+            r._g0, r._g1 = _Stream.restore(s.nested("g0")), _Stream.restore(s.nested("g1"))
+        r.next_index = s.int("next", 0)
+        return r
+
     def extend(self, choices: np.ndarray) -> tuple[bytes, np.ndarray, int]:
         if self._g0 is None:
             raise ProtocolError("OT extension: base OTs not done")
@@ -246,6 +284,26 @@ class OTExtSender:
         self._base = BaseOTReceiver(session_id, self._s.tolist())
         self._g: _Stream | None = None
         self.next_index = 0
+
+    def state(self) -> bytes:
+        """Δ, the base-OT receiver (its keys once it responded), the stream's position, the next OT
+        index (crypto.state)."""
+        return pack({"delta": self.delta.tobytes(), "base": Nested(self._base.state()),
+                     "pos": self._g.pos if self._g is not None else -1, "next": self.next_index})
+
+    @classmethod
+    def restore(cls, data: bytes) -> OTExtSender:
+        s = State(data, "OT extension sender")
+        snd = cls.__new__(cls)  # not __init__: it would draw a new Δ
+        snd.delta = np.frombuffer(s.bytes("delta", ROW_BYTES), np.uint8).copy()
+        snd._s = np.unpackbits(snd.delta)
+        snd._base = BaseOTReceiver.restore(s.nested("base"))
+        if snd._base._choices != snd._s.tolist():
+            raise ProtocolError("OT extension: a saved sender's base-OT choices are not its Δ")
+        pos = s.int("pos", -1)
+        snd._g = None if pos < 0 else _Stream(snd._base.keys, pos)
+        snd.next_index = s.int("next", 0)
+        return snd
 
     def respond_base(self, first: bytes) -> bytes:
         reply = self._base.respond(first)

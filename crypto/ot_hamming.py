@@ -1,7 +1,7 @@
 """SecureHamming, oblivious-transfer variant: SHADE (Bringer–Chabanne–Patey 2013), batched.
 
-(About 650 lines: both SHADE parties, their message formats and the batched OT extension that
-drives them are one protocol, read together.)
+(About 710 lines: both SHADE parties, their message formats, their saved state and the batched OT
+extension that drives them are one protocol, read together.)
 
 A (OT sender) holds x_1..x_{n_a}, B (OT receiver) holds y_1..y_{n_b}, all L-bit vectors; the
 coordinator ends with H[a, b] = h(x_a, y_b) and nothing else. Arithmetic is in Z_q, q = L + 1.
@@ -81,6 +81,7 @@ import numpy as np
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits
 from crypto.ot_extension import KAPPA, OTExtReceiver, OTExtSender, TCCRHash, u_bytes
+from crypto.state import Nested, State, pack
 
 MAGIC = b"XSHD"
 VERSION = 2  # 2: CORR values packed to β bits (1: u8/u16)
@@ -323,6 +324,12 @@ class OTHamming:
         q = n_bits + 1
         return ((t.astype(np.int32) - r.astype(np.int32)) % q).astype(np.int32)
 
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> OTPartyA | OTPartyB:
+        s = State(data, "SHADE party")
+        party = (self.party_a if s.str("role") == "a" else self.party_b)(bits, n_bits)
+        party._restore(s)
+        return party
+
     def choose_chunk(self, n_bits: int, n_a: int, n_b: int) -> int:
         if self.chunk_vectors is not None:
             return min(self.chunk_vectors, n_b)
@@ -347,20 +354,62 @@ class _Party:
         self.q = n_bits + 1
         self.bits01 = np.unpackbits(bits, axis=1)[:, :n_bits]
         self.max_bytes = proto.max_message_bytes
-        self.state = "start"
+        self.stage = "start"
         self.p: _Params | None = None
 
+    _ARRAYS = ()  # the party's arrays in its saved state, beside the JSON fields
+
+    def state(self) -> bytes:
+        """The stage, the session, the chunking, the sums so far and the OT extension's state (keys
+        and stream positions), as crypto.state fields: never the bits (the site has them)."""
+        ext = getattr(self, "ext", None)
+        fields = {"role": self.ROLE, "stage": self.stage, "sid": getattr(self, "sid", b""),
+                  "n_peer": None if self.p is None else (self.p.n_b if self.ROLE == "a" else self.p.n_a),
+                  **{k: getattr(self, k, None) for k in ("chunk", "n_chunks", "next_chunk", "pending_first",
+                                                         "pending_count")}}
+        fields.update({k: getattr(self, k) for k in self._ARRAYS if getattr(self, k, None) is not None})
+        if ext is not None:
+            fields["ext"] = Nested(ext.state())
+        return pack(fields)
+
+    def _restore(self, s: State) -> None:
+        self.stage = s.str("stage")
+        if self.stage not in ("start", "base", "base2", "ext", "corr", "done", "failed"):
+            raise ProtocolError(f"SHADE: a saved party in stage {self.stage!r}")
+        if s.bytes("sid"):
+            self.sid = s.bytes("sid", SID_BYTES)
+        peer = s.json("n_peer")
+        if peer is not None:
+            _check_n(peer, "the peer")
+            self.p = _Params(self.L, self.n_a, peer) if self.ROLE == "a" else _Params(self.L, peer, self.n_b)
+        for k in ("chunk", "n_chunks", "next_chunk", "pending_first", "pending_count"):
+            v = s.json(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ProtocolError(f"SHADE: a saved party's {k} is not a count")
+            setattr(self, k, v)
+        for k in self._ARRAYS:
+            setattr(self, k, s.optional_array(k))
+        if "ext" in s:
+            self.ext = (OTExtSender if self.ROLE == "a" else OTExtReceiver).restore(s.nested("ext"))
+        if self.ROLE == "b" and getattr(self, "pending_count", None) is not None and self.stage == "corr":
+            b0 = self.next_chunk * self.chunk  # the choices of the chunk in flight, from B's own bits
+            self.pending_y = self.bits01[b0 : b0 + self.pending_count].reshape(-1)
+        for k, dtype, shape in self._checked():
+            a = getattr(self, k, None)
+            if a is not None and (a.dtype != np.dtype(dtype) or a.shape != shape):
+                raise ProtocolError(f"SHADE: a saved party's {k} is {a.dtype} {a.shape}, expected {dtype} {shape}")
+
     def _fail(self, exc: Exception):
-        self.state = "failed"
+        self.stage = "failed"
         raise exc
 
     def receive(self, message: bytes | None) -> Outgoing:
-        if self.state in ("done", "failed"):
-            raise ProtocolError(f"SHADE: party is {self.state}; no more messages accepted")
+        if self.stage in ("done", "failed"):
+            raise ProtocolError(f"SHADE: party is {self.stage}; no more messages accepted")
         try:
             return self._step(message)
         except ProtocolError:
-            self.state = "failed"
+            self.stage = "failed"
             raise
 
     def _blocks(self, count: int) -> list[tuple[int, int]]:
@@ -401,6 +450,11 @@ class _Party:
 class OTPartyA(_Party):
     """SHADE party A: OT-extension sender, holds x."""
 
+    ROLE, _ARRAYS = "a", ("R",)
+
+    def _checked(self):
+        return [("R", np.uint64, (self.p.n_b if self.p else 0, self.n_a))]
+
     def __init__(self, proto: OTHamming, bits: np.ndarray, n_bits: int):
         super().__init__(proto, bits, n_bits)
         self.n_a = bits.shape[0]
@@ -413,12 +467,12 @@ class OTPartyA(_Party):
         self.ext = OTExtSender(self.sid)
 
     def _step(self, message):
-        if self.state == "start":
+        if self.stage == "start":
             if message is not None:
                 raise ProtocolError("SHADE: party A speaks first; it got a message before HELLO")
-            self.state = "base"
+            self.stage = "base"
             return Outgoing(to_peer=_header(T_HELLO) + _HELLO.pack(self.sid, self.L, self.n_a))
-        if self.state == "base":
+        if self.stage == "base":
             body = _open(message, T_BASE1, self.max_bytes)
             _need(body, _BASE1.size, "BASE1")
             n_b, chunk, point = _BASE1.unpack_from(body)
@@ -435,9 +489,9 @@ class OTPartyA(_Party):
             self.next_chunk = 0
             self.R = np.zeros((n_b, self.n_a), dtype=np.uint64)  # Σ_l h0, per (b, a)
             reply = self.ext.respond_base(bytes(point))
-            self.state = "ext"
+            self.stage = "ext"
             return Outgoing(to_peer=_header(T_BASE2) + reply)
-        if self.state == "ext":
+        if self.stage == "ext":
             body = _open(message, T_EXT, self.max_bytes)
             if len(body) < _CHUNK.size:
                 raise ProtocolError("SHADE: EXT is truncated")
@@ -457,9 +511,9 @@ class OTPartyA(_Party):
                 r = (self.R + np.uint64(self.q) - self.weight.astype(np.uint64)[None, :]) % np.uint64(self.q)
                 out.to_server = _encode_share(T_SHARE_A, self.sid, self.p, r.T)
                 out.done = True
-                self.state = "done"
+                self.stage = "done"
             return out
-        raise ProtocolError(f"SHADE: party A in unexpected state {self.state}")
+        raise ProtocolError(f"SHADE: party A in unexpected state {self.stage}")
 
     def _corrections(self, q_rows: np.ndarray, first: int, k: int, count: int) -> bytes:
         b0 = k * self.chunk
@@ -523,6 +577,12 @@ class OTPartyA(_Party):
 class OTPartyB(_Party):
     """SHADE party B: OT-extension receiver, choice bits y."""
 
+    ROLE, _ARRAYS = "b", ("T", "pending_rows")
+
+    def _checked(self):
+        rows = (self.pending_count or 0) * self.L
+        return [("T", np.uint64, (self.n_b, self.p.n_a if self.p else 0)), ("pending_rows", np.uint8, (rows, 16))]
+
     def __init__(self, proto: OTHamming, bits: np.ndarray, n_bits: int):
         super().__init__(proto, bits, n_bits)
         self.n_b = bits.shape[0]
@@ -530,7 +590,7 @@ class OTPartyB(_Party):
         self.expected_sid = proto._sid()
 
     def _step(self, message):
-        if self.state == "start":
+        if self.stage == "start":
             body = _open(message, T_HELLO, self.max_bytes)
             _need(body, _HELLO.size, "HELLO")
             sid, L, n_a = _HELLO.unpack_from(body)
@@ -545,16 +605,16 @@ class OTPartyB(_Party):
             self.n_chunks = -(-self.n_b // self.chunk)
             self.ext = OTExtReceiver(self.sid)
             self.T = np.zeros((self.n_b, n_a), dtype=np.uint64)
-            self.state = "base2"
+            self.stage = "base2"
             return Outgoing(to_peer=_header(T_BASE1) + _BASE1.pack(self.n_b, self.chunk, self.ext.base_message()))
-        if self.state == "base2":
+        if self.stage == "base2":
             body = _open(message, T_BASE2, self.max_bytes)
             _need(body, KAPPA * POINT_BYTES, "BASE2")
             self.ext.accept_base_reply(bytes(body))
             self.next_chunk = 0
-            self.state = "corr"
+            self.stage = "corr"
             return Outgoing(to_peer=self._ext_message())
-        if self.state == "corr":
+        if self.stage == "corr":
             body = _open(message, T_CORR, self.max_bytes)
             if len(body) < _CHUNK.size:
                 raise ProtocolError("SHADE: CORR is truncated")
@@ -591,9 +651,9 @@ class OTPartyB(_Party):
             if self.next_chunk < self.n_chunks:
                 return Outgoing(to_peer=self._ext_message())
             t = self.T % np.uint64(self.q)
-            self.state = "done"
+            self.stage = "done"
             return Outgoing(to_server=_encode_share(T_SHARE_B, self.sid, p, t.T), done=True)
-        raise ProtocolError(f"SHADE: party B in unexpected state {self.state}")
+        raise ProtocolError(f"SHADE: party B in unexpected state {self.stage}")
 
     def _ext_message(self) -> bytes:
         k = self.next_chunk

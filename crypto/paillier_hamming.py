@@ -1,7 +1,8 @@
 """SecureHamming, Paillier variant: the paper's protocol and a fast packed version.
 
-(One module of about 950 lines because the two protocols share their message formats, key
-checks and the masked-result step; apart, each would reach into the other's internals.)
+(One module of about 1,000 lines because the two protocols share their message formats, key
+checks, the masked-result step and their parties' saved state; apart, each would reach into the
+other's internals.)
 
 Two protocols implement :class:`crypto.hamming_api.HammingProtocol`:
 
@@ -126,6 +127,7 @@ from phe import paillier
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits
+from crypto.state import State, pack
 
 __all__ = ["PaillierNaiveHamming", "PaillierHamming", "MIN_KEY_BITS", "MIN_TEST_KEY_BITS"]
 
@@ -232,6 +234,36 @@ def _check_keypair(keypair, allow_insecure: bool):
         raise ProtocolError("keypair: private key does not match the public key")
     _check_key_bits(n.bit_length(), allow_insecure, "keypair")
     return pub, priv
+
+
+def keypair_from_primes(p: int, q: int):
+    """A phe key pair from its saved primes (a site saves p and q, never a pickled key object)."""
+    if not (isinstance(p, int) and isinstance(q, int) and p > 2 and q > 2 and p != q):
+        raise ProtocolError("a saved Paillier key is two distinct primes")
+    pub = paillier.PaillierPublicKey(p * q)
+    return pub, paillier.PaillierPrivateKey(pub, p, q)
+
+
+class _Saved:
+    """A party's saved state (crypto.state): A its key's primes, the session id and its stage; B its
+    stage alone — B answers A's one message at once and keeps nothing after it."""
+
+    def state(self) -> bytes:
+        fields = {"role": "a" if hasattr(self, "priv") else "b", "stage": self.stage}
+        if hasattr(self, "priv"):
+            fields.update(p=int(self.priv.p), q=int(self.priv.q), session=self.session)
+        return pack(fields)
+
+
+def _restore_party(proto, bits: np.ndarray, n_bits: int, data: bytes):
+    s = State(data, f"{proto.name} party")
+    if s.str("role") == "a":
+        party = proto.party_a(bits, n_bits, keypair=keypair_from_primes(s.int("p"), s.int("q")))
+        party.session = s.bytes("session", 16)
+    else:
+        party = proto.party_b(bits, n_bits)
+    party.stage = s.int("stage", 0, 2)
+    return party
 
 
 def _popcounts(bits: np.ndarray) -> np.ndarray:
@@ -439,6 +471,9 @@ class PaillierNaiveHamming:
     def party_b(self, bits: np.ndarray, n_bits: int) -> _NaiveB:
         return _NaiveB(self, check_bits(bits, n_bits, "bits_b"), int(n_bits))
 
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> _NaiveA | _NaiveB:
+        return _restore_party(self, bits, n_bits, data)
+
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
         sa = _parse_share(share_a, PROTO_NAIVE, MSG_SHARE_A, "A", n_a, n_b, n_bits, self.max_message_bytes)
         sb = _parse_share(share_b, PROTO_NAIVE, MSG_SHARE_B, "B", n_a, n_b, n_bits, self.max_message_bytes)
@@ -464,7 +499,7 @@ class PaillierNaiveHamming:
         return out.reshape(n_a, n_b)
 
 
-class _NaiveA:
+class _NaiveA(_Saved):
     def __init__(self, proto: PaillierNaiveHamming, bits, n_bits, keypair):
         self.proto = proto
         self.bits = bits
@@ -473,17 +508,17 @@ class _NaiveA:
             self.pub, self.priv = _check_keypair(keypair, proto.insecure_test_key_bits)
         else:
             self.pub, self.priv = paillier.generate_paillier_keypair(n_length=proto.key_bits)
-        self.state = 0
+        self.stage = 0
         self.session = _new_session()
 
     def receive(self, message):
-        if self.state == 0:
+        if self.stage == 0:
             if message is not None:
                 raise ProtocolError("party A speaks first: its first receive() takes None")
-            self.state = 1
+            self.stage = 1
             return Outgoing(to_peer=self._keys_message())
-        if self.state == 1:
-            self.state = 2
+        if self.stage == 1:
+            self.stage = 2
             return Outgoing(to_server=self._decrypt(message), done=True)
         raise ProtocolError("party A is already done")
 
@@ -550,19 +585,19 @@ def _parse_keys(proto, message, n_bits: int, proto_id: int):
     return session, key_bits, L, n_a, sigma, w, slots, n_groups, n, buf, off + kb
 
 
-class _NaiveB:
+class _NaiveB(_Saved):
     def __init__(self, proto: PaillierNaiveHamming, bits, n_bits):
         self.proto = proto
         self.bits = bits
         self.n_bits = n_bits
-        self.state = 0
+        self.stage = 0
 
     def receive(self, message):
-        if self.state != 0:
+        if self.stage != 0:
             raise ProtocolError("party B is already done")
         if message is None:
             raise ProtocolError("party B expected A's key message, got None")
-        self.state = 1
+        self.stage = 1
         what = "key message from A"
         session, key_bits, L, n_a, sigma, w, slots, n_groups, n, buf, off = _parse_keys(
             self.proto, message, self.n_bits, PROTO_NAIVE)
@@ -635,6 +670,9 @@ class PaillierHamming:
     def party_b(self, bits: np.ndarray, n_bits: int) -> _PackedB:
         return _PackedB(self, check_bits(bits, n_bits, "bits_b"), int(n_bits))
 
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> _PackedA | _PackedB:
+        return _restore_party(self, bits, n_bits, data)
+
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
         sa = _parse_share(share_a, PROTO_PACKED, MSG_SHARE_A, "A", n_a, n_b, n_bits, self.max_message_bytes)
         sb = _parse_share(share_b, PROTO_PACKED, MSG_SHARE_B, "B", n_a, n_b, n_bits, self.max_message_bytes)
@@ -702,7 +740,7 @@ class PaillierHamming:
         return self._tables.get(key, lambda: _FixedBase(hs, n2, exp_bits, window, self._pool()))
 
 
-class _PackedA:
+class _PackedA(_Saved):
     def __init__(self, proto: PaillierHamming, bits, n_bits, keypair):
         self.proto = proto
         self.bits = bits
@@ -713,17 +751,17 @@ class _PackedA:
             self.pub, self.priv = paillier.generate_paillier_keypair(n_length=proto.key_bits)
         self.key_bits = int(self.pub.n).bit_length()
         self.w, self.slots = _slot_params(n_bits, proto.sigma, self.key_bits)
-        self.state = 0
+        self.stage = 0
         self.session = _new_session()
 
     def receive(self, message):
-        if self.state == 0:
+        if self.stage == 0:
             if message is not None:
                 raise ProtocolError("party A speaks first: its first receive() takes None")
-            self.state = 1
+            self.stage = 1
             return Outgoing(to_peer=self._keys_message())
-        if self.state == 1:
-            self.state = 2
+        if self.stage == 1:
+            self.stage = 2
             return Outgoing(to_server=self._decrypt(message), done=True)
         raise ProtocolError("party A is already done")
 
@@ -837,19 +875,19 @@ class _PackedA:
                            self.w, 8, b"", u.astype(">u8").tobytes(), slots=self.slots)
 
 
-class _PackedB:
+class _PackedB(_Saved):
     def __init__(self, proto: PaillierHamming, bits, n_bits):
         self.proto = proto
         self.bits = bits
         self.n_bits = n_bits
-        self.state = 0
+        self.stage = 0
 
     def receive(self, message):
-        if self.state != 0:
+        if self.stage != 0:
             raise ProtocolError("party B is already done")
         if message is None:
             raise ProtocolError("party B expected A's key message, got None")
-        self.state = 1
+        self.stage = 1
         return self._respond(message)
 
     def _chunk_bits(self, L: int, n_b: int) -> int:

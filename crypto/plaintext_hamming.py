@@ -11,6 +11,7 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits, plaintext_hamming
+from crypto.state import State, pack
 
 START = b"\x01"
 
@@ -37,6 +38,16 @@ class _Sender:
         self.done = True
         return Outgoing(to_peer=START if self.first else None, to_server=self.bits.tobytes(), done=True)
 
+    def state(self) -> bytes:
+        return pack({"first": self.first, "done": self.done})
+
+    @classmethod
+    def restore(cls, bits: np.ndarray, n_bits: int, data: bytes) -> _Sender:
+        s = State(data, "plaintext party")
+        party = cls(bits, n_bits, s.bool("first"))
+        party.done = s.bool("done")
+        return party
+
 
 class PlaintextHamming:
     name = "plaintext"
@@ -46,6 +57,9 @@ class PlaintextHamming:
 
     def party_b(self, bits: np.ndarray, n_bits: int) -> _Sender:
         return _Sender(bits, n_bits, first=False)
+
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> _Sender:
+        return _Sender.restore(bits, n_bits, data)
 
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
         width = (n_bits + 7) // 8

@@ -38,7 +38,9 @@ power-of-two q (as TFHE, NTRU and Saber use) is covered, and lets Δ, mod switch
 arithmetic below be exact shifts and masks.
 
 Randomness: secrets, errors, u and flooding noise come from AES-256-CTR keyed with os.urandom
-(crypto.secure_sum.prg_uint64), never from numpy's generator. The uniform polynomials a and p1 are
+(crypto.secure_sum.prg_uint64), never from numpy's generator — or keyed with a key the caller drew
+once from os.urandom and keeps (`key=` / `noise_key=`), so that a party saved as its key redraws
+them byte for byte after a restore. The uniform polynomials a and p1 are
 public and expanded from a 32-byte seed with the same PRG, so they travel as the seed alone.
 
 Arithmetic
@@ -57,6 +59,7 @@ Everything here is single-threaded (BLAS aside); the protocol runs batches on se
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -121,12 +124,31 @@ def random_words(count: int) -> np.ndarray:
     return prg_uint64(os.urandom(32), int(count))
 
 
-def sample_ternary(shape) -> np.ndarray:
+def _words(count: int, key: bytes | None, stream: int = 0) -> np.ndarray:
+    """random_words, or the keystream under an injected 32-byte `key` (its `stream`): a party that
+    keys its draws can be saved as its key and redraw them byte for byte after a restore
+    (crypto.lattice_hamming)."""
+    return random_words(count) if key is None else prg_uint64(key, int(count), stream=stream)
+
+
+def subkey(key: bytes, *label) -> bytes:
+    """An independent 32-byte key for one use of `key` (SHA-256 of a domain tag, the key and the
+    length-prefixed label parts): every draw of a keyed party has its own."""
+    h = hashlib.sha256(b"xclp/rlwe/subkey/v1" + bytes(key))
+    for part in label:
+        b = part if isinstance(part, bytes) else str(part).encode()
+        h.update(len(b).to_bytes(4, "big") + b)
+    return h.digest()
+
+
+def sample_ternary(shape, key: bytes | None = None) -> np.ndarray:
     """Uniform in {−1, 0, 1} (int64): bytes below 255 reduced mod 3 (255 = 3 · 85, so no bias)."""
     count = int(np.prod(shape))
-    parts, have = [], 0
+    parts, have, draw = [], 0, 0
     while have < count:
-        raw = random_words((count - have) // 8 + 64).view(np.uint8)  # 255 is rejected: 1 byte in 256
+        more = (count - have) // 8 + 64
+        raw = _words(more, key, draw).view(np.uint8)  # 255 is rejected: 1 byte in 256
+        draw += 1
         raw = raw[raw < 255][: count - have]
         parts.append(raw)
         have += raw.size
@@ -134,12 +156,12 @@ def sample_ternary(shape) -> np.ndarray:
     return (out.astype(np.int64) - 1).reshape(shape)
 
 
-def sample_cbd(shape, eta: int = ETA) -> np.ndarray:
+def sample_cbd(shape, eta: int = ETA, key: bytes | None = None) -> np.ndarray:
     """Centred binomial CBD(η): popcount of η fair bits minus popcount of η others (int64)."""
     if not 1 <= eta <= 32:
         raise ProtocolError(f"η must be in 1..32, got {eta}")
     count = int(np.prod(shape))
-    w = random_words(count)
+    w = _words(count, key)
     mask = np.uint64((1 << eta) - 1)
     pos = np.bitwise_count(w & mask).astype(np.int64)
     neg = np.bitwise_count((w >> np.uint64(32)) & mask).astype(np.int64)
@@ -152,12 +174,12 @@ def uniform_poly(seed: bytes, count: int, n: int, stream: int = 0) -> np.ndarray
     return (w >> np.uint64(64 - WORD)).astype(np.int64)
 
 
-def sample_flood(shape, bits: int) -> np.ndarray:
+def sample_flood(shape, bits: int, key: bytes | None = None) -> np.ndarray:
     """Uniform integers in [−2^bits, 2^bits) as words (2, *shape) of an element of R_q (mod 2^108)."""
     if not WORD < bits < LOG_Q - 1:
         raise ProtocolError(f"flooding bits must be in {WORD + 1}..{LOG_Q - 2}, got {bits}")
     count = int(np.prod(shape))
-    w = random_words(2 * count).reshape(2, count)
+    w = _words(2 * count, key).reshape(2, count)
     lo = (w[0] >> np.uint64(64 - WORD)).astype(np.int64)
     hi = (w[1] >> np.uint64(64 - (bits + 1 - WORD))).astype(np.int64) - (1 << (bits - WORD))
     return normalise(lo, hi).reshape((2, *tuple(np.atleast_1d(shape))))
@@ -342,8 +364,8 @@ class SecretKey:
     s: np.ndarray  # ternary, int64 (N,)
 
     @classmethod
-    def generate(cls, params: RLWEParams) -> SecretKey:
-        return cls(params, sample_ternary((params.n,)))
+    def generate(cls, params: RLWEParams, key: bytes | None = None) -> SecretKey:
+        return cls(params, sample_ternary((params.n,), key))
 
     @property
     def spectrum(self) -> np.ndarray:
@@ -351,19 +373,20 @@ class SecretKey:
             self._spec = ternary_spectrum(self.s)
         return self._spec
 
-    def public_key(self, seed: bytes, stream: int) -> PublicKey:
+    def public_key(self, seed: bytes, stream: int, noise_key: bytes | None = None) -> PublicKey:
         p1 = uniform_poly(seed, 1, self.params.n, stream=stream)[:, 0]
-        p0 = add(_neg(mul_ternary(p1, self.spectrum)), from_int(sample_cbd((self.params.n,), self.params.eta)))
+        e = sample_cbd((self.params.n,), self.params.eta, noise_key)
+        p0 = add(_neg(mul_ternary(p1, self.spectrum)), from_int(e))
         return PublicKey(self.params, p0, p1)
 
-    def encrypt(self, a: np.ndarray, messages: np.ndarray) -> np.ndarray:
+    def encrypt(self, a: np.ndarray, messages: np.ndarray, noise_key: bytes | None = None) -> np.ndarray:
         """b = −a·s + e + Δ·m for each row: a is (2, k, N) words, messages (k, N) ints in [0, t).
         Only b is returned: a is public (expanded from its seed by both sides)."""
         p = self.params
         m = np.asarray(messages, dtype=np.int64)
         if m.min(initial=0) < 0 or m.max(initial=0) >= 1 << p.log_t:
             raise ProtocolError("plaintext values must lie in [0, t)")
-        e = sample_cbd(m.shape, p.eta)
+        e = sample_cbd(m.shape, p.eta, noise_key)
         shift = p.delta_shift - WORD  # Δ·m lands in the high word
         neg_as = _neg(mul_ternary(a, self.spectrum))
         return normalise(neg_as[0] + e, neg_as[1] + (m << shift))
@@ -412,11 +435,12 @@ class PublicKey:
             self._spec = poly_spectra(np.stack([self.p0, self.p1], axis=1))
         return self._spec
 
-    def encrypt_zero(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """`count` fresh encryptions of zero: (a, b) words, each (2, count, N)."""
+    def encrypt_zero(self, count: int, key: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`count` fresh encryptions of zero: (a, b) words, each (2, count, N) (their u and errors
+        keyed by `key` if given: see _words)."""
         n, eta = self.params.n, self.params.eta
-        u_spec = ternary_spectrum(sample_ternary((count, n)))  # (count, N/2)
-        errors = sample_cbd((2, count, n), eta)  # e1, e2: i.i.d., so added in the FFT's folded order
+        u_spec = ternary_spectrum(sample_ternary((count, n), None if key is None else subkey(key, "u")))  # (count, N/2)
+        errors = sample_cbd((2, count, n), eta, None if key is None else subkey(key, "e"))  # e1, e2: i.i.d., so added in the FFT's folded order
         prod = mul_spectra(self.spectra[:, :, None, :], u_spec[None, None], n, plus=errors)  # (2, 2, count, N)
         return prod[:, 1], prod[:, 0]  # a = p1·u + e2, b = p0·u + e1
 

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from crypto.errors import ProtocolError
-from crypto.hamming_api import MAX_PAIR_MESSAGES, PairDriver
+from crypto.hamming_api import MAX_PAIR_MESSAGES
 from xclp.propagation import Prediction
 from xclp.protocol import (
     JOB_PHASES,
@@ -532,19 +532,16 @@ class PredictSite:
 
     def _hamming(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
         sess, me = self.session, self.name
-        if self.pairs is None:
-            if self.record.get("hamming_started"):
+        if self.pairs is None and self.record.get("hamming_started"):
+            if not sess.pair_drivers:  # a session rebuilt from its keys: the pair protocols' state is gone
                 self.lost_pairs = True
                 return False
+            self.pairs = {peer: self._pair(peer) for peer in sess.pair_drivers}  # a restored session's (Flower)
+        if self.pairs is None:
             send(Send(me, COORDINATOR, "intra", sess.intra_message()))  # deterministic: a retry is idempotent
-            order = [s for s in sess.order if s in view.live]  # the roster's order decides who speaks first
-            self.pairs = {}
-            for peer in order:
-                if peer != me:
-                    a, b = sorted((me, peer), key=order.index)
-                    self.pairs[peer] = {"side": PairDriver(sess.hamming_party(peer), first=me == a), "pair": (a, b),
-                                        "outbox": []}
-            self.record["hamming_started"] = True  # from here on the pair protocols' state lives in memory only
+            self.pairs = {peer: self._pair(peer) for peer in sess.order if peer in view.live and peer != me}
+            # from here on the pair protocols' state lives in the session (memory, or its saved bytes) only
+            self.record["hamming_started"] = True
         progressed = waiting = False
         for peer, d in self.pairs.items():
             if peer not in view.live:
@@ -574,6 +571,13 @@ class PredictSite:
             # built the graph; a driver may wait for that in one long poll.
             progressed = inbox.get("influence", wait=True) is not None
         return progressed
+
+    def _pair(self, peer: str) -> dict:
+        """Our side of the pair protocol with `peer` (its turn-taking kept in the session, which saves it),
+        named by the pair in roster order, and what it produced and has not sent yet."""
+        order = self.session.order
+        return {"side": self.session.pair_driver(peer), "pair": tuple(sorted((self.name, peer), key=order.index)),
+                "outbox": []}
 
     @staticmethod
     def _flush(d: dict, send: Callable[[Send], None]) -> bool:

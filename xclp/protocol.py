@@ -1,7 +1,8 @@
 """The XCLP protocol core: each party's side of every phase, sans-I/O.
 
-(About 1,000 lines: both parties of every phase, and the messages they exchange, in one place: a
-phase's two sides are read and changed together.)
+(About 1,150 lines: both parties of every phase, and the messages they exchange, in one place: a
+phase's two sides are read and changed together; and a site's session saved to bytes and restored
+beside the fields it saves, for drivers that keep nothing between messages — a Flower site.)
 
 `SiteSession` is one site's side and `CoordinatorSession` the coordinator's. Both only consume and
 produce bytes (or arrays for the purely local steps); who carries the bytes is up to a driver:
@@ -36,14 +37,23 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from crypto.channel import Channel
 from crypto.errors import IntegrityError, ProtocolError
 from crypto.fixedpoint import LIMBS, decode, encode, from_limbs, to_limbs
-from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingParty, HammingProtocol, Outgoing, make_protocol, traits
+from crypto.hamming_api import (
+    DEFAULT_SECURE,
+    PROTOCOLS,
+    HammingParty,
+    HammingProtocol,
+    Outgoing,
+    PairDriver,
+    make_protocol,
+    traits,
+)
 from crypto.identity import Identity, Pins, announce_digest, verify
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.secure_sum import (
@@ -55,6 +65,7 @@ from crypto.secure_sum import (
     unmask_rows,
 )
 from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
+from crypto.state import Nested, State, pack
 from xclp import graph as graphs
 from xclp import lsh
 from xclp.data import validate_features, validate_labels
@@ -453,6 +464,10 @@ class ChannelParty:
             out = Outgoing(to_peer=self.channel.seal(self.phase, out.to_peer), to_server=out.to_server, done=out.done)
         return out
 
+    def state(self) -> bytes:
+        """The party's own state (the channel's sequence numbers are saved with the session's channels)."""
+        return self.party.state()
+
 
 def simulation_contribution(seed: int, site: str) -> bytes:
     """A deterministic seed contribution, for reproducible simulations only (agents use os.urandom)."""
@@ -492,6 +507,7 @@ class SiteSession:
         if self.y.size and self.y.max() >= params.n_classes:
             raise ValueError(f"{site}: label {int(self.y.max())} is out of range for {params.n_classes} classes")
         self.keys = keypair or SiteKeyPair.generate()
+        self._data_digest = session_data_digest(self.X, self.y)  # what a saved session was made over
         self.phase = "setup"
         self._sums: dict[str, tuple[int, list[str]]] = {}  # purpose → the last attempt sent, and over whom
         self._contribution = new_contribution(contribution)  # drawn now: its commitment goes in the announce
@@ -499,7 +515,7 @@ class SiteSession:
         # os.urandom key. Given: the randomized labels derive from it alone, so every job of a training
         # run sees the same ones and spends the budget once (label_dp.respond_key). label_seed, given,
         # keys the randomized labels instead (a site's one secret per data file: xclp.privacy.site_ledger).
-        self._noise_seed = noise_seed
+        self._noise_seed, self._label_seed = noise_seed, label_seed
         self.y_released = self.y  # the labels that enter the sums (randomized under label_flip)
         if params.label_flip > 0:
             lab = self.labelled_rows
@@ -520,6 +536,20 @@ class SiteSession:
         self.result: Prediction | None = None
         self._hamming: HammingProtocol | None = hamming  # None: hamming_protocol(params) when first needed
         self._paillier_keys = None
+        self.pair_drivers: dict[str, PairDriver] = {}  # the pair protocols in progress (pair_driver)
+
+    # --- saved and restored (see "saved sessions" at the end: no pickle) --------------------------------
+    def to_bytes(self) -> bytes:
+        """The job's secrets and progress at this site, as bytes — not its points or labels, which a
+        restore takes again from the site's data (`from_bytes`)."""
+        return _session_to_bytes(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hamming: HammingProtocol | None = None,
+                   identity: Identity | None = None, pins: Pins | None = None) -> SiteSession:
+        """The session `to_bytes` saved, over the same X and y (refused otherwise): it goes on with the
+        job exactly as the saved one would have."""
+        return _session_from_bytes(cls, data, X, y, hamming=hamming, identity=identity, pins=pins)
 
     @property
     def labelled_rows(self) -> np.ndarray:
@@ -770,6 +800,16 @@ class SiteSession:
             party = proto.party_a(b, self.params.bits) if first else proto.party_b(b, self.params.bits)
         return ChannelParty(party, self.channels[peer], "hamming")
 
+    def pair_driver(self, peer: str) -> PairDriver:
+        """The turn-taking of our side of the pair protocol with `peer`, made at its first message and
+        kept (and saved with the session) until the job ends."""
+        if peer not in self.pair_drivers:
+            if peer not in self.order or peer == self.site:
+                raise ProtocolError(f"{self.site}: a pair message from {peer!r}, not a peer of this job")
+            first = self.order.index(self.site) < self.order.index(peer)
+            self.pair_drivers[peer] = PairDriver(self.hamming_party(peer), first)
+        return self.pair_drivers[peer]
+
     # --- row sums --------------------------------------------------------------------------------
     def receive_influence(self, message: bytes) -> None:
         """The graph's layout and this site's influence columns S_L^(j) (`CoordinatorSession.influence_message`)."""
@@ -981,3 +1021,137 @@ class CoordinatorSession:
             return {}
         total = server_sum([self.row_parts[s] for s in participants])
         return {s: dump_array(total[self.layout.rows(s)]) for s in participants}
+
+
+# --- saved sessions ----------------------------------------------------------------------------------
+# A site's session saved to bytes and restored (SiteSession.to_bytes / from_bytes).
+#
+# A driver that keeps nothing between messages but a store of bytes (a Flower site: its node's
+# Context.state, xclp_flower/client_app.py) saves its session after each step and restores it at the
+# next, instead of replaying its earlier steps. What is saved is the job's secrets and progress — the
+# site's X25519 key, its seed contribution and noise secrets, the roster, every channel's sequence
+# numbers (never their keys: each is re-derived from the X25519 key and the roster), the seed and what
+# the phases have computed so far, the Paillier key's primes or the lattice master key, and every live
+# pair protocol's party with its turn-taking —; never the site's points or labels, which the driver
+# reloads from the site's data file (a digest of them is saved, and a restore over other data is
+# refused).
+#
+# No pickle: the bytes come back from a store that the site does not fully control, and must never be
+# able to run code. Every field is bytes, JSON or a .npy array read with allow_pickle=False
+# (crypto.state), and each part is read back by its own class (`state()` / `restore()` beside it).
+
+SESSION_STATE_VERSION = 1
+
+
+def session_data_digest(X: np.ndarray, y: np.ndarray) -> bytes:
+    """What the saved session was made over: a restore over other points or labels is refused."""
+    X, y = np.ascontiguousarray(X), np.ascontiguousarray(y)
+    h = hashlib.sha256(b"xclp/session-data/v1")
+    for a in (X, y):
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
+def _session_to_bytes(s: SiteSession) -> bytes:
+    """`s` as bytes (SiteSession.to_bytes; see "saved sessions" above)."""
+    f: dict = {"version": SESSION_STATE_VERSION, "params": asdict(s.params), "site": s.site, "data": s._data_digest,
+               "key": s.keys.private_bytes(), "contribution": s._contribution, "phase": s.phase,
+               "sums": {k: [a, list(p)] for k, (a, p) in s._sums.items()}, "order": list(s.order),
+               "columns": list(s.columns)}
+    for name in ("_noise_seed", "_label_seed", "seed"):
+        if getattr(s, name) is not None:
+            f[name.lstrip("_")] = getattr(s, name)
+    for i, site in enumerate(s.order):
+        e = s.roster[site]
+        f[f"roster/{i}"] = encode_announce(e.site, e.public_key, e.n, e.labelled, e.commitment, e.features,
+                                           e.identity, e.signature, e.columns)
+    f["channels"] = {peer: ch.state() for peer, ch in s.channels.items()}
+    if s._seed is not None:
+        got = s._seed.received_from
+        f["seed_from"], f["seed_sent"] = got, s._seed._sent
+        for i, peer in enumerate(got):
+            f[f"seed_part/{i}"] = s._seed._contributions[peer]
+    arrays = {"global_counts": s.global_counts, "bits": s.bits, "influence": s._influence, "kept": s._kept,
+              "feature_mean": getattr(s, "feature_mean", None), "feature_std": getattr(s, "feature_std", None)}
+    f.update({k: v for k, v in arrays.items() if v is not None})
+    if s.layout is not None:
+        f["layout"] = s.layout.encode()
+    if s.result is not None:
+        f.update({"result/labels": s.result.labels, "result/confidence": s.result.confidence,
+                  "result/probabilities": s.result.probabilities})
+    if s._hamming is not None and hasattr(s._hamming, "state"):  # a job-wide secret (lattice: A's master key)
+        f["hamming"] = Nested(s._hamming.state())
+    if s._paillier_keys is not None:
+        f["paillier"] = [int(s._paillier_keys[1].p), int(s._paillier_keys[1].q)]
+    f["pairs"] = list(s.pair_drivers)
+    for i, driver in enumerate(s.pair_drivers.values()):
+        f[f"pair/{i}"] = Nested(driver.state())
+    return pack(f)
+
+
+def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hamming=None, identity=None,
+                        pins=None) -> SiteSession:
+    """The session `_session_to_bytes` saved, over the site's points and labels (reloaded by the driver)."""
+    s = State(data, "site session")
+    if s.int("version") != SESSION_STATE_VERSION:
+        raise ProtocolError(f"a saved site session of version {s.int('version')}, this code reads {SESSION_STATE_VERSION}")
+    try:
+        params = JobParams(**s.json("params")).validate()
+    except TypeError as exc:
+        raise ProtocolError(f"a saved site session's parameters: {exc}") from None
+    opt = {k: (s.bytes(k) if k in s else None) for k in ("noise_seed", "label_seed")}
+    sess = cls(params, s.str("site"), X, y, keypair=SiteKeyPair.from_private_bytes(s.bytes("key", 32)),
+               contribution=s.bytes("contribution"), noise_seed=opt["noise_seed"], hamming=hamming,
+               identity=identity, pins=pins, label_seed=opt["label_seed"],
+               columns=[str(c) for c in s.json("columns")] if "columns" in s else None)
+    if sess._data_digest != s.bytes("data", 32):
+        raise ProtocolError(f"{sess.site}: the saved session was made over other points or labels than these "
+                            "(the site's data file changed during the job?)")
+    sess.phase = s.str("phase")
+    sess._sums = {k: (int(a), [str(p) for p in parts]) for k, (a, parts) in s.json("sums").items()}
+    sess.order = [str(x) for x in s.json("order")]
+    sess.roster = {site: decode_announce(s.bytes(f"roster/{i}")) for i, site in enumerate(sess.order)}
+    if [e.site for e in sess.roster.values()] != sess.order:
+        raise ProtocolError(f"{sess.site}: a saved roster that does not match its order")
+    sess.channels = {peer: Channel.from_state(sess._pair_key(peer, "channel", 0), st)
+                     for peer, st in s.json("channels").items()}
+    if "seed_from" in s:
+        sess._seed = SeedAgreement(sess.site, sess.order, params.job_id, sess.channels,
+                                   contribution=sess._contribution,
+                                   commitments={e.site: e.commitment for e in sess.roster.values() if e.site != sess.site})
+        for i, peer in enumerate(s.json("seed_from")):
+            sess._seed._contributions[peer] = s.bytes(f"seed_part/{i}", 32)
+        sess._seed._sent = s.bool("seed_sent")
+    sess.seed = s.bytes("seed", 32) if "seed" in s else None
+    sess.global_counts = s.optional_array("global_counts")
+    if "feature_mean" in s:  # the standardisation the counts phase applied, applied again to the reloaded X
+        d = sess.X.shape[1]
+        sess.feature_mean = s.array("feature_mean", np.float64, (d,))
+        sess.feature_std = s.array("feature_std", np.float64, (d,))
+        sess.X = (sess.X - sess.feature_mean) / sess.feature_std
+    sess.bits = s.optional_array("bits", np.uint8, (sess.X.shape[0], None))
+    sess.layout = Layout.decode(s.bytes("layout")) if "layout" in s else None
+    sess._influence = s.optional_array("influence", np.float64)
+    sess._kept = s.optional_array("kept")
+    if "result/labels" in s:
+        sess.result = Prediction(s.array("result/labels"), s.array("result/confidence"),
+                                 s.array("result/probabilities"))
+    if "hamming" in s:
+        sess._hamming = (hamming or hamming_protocol(params)).restore(s.nested("hamming"))
+    if "paillier" in s:
+        from crypto.paillier_hamming import keypair_from_primes
+
+        p, q = s.json("paillier")
+        sess._paillier_keys = keypair_from_primes(p, q)
+    peers = s.json("pairs")
+    if peers:
+        proto = sess._hamming = sess._hamming or hamming_protocol(params)
+        for i, peer in enumerate(peers):
+            if peer not in sess.channels or sess.bits is None:
+                raise ProtocolError(f"{sess.site}: a saved pair protocol with {peer!r}, not a peer of its roster")
+            sess.pair_drivers[peer] = PairDriver.restore(
+                s.nested(f"pair/{i}"),
+                lambda b, peer=peer: ChannelParty(proto.restore_party(sess.bits, params.bits, b),
+                                                  sess.channels[peer], "hamming"))
+    return sess

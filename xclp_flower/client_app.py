@@ -16,8 +16,22 @@ data file, so repeating such a run releases the same labels and spends nothing n
 A prediction job's order is the core's (xclp.prediction_job.PredictSite, as the agent runs it): each
 message carries the job's state and the messages addressed to this site ("in:SENDER:TOPIC", a
 ConfigRecord "xclp"); the reply carries what the site sends ("out:RECIPIENT:TOPIC": sealed for a peer,
-for the ServerApp to relay, or for the coordinator). State between messages: xclp_flower/replay.py
-(secrets and the inputs taken so far, replayed).
+for the ServerApp to relay, or for the coordinator).
+
+State between messages. Flower's deployment runtime runs a ClientApp in a fresh process for every
+message; what survives is the node's `Context.state`. The site's side of a job is a state machine with
+live objects in it (a channel per peer, the pair protocols' parties), so after each round the site
+saves its session to bytes (`SiteSession.to_bytes`: the job's secrets and progress, never its points
+or labels) and what it has sent, in one record per job, "xclp:J", and the next message restores them
+(`from_bytes`, over the data file reloaded). Every secret is drawn once, from the CSPRNG (os.urandom,
+secrets, OpenSSL), when first needed, and is state from then on: nothing is drawn twice and nothing is
+replayed, so every protocol of the service runs here (lattice, Paillier, OT; plaintext by the site's
+opt-in). A round that fails leaves the record as it was. The record is bytes in a ConfigRecord (no
+size limit of its own): Flower moves a Context between the SuperNode and the ClientApp process in one
+gRPC message, 2 GiB at most. What makes it large is the pair protocols in progress: an OT party's
+running sums (8 bytes a pair of points) and its chunk's OT rows (16 bytes per vector and bit), a lattice
+B's block of A's columns ((L + 1)·n_a·14 bytes, n_a ≤ 4,096 a block) — 1.3 MB at 500 points a site and
+L = 256 (bench/flower_restore.py; the replaying site of the previous release kept 15 MB there).
 """
 
 from __future__ import annotations
@@ -44,9 +58,8 @@ from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession
 from xclp_flower import flag
-from xclp_flower.replay import REPLAYABLE, deterministic_urandom
 
-STATE = "xclp"  # the node's records for an XCLP job J: its secrets ("xclp:J") and inputs ("xclp:J-in-0", …)
+STATE = "xclp"  # the node's record for an XCLP job J, "xclp:J": its parameters, saved session and what it sent
 RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 ENDED = "xclp-ended"  # a prediction run's job is over here: no other job of the run is taken
@@ -109,29 +122,16 @@ class FlowerSite:
 
     def admit_to_ledger(self, job: str, status: dict) -> None:
         """Record the job (or training run) in the site's ledger across runs before anything is sent;
-        PolicyError past --max-epsilon. Keyed by this run, so a replayed step never counts it twice."""
+        PolicyError past --max-epsilon. Keyed by this run, so a step taken again never counts it twice."""
         key = f"flower-run-{self.run_id}/{job}#{params_digest(status.get('params') or {})}"
         self.policy.admit(self.ledger, self.digest, job, status, key=key)
 
-    # --- the job's secrets and inputs, in Context.state --------------------------------------------
+    # --- the job's record in Context.state: its parameters, saved session and what it sent ----------
     def _secrets(self) -> ConfigRecord | None:
         return self.state.get(f"{STATE}:{self.job}")
 
-    def _inputs(self) -> list[ConfigRecord]:
-        n = int(self._secrets()["inputs"]) if self._secrets() is not None else 0
-        return [self.state[f"{STATE}:{self.job}-in-{i}"] for i in range(n)]
-
-    def _keep(self, step: ConfigRecord) -> None:
-        secrets = self._secrets()
-        n = int(secrets["inputs"])
-        self.state[f"{STATE}:{self.job}-in-{n}"] = ConfigRecord({k: v for k, v in step.items()
-                                                                 if k == "view" or str(k).startswith("in:")})
-        secrets["inputs"] = n + 1
-
     def _forget(self) -> None:
-        """The finished job's secrets and inputs, wiped (its labels stay, in RESULT and the out folder)."""
-        for i in range(int(self._secrets()["inputs"])):
-            del self.state[f"{STATE}:{self.job}-in-{i}"]
+        """The finished job's secrets, wiped (its labels stay, in RESULT and the out folder)."""
         del self.state[f"{STATE}:{self.job}"]
 
     # --- one call -----------------------------------------------------------------------------------
@@ -157,24 +157,21 @@ class FlowerSite:
             if self._secrets() is not None:
                 raise ProtocolError(f"{self.name}: job {self.job} has already started here")
             self._wipe_jobs()  # a job this site was left out of (too slow to answer) is over: its secrets go
-            self._start(step)
+            secrets = self._start(step)
         elif self._secrets() is None:
             raise ProtocolError(f"{self.name}: a step of job {self.job} before its start (or after its end)")
+        else:
+            secrets = self._secrets()
         view = PredictState.from_bytes(bytes(step["view"]))
         arrived = _arrived(step)
-        secrets = self._secrets()
+        self._open(secrets)
+        machine = PredictSite(self.session, record=json.loads(str(secrets.get("sent", "{}"))))
         sends: list[Send] = []
-        with deterministic_urandom(bytes(secrets["replay"])):
-            self._open(secrets)
-            machine, inbox = PredictSite(self.session), {}
-            for earlier in self._inputs():  # what it answered then was sent then
-                inbox.update(_arrived(earlier))
-                _all_it_can(machine, PredictState.from_bytes(bytes(earlier["view"])), inbox, lambda m: None)
-            inbox.update(arrived)
-            _all_it_can(machine, view, inbox, sends.append)
+        _all_it_can(machine, view, arrived, sends.append)  # (every message is taken in the round it arrives)
         out = ConfigRecord({f"out:{m.recipient}:{m.topic}": m.body for m in sends})
-        if machine.result is None:
-            self._keep(step)
+        if machine.result is None:  # saved only once the round went through: a refused one leaves the record
+            self.state[f"{STATE}:{self.job}"] = ConfigRecord({**dict(secrets), "session": self.session.to_bytes(),
+                                                              "sent": json.dumps(machine.record)})
             return out
         pred, params = machine.result, self.session.params
         # with the site's seed contribution (public once the seed phase revealed it to its peers): an audit
@@ -193,7 +190,7 @@ class FlowerSite:
         return out
 
     def _wipe_jobs(self) -> None:
-        """Every XCLP job's secrets and inputs held here ("xclp:J…"): jobs run one at a time, so a job
+        """Every XCLP job's record held here ("xclp:J"): jobs run one at a time, so a job
         still here when another starts (or the run finishes) is one this site was left out of."""
         for key in [k for k in self.state.config_records if k.startswith(f"{STATE}:")]:
             del self.state[key]
@@ -214,9 +211,6 @@ class FlowerSite:
         if params.job_id != self.job:
             raise ProtocolError(f"{self.name}: the announce of job {self.job} carries the parameters of {params.job_id}")
         self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
-        if params.crypto not in REPLAYABLE:
-            raise PolicyError(f"job {params.job_id}: crypto={params.crypto!r} cannot run inside Flower yet: a site "
-                              f"replays its steps between messages, which needs {REPLAYABLE}")
         training = self.state.get(TRAINING)
         if training is not None and "run" in training:  # an XCLP job of this training run: its own settings
             from dataclasses import asdict
@@ -231,13 +225,10 @@ class FlowerSite:
         self._admit_noise(params)
         if training is None:  # a training run's XCLP jobs are inside the budget it stated at hello
             self.admit_to_ledger(params.job_id, {"kind": "predict", "params": vars(params)})
-        secrets = {"params": str(step["start"]), "inputs": 0, "end-run": bool(step.get("end-run", False)),
-                   # drawn once from the real os.urandom; never leave this node
-                   "key": SiteKeyPair.generate().private_bytes(), "contribution": os.urandom(32),
-                   "replay": os.urandom(32)}
+        secrets = {"params": str(step["start"]), "end-run": bool(step.get("end-run", False))}
         if "features-model" in step:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
             secrets.update({k: step[k] for k in ("features-model", "features-config")})
-        self.state[f"{STATE}:{self.job}"] = ConfigRecord(secrets)
+        return ConfigRecord(secrets)  # (stored with the session, once the first round went through)
 
     def admit_training(self, xclp: JobParams) -> None:
         """At a training run's hello: an XCLP job that came before it must have randomized the labels as
@@ -267,25 +258,24 @@ class FlowerSite:
             run["gaussian-jobs"] = 1
 
     def _open(self, secrets: ConfigRecord) -> None:
-        params = JobParams(**json.loads(str(secrets["params"]))).validate()
-        hamming = None
-        if params.crypto == "lattice":
-            from crypto.lattice_hamming import LatticeHamming
-
-            hamming = LatticeHamming(threads=1)  # one thread: the random draws in a fixed order
+        """The job's session: new at its first message (its X25519 key and seed contribution drawn now, from
+        the CSPRNG), else restored from the record over the data file reloaded."""
         X = self.X
-        if "features-model" in secrets:
+        if "features-model" in secrets:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
             from xclp_flower.training import embeddings
 
             X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]))
+        if "session" in secrets:
+            self.session = SiteSession.from_bytes(bytes(secrets["session"]), X, self.y, identity=self.identity(),
+                                                  pins=self.pins())
+            return
+        params = JobParams(**json.loads(str(secrets["params"]))).validate()
         label_seed = None  # a prediction run's randomized labels: the data file's one secret (site ledger)
         if params.label_flip > 0 and TRAINING not in self.state:
             label_seed = self.ledger.label_seed(self.digest, params.label_flip, params.n_classes)
-        self.session = SiteSession(params, self.name, X, self.y,
-                                   keypair=SiteKeyPair.from_private_bytes(bytes(secrets["key"])),
-                                   contribution=bytes(secrets["contribution"]),
-                                   noise_seed=bytes(self.state[RUN]["noise"]), hamming=hamming,
-                                   identity=self.identity(), pins=self.pins(), label_seed=label_seed,
+        self.session = SiteSession(params, self.name, X, self.y, keypair=SiteKeyPair.generate(),
+                                   noise_seed=bytes(self.state[RUN]["noise"]), identity=self.identity(),
+                                   pins=self.pins(), label_seed=label_seed,
                                    columns=None if "features-model" in secrets else self.columns)
 
     def identity(self) -> Identity:

@@ -34,7 +34,7 @@ def _drive(proto, a, b, L):
         msg = out.to_peer
         if msg is not None:
             msgs.append((who, msg))
-        if pa.state == "done" and pb.state == "done":
+        if pa.stage == "done" and pb.stage == "done":
             break
     return shares["a"], shares["b"], msgs
 

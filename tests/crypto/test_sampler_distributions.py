@@ -233,30 +233,30 @@ UNIFORM_MUTANTS = {
 }
 
 
-def _flood_low_word_zeroed(shape, bits):
-    f = REAL["sample_flood"](shape, bits)
+def _flood_low_word_zeroed(shape, bits, key=None):
+    f = REAL["sample_flood"](shape, bits, key)
     f[0] = 0
     return f
 
 
-def _flood_low_bits_zeroed(shape, bits):
-    f = REAL["sample_flood"](shape, bits)
+def _flood_low_bits_zeroed(shape, bits, key=None):
+    f = REAL["sample_flood"](shape, bits, key)
     f[0] &= ~((1 << 20) - 1)
     return f
 
 
-def _flood_biased(shape, bits):
-    f = REAL["sample_flood"](shape, bits)
+def _flood_biased(shape, bits, key=None):
+    f = REAL["sample_flood"](shape, bits, key)
     f[1] |= 1  # bit 54 always set
     return f
 
 
 FLOOD_MUTANTS = {
     "low word zeroed": _flood_low_word_zeroed,
-    "truncated": lambda shape, bits: REAL["sample_flood"](shape, bits - 1),
+    "truncated": lambda shape, bits, key=None: REAL["sample_flood"](shape, bits - 1, key),
     "biased": _flood_biased,
     "low 20 bits zeroed": _flood_low_bits_zeroed,
-    "none": lambda shape, bits: np.zeros((2, *tuple(np.atleast_1d(shape))), dtype=np.int64),
+    "none": lambda shape, bits, key=None: np.zeros((2, *tuple(np.atleast_1d(shape))), dtype=np.int64),
 }
 RHO_MUTANTS = {
     "biased": lambda *a: REAL_RHO(*a) | _every((lh.SUB_BATCH, a[2]), 8),

@@ -1,7 +1,11 @@
 """XCLP in a real Flower deployment: a `flower-superlink` and three `flower-supernode` processes on
-loopback, `flwr run` of the example app (examples/flower-xclp) with the lattice protocol. Each site's
-labels, written at the site, equal the in-process simulation's with the same inputs and the same
-seed contributions (which each site writes beside its labels)."""
+loopback, `flwr run` of the example app (examples/flower-xclp) with the lattice protocol and with
+Paillier (2048-bit keys: each site restores its saved session, Paillier key included, at every
+message, in a fresh ClientApp process). Each site's labels, written at the site, equal the
+in-process simulation's with the same inputs and the same seed contributions (which each site
+writes beside its labels)."""
+
+import time
 
 import numpy as np
 import pytest
@@ -26,19 +30,25 @@ def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path):
         files[s] = tmp_path / f"{s}.npz"
         np.savez(files[s], X=ds.X[m], y=ds.y[m])
     flower = LocalFlower(tmp_path, files)
-    try:
-        summary = flower.run("bits=128 k=6 crypto='lattice'")
+    summaries, seconds = {}, {}
+    try:  # two runs on the same SuperLink and SuperNodes: the lattice job, then a Paillier job
+        for crypto in ("lattice", "paillier"):
+            t = time.monotonic()
+            summaries[crypto] = flower.run(f"bits=128 k=6 crypto='{crypto}'")
+            seconds[crypto] = time.monotonic() - t
     finally:
         flower.close()
+    print(f"flwr run seconds: {seconds}")
     assert all(p.poll() is not None for p in flower.procs.values())  # every process ended
-    assert summary["crypto"] == "lattice" and summary["sites"] == ds.sites
-    results = {s: np.load(summary["written"][s]) for s in ds.sites}
-    contributions = {s: results[s]["seed_contribution"].tobytes() for s in ds.sites}
-    params = JobParams(job_id=summary["job"], n_classes=10, bits=128, k=6, crypto="lattice")
-    ref = run_xclp(ds, params, contributions=contributions)
-    for s in ds.sites:
-        assert np.array_equal(results[s]["labels"], ref.predictions[s].labels), s
-        assert np.array_equal(results[s]["confidence"], ref.predictions[s].confidence), s
+    for crypto, summary in summaries.items():
+        assert summary["crypto"] == crypto and summary["sites"] == ds.sites
+        results = {s: np.load(summary["written"][s]) for s in ds.sites}
+        contributions = {s: results[s]["seed_contribution"].tobytes() for s in ds.sites}
+        params = JobParams(job_id=summary["job"], n_classes=10, bits=128, k=6, crypto=crypto)
+        ref = run_xclp(ds, params, contributions=contributions)
+        for s in ds.sites:
+            assert np.array_equal(results[s]["labels"], ref.predictions[s].labels), (crypto, s)
+            assert np.array_equal(results[s]["confidence"], ref.predictions[s].confidence), (crypto, s)
 
 
 def test_flower_deployment_runs_fedct_rounds_like_the_simulation(tmp_path):

@@ -1,7 +1,8 @@
 """XCLP inside Flower, in one process (xclp_flower/grid.py: the ServerApp's messages go straight to
 each node's ClientApp, every Context through Flower's serialisation between calls): the labels equal
-the in-process simulation's with the same seed contributions, for the plaintext reference and the
-lattice protocol; the sites' policy and bad inputs give clear errors."""
+the in-process simulation's with the same seed contributions, for every protocol — plaintext, lattice,
+Paillier, OT: a site restores its saved session at each message (xclp.session_state), so none is
+refused —; the sites' policy and bad inputs give clear errors."""
 
 import json
 
@@ -17,7 +18,6 @@ from xclp.simulation import run_xclp  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
 from xclp_flower.client_app import app as client_app  # noqa: E402
 from xclp_flower.grid import InProcessGrid  # noqa: E402
-from xclp_flower.replay import KeystreamRandom  # noqa: E402
 from xclp_flower.server_app import FlowerXCLP, SiteFailed, params_from  # noqa: E402
 
 
@@ -41,15 +41,38 @@ def run(configs, **kw):
     return grid, params, FlowerXCLP(grid, params).run()
 
 
-@pytest.mark.parametrize("crypto", ["plaintext", "lattice"])
-def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, crypto):
+@pytest.fixture
+def small_paillier(monkeypatch):
+    """1024-bit Paillier keys (the protocol refuses them outside tests): key generation in a second."""
+    import crypto.paillier_hamming as ph
+
+    init = ph.PaillierHamming.__init__
+
+    def patched(self, key_bits=2048, *a, **kw):
+        kw["insecure_test_key_bits"] = True
+        return init(self, 1024, *a, **kw)
+
+    monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
+    from clients.policy import SitePolicy  # ... and sites that take them (the agent's --min-key-bits)
+
+    policy = SitePolicy.__init__
+
+    def lax(self, *a, **kw):
+        kw.setdefault("min_key_bits", 1024)
+        policy(self, *a, **kw)
+
+    monkeypatch.setattr(SitePolicy, "__init__", lax)
+
+
+@pytest.mark.parametrize("crypto", ["plaintext", "lattice", "paillier", "ot"])
+def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, crypto, small_paillier):
     ds, configs = federation
-    grid, params, out = run(configs, crypto=crypto)
+    grid, params, out = run(configs, crypto=crypto, key_bits=1024)
     assert out["sites"] == ds.sites and out["bytes_total"] > 0
     # the sites' own seed contributions, written beside their labels: the same LSH seed in the simulation
     contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in ds.sites}
     ref = run_xclp(ds, params, contributions=contributions)
-    # the job's secrets (key, contribution, replay key) and inputs are wiped at each node when it ends
+    # the job's record (its saved session: key, contribution, pair parties) is wiped at each node when it ends
     for c in grid.contexts.values():
         assert not [k for k in c.state.config_records if k.startswith("xclp:")], dict(c.state.config_records)
     for s in ds.sites:
@@ -145,6 +168,15 @@ def test_a_flower_site_refuses_the_run_that_would_pass_its_total_epsilon(federat
 
 # --- a site that vanishes from a prediction job ----------------------------------------------------------
 
+def _saved_contribution(grid, node, job, config):
+    """A node's seed contribution, from the session it saved in its state (restored over its data)."""
+    from clients.site_state import load_site_data
+    from xclp.protocol import SiteSession
+
+    X, y, _ = load_site_data(config["data-path"])
+    return SiteSession.from_bytes(bytes(grid.contexts[node].state[f"xclp:{job}"]["session"]), X, y).my_contribution()
+
+
 def _state_keys(grid, node):
     """What a node keeps of the run: nothing but the mark that its prediction job has ended."""
     return [k for k in grid.contexts[node].state.config_records if k.startswith("xclp") and k != "xclp-ended"]
@@ -169,7 +201,7 @@ def test_a_flower_job_goes_on_without_a_vanished_site_as_the_coordinators_does(f
     # the same job in the simulation, with the same seed contributions (the vanished node still holds
     # its own in its state) and the same dropout; unbalanced where the counts restarted without it
     contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in left}
-    contributions["site1"] = bytes(grid.contexts[101].state[f"xclp:{params.job_id}"]["contribution"])
+    contributions["site1"] = _saved_contribution(grid, 101, params.job_id, configs[1])
     ref = run_xclp(ds, params, contributions=contributions, drops={"site1": as_simulated})
     for s in left:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
@@ -312,8 +344,6 @@ def test_flower_sites_keep_their_policy_and_bad_configs_are_clear_errors(federat
     strict = [{**c, "allow-plaintext": "false"} for c in configs]
     with pytest.raises(SiteFailed, match="crypto='plaintext'"):
         run(strict, crypto="plaintext")
-    with pytest.raises(SiteFailed, match="cannot run inside Flower yet"):
-        run(configs, crypto="ot")
     with pytest.raises(SiteFailed, match="lacks \\['data-path'\\]"):
         run([{k: v for k, v in c.items() if k != "data-path"} for c in configs])
     with pytest.raises(SiteFailed, match="same site name"):
@@ -321,14 +351,6 @@ def test_flower_sites_keep_their_policy_and_bad_configs_are_clear_errors(federat
     with pytest.raises(ValueError, match="unknown run config"):
         params_from({"crypto": "lattice", "bitz": 3}, 1)
     assert params_from({"crypto": "plaintext", "bits": 64, "classes": 10}, 7).job_id == "flower-7"
-
-
-def test_flower_replay_keystream_is_a_stream():
-    # os.urandom's stand-in reads one keystream: split reads give the same bytes as one read
-    a, b = KeystreamRandom(b"k" * 32), KeystreamRandom(b"k" * 32)
-    whole = a(100)
-    assert b(7) + b(30) + b(63) == whole and len(set(whole)) > 40
-    assert KeystreamRandom(b"j" * 32)(100) != whole
 
 
 def test_a_job_id_that_is_a_path_is_refused_at_the_sites_and_writes_nothing(federation):
@@ -372,7 +394,7 @@ def test_shares_that_do_not_combine_are_blamed_alike_in_flower_and_the_simulatio
     left = ["site0", "site2"]
     assert out["sites"] == left and list(out["dropped"]) == ["site1"] and "hamming" in out["dropped"]["site1"]
     contributions = {s: np.load(out["written"][s])["seed_contribution"].tobytes() for s in left}
-    contributions["site1"] = bytes(grid.contexts[101].state[f"xclp:{params.job_id}"]["contribution"])
+    contributions["site1"] = _saved_contribution(grid, 101, params.job_id, configs[1])
     sim = run_xclp(ds, params, contributions=contributions)  # the simulation under the same planted fault
     monkeypatch.undo()
     ref = run_xclp(ds, params, contributions=contributions, drops={"site1": "hamming"})
