@@ -58,6 +58,8 @@ class Settings:
     blob_fsync: bool | None = None
     # Long polls (`?wait=`) a site may hold at once; more are answered at once, as without `wait`.
     max_waits_per_site: int = 8
+    # The longest a long poll for work (`GET /work?wait=`) is held, in seconds.
+    max_wait: float = 10.0
     # The address people and proxies reach the coordinator at (https://coord.example.org): dashboard
     # POSTs from this origin pass the CSRF check (besides the request's own scheme and Host), and an
     # https address makes the session cookie Secure whatever scheme the proxy speaks to us.
@@ -113,6 +115,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
     app.state.metrics = metrics
     app.state.login_throttle = Throttle(settings.login_failures, settings.login_window)
+    app.state.work_waits = {}  # site -> its long polls for work waiting now (service.sites_api; event loop only)
     app.state.last_seen = {}  # the dashboard's (service.ui_api): each site's last authenticated request
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
