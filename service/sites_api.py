@@ -8,7 +8,7 @@ import re
 import secrets
 import time
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 from sqlalchemy import delete, select
@@ -80,12 +80,9 @@ def _site(db, name: str) -> Site:
     return site
 
 
-SitePath = Path(description="the site's name", max_length=64)
-
-
 @router.post("/sites/{name}/revoke", response_model=SiteRevoked, dependencies=[Depends(require_admin)],
-             responses=errors(401, 403, 404, 409))
-def revoke_site(request: Request, name: str = SitePath, db=Depends(get_db)):
+             responses=errors(401, 403, 404, 409, 422))
+def revoke_site(request: Request, name: str, db=Depends(get_db)):
     """Take a site out of service: its token stops working at once (401, saying when it was revoked),
     no new job may name it, and each running job it is in drops it at once, by the job's rules for a
     site that refuses ("revoked by the operator", recorded on its behalf)."""
@@ -109,8 +106,8 @@ def revoke_site(request: Request, name: str = SitePath, db=Depends(get_db)):
 
 
 @router.post("/sites/{name}/token", response_model=SiteCreated, dependencies=[Depends(require_admin)],
-             responses=errors(401, 403, 404, 409))
-def rotate_token(name: str = SitePath, db=Depends(get_db)):
+             responses=errors(401, 403, 404, 409, 422))
+def rotate_token(name: str, db=Depends(get_db)):
     """A new token for the site, shown once; the old one stops working at once. The site keeps its
     identity fingerprint and its jobs (its agent goes on with them once restarted with the new token)."""
     site = _site(db, name)
@@ -130,7 +127,7 @@ def _work(Session, site: str) -> dict:
             "done": [j.id for j in jobs if site in j.live and j.status == "done"]}
 
 
-@router.get("/work", responses=errors(401))
+@router.get("/work", responses=errors(401, 422))
 async def work(request: Request, wait: float = 0.0, site: str = Depends(require_site_briefly)):
     """The running jobs this site still takes part in, and the finished ones that have its results.
 
