@@ -133,15 +133,17 @@ async def work(request: Request, wait: float = 0.0, site: str = Depends(require_
 
     wait: seconds (at most 10) to hold the request while the site has no running job, answering as
     soon as its answer changes (a job submitted, one finished): an idle agent's one request instead
-    of many. `held` says whether the coordinator held it (else, as without `wait`, it answered at
-    once: the site has a running job, or already holds its share of waiting polls)."""
+    of many. With `wait`, `held` says whether the coordinator held it (else it answered at once: the
+    site has a running job, or already holds its share of waiting polls)."""
     state = request.app.state
     Session, settings, engine = state.sessionmaker, state.settings, state.engine
     seen = engine.changes
     answer = await run_in_threadpool(_work, Session, site)
     wait = min(max(wait, 0.0), settings.max_wait) if wait == wait else 0.0  # (NaN: none)
     waiting = state.work_waits
-    if answer["jobs"] or wait <= 0 or waiting.get(site, 0) >= settings.max_waits_per_site:
+    if wait <= 0:
+        return answer
+    if answer["jobs"] or waiting.get(site, 0) >= settings.max_waits_per_site:
         return {**answer, "held": False}
     # The wait sleeps on the event loop, not in a worker thread, and reads the database only when the
     # engine says jobs changed (or every RECHECK_SECONDS): waiting polls cost the others nothing.
