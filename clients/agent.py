@@ -201,9 +201,12 @@ class Agent:
         """Errors of /work that no retry mends: raised as AgentError (the agent stops) instead of
         being logged on every poll."""
         url = getattr(self.api, "url", "the coordinator")
+        if exc.status == 401 and "revoked" in exc.detail:  # `xclp site revoke`: no token of this site will do
+            raise AgentError(f"the coordinator at {url} refused site {self.site!r}: {exc.detail}") from None
         if exc.status == 401:
             raise AgentError(f"the coordinator at {url} refused the token of site {self.site!r} ({exc.detail}): "
-                             "check --token-file (or $XCLP_TOKEN) against the token `xclp site add` gave") from None
+                             "check --token-file (or $XCLP_TOKEN) against the token `xclp site add` (or "
+                             "`xclp site rotate-token`) gave") from None
         if isinstance(exc, NotTheApi):
             raise AgentError(exc.detail) from None
         if exc.status in (403, 404, 405):

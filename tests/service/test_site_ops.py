@@ -278,3 +278,59 @@ def test_an_idle_agent_waits_on_the_coordinator_and_takes_a_new_job_within_a_sec
     admin.cancel(job)
     thread.join(15)
     assert not thread.is_alive() and not errors, errors
+
+
+def test_an_agent_restarted_with_a_rotated_token_finishes_its_job_and_a_revoked_site_s_agent_stops(tmp_path):
+    """Rotation keeps the site's jobs: its agent, stopped by the old token's 401, is restarted on the
+    same --out with the new token and the job finishes with no site dropped. Revocation stops an
+    agent with one line that says so."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    from clients.agent import Agent, AgentError
+    from clients.api import CoordinatorClient
+    from clients.policy import SitePolicy
+    from xclp.data import load_arrays
+    from xclp.splits import simulate_sites
+
+    settings = Settings(database=f"sqlite:///{tmp_path / 'r.db'}", admin_token=ADMIN, engine_interval=0.02)
+    with TestClient(create_app(settings)) as tc:
+        X, y = load_arrays("digits", limit=120, seed=3)
+        ds = simulate_sites(X, y, 2, "iid", 0.2, seed=3)
+        a_name, b_name = ds.sites
+        admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
+
+        def agent(site, token):
+            idx = np.flatnonzero(ds.site == site)
+            np.savez(tmp_path / f"{site}.npz", X=ds.X[idx], y=ds.y[idx])
+            return Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), site,
+                         tmp_path / f"{site}.npz", tmp_path / f"out-{site}", policy=SitePolicy(allow_plaintext=True))
+
+        a, b = agent(a_name, admin.add_site(a_name)["token"]), agent(b_name, admin.add_site(b_name)["token"])
+        job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=32, k=4, classes=10)
+        for _ in range(200):  # into the job, past its setup
+            for ag in (a, b):
+                ag.run(once=True)
+            if admin.job(job)["phase"] != "setup":
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(admin.job(job))
+        new = admin.rotate_token(a_name)["token"]
+        with pytest.raises(AgentError, match="refused the token of site"):
+            a.run(once=True)
+        os.close(a._lock_fd)  # (the old agent's process has ended)
+        a = agent(a_name, new)
+        for _ in range(600):
+            for ag in (a, b):
+                ag.run(once=True)
+            if all(ag.result_path(job).exists() for ag in (a, b)):
+                break
+            time.sleep(0.01)
+        st = admin.job(job)
+        assert st["status"] == "done" and st["dropped"] == {}, st
+
+        admin.revoke_site(b_name)
+        with pytest.raises(AgentError, match=f"refused site '{b_name}': site '{b_name}' was revoked by the operator"):
+            b.run(once=True)
