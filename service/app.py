@@ -79,6 +79,26 @@ class Metrics:
     jobs: Gauge
 
 
+class CountRequests:
+    """Counts each answer by method and status. A plain ASGI middleware, not @app.middleware("http")
+    (Starlette's BaseHTTPMiddleware), under which a route cannot see that its client has gone: a long
+    poll (GET /work?wait=) ends when its agent stops."""
+
+    def __init__(self, app, counter: Counter):
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.counter.labels(scope["method"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
 def create_app(settings: Settings) -> FastAPI:
     if len(settings.admin_token) < MIN_ADMIN_TOKEN:
         raise ValueError(f"the admin token must have at least {MIN_ADMIN_TOKEN} characters (it has "
@@ -142,15 +162,11 @@ def create_app(settings: Settings) -> FastAPI:
             return ui_api.error_page(request, exc.status_code, str(exc.detail))
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
 
-    # Limits and who-is-asking before any body is read (service.guard); inside count_requests, so
+    # Limits and who-is-asking before any body is read (service.guard); inside CountRequests, so
     # that its refusals are counted too.
     app.add_middleware(RequestGuard, settings=settings, error_page=ui_api.error_page)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        metrics.requests.labels(request.method, str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountRequests, counter=metrics.requests)
 
     messages = make_messages_router(Session, settings, blobs, job_engine, metrics.upload_bytes, registry)
     for router in (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, ui_api.router):

@@ -153,6 +153,8 @@ async def work(request: Request, wait: float = 0.0, site: str = Depends(require_
         read_at = time.monotonic()
         while (now := time.monotonic()) < end:
             await asyncio.sleep(min(0.05, end - now))
+            if await request.is_disconnected():  # an agent stopped: nobody to answer (nor to wait for at shutdown)
+                break
             if engine.changes == seen and time.monotonic() - read_at < RECHECK_SECONDS:
                 continue
             seen, read_at = engine.changes, time.monotonic()

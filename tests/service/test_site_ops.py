@@ -174,7 +174,8 @@ def live(tmp_path):
     settings = Settings(database=f"sqlite:///{tmp_path / 'live.db'}", admin_token=ADMIN, engine_interval=0.05,
                         max_waits_per_site=1)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     end = time.monotonic() + 60
@@ -183,18 +184,27 @@ def live(tmp_path):
         time.sleep(0.02)
     url = f"http://127.0.0.1:{port}"
     try:
-        yield url, CoordinatorClient(url, ADMIN)
+        yield url, CoordinatorClient(url, ADMIN), app
     finally:
         server.should_exit = True
         thread.join(30)
 
 
 def test_a_long_poll_for_work_waits_answers_when_a_job_comes_and_is_capped_per_site(live):
+    import httpx
+
     from clients.api import CoordinatorClient
 
-    url, admin = live
-    sites = {s: CoordinatorClient(url, admin.add_site(s)["token"]) for s in ("a", "b")}
-    a = sites["a"]
+    url, admin, app = live
+    tokens = {s: admin.add_site(s)["token"] for s in ("a", "b")}
+    a = CoordinatorClient(url, tokens["a"])
+    # a client that goes away ends its wait (a stopped agent holds nothing, nor delays a shutdown)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(f"{url}/work", params={"wait": 10}, headers={"Authorization": f"Bearer {tokens['a']}"}, timeout=0.5)
+    end = time.monotonic() + 3
+    while app.state.work_waits.get("a"):
+        assert time.monotonic() < end, "the wait went on after its client left"
+        time.sleep(0.02)
     t = time.monotonic()
     assert a.wait_for_work(0.6) == {"site": "a", "jobs": [], "done": [], "held": True}
     assert time.monotonic() - t >= 0.5
@@ -227,7 +237,7 @@ def test_an_idle_agent_waits_on_the_coordinator_and_takes_a_new_job_within_a_sec
     from clients.api import CoordinatorClient
     from clients.policy import SitePolicy
 
-    url, admin = live
+    url, admin, _ = live
     tokens = {s: admin.add_site(s)["token"] for s in ("a", "b")}
     calls: list[tuple[float, str]] = []
     stop = threading.Event()
