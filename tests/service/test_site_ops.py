@@ -74,6 +74,19 @@ def test_a_site_revoked_from_a_two_site_job_fails_it_with_the_reason(app_client)
     assert st["status"] == "failed" and "b: revoked by the operator at" in st["failure"], st
 
 
+def test_a_training_job_drops_a_revoked_site_at_once(app_client):
+    for s in ("a", "b", "c"):
+        add(app_client, s)
+    r = app_client.post("/jobs/train", json={"algorithm": "fedavg", "sites": ["a", "b", "c"], "classes": 2,
+                                             "crypto": "plaintext", "secure_aggregation": False},
+                        headers=admin_headers())
+    assert r.status_code == 201, r.text
+    job = r.json()["job"]
+    assert app_client.post("/sites/c/revoke", headers=admin_headers()).json()["jobs"] == [job]
+    st = _wait_for(app_client, job, lambda s: "c" not in s["live"], "the job to drop c")
+    assert st["status"] == "running" and st["live"] == ["a", "b"] and st["refused"]["c"].startswith("revoked by")
+
+
 def test_a_rotated_token_replaces_the_old_one_and_the_site_keeps_its_identity_and_jobs(app_client):
     r = app_client.post("/sites", json={"name": "a", "fingerprint": FINGERPRINT}, headers=admin_headers())
     old = {"Authorization": f"Bearer {r.json()['token']}"}
