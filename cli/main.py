@@ -332,6 +332,18 @@ def cmd_site_add(args) -> int:
     return add_site_with_token_file(_admin(args), args)
 
 
+def cmd_site_revoke(args) -> int:
+    from cli.tables import revoke_site
+
+    return revoke_site(_admin(args), args)
+
+
+def cmd_site_rotate_token(args) -> int:
+    from cli.tables import rotate_token
+
+    return rotate_token(_admin(args), args)
+
+
 def cmd_site_list(args) -> int:
     from cli.tables import print_sites
 
@@ -591,6 +603,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the site's token to PATH (a new file, mode 0600) instead of printing it: the file "
                          "the site's `xclp agent run --token-file PATH` reads; default: printed)")
     sa.set_defaults(func=cmd_site_add)
+    sr = site.add_parser("revoke", help="take a site out of service: its token stops working, its running jobs "
+                                       "drop it, and no new job may name it")
+    sr.add_argument("name", help="the site's name")
+    coord_args(sr)
+    sr.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
+    sr.set_defaults(func=cmd_site_revoke)
+    st = site.add_parser("rotate-token", help="give a site a new token (the old one stops working; the site keeps "
+                                              "its identity and its jobs)")
+    st.add_argument("name", help="the site's name")
+    coord_args(st)
+    st.add_argument("--json", action="store_true", help="print {\"site\": …, \"token\": …} as JSON")
+    st.add_argument("--token-file", type=Path, default=None, metavar="PATH",
+                    help="write the new token to PATH (a new file, mode 0600) instead of printing it")
+    st.set_defaults(func=cmd_site_rotate_token)
     sl = site.add_parser("list", help="the registered sites, and when each last contacted the coordinator")
     coord_args(sl)
     sl.add_argument("--json", action="store_true", help="print the sites as JSON instead of a table")

@@ -1,4 +1,6 @@
-"""The operator's lists (`xclp site list`, `xclp job list`) and `xclp site add`'s token file."""
+"""The operator's lists (`xclp site list`, `xclp job list`), and the sites' tokens (`xclp site add`,
+`xclp site rotate-token`: printed once, or written to a new file only its owner can read) and
+`xclp site revoke`."""
 
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ def print_sites(out: dict, as_json: bool) -> int:
         print("no sites yet: add one with `xclp site add NAME --token-file NAME.token`")
         return 0
     fps = out.get("fingerprints") or {}
-    _table(["SITE", "LAST CONTACT (UTC, since the coordinator started)", "IDENTITY"],
-           [[s, _when(seen.get(s)), fps.get(s, "-")] for s in out["sites"]])
+    revoked = out.get("revoked") or {}
+    _table(["SITE", "STATUS", "LAST CONTACT (UTC, since the coordinator started)", "IDENTITY"],
+           [[s, f"revoked {_when(revoked[s])}" if s in revoked else "active", _when(seen.get(s)), fps.get(s, "-")]
+            for s in out["sites"]])
     return 0
 
 
@@ -47,15 +51,26 @@ def print_jobs(jobs: list[dict], as_json: bool) -> int:
     return 0
 
 
-def add_site_with_token_file(admin, args) -> int:
-    """`xclp site add NAME [--token-file PATH] [--json]`: the token is shown once by the coordinator;
-    with --token-file it goes into a new file only its owner can read, never to the terminal."""
-    path: Path | None = args.token_file
-    if path is not None:  # checked before the site exists: its token could not be shown again
+def _check_token_file(path: Path | None) -> None:
+    """Before the coordinator makes the token: it could not be shown again."""
+    if path is not None:
         if path.exists():
             raise DataError(f"--token-file {path} exists: give a new file (a site's token is written once)")
         if not path.parent.is_dir():
             raise DataError(f"--token-file {path}: the folder {path.parent} does not exist")
+
+
+def _write_token_file(path: Path, token: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+
+
+def add_site_with_token_file(admin, args) -> int:
+    """`xclp site add NAME [--token-file PATH] [--json]`: the token is shown once by the coordinator;
+    with --token-file it goes into a new file only its owner can read, never to the terminal."""
+    path: Path | None = args.token_file
+    _check_token_file(path)  # checked before the site exists
     out = admin.add_site(args.name, getattr(args, "fingerprint", None))
     site, token = out["site"], out["token"]
     agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
@@ -65,12 +80,45 @@ def add_site_with_token_file(admin, args) -> int:
               f"`{agent} FILE ...`; `xclp site add {site} --token-file FILE` writes that file itself",
               file=sys.stderr)
         return 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    _write_token_file(path, token)
     if args.json:
         print(json.dumps({"site": site, "token_file": str(path)}))
     else:
         print(f"site {site} added; its token is in {path} (mode 0600, shown nowhere else): give that file to "
               f"the site, whose agent reads it with `{agent} {path} ...`")
+    return 0
+
+
+def rotate_token(admin, args) -> int:
+    """`xclp site rotate-token NAME [--token-file PATH] [--json]`: a new token, printed once or written
+    to a new file (0600); the old one stops working at once."""
+    path: Path | None = args.token_file
+    _check_token_file(path)
+    out = admin.rotate_token(args.name)
+    site, token = out["site"], out["token"]
+    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
+    if path is None:
+        print(json.dumps(out) if args.json else f"site {site}: its new token (shown once): {token}")
+        print(f"xclp: the old token no longer works; restart the site's agent with the new one (`{agent} FILE ...`)",
+              file=sys.stderr)
+        return 0
+    _write_token_file(path, token)
+    if args.json:
+        print(json.dumps({"site": site, "token_file": str(path)}))
+    else:
+        print(f"site {site}: its new token is in {path} (mode 0600, shown nowhere else); the old one no longer "
+              f"works: restart the site's agent with `{agent} {path} ...`")
+    return 0
+
+
+def revoke_site(admin, args) -> int:
+    """`xclp site revoke NAME [--json]`"""
+    out = admin.revoke_site(args.name)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    jobs = out.get("jobs") or []
+    print(f"site {out['site']} revoked at {_when(out['revoked_at'])} UTC: its token no longer works and no new job "
+          f"may name it; " + (f"taken out of {len(jobs)} running job(s): {', '.join(jobs)}" if jobs
+                              else "it was in no running job"))
     return 0

@@ -41,6 +41,7 @@ log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
 SWEEP_SECONDS = 30.0  # how often the agent looks for keys of jobs that failed or dropped it
 MAX_IDLE_POLL = 3.0  # with no job to work on, the wait between polls doubles from --poll up to this
+IDLE_WAIT = 10.0  # with no job to work on, how long the coordinator may hold a request for work (GET /work?wait=)
 
 
 class AgentError(Exception):
@@ -127,10 +128,13 @@ class Agent:
         idle_since = time.monotonic()
         next_sweep = 0.0
         delay = self.poll
+        wait = 0.0  # with no job in flight, the coordinator holds the next request for work (a long poll)
         while True:
             busy = active = False
             try:
-                work = self._work()
+                if stop_after_idle is not None and wait:
+                    wait = min(wait, max(0.1, stop_after_idle - (time.monotonic() - idle_since)))
+                work = self._work(wait)
                 if time.monotonic() >= next_sweep:  # keys of jobs that failed or dropped this site
                     self.sweep_keys()
                     next_sweep = time.monotonic() + SWEEP_SECONDS
@@ -159,10 +163,15 @@ class Agent:
                 return
             if once:
                 return
-            # Polls at --poll while a job of this site runs; with none, the wait doubles up to
-            # max_poll (idle agents would otherwise ask the coordinator for work ten times a second).
+            # Polls at --poll while a job of this site runs; with none, it asks the coordinator to hold
+            # its next request for work until there is some (IDLE_WAIT); a coordinator that answers at
+            # once (an older one, or this site's other polls are waiting) is asked again after a wait
+            # that doubles up to max_poll (idle agents would otherwise ask ten times a second).
             if busy or active:
                 delay = self.poll
+            wait = 0.0 if busy or active else IDLE_WAIT
+            if not busy and not active and (self._last_work or {}).get("held"):
+                continue
             if not busy:
                 time.sleep(delay)
                 if not active:
@@ -192,9 +201,12 @@ class Agent:
         """Errors of /work that no retry mends: raised as AgentError (the agent stops) instead of
         being logged on every poll."""
         url = getattr(self.api, "url", "the coordinator")
+        if exc.status == 401 and "revoked" in exc.detail:  # `xclp site revoke`: no token of this site will do
+            raise AgentError(f"the coordinator at {url} refused site {self.site!r}: {exc.detail}") from None
         if exc.status == 401:
             raise AgentError(f"the coordinator at {url} refused the token of site {self.site!r} ({exc.detail}): "
-                             "check --token-file (or $XCLP_TOKEN) against the token `xclp site add` gave") from None
+                             "check --token-file (or $XCLP_TOKEN) against the token `xclp site add` (or "
+                             "`xclp site rotate-token`) gave") from None
         if isinstance(exc, NotTheApi):
             raise AgentError(exc.detail) from None
         if exc.status in (403, 404, 405):
@@ -363,11 +375,13 @@ class Agent:
         q = self._quiet_until.get(job_id)
         return q[1] if q is not None and time.monotonic() < q[0] else None
 
-    def _work(self) -> dict:
+    def _work(self, wait: float = 0.0) -> dict:
         last = self._last_work
         if last is not None and last["jobs"] and not last["done"] and all(self._quiet(j) for j in last["jobs"]):
             return last
-        work = self.api.work()
+        self._last_work = None  # (a failed request is not an answer the coordinator held)
+        long_poll = getattr(self.api, "wait_for_work", None) if wait > 0 else None
+        work = long_poll(wait) if long_poll is not None else self.api.work()
         if work.get("site", self.site) != self.site:  # (an older coordinator does not say)
             raise AgentError(f"the token given belongs to site {work['site']!r}, not to --site {self.site!r}: start "
                              "the agent with the token `xclp site add` printed (or wrote) for this site")

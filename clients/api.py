@@ -94,6 +94,12 @@ class CoordinatorClient:
     def sites(self) -> dict:
         return self.call("GET", "/sites")
 
+    def revoke_site(self, name: str) -> dict:
+        return self.call("POST", f"/sites/{name}/revoke")
+
+    def rotate_token(self, name: str) -> dict:
+        return self.call("POST", f"/sites/{name}/token")
+
     def jobs(self) -> list[dict]:
         return self.call("GET", "/jobs")["jobs"]
 
@@ -115,6 +121,11 @@ class CoordinatorClient:
     # --- site calls -------------------------------------------------------------------------------
     def work(self) -> dict[str, list[str]]:
         return self.call("GET", "/work")
+
+    def wait_for_work(self, seconds: float) -> dict:
+        """/work, held by the coordinator up to `seconds` while this site has no running job (a long
+        poll); its `held` is false where the coordinator answered at once (an older one does)."""
+        return self.call("GET", "/work", params={"wait": seconds})
 
     def put(self, job_id: str, topic: str, body: bytes, to: str = "coordinator") -> dict:
         return self.call("PUT", f"/jobs/{job_id}/messages/{topic}", params={"to": to}, content=body,

@@ -58,6 +58,8 @@ class Settings:
     blob_fsync: bool | None = None
     # Long polls (`?wait=`) a site may hold at once; more are answered at once, as without `wait`.
     max_waits_per_site: int = 8
+    # The longest a long poll for work (`GET /work?wait=`) is held, in seconds.
+    max_wait: float = 10.0
     # The address people and proxies reach the coordinator at (https://coord.example.org): dashboard
     # POSTs from this origin pass the CSRF check (besides the request's own scheme and Host), and an
     # https address makes the session cookie Secure whatever scheme the proxy speaks to us.
@@ -75,6 +77,26 @@ class Metrics:
     requests: Counter
     upload_bytes: Counter
     jobs: Gauge
+
+
+class CountRequests:
+    """Counts each answer by method and status. A plain ASGI middleware, not @app.middleware("http")
+    (Starlette's BaseHTTPMiddleware), under which a route cannot see that its client has gone: a long
+    poll (GET /work?wait=) ends when its agent stops."""
+
+    def __init__(self, app, counter: Counter):
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.counter.labels(scope["method"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -113,6 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
     app.state.metrics = metrics
     app.state.login_throttle = Throttle(settings.login_failures, settings.login_window)
+    app.state.work_waits = {}  # site -> its long polls for work waiting now (service.sites_api; event loop only)
     app.state.last_seen = {}  # the dashboard's (service.ui_api): each site's last authenticated request
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
@@ -139,15 +162,11 @@ def create_app(settings: Settings) -> FastAPI:
             return ui_api.error_page(request, exc.status_code, str(exc.detail))
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
 
-    # Limits and who-is-asking before any body is read (service.guard); inside count_requests, so
+    # Limits and who-is-asking before any body is read (service.guard); inside CountRequests, so
     # that its refusals are counted too.
     app.add_middleware(RequestGuard, settings=settings, error_page=ui_api.error_page)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        metrics.requests.labels(request.method, str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountRequests, counter=metrics.requests)
 
     messages = make_messages_router(Session, settings, blobs, job_engine, metrics.upload_bytes, registry)
     for router in (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, ui_api.router):

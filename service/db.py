@@ -47,6 +47,9 @@ class Site(Base):
     # the site's identity fingerprint (crypto.identity), if its operator registered one: its announces
     # must then be signed by that identity
     fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # when the operator revoked the site (`xclp site revoke`): its token no longer works, and no new
+    # job may name it; None while it is in service
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class TrainingState(BaseModel):

@@ -43,19 +43,42 @@ def _seen(request: Request, site: str) -> None:
     request.app.state.last_seen[site] = utcnow()
 
 
+def iso(when) -> str:
+    return when.isoformat(timespec="seconds") + "Z"
+
+
+def revoked_detail(site: str, when) -> str:
+    return f"site {site!r} was revoked by the operator at {iso(when)}: its token no longer works"
+
+
+def site_of_token(db, token: str) -> str | None:
+    """The site whose token this is (None: no site's); a revoked site's token is a 401 that says so."""
+    row = db.execute(select(Site.name, Site.revoked_at).where(Site.token_hash == hash_token(token))).first()
+    if row is not None and row.revoked_at is not None:
+        raise HTTPException(401, revoked_detail(row.name, row.revoked_at), headers={"WWW-Authenticate": "Bearer"})
+    return None if row is None else row.name
+
+
 def require_site(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
-    site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
+    site = site_of_token(db, token)
     if site is None:
         raise HTTPException(401, "unknown site token", headers={"WWW-Authenticate": "Bearer"})
     _seen(request, site)
     return site
 
 
+def require_site_briefly(request: Request, token: str = Depends(bearer)) -> str:
+    """require_site in a session of its own, closed before the route runs: for a long poll, which
+    must not hold a database connection while it waits."""
+    with request.app.state.sessionmaker() as db:
+        return require_site(request, token, db)
+
+
 def caller(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
     """'admin' or the site's name."""
     if is_admin(request, token):
         return "admin"
-    site = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
+    site = site_of_token(db, token)
     if site is None:
         raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
     _seen(request, site)
@@ -71,3 +94,15 @@ def load_job(db, job_id: str) -> Job:
 
 def known_sites(db, names: list[str]) -> set[str]:
     return set(db.scalars(select(Site.name).where(Site.name.in_(names))))
+
+
+def check_roster(db, names: list[str]) -> None:
+    """A new job's sites: each registered (else 404) and none revoked (else 422, naming them)."""
+    rows = dict(db.execute(select(Site.name, Site.revoked_at).where(Site.name.in_(names))).all())
+    unknown = [s for s in names if s not in rows]
+    if unknown:
+        raise HTTPException(404, f"unknown site(s): {unknown}")
+    revoked = [s for s in names if rows[s] is not None]
+    if revoked:
+        raise HTTPException(422, "revoked site(s) cannot take part in a new job: "
+                                 + ", ".join(f"{s} (revoked at {iso(rows[s])})" for s in revoked))

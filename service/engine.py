@@ -40,6 +40,14 @@ class JobEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.wakeup = threading.Event()
+        # Bumped whenever jobs may have changed for the sites (a job submitted, a step taken): the
+        # sites' long polls for work (GET /work?wait=) look at the database again when it moves.
+        self.changes = 0
+
+    def notify(self) -> None:
+        """Jobs changed outside the engine (submitted, a site revoked): step now, and wake the long polls."""
+        self.changes += 1
+        self.wakeup.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="xclp-engine", daemon=True)
@@ -82,7 +90,7 @@ class JobEngine:
                     if not step or job.status != "running":
                         break
             if changed:
-                self.wakeup.set()
+                self.notify()
                 self._prune(job_id)
 
     def _prune(self, job_id: str) -> None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import func, or_, select
 
 from service.db import Job, Message
-from service.deps import caller, get_db, known_sites, load_job, require_admin
+from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.engine import cancel, refusals
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
@@ -100,10 +100,7 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
         raise HTTPException(422, "a job needs at least two sites")
     if len(set(body.sites)) != len(body.sites):
         raise HTTPException(422, "a site is named twice")
-    known = known_sites(db, body.sites)
-    unknown = [s for s in body.sites if s not in known]
-    if unknown:
-        raise HTTPException(404, f"unknown site(s): {unknown}")
+    check_roster(db, body.sites)  # registered, and none revoked
     bad = set(body.deadlines) - set(DEFAULT_DEADLINES)
     if bad or any(v <= 0 for v in body.deadlines.values()):
         raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(DEFAULT_DEADLINES)}")
@@ -117,7 +114,7 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
                deadlines={**request.app.state.settings.default_deadlines, **body.deadlines}))
     db.commit()
-    request.app.state.engine.wakeup.set()
+    request.app.state.engine.notify()  # (and the sites' long polls for work)
     log.info("job %s submitted: %s sites, crypto=%s", job_id, len(body.sites), body.crypto)
     return JobCreated(job=job_id)
 

@@ -1,22 +1,29 @@
-"""Sites: registered by the operator (each gets a token once), and what a site asks for work."""
+"""Sites: registered by the operator (each gets a token once), revoked or given a new token by the
+operator, and what a site asks for work (a bounded long poll while it has none)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
+import time
 
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from service.db import COORDINATOR, Job, Site
-from service.deps import get_db, hash_token, require_admin, require_site
+from service.db import COORDINATOR, Job, Site, UISession, has_messages, utcnow
+from service.deps import get_db, hash_token, iso, require_admin, require_site_briefly
+from service.lifecycle import put_message
 from service.schemas import Request as RequestBody
 from service.schemas import SiteName, errors
+from xclp.protocol import REFUSE, refusal
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 router = APIRouter(tags=["sites"])
+RECHECK_SECONDS = 1.0  # a waiting poll for work reads the database at least this often
 
 
 class SiteCreate(RequestBody):
@@ -29,6 +36,12 @@ class SiteCreate(RequestBody):
 class SiteCreated(BaseModel):
     site: str
     token: str
+
+
+class SiteRevoked(BaseModel):
+    site: str
+    revoked_at: str = Field(description="when (UTC, ISO 8601)")
+    jobs: list[str] = Field(description="the running jobs it was taken out of (a refusal recorded on its behalf)")
 
 
 @router.post("/sites", response_model=SiteCreated, status_code=201, dependencies=[Depends(require_admin)],
@@ -49,18 +62,106 @@ def add_site(body: SiteCreate, db=Depends(get_db)):
 @router.get("/sites", dependencies=[Depends(require_admin)], responses=errors(401, 403))
 def list_sites(request: Request, db=Depends(get_db)):
     """The sites' names, and when each last made an authenticated request to this coordinator process."""
-    rows = db.execute(select(Site.name, Site.fingerprint).order_by(Site.name)).all()
+    rows = db.execute(select(Site.name, Site.fingerprint, Site.revoked_at).order_by(Site.name)).all()
     names = [r.name for r in rows]
     seen = request.app.state.last_seen
     return {"sites": names, "last_seen": {s: seen[s].isoformat() + "Z" for s in names if s in seen},
-            "fingerprints": {r.name: r.fingerprint for r in rows if r.fingerprint}}
+            "fingerprints": {r.name: r.fingerprint for r in rows if r.fingerprint},
+            "revoked": {r.name: iso(r.revoked_at) for r in rows if r.revoked_at is not None}}
 
 
-@router.get("/work", responses=errors(401))
-def work(site: str = Depends(require_site), db=Depends(get_db)):
-    """The running jobs this site still takes part in, and the finished ones that have its results."""
-    # Only the columns it needs: a training job's state (its round history) grows with every round.
-    jobs = db.execute(select(Job.id, Job.status, Job.live).where(Job.status != "failed")).all()
+def _site(db, name: str) -> Site:
+    site = db.get(Site, name)
+    if site is None:
+        raise HTTPException(404, f"unknown site {name!r}")
+    if site.revoked_at is not None:
+        raise HTTPException(409, f"site {name!r} was revoked at {iso(site.revoked_at)}: add it again under a "
+                                 "new name if it is to take part again")
+    return site
+
+
+@router.post("/sites/{name}/revoke", response_model=SiteRevoked, dependencies=[Depends(require_admin)],
+             responses=errors(401, 403, 404, 409, 422))
+def revoke_site(request: Request, name: str, db=Depends(get_db)):
+    """Take a site out of service: its token stops working at once (401, saying when it was revoked),
+    no new job may name it, and each running job it is in drops it at once, by the job's rules for a
+    site that refuses ("revoked by the operator", recorded on its behalf)."""
+    site = _site(db, name)
+    site.revoked_at = utcnow()
+    db.execute(delete(UISession).where(UISession.who == name))  # its dashboard logins end too
+    db.commit()
+    why = refusal(f"revoked by the operator at {iso(site.revoked_at)}")
+    jobs = []
+    for job in db.scalars(select(Job).where(Job.status == "running")).all():
+        if name not in job.live or name in has_messages(db, job.id, COORDINATOR, REFUSE):
+            continue
+        put_message(db, job.id, name, COORDINATOR, REFUSE, why)
+        try:
+            db.commit()
+            jobs.append(job.id)
+        except IntegrityError:  # its own refusal came in first: the job drops it all the same
+            db.rollback()
+    request.app.state.engine.notify()
+    return SiteRevoked(site=name, revoked_at=iso(site.revoked_at), jobs=jobs)
+
+
+@router.post("/sites/{name}/token", response_model=SiteCreated, dependencies=[Depends(require_admin)],
+             responses=errors(401, 403, 404, 409, 422))
+def rotate_token(name: str, db=Depends(get_db)):
+    """A new token for the site, shown once; the old one stops working at once. The site keeps its
+    identity fingerprint and its jobs (its agent goes on with them once restarted with the new token)."""
+    site = _site(db, name)
+    token = secrets.token_urlsafe(32)
+    site.token_hash = hash_token(token)
+    db.execute(delete(UISession).where(UISession.who == name))  # logins made with the old token end
+    db.commit()
+    return SiteCreated(site=name, token=token)
+
+
+def _work(Session, site: str) -> dict:
+    with Session() as db:
+        # Only the columns it needs: a training job's state (its round history) grows with every round.
+        jobs = db.execute(select(Job.id, Job.status, Job.live).where(Job.status != "failed")).all()
     return {"site": site,  # whose token this is: an agent started with another site's name stops at once
             "jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
             "done": [j.id for j in jobs if site in j.live and j.status == "done"]}
+
+
+@router.get("/work", responses=errors(401, 422))
+async def work(request: Request, wait: float = 0.0, site: str = Depends(require_site_briefly)):
+    """The running jobs this site still takes part in, and the finished ones that have its results.
+
+    wait: seconds (at most 10) to hold the request while the site has no running job, answering as
+    soon as its answer changes (a job submitted, one finished): an idle agent's one request instead
+    of many. With `wait`, `held` says whether the coordinator held it (else it answered at once: the
+    site has a running job, or already holds its share of waiting polls)."""
+    state = request.app.state
+    Session, settings, engine = state.sessionmaker, state.settings, state.engine
+    seen = engine.changes
+    answer = await run_in_threadpool(_work, Session, site)
+    wait = min(max(wait, 0.0), settings.max_wait) if wait == wait else 0.0  # (NaN: none)
+    waiting = state.work_waits
+    if wait <= 0:
+        return answer
+    if answer["jobs"] or waiting.get(site, 0) >= settings.max_waits_per_site:
+        return {**answer, "held": False}
+    # The wait sleeps on the event loop, not in a worker thread, and reads the database only when the
+    # engine says jobs changed (or every RECHECK_SECONDS): waiting polls cost the others nothing.
+    waiting[site] = waiting.get(site, 0) + 1
+    try:
+        end = time.monotonic() + wait
+        read_at = time.monotonic()
+        while (now := time.monotonic()) < end:
+            await asyncio.sleep(min(0.05, end - now))
+            if await request.is_disconnected():  # an agent stopped: nobody to answer (nor to wait for at shutdown)
+                break
+            if engine.changes == seen and time.monotonic() - read_at < RECHECK_SECONDS:
+                continue
+            seen, read_at = engine.changes, time.monotonic()
+            new = await run_in_threadpool(_work, Session, site)
+            if new != answer:
+                answer = new
+                break
+    finally:
+        waiting[site] -= 1
+    return {**answer, "held": True}

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import Field, create_model
 
 from service.db import COORDINATOR, Job, message_body
-from service.deps import caller, get_db, known_sites, load_job, require_admin
+from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
@@ -107,9 +107,7 @@ def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
     """A training job: FedAvg(+XCLP) or FedCT(+XCLP) rounds with the sites training at home."""
     if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):
         raise HTTPException(422, "a training job needs at least two distinct sites")
-    unknown = [s for s in body.sites if s not in known_sites(db, body.sites)]
-    if unknown:
-        raise HTTPException(404, f"unknown site(s): {unknown}")
+    check_roster(db, body.sites)  # registered, and none revoked
     bad = set(body.deadlines) - set(TRAIN_DEADLINES)
     if bad or any(v <= 0 for v in [*body.deadlines.values(), *body.xclp_deadlines.values()]):
         raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(TRAIN_DEADLINES)}")
@@ -121,7 +119,7 @@ def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
     db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
                deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
     db.commit()
-    request.app.state.engine.wakeup.set()
+    request.app.state.engine.notify()  # (and the sites' long polls for work)
     return {"job": job_id}
 
 

@@ -154,7 +154,7 @@ async def login(request: Request, db=Depends(get_db)):
     if token and is_admin(request, token):
         who = "admin"
     elif token:
-        who = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token)))
+        who = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token), Site.revoked_at.is_(None)))
     if who is None:
         throttle.fail(client)
         return templates.TemplateResponse(request, "login.html",

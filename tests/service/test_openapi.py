@@ -16,7 +16,9 @@ from svc import ADMIN
 from service.app import Settings, create_app
 
 _tmp = Path(tempfile.mkdtemp(prefix="xclp-openapi-"))
-app = create_app(Settings(database=f"sqlite:///{_tmp / 'api.db'}", admin_token=ADMIN, max_body_bytes=1 << 20))
+# (max_wait: a generated GET /work?wait= is held 0.2 s at most, not the 10 s an agent may ask for)
+app = create_app(Settings(database=f"sqlite:///{_tmp / 'api.db'}", admin_token=ADMIN, max_body_bytes=1 << 20,
+                          max_wait=0.2))
 with TestClient(app) as _client:  # a site, so that the site-only operations are reached with a real token
     SITE_TOKEN = _client.post("/sites", json={"name": "site-a"}, headers={"Authorization": f"Bearer {ADMIN}"}).json()["token"]
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
