@@ -61,12 +61,12 @@ ZERO_IS_DEFAULT = {"model", "local-epochs", "dp-delta"} | {o.key for o in TRAINI
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
     known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float,
-             "standardize": lambda v: flag(v, "standardize")}
+             "key-bits": int, "standardize": lambda v: flag(v, "standardize")}
     bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - set(RUN_KEYS))
     if bad:
         raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")
     run_config = {k: v for k, v in run_config.items() if k in known}
-    kw = {k: cast(run_config[k]) for k, cast in known.items() if k in run_config}
+    kw = {k.replace("-", "_"): cast(run_config[k]) for k, cast in known.items() if k in run_config}
     if "classes" not in kw:  # no silent class count (the app's pyproject declares one)
         raise ValueError("the run config needs classes=C, the number of classes (every site's labels are 0..C−1)")
     return JobParams(job_id=f"flower-{run_id}", n_classes=kw.pop("classes"), **kw).validate()
