@@ -33,7 +33,8 @@ class _TrainJobFields(RequestBody):
     algorithm: Literal[SERVICE_ALGORITHMS]
     sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
                                   description="participating sites (at least two, each once), in roster order")
-    classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
+    classes: int = Field(ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site (required: "
+                         "no job assumes a class count)")
     model: str | list[str] | None = Field(None, description="FedAvg: mlp|cnn; FedCT: a learner or one per site, "
                                                             f"of {LEARNERS}")
     public_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
