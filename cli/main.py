@@ -37,9 +37,10 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help="neighbours per point (default 10)")
     p.add_argument("--alpha", type=float, default=0.99, help="propagation α (default 0.99)")
     p.add_argument("--power", type=float, default=3.0, help="edge weight power (default 3)")
-    p.add_argument("--standardize", action="store_true",
+    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
                    help="federated standardisation: each feature scaled to the mean and variance of all sites' "
-                        "points, from a secure sum, before hashing (default: raw features)")
+                        "points, from a secure sum, before hashing (default: on; --no-standardize keeps the raw "
+                        "features)")
     p.add_argument("--similarity", choices=["lsh", "exact"], default="lsh",
                    help="lsh (private) or exact cosine (plaintext reference only)")
     p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext",
@@ -164,7 +165,8 @@ def cmd_simulate_predict(args) -> int:
     t0 = time.perf_counter()
     if not args.no_baselines and ds.y_true is not None:
         say("baselines: per-site LP and centralized LP")
-        kw = dict(k=args.k, alpha=args.alpha, power=args.power)
+        # scaled as XCLP was: a site by its own moments, the pooled reference by all points'
+        kw = dict(k=args.k, alpha=args.alpha, power=args.power, standardize=params.standardize)
         base["per_site"] = per_site_lp(ds, **kw)
         base["centralized"] = centralized_lp(ds, **kw)
         for name, lab in base.items():
@@ -180,6 +182,7 @@ def cmd_simulate_predict(args) -> int:
     out = {
         "n": ds.n, "sites": len(ds.sites), "classes": ds.n_classes, "bits": args.bits, "crypto": args.crypto,
         "k": args.k, "alpha": args.alpha, "power": args.power, "similarity": args.similarity, "seed": args.seed,
+        "standardize": params.standardize,
         "dataset": source, "labelled": int((ds.y >= 0).sum()),
         "accuracy": {k: _num(v) for k, v in acc.items()},
         "per_site_accuracy": {s: {k: _num(v) for k, v in r.items()} for s, r in per_site.items()},
@@ -620,9 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     jp.add_argument("--k", type=int, default=10)
     jp.add_argument("--alpha", type=float, default=0.99)
     jp.add_argument("--classes", type=int, default=10, help="number of classes (labels 0..C−1)")
-    jp.add_argument("--standardize", action="store_true",
+    jp.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
                     help="federated standardisation: each feature scaled to the mean and variance of all sites' "
-                         "points, from a secure sum the coordinator cannot read, before hashing (default: raw)")
+                         "points, from a secure sum the coordinator cannot read, before hashing (default: on; "
+                         "--no-standardize keeps the raw features)")
     jp.add_argument("--key-bits", type=int, default=2048)
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS")
     jp.add_argument("--json", action="store_true")

@@ -425,3 +425,5 @@ def test_flower_standardises_like_the_simulation(federation):
     for s in ds.sites:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
     assert params_from({"standardize": "true"}, 3).standardize is True
+    assert params_from({}, 3).standardize is True  # on by default
+    assert params_from({"standardize": "false"}, 3).standardize is False  # raw features, asked for

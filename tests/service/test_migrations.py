@@ -105,7 +105,16 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         engine = make_engine(db_url)
         assert schema_state(engine).current == head()
         engine.dispose()
-        assert _job_row(db_url, job) == before  # the row as the previous release left it
+        after = _job_row(db_url, job)
+
+        def params(row):  # SQLite hands the JSON column back as text
+            p = row.pop("params")
+            return json.loads(p) if isinstance(p, str) else p
+
+        # the row as the previous release left it, but for the raw features it was submitted with,
+        # written out now that standardisation is on by default (revision 0004)
+        assert params(after) == {**params(before), "standardize": False}
+        assert after == before
         for s in ds.sites:
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
@@ -126,7 +135,8 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
                 time.sleep(0.05)
             state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{job}.json").read_text())
             contributions[s] = bytes.fromhex(state["contribution"])
-        ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="plaintext"),
+        # submitted before standardisation was on by default: still raw features (revision 0004)
+        ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="plaintext", standardize=False),
                        contributions=contributions)
         for s in ds.sites:
             assert np.array_equal(np.load(tmp_path / f"out-{s}" / f"{job}.npz")["labels"], ref.predictions[s].labels)
