@@ -513,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--json", type=Path)
     bh.set_defaults(func=cmd_bench_hamming)
 
+    from cli.plan import add_plan_parser
     from cli.tls import add_client_tls_args, add_serve_tls_args, add_tls_parser
 
     def coord_args(p, admin=True):
@@ -701,6 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     jw.set_defaults(func=cmd_job_wait)
 
     add_tls_parser(sub)
+    add_plan_parser(sub)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
     demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO)
