@@ -378,6 +378,13 @@ def _pins(given: list[str] | None) -> dict[str, str]:
     return out
 
 
+def _scored(row: dict) -> str:
+    """What a training job's `local_accuracy` measures (xclp.training.strategy.SCORED_ON)."""
+    from xclp.training.strategy import SCORED_ON
+
+    return row.get("local_accuracy_of") or SCORED_ON[None]
+
+
 def cmd_job_submit(args) -> int:
     sites = _site_names(args.sites)
     job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
@@ -422,9 +429,9 @@ def cmd_job_status(args) -> int:
             final = st["training"].get("final") or {}
             print(f"job {st['job']} ({st['params']['algorithm']}): {st['status']}, phase {st['phase']}, "
                   f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
-                  + (f"; last round: accuracy on the sites' own points {last.get('local_accuracy')}, left out "
+                  + (f"; last round: {_scored(last)} {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
-                  + (f"; final accuracy on the sites' own points {final.get('local_accuracy')}" if final else "")
+                  + (f"; final model's {_scored(final)} {final.get('local_accuracy')}" if final else "")
                   + (f"; privacy spent: ε = {priv['epsilon']:.3g} at δ = {priv['delta']:g} of a budget of "
                      f"{priv['budget']:g}" if (priv := st["training"].get("privacy")) else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")

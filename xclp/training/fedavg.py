@@ -50,7 +50,7 @@ from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
-from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
+from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds, scored_accuracy
 
 MAX_LABELLED_BATCH = 50
 
@@ -517,10 +517,11 @@ class FedAvgStrategy(Strategy):
         return (payload, n) if n > 0 else None
 
     def summarize(self, plan: dict, metrics: dict[str, dict], shared) -> dict:
+        # the round's input model scored by each site before it trains: on its unlabelled points where
+        # it has a truth column, else on its labelled ones (`local_accuracy_of` says which)
+        acc, of = scored_accuracy(metrics)
         return {"stage": plan["stage"], "lr": plan["lr"], "trained": [s for s, m in metrics.items() if int(m.get("n", 0))],
-                # not a test accuracy: the round's input model scored by each site on its own points (those
-                # with known labels), pooled over the sites, before they train
-                "local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"),
+                "local_accuracy": acc, "local_accuracy_of": of,
                 "pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
     def update(self, model: torch.nn.Module, site: Site, pl: PseudoLabels, t: int, plan: dict):

@@ -47,7 +47,7 @@ from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import LEARNERS, TIE_RULES
-from xclp.training.strategy import Federation, Roster, VotingStrategy, pooled_rate, run_rounds
+from xclp.training.strategy import Federation, Roster, VotingStrategy, pooled_rate, run_rounds, scored_sites
 
 # --- the public set ------------------------------------------------------------------------------
 
@@ -361,12 +361,12 @@ class FedCTStrategy(VotingStrategy):
         return payload
 
     def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
-        accs = [m["eval_correct"] / m["eval_n"] for m in metrics.values() if m.get("eval_n")]
+        scored, of = scored_sites(metrics)  # unlabelled points where a site has a truth column
+        accs = [m["eval_correct"] / m["eval_n"] for m in scored.values()]
         return {"voted": sorted(metrics),
                 "public_coverage": round(float((shared >= 0).mean()), 6) if self.n_public else 0.0,
-                # not a test accuracy: each site's model scored on the site's own points after its update,
-                # the mean and spread over the sites
-                "local_accuracy": round(float(np.mean(accs)), 6) if accs else None,
+                # each site's model after its update, the mean and spread over the sites; `_of` says on what
+                "local_accuracy": round(float(np.mean(accs)), 6) if accs else None, "local_accuracy_of": of,
                 "local_accuracy_std": round(float(np.std(accs)), 6) if accs else None,
                 "xclp_pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
