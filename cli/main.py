@@ -1,6 +1,6 @@
 """The `xclp` command line.
 
-(About 520 lines: the parser of every command and the thin handlers that call into the packages, kept
+(About 750 lines: the parser of every command and the thin handlers that call into the packages, kept
 in one file so that the whole command surface reads in one place; the work itself is elsewhere.)
 """
 
@@ -398,7 +398,8 @@ def cmd_job_submit_train(args) -> int:
     sites = _site_names(args.sites)
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "rounds", "local_epochs", "lr", "warmup_rounds",
                                            "refresh", "period", "tie", "quorum", "mix", "crypto", "bits", "k",
-                                           "alpha", "key_bits", "seed", "max_missed_rounds", "secure_aggregation",
+                                           "alpha", "key_bits", "standardize", "seed", "max_missed_rounds",
+                                           "secure_aggregation",
                                            "dp_epsilon", "dp_delta", "clip", "noise_multiplier", "partitions",
                                            "teachers", "levels", "gamma", "queries", "student_model")}
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
@@ -664,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--bits", type=int, default=1024)
     jt.add_argument("--k", type=int, default=10)
     jt.add_argument("--alpha", type=float, default=0.99)
+    jt.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
+                    help="the XCLP child jobs' federated standardisation (default: on; --no-standardize: raw)")
     jt.add_argument("--classes", type=int, default=10)
     jt.add_argument("--key-bits", type=int, default=2048)
     jt.add_argument("--seed", type=int, default=0)

@@ -35,6 +35,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext")
     p.add_argument("--bits", type=int, default=1024, help="LSH length L for XCLP (default 1024)")
     p.add_argument("--refresh", type=int, default=1, help="recompute XCLP pseudo-labels every R rounds (default 1)")
+    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
+                   help="XCLP's federated standardisation of the features (FedAvg: of the embeddings) before hashing "
+                        "(default: on; --no-standardize keeps them raw)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the result as JSON")
     p.add_argument("--plot", default=None, help="write the accuracy curve as PNG")

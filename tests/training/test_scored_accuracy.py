@@ -37,3 +37,4 @@ def test_sites_with_a_truth_column_decide_and_nothing_scored_says_nothing():
     assert scored_accuracy({}) == (None, None)
     # an agent of an earlier release sends counts without saying which points
     assert scored_accuracy({"a": {"eval_n": 4, "eval_correct": 3}}) == (0.75, "accuracy on the sites' own points")
+

@@ -179,6 +179,7 @@ class FedCTConfig:
     alpha: float = 0.99
     crypto: str = "plaintext"
     key_bits: int = 2048
+    standardize: bool = True  # the XCLP jobs' federated standardisation (JobParams)
     seed: int = 0
     threads: int | None = 1
     learner_kw: dict = field(default_factory=dict)
@@ -496,7 +497,8 @@ def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes
         names.append(np.full(len(public.X), "public"))
     ds = make_dataset(np.concatenate(X), np.concatenate(y), np.concatenate(names), n_classes=n_classes)
     params = JobParams(job_id=f"fedct-exchange{t}", n_classes=n_classes, bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
-                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=label_flip, dp_delta=cfg.dp_delta).validate()
+                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=label_flip, dp_delta=cfg.dp_delta,
+                       standardize=cfg.standardize).validate()
     # One noise secret per site for the whole run: the same randomized labels in every exchange.
     res = run_xclp(ds, params, seed=cfg.seed * 100_003 + t,
                    noise_seeds={s: simulation_noise_seed(cfg.seed, s) for s in np.unique(ds.site)})

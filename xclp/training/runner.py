@@ -70,6 +70,7 @@ class TrainConfig:
     warmup_rounds: int = 0
     k: int = 10
     alpha: float = 0.99
+    standardize: bool = True  # XCLP's federated standardisation (JobParams.standardize)
     tie: str = "lowest"
     quorum: float | None = None
     mix: float | None = None

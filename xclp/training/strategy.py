@@ -134,7 +134,7 @@ class Strategy(ABC):
         c = self.cfg
         return JobParams(job_id=job_id, n_classes=self.n_classes, bits=c.bits, k=c.k, alpha=c.alpha, crypto=c.crypto,
                          key_bits=c.key_bits, label_flip=self.xclp_label_flip,
-                         dp_delta=getattr(c, "dp_delta", 1e-5)).validate()
+                         dp_delta=getattr(c, "dp_delta", 1e-5), standardize=getattr(c, "standardize", True)).validate()
 
     def spend_xclp_labels(self, ledger: PrivacyLedger) -> None:
         """Record the randomized labels' release (once per run, before the first XCLP job)."""

@@ -4,8 +4,8 @@ JobParams.standardize became True by default (federated standardisation on unles
 job's params are read back with JobParams(**job.params), so a job written by an earlier release —
 which had no such field, or False as its default — would be re-read as standardised after the
 upgrade: its sites would send a counts message of another length than the one the job began with.
-This revision writes the old meaning, `"standardize": false`, into every stored prediction job
-(a training job's own params name no XCLP setting: its child jobs are predict jobs, rewritten here).
+This revision writes the old meaning, `"standardize": false`, into every stored prediction job, and
+into every stored training job's config (the settings of the XCLP child jobs it starts each round).
 
 Revision ID: 0004_raw_features_kept
 Revises: 0003_site_fingerprint
@@ -28,11 +28,18 @@ def upgrade() -> None:
         return
     bind = op.get_bind()
     jobs = sa.table("jobs", sa.column("id", sa.String), sa.column("kind", sa.String), sa.column("params", sa.JSON))
-    for job_id, params in bind.execute(sa.select(jobs.c.id, jobs.c.params).where(jobs.c.kind == "predict")).all():
+    for job_id, kind, params in bind.execute(sa.select(jobs.c.id, jobs.c.kind, jobs.c.params)).all():
         if isinstance(params, str):  # a JSON column SQLite handed back as text
             params = json.loads(params)
-        if isinstance(params, dict) and "standardize" not in params:
-            bind.execute(jobs.update().where(jobs.c.id == job_id).values(params={**params, "standardize": False}))
+        if not isinstance(params, dict):
+            continue
+        if kind == "predict" and "standardize" not in params:
+            new = {**params, "standardize": False}
+        elif kind == "train" and isinstance(params.get("config"), dict) and "standardize" not in params["config"]:
+            new = {**params, "config": {**params["config"], "standardize": False}}
+        else:
+            continue
+        bind.execute(jobs.update().where(jobs.c.id == job_id).values(params=new))
 
 
 def downgrade() -> None:
