@@ -245,3 +245,32 @@ def test_an_older_revision_is_upgraded_and_an_older_release_gets_the_tables_it_l
     assert set(inspect(engine).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
     assert schema_state(engine).current == head()
     engine.dispose()
+
+
+def test_revision_0004_keeps_the_raw_features_of_jobs_stored_before_standardisation_was_the_default(tmp_path):
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from service.db import Job
+
+    db = f"sqlite:///{tmp_path / 'std.db'}"
+    engine = open_database(db)
+    with Session(engine) as s:  # as a release before the default wrote them: no "standardize" anywhere
+        s.add_all([Job(id="p", kind="predict", params={"job_id": "p", "n_classes": 10}, sites=["a", "b"],
+                       live=["a", "b"], deadlines={}),
+                   Job(id="t", kind="train", params={"algorithm": "fedavg-xclp", "config": {"bits": 1024}},
+                       sites=["a", "b"], live=["a", "b"], deadlines={}),
+                   Job(id="q", kind="predict", params={"job_id": "q", "n_classes": 10, "standardize": True},
+                       sites=["a", "b"], live=["a", "b"], deadlines={})])
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0003_site_fingerprint'"))
+    engine.dispose()
+    engine = open_database(db)  # migrates 0003 → head
+    try:
+        with Session(engine) as s:
+            assert s.get(Job, "p").params["standardize"] is False
+            assert s.get(Job, "t").params["config"] == {"bits": 1024, "standardize": False}
+            assert s.get(Job, "q").params["standardize"] is True  # said explicitly: kept
+    finally:
+        engine.dispose()
