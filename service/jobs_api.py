@@ -37,7 +37,7 @@ class JobCreate(RequestBody):
     alpha: float = Field(0.99, gt=0, lt=1)
     power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
     classes: int = Field(10, ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site")
-    standardize: bool = Field(True, description="federated standardisation: every site scales each feature to the "
+    standardize: bool = Field(True, strict=True, description="federated standardisation: every site scales each feature to the "
                                                 "mean and variance of all sites' points (a secure sum) before hashing; "
                                                 "false keeps the raw features")
     key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "

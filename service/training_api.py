@@ -52,10 +52,10 @@ class TrainJobCreate(RequestBody):
     k: int = Field(10, ge=1, le=10_000)
     alpha: float = Field(0.99, gt=0, lt=1)
     key_bits: int = Field(2048, ge=1024, le=16384)
-    standardize: bool = Field(True, description="the XCLP jobs' federated standardisation of the features (FedAvg: "
+    standardize: bool = Field(True, strict=True, description="the XCLP jobs' federated standardisation of the features (FedAvg: "
                                                 "of the embeddings) before hashing; false keeps them raw")
     seed: int = Field(0, ge=0, le=(1 << 63) - 1, description="0 ≤ seed ≤ 2^63 − 1")
-    secure_aggregation: bool = Field(True, description="FedAvg: the coordinator sees only the sum of each round's "
+    secure_aggregation: bool = Field(True, strict=True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
     dp_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False,
                                      description="a differential-privacy budget ε over the whole job, where the "
