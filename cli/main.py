@@ -432,7 +432,7 @@ def cmd_job_status(args) -> int:
                   f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
                   + (f"; last round: {_scored(last)} {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
-                  + (f"; final model's {_scored(final)} {final.get('local_accuracy')}" if final else "")
+                  + (f"; final: {_scored(final)} {final.get('local_accuracy')}" if final else "")
                   + (f"; privacy spent: ε = {priv['epsilon']:.3g} at δ = {priv['delta']:g} of a budget of "
                      f"{priv['budget']:g}" if (priv := st["training"].get("privacy")) else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
