@@ -203,7 +203,9 @@ def run_demo(crypto: str = "lattice", json_out: Path | None = None, bits: int = 
         for s in names:
             labels[np.flatnonzero(ds.site == s)] = np.load(cluster.result(job, s))["labels"]
         seconds = time.perf_counter() - t0
-        base = {"per_site": per_site_lp(ds, k=10), "centralized": centralized_lp(ds, k=10)}
+        # scaled as the job scales (federated standardisation, the default): each site by its own
+        # points' moments, the pooled reference by all points'
+        base = {"per_site": per_site_lp(ds, k=10, standardize=True), "centralized": centralized_lp(ds, k=10, standardize=True)}
         acc = {"xclp": unlabelled_accuracy(ds, labels)} | {k: unlabelled_accuracy(ds, v) for k, v in base.items()}
         per_site = {s: {"xclp": unlabelled_accuracy(ds, labels, ds.site == s)}
                     | {k: unlabelled_accuracy(ds, v, ds.site == s) for k, v in base.items()} for s in names}

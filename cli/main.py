@@ -38,9 +38,10 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help=K_HELP)
     p.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
     p.add_argument("--power", type=float, default=3.0, help="edge weight power (default 3)")
-    p.add_argument("--standardize", action="store_true",
+    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
                    help="federated standardisation: each feature scaled to the mean and variance of all sites' "
-                        "points, from a secure sum, before hashing (default: raw features)")
+                        "points, from a secure sum, before hashing (default: on; --no-standardize keeps the raw "
+                        "features)")
     p.add_argument("--similarity", choices=["lsh", "exact"], default="lsh",
                    help="lsh (private) or exact cosine (plaintext reference only)")
     p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext", help=CRYPTO_HELP)
@@ -173,7 +174,8 @@ def cmd_simulate_predict(args) -> int:
     t0 = time.perf_counter()
     if not args.no_baselines and ds.y_true is not None:
         say("baselines: per-site LP and centralized LP")
-        kw = dict(k=args.k, alpha=args.alpha, power=args.power)
+        # scaled as XCLP was: a site by its own moments, the pooled reference by all points'
+        kw = dict(k=args.k, alpha=args.alpha, power=args.power, standardize=params.standardize)
         base["per_site"] = per_site_lp(ds, **kw)
         base["centralized"] = centralized_lp(ds, **kw)
         for name, lab in base.items():
@@ -189,6 +191,7 @@ def cmd_simulate_predict(args) -> int:
     out = {
         "n": ds.n, "sites": len(ds.sites), "classes": ds.n_classes, "bits": args.bits, "crypto": args.crypto,
         "k": args.k, "alpha": args.alpha, "power": args.power, "similarity": args.similarity, "seed": args.seed,
+        "standardize": params.standardize,
         "dataset": source, "labelled": int((ds.y >= 0).sum()),
         "accuracy": {k: _num(v) for k, v in acc.items()},
         "per_site_accuracy": {s: {k: _num(v) for k, v in r.items()} for s, r in per_site.items()},
@@ -396,6 +399,13 @@ def _pins(given: list[str] | None) -> dict[str, str]:
     return out
 
 
+def _scored(row: dict) -> str:
+    """What a training job's `local_accuracy` measures (xclp.training.strategy.SCORED_ON)."""
+    from xclp.training.strategy import SCORED_ON
+
+    return row.get("local_accuracy_of") or SCORED_ON[None]
+
+
 def cmd_job_submit(args) -> int:
     sites = _site_names(args.sites)
     dp = {} if args.dp_epsilon is None else {"dp_epsilon": args.dp_epsilon, "dp_delta": args.dp_delta,
@@ -412,7 +422,7 @@ def cmd_job_submit_train(args) -> int:
     from xclp.training.options import TRAINING_OPTIONS
 
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "crypto", "bits", "k", "alpha", "key_bits",
-                                           "max_missed_rounds", "secure_aggregation")}
+                                           "max_missed_rounds", "secure_aggregation", "standardize")}
     body.update({o.name: getattr(args, o.name) for o in TRAINING_OPTIONS})  # the request's fields, by the flags' names
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
@@ -442,9 +452,9 @@ def cmd_job_status(args) -> int:
             final = st["training"].get("final") or {}
             print(f"job {st['job']} ({st['params']['algorithm']}): {st['status']}, phase {st['phase']}, "
                   f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
-                  + (f"; last round: accuracy on the sites' own points {last.get('local_accuracy')}, left out "
+                  + (f"; last round: {_scored(last)} {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
-                  + (f"; final accuracy on the sites' own points {final.get('local_accuracy')}" if final else "")
+                  + (f"; final: {_scored(final)} {final.get('local_accuracy')}" if final else "")
                   + (f"; privacy spent: ε = {priv['epsilon']:.3g} at δ = {priv['delta']:g} of a budget of "
                      f"{priv['budget']:g}" if (priv := st["training"].get("privacy")) else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
@@ -536,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--json", type=Path, help="write the measurements as JSON to this file (default: none)")
     bh.set_defaults(func=cmd_bench_hamming)
 
+    from cli.plan import add_plan_parser
     from cli.tls import add_client_tls_args, add_serve_tls_args, add_tls_parser
 
     def coord_args(p, admin=True):
@@ -670,9 +681,10 @@ def build_parser() -> argparse.ArgumentParser:
     jp.add_argument("--k", type=int, default=10, help=K_HELP)
     jp.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
     jp.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
-    jp.add_argument("--standardize", action="store_true",
+    jp.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
                     help="federated standardisation: each feature scaled to the mean and variance of all sites' "
-                         "points, from a secure sum the coordinator cannot read, before hashing (default: raw)")
+                         "points, from a secure sum the coordinator cannot read, before hashing (default: on; "
+                         "--no-standardize keeps the raw features)")
     jp.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="this job's deadline for a phase (setup, seed, counts, hamming, row_sums; repeatable; "
@@ -709,6 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
     jt.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
     jt.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    jt.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
+                    help="the XCLP child jobs' federated standardisation (default: on; --no-standardize: raw)")
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
@@ -740,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     jw.set_defaults(func=cmd_job_wait)
 
     add_tls_parser(sub)
+    add_plan_parser(sub)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
     demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)

@@ -27,10 +27,11 @@ def plot_runs(runs, out_png: str | Path, title: str | None = None) -> Path:
     for run in loaded:
         key = run.get("metric", "accuracy")
         pts = [(h["round"], h[key]) for h in run["history"] if h.get(key) is not None]
-        label = run_label(run) + (" — on the sites' own points" if key == "local_accuracy" else "")
+        of = next((h.get("local_accuracy_of") for h in run["history"] if h.get("local_accuracy_of")), None)
+        label = run_label(run) + (f" — {of or 'on the sites own points'}" if key == "local_accuracy" else "")
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None, label=label)
     ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (test set; service jobs: the sites' own points)" if any(
+    ax.set_ylabel("accuracy (test set; service jobs: as each curve says)" if any(
         r.get("metric") == "local_accuracy" for r in loaded) else "test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -52,12 +52,21 @@ def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
-def eval_metrics(X: np.ndarray, truth: np.ndarray, predict) -> dict:
-    """A model scored at the site on the points whose truth it knows: counts, never the points."""
-    m = truth >= 0
+def eval_metrics(X: np.ndarray, y: np.ndarray, y_true: np.ndarray | None, predict) -> dict:
+    """A model scored at the site: counts, never the points, and which points (`eval_on`).
+
+    With a truth column the points are the unlabelled ones (the model never trained on their labels:
+    an accuracy that says how it labels new points); without one, the site knows labels only of the
+    points it trains on, so it scores those and says so ("labelled": a training accuracy).
+    xclp.training.strategy.scored_accuracy pools the counts and names the result."""
+    if y_true is not None:
+        on, truth, m = "unlabelled", y_true, (y < 0) & (y_true >= 0)
+    else:
+        on, truth, m = "labelled", y, y >= 0
     if not m.any():
-        return {"eval_n": 0, "eval_correct": 0}
-    return {"eval_n": int(m.sum()), "eval_correct": int((predict(X[m].astype(np.float32)) == truth[m]).sum())}
+        return {"eval_n": 0, "eval_correct": 0, "eval_on": on}
+    return {"eval_n": int(m.sum()), "eval_correct": int((predict(X[m].astype(np.float32)) == truth[m]).sum()),
+            "eval_on": on}
 
 
 def pseudo_metrics(y: np.ndarray, y_true: np.ndarray | None, labels: np.ndarray | None,
@@ -92,12 +101,8 @@ class Trainer:
     def site_data(self) -> Site:
         return Site(self.site, self.agent.X.astype(np.float32), self.agent.y, self.y_true)
 
-    def _scoring(self) -> np.ndarray:
-        """Points this site scores a model on: those with known truth, else its labelled points."""
-        return self.y_true if self.y_true is not None else self.agent.y
-
     def _eval(self, predict) -> dict:
-        return eval_metrics(self.agent.X, self._scoring(), predict)
+        return eval_metrics(self.agent.X, self.agent.y, self.y_true, predict)
 
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
         return pseudo_metrics(self.agent.y, self.y_true, labels, weights)

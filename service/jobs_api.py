@@ -40,8 +40,9 @@ class JobCreate(RequestBody):
     power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
     classes: int = Field(ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site (required: "
                          "no job assumes a class count)")
-    standardize: bool = Field(False, description="federated standardisation: every site scales each feature to the "
-                                                 "mean and variance of all sites' points (a secure sum) before hashing")
+    standardize: bool = Field(True, strict=True, description="federated standardisation: every site scales each feature to the "
+                                                "mean and variance of all sites' points (a secure sum) before hashing; "
+                                                "false keeps the raw features")
     key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
                                                               "they accept; 2048 by default)")
     deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,

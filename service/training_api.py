@@ -45,7 +45,9 @@ class _TrainJobFields(RequestBody):
     k: int = Field(10, ge=1, le=10_000)
     alpha: float = Field(0.99, gt=0, lt=1)
     key_bits: int = Field(2048, ge=1024, le=16384)
-    secure_aggregation: bool = Field(True, description="FedAvg: the coordinator sees only the sum of each round's "
+    standardize: bool = Field(True, strict=True, description="the XCLP jobs' federated standardisation of the features (FedAvg: "
+                                                "of the embeddings) before hashing; false keeps them raw")
+    secure_aggregation: bool = Field(True, strict=True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
     max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,

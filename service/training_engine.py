@@ -16,7 +16,8 @@ Phases of a training job:
             planned site's `update/t` (FedAvg: weights) or `votes/t` (FedCT: hard labels on U).
             At the round's deadline the sites that have not sent theirs are left out of that round
             (they stay in the job).                                           → model/t | consensus/t
-  evaluate  (FedAvg) every live site scores the final model on its own points → done
+  evaluate  (FedAvg) every live site scores the final model (unlabelled points by its truth column, else
+            its labelled points: clients.trainer.eval_metrics) → done
 
 With secure aggregation (FedAvg, the default) each site's hello carries a fresh X25519 public key,
 the coordinator broadcasts them all (`keys`), and a round's updates are masked
@@ -48,7 +49,7 @@ from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.double_masking import relay
 from xclp.training.fedavg import decode_masked_round, open_masked_round
 from xclp.training.messages import dump_json, load_json
-from xclp.training.strategy import Roster, Strategy, pooled_rate
+from xclp.training.strategy import Roster, Strategy, scored_accuracy
 
 log = logging.getLogger("xclp.engine")
 
@@ -324,6 +325,7 @@ def _masked_sum(db, job: Job, s: Strategy, topic: str, previous, planned: int) -
 def _sites_final(row: dict) -> dict:
     """A run with no global model ends with the sites' own models: their accuracies."""
     return {"local_accuracy": row.get("local_accuracy"), "local_accuracy_std": row.get("local_accuracy_std"),
+            "local_accuracy_of": row.get("local_accuracy_of"),
             "local_accuracy_by_site": {s: (m["eval_correct"] / m["eval_n"] if m.get("eval_n") else None)
                                        for s, m in row["site_metrics"].items()}}
 
@@ -352,7 +354,8 @@ def _evaluate(db, job: Job) -> None:
         return
     metrics = {s: load_json(message_body(db, job.id, s, COORDINATOR, "eval"), what=f"eval from {s}")
                for s in job.live if s not in missing}
-    job.update_training(final={"local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"), "site_metrics": metrics,
+    accuracy, of = scored_accuracy(metrics)  # clients.trainer.eval_metrics: which points each site scored
+    job.update_training(final={"local_accuracy": accuracy, "local_accuracy_of": of, "site_metrics": metrics,
                            "not_evaluated": sorted(missing), "model_round": strategy(job).total_rounds()})
     _phase(job, "done")
 

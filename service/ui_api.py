@@ -24,9 +24,11 @@ HTML and one small script (service/ui/static), no CDN: the machines are offline.
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import hashlib
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,6 +210,54 @@ def _phase_bytes(db, job: Job) -> dict[str, int]:
     return out
 
 
+def failure_sentence(job: Job) -> str | None:
+    """A failed job's reason as a reader sees it. The engines write reasons for the log, where a dict
+    of dropped sites or an exception's class name is useful; on the page they become words: each
+    Python dict or list in the text becomes "a (b), c (d)" / "a, b", a leading "phase: SomeError:"
+    becomes "in phase …:", and the sentence starts with a capital and ends with a full stop."""
+    text = (job.failure or "").strip()
+    if not text:
+        return None
+
+    def words(m: re.Match) -> str:
+        try:
+            value = ast.literal_eval(m.group(0))
+        except (ValueError, SyntaxError):
+            return m.group(0)
+        if isinstance(value, dict):
+            return ", ".join(f"{k} (in {v})" if isinstance(v, str) and v in JOB_PHASES + TRAIN_PHASES
+                             else f"{k} ({v})" for k, v in value.items()) or "none"
+        if isinstance(value, (list, tuple, set)):
+            return ", ".join(str(x) for x in value) or "none"
+        return str(value)
+
+    text = re.sub(r"\{[^{}]*\}|\[[^\[\]]*\]", words, text)
+    m = re.match(r"^(\w+): \w+(?:Error|Exception|Refused): (.*)$", text, re.S)
+    if m:
+        text = f"in phase {m.group(1)}: {m.group(2)}"
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def progress_bar(job: Job, progress: dict) -> dict:
+    """How much of the whole job the page's bar shows, and in what state. A failed job keeps the part it
+    had completed (never a full bar); a running one adds its current phase's share of parts received."""
+    if job.status == "done":
+        return {"fraction": 1.0, "state": "done"}
+    running = job.status == "running"
+    if job.kind == "train":
+        total = max(1, int(progress.get("rounds") or 1))
+        # the rounds, then the final evaluation as one more step
+        done = int(progress.get("rounds_done") or 0)
+        part = (float(progress["received"]) / progress["expected"]) if running and progress.get("expected") else 0.0
+        fraction = (done + part) / (total + 1)
+    else:
+        steps = JOB_PHASES[:-1]
+        reached = steps.index(job.phase) if job.phase in steps else len(steps)
+        fraction = (reached + (float(progress.get("fraction") or 0) if running else 0.0)) / len(steps)
+    return {"fraction": round(min(fraction, 1.0), 3), "state": job.status}
+
+
 def job_detail(db, job: Job, v: Viewer) -> dict:
     from service.jobs_api import _progress, _training_view
 
@@ -229,9 +279,10 @@ def job_detail(db, job: Job, v: Viewer) -> dict:
     children = [] if job.kind != "train" else [
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
     refused = {s: r for s, r in refusals(db, job).items() if v.who == "admin" or s == v.who}
-    return {**job_row(job), "attempt": job.attempt, "live": job.live, "dropped": job.dropped, "failure": job.failure,
-            "refused": refused,
-            "progress": _progress(db, job), "timeline": timeline, "bytes_total": sum(nbytes.values()),
+    progress = _progress(db, job)
+    return {**job_row(job), "attempt": job.attempt, "live": job.live, "dropped": job.dropped,
+            "failure": failure_sentence(job), "refused": refused, "progress": progress,
+            "bar": progress_bar(job, progress), "timeline": timeline, "bytes_total": sum(nbytes.values()),
             "params": {k: job.params.get(k) for k in ("crypto", "bits", "k", "classes", "n_classes", "algorithm",
                                                       "rounds", "label_flip", "dp_noise") if k in job.params},
             "history": _curves(training.get("history") or []), "final": training.get("final"),
@@ -240,10 +291,11 @@ def job_detail(db, job: Job, v: Viewer) -> dict:
 
 
 def _curves(history: list[dict]) -> list[dict]:
-    """Per round: the accuracies a job measures and how many sites were left out."""
-    keys = ("local_accuracy", "pseudo_label_accuracy", "xclp_pseudo_label_accuracy")
+    """Per round: the accuracies a job measures (and what `local_accuracy` is measured on), and the
+    sites left out — a count and names, for a table of their own: they are not an accuracy."""
+    keys = ("local_accuracy", "local_accuracy_of", "pseudo_label_accuracy", "xclp_pseudo_label_accuracy")
     return [{"round": r.get("round"), **{k: r.get(k) for k in keys}, "left_out": len(r.get("left_out") or []),
-             "epsilon": r.get("epsilon")} for r in history if r]
+             "left_out_sites": sorted(r.get("left_out") or []), "epsilon": r.get("epsilon")} for r in history if r]
 
 
 def site_rows(request: Request, db, v: Viewer) -> list[dict]:

@@ -4,7 +4,9 @@
 - centralized LP: all points pooled, exact cosine — the non-private upper reference.
 
 Both use the same numerics as XCLP (kNN, weight power, symmetric normalisation, class-balanced Y,
-clipping, confidences), so a difference in accuracy is the graph's doing, not the recipe's.
+clipping, confidences), so a difference in accuracy is the graph's doing, not the recipe's. With
+`standardize` (XCLP's default) they scale features as a party alone can: a site by its own points'
+moments, the pooled reference by all points' — what XCLP's federated standardisation reaches.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from xclp import lsh
 from xclp.data import Dataset
 from xclp.influence import propagate
 from xclp.propagation import Prediction, class_counts, label_matrix, predict_from_scores
+from xclp.protocol import standardisation_stats, standardise
+
+
+def standardised(X: np.ndarray) -> np.ndarray:
+    """X scaled by its own points' mean and variance, with the protocol's rule for a constant feature."""
+    return standardise(X, standardisation_stats(X))[0]
 
 
 def build_graph(X: np.ndarray, k: int = 10, power: float = 3.0, similarity: str = "exact", bits: int = 4096,
@@ -46,15 +54,16 @@ def label_spreading(X: np.ndarray, y: np.ndarray, n_classes: int, k: int = 10, a
     return predict_from_scores(Z, y)
 
 
-def per_site_lp(ds: Dataset, **kw) -> np.ndarray:
+def per_site_lp(ds: Dataset, standardize: bool = False, **kw) -> np.ndarray:
     """Labels from each site propagating alone on its own graph, aligned with the data set's rows."""
     out = np.empty(ds.n, dtype=np.int64)
     for s in ds.sites:
         idx = np.flatnonzero(ds.site == s)
-        out[idx] = label_spreading(ds.X[idx], ds.y[idx], ds.n_classes, **kw).labels
+        X = standardised(ds.X[idx]) if standardize else ds.X[idx]
+        out[idx] = label_spreading(X, ds.y[idx], ds.n_classes, **kw).labels
     return out
 
 
-def centralized_lp(ds: Dataset, **kw) -> np.ndarray:
+def centralized_lp(ds: Dataset, standardize: bool = False, **kw) -> np.ndarray:
     """Labels from one graph over all points pooled (exact cosine by default): the upper reference."""
-    return label_spreading(ds.X, ds.y, ds.n_classes, **kw).labels
+    return label_spreading(standardised(ds.X) if standardize else ds.X, ds.y, ds.n_classes, **kw).labels

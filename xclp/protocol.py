@@ -193,8 +193,10 @@ class JobParams:
     normalise: bool = True  # L2-normalise vectors before hashing
     # federated standardisation: every feature to the mean and variance of ALL sites' points, from
     # sums that ride on the label-count secure sum (`standardisation_stats`); the coordinator never
-    # learns them, every site does
-    standardize: bool = False
+    # learns them, every site does. On by default: LSH hashes angles, so one feature on a scale of
+    # thousands (an age in days, a count) would otherwise decide every neighbour (docs/benchmarks.md,
+    # the breast-cancer table); False keeps the raw features.
+    standardize: bool = True
     balanced: bool = True  # class-balanced label matrix
     solver: str = "auto"
     tol: float = 1e-8
@@ -742,7 +744,18 @@ class SiteSession:
         counts = decode(t[:C], self._counts_frac_bits)
         if self.params.standardize:
             stats = from_limbs(t[C:], STATS_FRAC_BITS)
-            if stats[0] != sum(e.n for e in self.roster.values() if e.site in self._sums.get("counts", (0, []))[1]):
+            summed = self._sums.get("counts", (0, None))[1]
+            if summed is not None:
+                points = sum(e.n for e in self.roster.values() if e.site in summed)
+                wrong = stats[0] != points
+            else:
+                # A session restored after it sent its counts (an agent restarted later in the job)
+                # does not know over whom the sum ran: a whole number of points between its own and
+                # the roster's. A total whose masks did not cancel reads as a uniform 64-bit integer
+                # part with 32 random fraction bits, which passes with probability below 2^-32.
+                wrong = not (self.X.shape[0] <= stats[0] <= sum(e.n for e in self.roster.values())
+                             and stats[0] == np.round(stats[0]))
+            if wrong:
                 raise ProtocolError(f"{self.site}: the standardisation sums do not count the participants' points "
                                     "(masks disagree?)")
             self.X, self.feature_mean, self.feature_std = standardise(self.X, stats)

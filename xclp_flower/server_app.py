@@ -91,7 +91,8 @@ def main(grid: Grid, context: Context) -> None:
             options = {k.replace("-", "_"): cast(cfg[k]) for k, cast in TRAIN_KEYS.items()
                        if k in cfg and k not in ("algorithm", "public-sha256", "public-size")
                        and not (k in ZERO_IS_DEFAULT and cfg[k] in (0, ""))}
-            options.update(crypto=params.crypto, bits=params.bits, k=params.k, alpha=params.alpha)
+            options.update(crypto=params.crypto, bits=params.bits, k=params.k, alpha=params.alpha,
+                           standardize=params.standardize)  # the run's XCLP jobs, as a predict run's
             summary = FlowerTraining(grid, algorithm, options, params.n_classes, str(cfg.get("public-sha256", "")),
                                      int(cfg.get("public-size", 0)), timeout, say=print, nodes=nodes,
                                      run_id=context.run_id, max_missed=int(cfg.get("max-missed-rounds", 3))).run()

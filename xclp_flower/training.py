@@ -46,7 +46,7 @@ from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, relay, unmask_answer
 from xclp.training.fedavg import decode_masked_round, open_masked_round
 from xclp.training.messages import dump_state
-from xclp.training.strategy import Roster, pooled_rate
+from xclp.training.strategy import Roster, scored_accuracy
 from xclp_flower.prediction import FlowerLink, FlowerXCLP, SiteFailed
 
 ALGORITHMS = ("fedct", "fedct-xclp", "fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
@@ -166,9 +166,9 @@ class FlowerTraining:
                   "xclp_jobs": self.xclp_jobs,
                   "bytes": dict(self.link.bytes_by_phase),
                   "privacy": no_privacy() if s.ledger is None else s.ledger.to_json()}
-        if s.family == "fedavg":  # the final model scored by each site on its own labelled points, pooled
-            result["final_local_accuracy"] = pooled_rate({x: json.loads(str(r["metrics"])) for x, r in done.items()},
-                                                         "eval_correct", "eval_n")
+        if s.family == "fedavg":  # the final model scored by each site (clients.trainer.eval_metrics), pooled
+            acc, of = scored_accuracy({x: json.loads(str(r["metrics"])) for x, r in done.items()})
+            result["final_local_accuracy"], result["final_local_accuracy_of"] = acc, of
         return result
 
     def _record(self, s, t: int, plan: dict, metrics: dict, shared, t0: float, **extra) -> None:
@@ -340,7 +340,7 @@ def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tup
     consensus = None if not bytes(step["consensus"]) else s.load_broadcast(bytes(step["consensus"]))
     votes, mix = s.update(state, public, consensus, t)
     # what a site tells the server about a round, as the service's agents do: counts, never points
-    metrics = s.site_statistics({"mix": mix, **eval_metrics(site.X, site.y_true if site.y_true is not None else site.y,
+    metrics = s.site_statistics({"mix": mix, **eval_metrics(site.X, site.y, site.y_true,
                                                             lambda X: np.asarray(state.learner.predict(X))),
                                  **pseudo_metrics(site.y, site.y_true, state.xclp_labels, state.xclp_weights)})
     kept["state"] = _pickled(state)
@@ -381,11 +381,12 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     model = s.network()
     model.load_state_dict(s.load_broadcast(bytes(step["model"])))
     data = _site_data(site)
-    truth = site.y_true if site.y_true is not None else site.y
     if name == "finish":
         with torch_threads(1):
             proba = predict_proba_array(model, data.X)
-            metrics = s.site_statistics(eval_metrics(site.X, truth, lambda X: proba.argmax(axis=1)))
+            # scored on the points eval_metrics picks (a subset): the model again, not `proba` of every row
+            metrics = s.site_statistics(eval_metrics(site.X, site.y, site.y_true,
+                                                     lambda X: predict_proba_array(model, X).argmax(axis=1)))
         path = site.write_result(f"flower-{s.algorithm}-{site.run_id}", labels=proba.argmax(axis=1),
                                  confidence=proba.max(axis=1), model=dump_state(model.state_dict()),
                                  model_suffix=".model.npz")
@@ -414,7 +415,7 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     with torch_threads(s.cfg.threads):
         pl, source = round_pseudo_labels(s.cfg, plan, data, model, s.n_classes, cached=cached,
                                          xclp=None if xclp is None else PseudoLabels(*xclp))
-        metrics = {"pseudo": source, **eval_metrics(site.X, truth, lambda X: predict_proba_array(model, X).argmax(axis=1)),
+        metrics = {"pseudo": source, **eval_metrics(site.X, site.y, site.y_true, lambda X: predict_proba_array(model, X).argmax(axis=1)),
                    **pseudo_metrics(site.y, site.y_true, pl.labels if source != "none" else None, pl.weights)}
         r = s.update(model, data, pl, t, plan)
     if source == "fresh":

@@ -86,6 +86,7 @@ def test_the_flower_serverapp_never_sees_lsh_bits_seed_contributions_or_labels(f
     # sealed, and no site's LSH bits or labels appear in any payload.
     from crypto.seed import derive_seed
     from xclp import lsh
+    from xclp.baselines import standardised
 
     ds, configs = federation
 
@@ -96,8 +97,10 @@ def test_the_flower_serverapp_never_sees_lsh_bits_seed_contributions_or_labels(f
         payloads = [v for _, _, fields in grid.seen for v in fields.values() if isinstance(v, bytes)]
         assert payloads and sum(map(len, payloads)) > 10_000
         rows = []
+        # what the sites hash: their features scaled to all sites' moments (standardisation, the default)
+        X = standardised(ds.X) if params.standardize else ds.X
         for s in ds.sites:
-            bits = lsh.hash_vectors(ds.X[ds.site == s], seed, params.bits, params.normalise)
+            bits = lsh.hash_vectors(X[ds.site == s], seed, params.bits, params.normalise)
             rows += [bits[i].tobytes() for i in range(0, len(bits), 10)]  # 16-byte rows, every tenth point
         others = list(contributions.values()) + [np.ascontiguousarray(ds.y[ds.site == s]).tobytes()[:64]
                                                  for s in ds.sites]
@@ -192,8 +195,10 @@ def test_a_flower_job_goes_on_without_a_vanished_site_as_the_coordinators_does(f
     ds, configs = federation
     grid = InProcessGrid(client_app, configs)
     grid.vanish_in = {101: phase}  # site1's SuperNode goes silent at the job's first `phase` message
+    # raw features: the simulation's dropout in `as_simulated` keeps the vanished site's points in the
+    # counts sum where the Flower job restarted it without them, so standardised moments would differ
     params = JobParams(job_id=f"flower-vanish-{phase}", n_classes=10, bits=128, k=6, crypto="lattice",
-                       balanced=balanced)
+                       balanced=balanced, standardize=False)
     out = FlowerXCLP(grid, params).run(end_run=True)
     left = ["site0", "site2"]
     assert out["sites"] == left and list(out["dropped"]) == ["site1"] and sorted(out["written"]) == left
@@ -449,6 +454,8 @@ def test_flower_standardises_like_the_simulation(federation):
     for s in ds.sites:
         assert np.array_equal(np.load(out["written"][s])["labels"], ref.predictions[s].labels), s
     assert params_from({"standardize": "true", "classes": 10}, 3).standardize is True
+    assert params_from({"classes": 10}, 3).standardize is True  # on by default
+    assert params_from({"standardize": "false", "classes": 10}, 3).standardize is False  # raw features, asked for
     with pytest.raises(ValueError, match="needs classes=C"):
         params_from({"crypto": "lattice"}, 3)
 

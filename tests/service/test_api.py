@@ -182,8 +182,9 @@ def test_bad_distances_are_refused_at_upload_not_later(app_client):
     from xclp.wire import dump_array
 
     ha, hb = add(app_client, "p"), add(app_client, "q")
-    job = app_client.post("/jobs", json={"sites": ["p", "q"], "crypto": "plaintext", "classes": 2, "bits": 8},
-                          headers=admin_headers()).json()["job"]
+    # raw features: the hand-made counts below are the class counts alone (no standardisation limbs)
+    job = app_client.post("/jobs", json={"sites": ["p", "q"], "crypto": "plaintext", "classes": 2, "bits": 8,
+                                         "standardize": False}, headers=admin_headers()).json()["job"]
     url = f"/jobs/{job}/messages"
     # drive the job to the Hamming phase by hand: announce, seed, counts
     for name, h in (("p", ha), ("q", hb)):

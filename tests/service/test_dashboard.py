@@ -160,3 +160,50 @@ def test_a_site_sees_only_its_own_jobs_and_its_own_page(rig):
     assert tc.get(f"/ui/sites/{b}").status_code == 403
     assert tc.get(f"/ui/sites/{a}").status_code == 200
     assert tc.get("/ui/jobs/no-such-job").status_code == 404
+
+
+def test_a_failed_job_shows_a_sentence_and_a_bar_that_is_not_full(rig):
+    tc, ds, admin, agents, tokens = rig
+    a, b = ds.sites[:2]
+    job = admin.submit_job(kind="predict", sites=[a, b], crypto="ot", bits=128, k=6, classes=10)
+    end = time.monotonic() + 60
+    while admin.job(job)["progress"]["received"] < 1:  # a announces; b never comes
+        assert time.monotonic() < end, "a's announce did not arrive"
+        agents[a].step(job)
+    expire_deadline(tc.app.state.sessionmaker, job)
+    while admin.job(job)["status"] == "running":
+        assert time.monotonic() < end, "the job did not fail"
+        time.sleep(0.05)
+    assert "{" in admin.job(job)["failure"]  # the engine's reason, for the log: "… (dropped: {'site1': 'setup'})"
+    login(tc, ADMIN)
+    got = tc.get(f"/ui/api/jobs/{job}").json()
+    assert got["status"] == "failed"
+    # a sentence: no Python dict or list, a capital, a full stop, who dropped where in words
+    assert got["failure"] == f"Fewer than two sites left after setup (dropped: {b} (in setup))."
+    # the bar shows what was completed, in the failed state: here nothing (it failed in its first phase)
+    assert got["bar"] == {"fraction": 0.0, "state": "failed"}
+    html = tc.get(f"/ui/jobs/{job}").text
+    assert got["failure"] in html and 'data-state="failed"' in html and "width: 100" not in html
+
+
+def test_failure_sentences_and_the_rounds_table_rows():
+    from service.db import Job
+    from service.ui_api import _curves, failure_sentence, progress_bar
+
+    def sentence(text, dropped=None):
+        return failure_sentence(Job(failure=text, dropped=dropped or {}))
+
+    assert sentence("hamming: ProtocolError: site1: the shares do not combine") == \
+        "In phase hamming: site1: the shares do not combine."
+    assert sentence("fewer than two sites left in row_sums: ['a', 'b'] missed the deadline") == \
+        "Fewer than two sites left in row_sums: a, b missed the deadline."
+    assert sentence("cancelled by the operator") == "Cancelled by the operator."
+    assert sentence("") is None
+    assert progress_bar(Job(status="failed", kind="predict", phase="row_sums"), {"fraction": 1.0}) == \
+        {"fraction": 0.8, "state": "failed"}  # four of five phases completed; the fifth never did
+    assert progress_bar(Job(status="failed", kind="train", phase="evaluate"),
+                        {"rounds": 3, "rounds_done": 3, "received": 3, "expected": 3, "fraction": 1.0})["fraction"] < 1
+    rows = _curves([{"round": 1, "local_accuracy": 0.5, "local_accuracy_of": "accuracy on unlabelled points (truth column)",
+                     "left_out": ["site2", "site0"]}, {"round": 2, "left_out": []}])
+    assert [(r["left_out"], r["left_out_sites"]) for r in rows] == [(2, ["site0", "site2"]), (0, [])]
+    assert rows[0]["local_accuracy_of"] == "accuracy on unlabelled points (truth column)"

@@ -116,6 +116,12 @@ def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser
     wait(browser, "three rounds drawn",
          lambda d: text(d, "#status") == "done" and len(d.find_elements(By.CSS_SELECTOR, "#curves polyline")) == 2)
     assert browser.find_element(By.ID, "privacy").get_attribute("hidden") is not None  # no noise, no ε
+    # the accuracy axis holds accuracies only: the sites left out are a column of the rounds table
+    assert not browser.find_elements(By.CSS_SELECTOR, "#curves svg rect")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#rounds tr[data-round]")) == 3
+    assert all(e.get_attribute("data-left-out") == "0" for e in browser.find_elements(By.CSS_SELECTOR, "#rounds td[data-left-out]"))
+    # the sites' files carry y_true: the legend says the accuracy is on points the model did not train on
+    assert "accuracy on unlabelled points (truth column)" in text(browser, "#curves .legend")
     shot(browser, "dashboard-training.png")
     browser.get(f"{c.url}/ui/jobs/{private}")
     wait(browser, "the ledger's ε", lambda d: text(d, "#status") == "done" and "ε = " in text(d, "#epsilon"))
@@ -124,6 +130,18 @@ def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser
     wait(browser, "every site's last contact",
          lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-site]")) == 3 and "never" not in text(d, "#sites"))
     shot(browser, "dashboard-jobs.png")
+
+    # a failed job: a sentence (no Python dict), and a bar that shows what was done, not a full one
+    c.kill_agent(s3)
+    failed = c.admin.submit_job(kind="predict", sites=[a, s3], crypto="ot", bits=128, k=6, classes=10)
+    browser.get(f"{c.url}/ui/jobs/{failed}")
+    c.wait(failed, lambda st: (a, "announce") in c.received(failed), what="a's announce")
+    c.expire(failed)  # s3 never announces: dropped in setup, fewer than two sites left
+    wait(browser, "the failed job", lambda d: text(d, "#status") == "failed" and text(d, "#failure"))
+    assert text(browser, "#failure") == f"Fewer than two sites left after setup (dropped: {s3} (in setup))."
+    bar = browser.find_element(By.ID, "progress-bar")
+    assert bar.get_attribute("data-state") == "failed"
+    assert bar.size["width"] < browser.find_element(By.CSS_SELECTOR, ".progress").size["width"]
 
     # a site: its own jobs only; another site's page and a job without it answer 403
     theirs = c.admin.submit_job(kind="predict", sites=[b, s3], crypto="ot", bits=128, classes=10)

@@ -337,12 +337,15 @@ def test_a_site_whose_columns_differ_is_left_out_at_setup_with_the_reason(rig, t
     assert "65 features" in st["refused"][odd] and "have 64" in st["refused"][odd]
 
 
-def test_a_standardised_job_through_the_service_labels_as_the_simulation(rig):
+def test_a_job_is_standardised_by_default_through_the_service_and_labels_as_the_simulation(rig):
     import json
 
     ds, admin, agents = rig
-    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=128, k=6, classes=10,
-                           standardize=True)
+    raw = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10,
+                           standardize=False)
+    assert admin.job(raw)["params"]["standardize"] is False  # the API field false keeps the raw features
+    admin.cancel(raw)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=128, k=6, classes=10)  # on by default
     st = drive(admin, job, agents.values(),
                lambda st: st["status"] == "done" and all(a.result_path(job).exists() for a in agents.values()))
     assert st["params"]["standardize"] is True and not st["dropped"]

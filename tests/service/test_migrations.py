@@ -105,7 +105,16 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         engine = make_engine(db_url)
         assert schema_state(engine).current == head()
         engine.dispose()
-        assert _job_row(db_url, job) == before  # the row as the previous release left it
+        after = _job_row(db_url, job)
+
+        def params(row):  # SQLite hands the JSON column back as text
+            p = row.pop("params")
+            return json.loads(p) if isinstance(p, str) else p
+
+        # the row as the previous release left it, but for the raw features it was submitted with,
+        # written out now that standardisation is on by default (revision 0005)
+        assert params(after) == {**params(before), "standardize": False}
+        assert after == before
         for s in ds.sites:
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
@@ -126,7 +135,8 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
                 time.sleep(0.05)
             state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{job}.json").read_text())
             contributions[s] = bytes.fromhex(state["contribution"])
-        ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="plaintext"),
+        # submitted before standardisation was on by default: still raw features (revision 0005)
+        ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="plaintext", standardize=False),
                        contributions=contributions)
         for s in ds.sites:
             assert np.array_equal(np.load(tmp_path / f"out-{s}" / f"{job}.npz")["labels"], ref.predictions[s].labels)
@@ -235,3 +245,32 @@ def test_an_older_revision_is_upgraded_and_an_older_release_gets_the_tables_it_l
     assert set(inspect(engine).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
     assert schema_state(engine).current == head()
     engine.dispose()
+
+
+def test_revision_0005_keeps_the_raw_features_of_jobs_stored_before_standardisation_was_the_default(tmp_path):
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from service.db import Job
+
+    db = f"sqlite:///{tmp_path / 'std.db'}"
+    engine = open_database(db)
+    with Session(engine) as s:  # as a release before the default wrote them: no "standardize" anywhere
+        s.add_all([Job(id="p", kind="predict", params={"job_id": "p", "n_classes": 10}, sites=["a", "b"],
+                       live=["a", "b"], deadlines={}),
+                   Job(id="t", kind="train", params={"algorithm": "fedavg-xclp", "config": {"bits": 1024}},
+                       sites=["a", "b"], live=["a", "b"], deadlines={}),
+                   Job(id="q", kind="predict", params={"job_id": "q", "n_classes": 10, "standardize": True},
+                       sites=["a", "b"], live=["a", "b"], deadlines={})])
+        s.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0004_site_revoked'"))
+    engine.dispose()
+    engine = open_database(db)  # migrates 0004 → head
+    try:
+        with Session(engine) as s:
+            assert s.get(Job, "p").params["standardize"] is False
+            assert s.get(Job, "t").params["config"] == {"bits": 1024, "standardize": False}
+            assert s.get(Job, "q").params["standardize"] is True  # said explicitly: kept
+    finally:
+        engine.dispose()

@@ -79,6 +79,9 @@ def test_fedavg_job_survives_coordinator_and_agent_kills_and_equals_the_simulati
     hist = st["training"]["history"]
     assert [r["round"] for r in hist] == [1, 2, 3]
     assert st["training"]["final"]["local_accuracy"] is not None and st["training"]["final"]["local_accuracy"] > 0.3
+    # the sites' files carry y_true: the model is scored on the points whose labels it never trained on
+    assert st["training"]["final"]["local_accuracy_of"] == "accuracy on unlabelled points (truth column)"
+    assert all(m["eval_on"] == "unlabelled" for m in st["training"]["final"]["site_metrics"].values())
     sim = _sim_fedavg(c, "fedavg")
     got = _service_weights(c, job)
     want = sim["model"].state_dict()

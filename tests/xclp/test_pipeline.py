@@ -63,7 +63,8 @@ def small_sites():
 
 def test_pipeline_equals_dense_reference(small_sites):
     ds = small_sites
-    params = JobParams(job_id="ref", n_classes=10, bits=256, k=6, alpha=0.95, power=3.0)
+    # the authors' numerics on the raw features (standardisation: tests/xclp/test_standardisation.py)
+    params = JobParams(job_id="ref", n_classes=10, bits=256, k=6, alpha=0.95, power=3.0, standardize=False)
     res = run_xclp(ds, params, seed=11)
     seed = derive_seed({s: simulation_contribution(11, s) for s in ds.sites}, ds.sites, "ref")
     labels, conf = dense_xclp_reference(ds.X, ds.y, ds.site, ds.sites, seed, 256, 6, 0.95, 3.0, 10)
@@ -89,8 +90,9 @@ def test_xclp_beats_per_site_lp_on_skewed_sites():
     ds = simulate_sites(X, y, 5, "dirichlet:0.3", 0.05, seed=0)
     res = run_xclp(ds, JobParams(job_id="b", n_classes=10, bits=2048, k=10), seed=0)
     xclp = unlabelled_accuracy(ds, res.labels)
-    per_site = unlabelled_accuracy(ds, per_site_lp(ds, k=10))
-    central = unlabelled_accuracy(ds, centralized_lp(ds, k=10))
+    # scaled as XCLP's default: each site by its own moments, the pooled reference by all points'
+    per_site = unlabelled_accuracy(ds, per_site_lp(ds, k=10, standardize=True))
+    central = unlabelled_accuracy(ds, centralized_lp(ds, k=10, standardize=True))
     assert xclp > per_site + 0.02
     assert xclp > central - 0.03
 
@@ -160,6 +162,10 @@ def test_simulate_predict_cli_contract(tmp_path):
     # the same seed gives the same predictions
     assert main(argv[:-5] + ["--predictions", str(tmp_path / "q.npz"), "--quiet", "--no-baselines"]) == 0
     assert np.array_equal(np.load(tmp_path / "q.npz")["labels"], p["labels"])
+    assert r["standardize"] is True  # federated standardisation is on by default
+    raw = tmp_path / "raw.json"
+    assert main(argv[:-5] + ["--json", str(raw), "--quiet", "--no-baselines", "--no-standardize"]) == 0
+    assert json.loads(raw.read_text())["standardize"] is False
 
 
 def test_cli_with_user_data_and_errors(tmp_path, capsys):
@@ -183,7 +189,7 @@ def test_cli_with_user_data_and_errors(tmp_path, capsys):
 
 def test_simulated_dropouts_follow_the_spec(small_sites):
     ds = small_sites
-    params = JobParams(job_id="drop", n_classes=10, bits=128, k=6, alpha=0.95)
+    params = JobParams(job_id="drop", n_classes=10, bits=128, k=6, alpha=0.95, standardize=False)  # raw, as the reference
     gone, kept = ds.sites[-1], ds.sites[:-1]
     seed = derive_seed({s: simulation_contribution(3, s) for s in ds.sites}, ds.sites, "drop")
     counts = np.bincount(ds.y[ds.y >= 0], minlength=10)  # summed before anyone left
@@ -226,7 +232,8 @@ def test_a_label_count_total_whose_masks_do_not_cancel_is_always_refused():
     rng = np.random.default_rng(0)
     refused = 0
     for trial in range(40):
-        params = JobParams(job_id=f"counts-{trial}", n_classes=2, bits=64, crypto="ot")
+        # the counts' own check (standardised, the feature sums' check refuses such a total first)
+        params = JobParams(job_id=f"counts-{trial}", n_classes=2, bits=64, crypto="ot", standardize=False)
         sites = {s: SiteSession(params, s, rng.random((5, 3)), np.array([0, 1, -1, 1, 0])) for s in ("a", "b")}
         coord = CoordinatorSession(params)
         for s, sess in sites.items():

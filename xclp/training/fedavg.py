@@ -50,7 +50,7 @@ from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
-from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds
+from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds, scored_accuracy
 
 MAX_LABELLED_BATCH = 50
 
@@ -97,6 +97,7 @@ class FedAvgConfig:
     alpha: float = 0.99
     crypto: str = "plaintext"
     key_bits: int = 2048
+    standardize: bool = True  # the XCLP jobs' federated standardisation of the embeddings (JobParams)
     seed: int = 0
     eval_every: int = 1
     threads: int | None = 1  # torch intra-op threads (1: small models on a shared machine); None = leave
@@ -272,9 +273,9 @@ class XCLPLabeller:
     """XCLP over the sampled sites' embeddings: run_xclp on a Dataset of φ(X^(j)), j ∈ P."""
 
     def __init__(self, n_classes: int, bits: int, k: int, alpha: float, crypto: str, key_bits: int, seed: int,
-                 label_flip: float = 0.0, dp_delta: float = 1e-5):
+                 label_flip: float = 0.0, dp_delta: float = 1e-5, standardize: bool = True):
         self.n_classes, self.bits, self.k, self.alpha = n_classes, bits, k, alpha
-        self.crypto, self.key_bits, self.seed = crypto, key_bits, seed
+        self.crypto, self.key_bits, self.seed, self.standardize = crypto, key_bits, seed, standardize
         self.label_flip, self.dp_delta = label_flip, dp_delta
         self.last_bytes = 0
 
@@ -284,7 +285,7 @@ class XCLPLabeller:
                           np.concatenate([np.full(s.n, s.name) for s in sites]), n_classes=self.n_classes)
         params = JobParams(job_id=f"fedavg-round{rnd}", n_classes=self.n_classes, bits=self.bits, k=self.k,
                            alpha=self.alpha, crypto=self.crypto, key_bits=self.key_bits, label_flip=self.label_flip,
-                           dp_delta=self.dp_delta).validate()
+                           dp_delta=self.dp_delta, standardize=self.standardize).validate()
         # One noise secret per site for the whole run: the same randomized labels in every round.
         res = run_xclp(ds, params, seed=self.seed * 100_003 + rnd,
                        noise_seeds={s.name: simulation_noise_seed(self.seed, s.name) for s in sites})
@@ -517,10 +518,11 @@ class FedAvgStrategy(Strategy):
         return (payload, n) if n > 0 else None
 
     def summarize(self, plan: dict, metrics: dict[str, dict], shared) -> dict:
+        # the round's input model scored by each site before it trains: on its unlabelled points where
+        # it has a truth column, else on its labelled ones (`local_accuracy_of` says which)
+        acc, of = scored_accuracy(metrics)
         return {"stage": plan["stage"], "lr": plan["lr"], "trained": [s for s, m in metrics.items() if int(m.get("n", 0))],
-                # not a test accuracy: the round's input model scored by each site on its own points (those
-                # with known labels), pooled over the sites, before they train
-                "local_accuracy": pooled_rate(metrics, "eval_correct", "eval_n"),
+                "local_accuracy": acc, "local_accuracy_of": of,
                 "pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
     def update(self, model: torch.nn.Module, site: Site, pl: PseudoLabels, t: int, plan: dict):
@@ -658,7 +660,7 @@ class FedAvgFederation(Federation):
         self.labeller = {
             "fedavg": None,
             "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed,
-                                        strategy.xclp_label_flip, cfg.dp_delta),
+                                        strategy.xclp_label_flip, cfg.dp_delta, cfg.standardize),
             "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
             "fedavg-network": NetworkLabeller(),
         }[cfg.algorithm]

@@ -47,7 +47,7 @@ from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import LEARNERS, TIE_RULES
-from xclp.training.strategy import Federation, Roster, VotingStrategy, pooled_rate, run_rounds
+from xclp.training.strategy import Federation, Roster, VotingStrategy, pooled_rate, run_rounds, scored_sites
 
 # --- the public set ------------------------------------------------------------------------------
 
@@ -179,6 +179,7 @@ class FedCTConfig:
     alpha: float = 0.99
     crypto: str = "plaintext"
     key_bits: int = 2048
+    standardize: bool = True  # the XCLP jobs' federated standardisation (JobParams)
     seed: int = 0
     threads: int | None = 1
     learner_kw: dict = field(default_factory=dict)
@@ -361,12 +362,12 @@ class FedCTStrategy(VotingStrategy):
         return payload
 
     def summarize(self, plan: dict, metrics: dict[str, dict], shared: np.ndarray) -> dict:
-        accs = [m["eval_correct"] / m["eval_n"] for m in metrics.values() if m.get("eval_n")]
+        scored, of = scored_sites(metrics)  # unlabelled points where a site has a truth column
+        accs = [m["eval_correct"] / m["eval_n"] for m in scored.values()]
         return {"voted": sorted(metrics),
                 "public_coverage": round(float((shared >= 0).mean()), 6) if self.n_public else 0.0,
-                # not a test accuracy: each site's model scored on the site's own points after its update,
-                # the mean and spread over the sites
-                "local_accuracy": round(float(np.mean(accs)), 6) if accs else None,
+                # each site's model after its update, the mean and spread over the sites; `_of` says on what
+                "local_accuracy": round(float(np.mean(accs)), 6) if accs else None, "local_accuracy_of": of,
                 "local_accuracy_std": round(float(np.std(accs)), 6) if accs else None,
                 "xclp_pseudo_label_accuracy": pooled_rate(metrics, "pseudo_correct", "pseudo_n")}
 
@@ -496,7 +497,8 @@ def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes
         names.append(np.full(len(public.X), "public"))
     ds = make_dataset(np.concatenate(X), np.concatenate(y), np.concatenate(names), n_classes=n_classes)
     params = JobParams(job_id=f"fedct-exchange{t}", n_classes=n_classes, bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
-                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=label_flip, dp_delta=cfg.dp_delta).validate()
+                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=label_flip, dp_delta=cfg.dp_delta,
+                       standardize=cfg.standardize).validate()
     # One noise secret per site for the whole run: the same randomized labels in every exchange.
     res = run_xclp(ds, params, seed=cfg.seed * 100_003 + t,
                    noise_seeds={s: simulation_noise_seed(cfg.seed, s) for s in np.unique(ds.site)})

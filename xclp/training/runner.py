@@ -70,6 +70,7 @@ class TrainConfig:
     warmup_rounds: int = 0
     k: int = 10
     alpha: float = 0.99
+    standardize: bool = True  # XCLP's federated standardisation (JobParams.standardize)
     tie: str = "lowest"
     quorum: float | None = None
     mix: float | None = None
@@ -339,6 +340,6 @@ def as_run(obj: dict) -> dict:
         params = obj["params"]
         cfg = {**params.get("config", {}), "split": f"service job {obj['job']}"}
         return {"algorithm": params["algorithm"], "config": cfg, "history": obj["training"].get("history") or [],
-                "metric": "local_accuracy"}  # a job has no test set: each site scores on its own points
+                "metric": "local_accuracy"}  # a job has no test set: each site scores at home (local_accuracy_of)
     raise ValueError("not a training run: expected the JSON of `xclp simulate train --json` "
                      "or of `xclp job status ID --json` for a training job")

@@ -134,7 +134,7 @@ class Strategy(ABC):
         c = self.cfg
         return JobParams(job_id=job_id, n_classes=self.n_classes, bits=c.bits, k=c.k, alpha=c.alpha, crypto=c.crypto,
                          key_bits=c.key_bits, label_flip=self.xclp_label_flip,
-                         dp_delta=getattr(c, "dp_delta", 1e-5)).validate()
+                         dp_delta=getattr(c, "dp_delta", 1e-5), standardize=getattr(c, "standardize", True)).validate()
 
     def spend_xclp_labels(self, ledger: PrivacyLedger) -> None:
         """Record the randomized labels' release (once per run, before the first XCLP job)."""
@@ -216,6 +216,31 @@ class VotingStrategy(Strategy):
 
     def load_upload(self, body: bytes, what: str = "votes"):
         return load_votes(body, self.voted_points, self.n_classes)
+
+
+# What a run's accuracy measures, by the points the sites scored (clients.trainer.eval_metrics says
+# which with each count): where any site has a truth column, only such sites' unlabelled points count.
+SCORED_ON = {"unlabelled": "accuracy on unlabelled points (truth column)",
+             "labelled": "training accuracy on labelled points (no truth column)",
+             None: "accuracy on the sites' own points"}  # an agent of an earlier release does not say
+
+
+def scored_sites(metrics: dict[str, dict]) -> tuple[dict[str, dict], str | None]:
+    """The sites whose counts make the run's accuracy, and what it measures (None: nothing scored)."""
+    counted = {s: m for s, m in metrics.items() if m.get("eval_n")}
+    held_out = {s: m for s, m in counted.items() if m.get("eval_on") == "unlabelled"}
+    if held_out:
+        return held_out, SCORED_ON["unlabelled"]
+    if not counted:
+        return {}, None
+    kinds = {m.get("eval_on") for m in counted.values()}
+    return counted, SCORED_ON[kinds.pop() if len(kinds) == 1 else None]
+
+
+def scored_accuracy(metrics: dict[str, dict]) -> tuple[float | None, str | None]:
+    """(the sites' pooled accuracy, what it measures): see scored_sites."""
+    sites, of = scored_sites(metrics)
+    return pooled_rate(sites, "eval_correct", "eval_n"), of
 
 
 def pooled_rate(metrics: dict[str, dict], hits: str, count: str) -> float | None:

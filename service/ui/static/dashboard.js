@@ -67,7 +67,8 @@ const XCLP = (() => {
   }
 
   function curves(history) {
-    // accuracies on [0, 1] as lines, sites left out as bars, one column per round (inline SVG)
+    // accuracies on [0, 1] as lines, one column per round (inline SVG); sites left out are a count,
+    // not an accuracy: they go in the rounds table (roundsTable), never on this axis
     const W = 640, H = 220, L = 40, B = 24, n = history.length;
     const x = (i) => L + (n > 1 ? i * (W - L - 10) / (n - 1) : (W - L) / 2);
     const y = (v) => H - B - v * (H - B - 10);
@@ -86,12 +87,10 @@ const XCLP = (() => {
       add("line", {x1: L, x2: W - 10, y1: y(v), y2: y(v), class: "grid"});
       add("text", {x: 4, y: y(v) + 4, class: "axis"}, `${v * 100}%`);
     }
-    const maxLeft = Math.max(1, ...history.map((r) => r.left_out));
-    history.forEach((r, i) => {
-      if (r.left_out) add("rect", {x: x(i) - 4, width: 8, y: y(0.25 * r.left_out / maxLeft), height: y(0) - y(0.25 * r.left_out / maxLeft), class: "left-out"});
-      add("text", {x: x(i) - 4, y: H - 6, class: "axis"}, String(r.round));
-    });
-    const series = [["local_accuracy", "accuracy on the sites' own points"], ["pseudo_label_accuracy", "pseudo-label accuracy"],
+    history.forEach((r, i) => add("text", {x: x(i) - 4, y: H - 6, class: "axis"}, String(r.round)));
+    // what the sites' accuracy is measured on (xclp.training.strategy.SCORED_ON), from the rounds themselves
+    const scoredOn = (history.find((r) => r.local_accuracy_of) || {}).local_accuracy_of || "accuracy on the sites' own points";
+    const series = [["local_accuracy", scoredOn], ["pseudo_label_accuracy", "pseudo-label accuracy"],
                     ["xclp_pseudo_label_accuracy", "XCLP pseudo-label accuracy"]];
     const legend = [];
     series.forEach(([key, label], k) => {
@@ -100,8 +99,16 @@ const XCLP = (() => {
       add("polyline", {points: pts.join(" "), class: `s${k}`, "data-series": key});
       legend.push(el("span", {class: `key s${k}`, text: `${label}: ${pct(history[history.length - 1][key])}`}));
     });
-    if (history.some((r) => r.left_out)) legend.push(el("span", {class: "key left-out", text: "sites left out (bars)"}));
     return [svg, el("p", {class: "legend"}, ...legend)];
+  }
+
+  function roundsTable(history) {
+    // one row a round: who was left out (names and count) beside the round's accuracies
+    return history.map((r) => el("tr", {"data-round": String(r.round)},
+      el("td", {text: String(r.round)}),
+      el("td", {class: r.left_out ? "error" : "muted", "data-left-out": String(r.left_out),
+                text: r.left_out ? `${r.left_out_sites.join(", ")} (${r.left_out})` : "none"}),
+      el("td", {text: pct(r.local_accuracy)}), el("td", {text: pct(r.pseudo_label_accuracy ?? r.xclp_pseudo_label_accuracy)})));
   }
 
   function jobPage(id) {
@@ -114,10 +121,13 @@ const XCLP = (() => {
       document.getElementById("bytes").textContent = bytes(job.bytes_total);
       document.getElementById("round-info").textContent = job.kind === "train" ?
         `round ${job.progress.round} of ${job.progress.rounds}` : (job.attempt ? `attempt ${job.attempt}` : "");
-      const frac = job.status === "done" ? 1 : job.progress.fraction || 0;
-      document.getElementById("progress-bar").style.width = `${(100 * frac).toFixed(1)}%`;
+      // the whole job's share done (ui_api.progress_bar): a failed job keeps what it completed, in red
+      const bar = document.getElementById("progress-bar");
+      bar.style.width = `${(100 * job.bar.fraction).toFixed(1)}%`;
+      bar.dataset.state = job.bar.state;
       document.getElementById("progress-text").textContent = job.status === "running" ?
-        `${job.progress.received} of ${job.progress.expected} parts of this phase received` : "";
+        `${job.progress.received} of ${job.progress.expected} parts of this phase received` :
+        job.status === "failed" ? `stopped in phase ${job.phase}` : "";
       document.getElementById("failure").textContent = job.failure || "";
       document.getElementById("refused").replaceChildren(...Object.entries(job.refused || {}).map(
         ([site, why]) => el("li", {text: `${site} refused: ${why}`})));
@@ -127,6 +137,7 @@ const XCLP = (() => {
       if (job.kind === "train") {
         document.getElementById("curves").replaceChildren(
           ...(job.history.length ? curves(job.history) : [el("p", {class: "muted", text: "no round has closed yet"})]));
+        document.getElementById("rounds").replaceChildren(...roundsTable(job.history));
       }
       const privacy = document.getElementById("privacy");
       privacy.hidden = !job.privacy;
