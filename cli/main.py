@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     coord_args(st)
     st.add_argument("--json", action="store_true", help="print {\"site\": …, \"token\": …} as JSON")
     st.add_argument("--token-file", type=Path, default=None, metavar="PATH",
-                    help="write the new token to PATH (a new file, mode 0600) instead of printing it")
+                    help="write the new token to PATH (a new file, mode 0600) instead of printing it (default: printed)")
     st.set_defaults(func=cmd_site_rotate_token)
     sl = site.add_parser("list", help="the registered sites, and when each last contacted the coordinator")
     coord_args(sl)

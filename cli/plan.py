@@ -51,11 +51,13 @@ def add_plan_parser(sub) -> None:
     pl = sub.add_parser("plan", help="what a prediction job will cost: time, bytes per site, coordinator memory")
     pl.add_argument("--points", type=int, required=True, help="all sites' points together (n)")
     pl.add_argument("--sites", type=int, required=True, help="number of sites (m); equal sites unless --site-points")
-    pl.add_argument("--site-points", default=None, help="each site's points, comma-separated (summing to --points)")
-    pl.add_argument("--crypto", choices=PROTOCOLS, default=DEFAULT_SECURE)
+    pl.add_argument("--site-points", default=None, help="each site's points, comma-separated (summing to --points; "
+                    "default: equal sites)")
+    pl.add_argument("--crypto", choices=PROTOCOLS, default=DEFAULT_SECURE,
+                    help="the Hamming protocol whose measured rates the estimate uses")
     pl.add_argument("--bits", type=int, default=1024, help="LSH length L (default 1024)")
     pl.add_argument("--labelled-fraction", type=float, default=0.1, help="labelled share of the points (default 0.1)")
-    pl.add_argument("--classes", type=int, default=10)
+    pl.add_argument("--classes", type=int, default=10, help="number of classes C (the row sums' width)")
     pl.add_argument("--features", type=int, default=784, help="features per point (LSH's cost; default 784)")
-    pl.add_argument("--json", type=Path, help="write the estimate as JSON")
+    pl.add_argument("--json", type=Path, default=None, help="write the estimate as JSON to this file (default: none)")
     pl.set_defaults(func=cmd_plan)
