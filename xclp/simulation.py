@@ -62,6 +62,7 @@ class SimulationResult:
     bytes: dict
     solver: str
     params: JobParams
+    coordinator: CoordinatorSession | None = None  # its graph state, for benchmarks (e.g. the blocked kNN lists)
 
 
 def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:
@@ -74,7 +75,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              drops: dict[str, str] | None = None,
              noise_seeds: dict[str, bytes] | None = None,
              tap: Callable[[str, str, bytes], None] | None = None,
-             label_seeds: dict[str, bytes] | None = None) -> SimulationResult:
+             label_seeds: dict[str, bytes] | None = None, executor=None) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
     `drops` simulates sites that vanish, with the outcomes the service gives (service/engine.py, "Phases and what ends them"):
@@ -110,7 +111,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
                        label_seed=(label_seeds or {}).get(s))
         for s, idx in rows.items()
     }
-    coord = CoordinatorSession(params)
+    coord = CoordinatorSession(params, executor=executor)  # executor: where a blocked graph's heavy tasks run
 
     say("setup: keys and roster")
     announces = {s: meter.add(s, "setup", sess.announce()) for s, sess in sessions.items()}
@@ -152,19 +153,25 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     graph_sites = [s for s in sites if drops.get(s) != "hamming"]
     if len(graph_sites) < 2:
         raise ValueError("fewer than two sites left after the dropouts")
-    pairs = coord.pairs(graph_sites)
-    say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
-    for s in graph_sites:
-        coord.receive_intra(s, meter.add(s, "hamming", sessions[s].intra_message()))
-    shares = {}
-    for a, b in pairs:
-        t = PairTranscript()
-        share_a, share_b = exchange(sessions[a].hamming_party(b), sessions[b].hamming_party(a), t)
-        meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
-        meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
-        shares[(a, b)] = {a: share_a, b: share_b}
-    # shares that do not combine: the pair's sites blamed by the core's rule, as every driver does
-    blamed = coord.receive_pairs(graph_sites, shares)
+    blamed: set[str] = set()
+    if coord.graph_mode() == "blocked":
+        # SCALE (issue 23): the blocked graph's steps, until the one choreography takes them over.
+        say(f"hamming: blocked candidate pairs ({params.crypto})")
+        _blocked_hamming(sessions, coord, graph_sites, meter)
+    else:
+        pairs = coord.pairs(graph_sites)
+        say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
+        for s in graph_sites:
+            coord.receive_intra(s, meter.add(s, "hamming", sessions[s].intra_message()))
+        shares = {}
+        for a, b in pairs:
+            t = PairTranscript()
+            share_a, share_b = exchange(sessions[a].hamming_party(b), sessions[b].hamming_party(a), t)
+            meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
+            meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
+            shares[(a, b)] = {a: share_a, b: share_b}
+        # shares that do not combine: the pair's sites blamed by the core's rule, as every driver does
+        blamed = coord.receive_pairs(graph_sites, shares)
     graph_sites = [s for s in graph_sites if s not in blamed]
     if len(graph_sites) < 2:
         raise ValueError(f"fewer than two sites left after the pair protocols (blamed: {sorted(blamed)})")
@@ -209,7 +216,35 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         labels[idx] = predictions[s].labels
         confidence[idx] = predictions[s].confidence
     solver = getattr(coord.solve_info, "method", "none")
-    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params)
+    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params, coord)
+
+
+def _blocked_hamming(sessions: dict[str, SiteSession], coord: CoordinatorSession, sites: list[str],
+                     meter: ByteMeter) -> None:
+    """The blocked graph's hamming phase (order: xclp.blocked_graph): tags and within-site lists from
+    every site, candidate blocks, a pair protocol per block (plaintext: the codes once, the coordinator
+    measures), then NN-Descent rounds of one-row blocks. No blame here: a block that fails raises."""
+    for s in sites:
+        coord.receive_tags(s, meter.add(s, "hamming", sessions[s].tags_message()))
+        coord.receive_intra_knn(s, meter.add(s, "hamming", sessions[s].intra_knn_message()))
+    if coord.params.crypto == "plaintext":  # the codes once; the coordinator measures every candidate
+        for s in sites:
+            coord.receive_plaintext_codes(s, meter.add(s, "hamming", sessions[s].codes_message()))
+        coord.measure_candidates(sites)
+        while coord.measure_descent(sites):
+            pass
+        return
+    blocks = coord.candidate_blocks(sites)
+    while blocks:
+        for (a, b), bl in blocks.items():
+            for block in bl:
+                t = PairTranscript()
+                share_a, share_b = exchange(sessions[a].block_party(b, block.rows_a),
+                                            sessions[b].block_party(a, block.rows_b), t)
+                meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
+                meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
+                coord.receive_block(block, share_a, share_b)
+        blocks = coord.descent_blocks(sites)
 
 
 def unlabelled_accuracy(ds: Dataset, labels: np.ndarray, mask: np.ndarray | None = None) -> float:
