@@ -126,6 +126,28 @@ def slope(ns, ts) -> float:
     return float(np.polyfit(np.log(ns), np.log(ts), 1)[0]) if len(ns) >= 2 else float("nan")
 
 
+def table(result: dict) -> str:
+    """The Markdown table of docs/benchmarks.md from a result JSON."""
+    ref = {r["n"]: r for r in result["rows"] if r["mode"] == "reference"}
+    exact = {r["n"]: r for r in result["rows"] if r["mode"] == "exact"}
+    lines = ["| n | blocked: total | hamming+graph | influence | peak | pairs measured / all pairs | recall@10 | "
+             "labels = exact | accuracy blocked / exact | exact XCLP: total, peak | reference (all pairs + S·Y) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in (r for r in result["rows"] if r["mode"] == "blocked"):
+        ph, n = r["phases"], r["n"]
+        e = exact.get(n)
+        lines.append(
+            f"| {n:,} | {r['seconds']:.1f} s | {ph.get('hamming', 0) + ph.get('graph', 0):.1f} s | "
+            f"{ph.get('influence', 0):.1f} s | {r['peak_bytes'] / 2**30:.2f} GB | "
+            f"{r['candidate_pairs_cross']:,} / {r['all_pairs']:,} ({r['candidate_pairs_cross'] / r['all_pairs']:.1%}) | "
+            f"{r['recall_at_10']:.3f} | {r['labels_identical']:.2%} | "
+            f"{r['accuracy']:.2%} / {r['reference_accuracy']:.2%} | "
+            + (f"{e['seconds']:.1f} s, {e['peak_bytes'] / 2**30:.2f} GB" if e else "—")
+            + (f" | {ref[n]['seconds']:.1f} s, {ref[n]['peak_bytes'] / 2**30:.2f} GB |" if n in ref else " | — |"))
+    lines.append(f"\nFitted log-log slope of the blocked time vs n: {result['slope_blocked']:.2f}.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10000, 20000, 40000, 60000])
@@ -134,7 +156,11 @@ def main(argv=None) -> None:
     ap.add_argument("--executor", default="serial", choices=("serial", "process", "dask"))
     ap.add_argument("--json", default="bench/results/scale.json")
     ap.add_argument("--one", nargs=2, metavar=("N", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--table", metavar="JSON", help="print the Markdown table of a result and stop")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table(json.loads(Path(a.table).read_text())))
+        return
     if a.one:
         print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.executor)))
         return
@@ -147,7 +173,7 @@ def main(argv=None) -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
             row = json.loads(out)
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "phases"}), file=sys.stderr, flush=True)
+            print(json.dumps(row), file=sys.stderr, flush=True)
     blocked = [r for r in rows if r["mode"] == "blocked"]
     exact = [r for r in rows if r["mode"] == "exact"]
     result = {"command": "python -m bench.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -157,6 +183,7 @@ def main(argv=None) -> None:
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: result[k] for k in ("slope_blocked", "slope_exact")}))
+    print(table(result))
 
 
 if __name__ == "__main__":

@@ -53,9 +53,8 @@ from crypto.secure_sum import (
     unmask_rows,
 )
 from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
-from xclp import blocked_graph, blocking, push
+from xclp import blocked_graph, blocking, lsh, push
 from xclp import graph as graphs
-from xclp import lsh
 from xclp.data import validate_features, validate_labels
 from xclp.influence import SolveInfo, influence_columns
 from xclp.job_files import check_job_id
