@@ -25,7 +25,8 @@ from crypto.errors import ProtocolError
 from xclp import blocking
 from xclp import graph as graphs
 
-AUTO_EXACT_MAX_N = 20_000  # graph="auto": all pairs up to here (≈ 30 s, 2.4 GB at L = 1024), blocked above
+AUTO_EXACT_MAX_N = 20_000
+KNN_CHUNK = 4_000_000  # candidate pairs merged into the kNN lists at a time (bounds the sort's memory)  # graph="auto": all pairs up to here (≈ 30 s, 2.4 GB at L = 1024), blocked above
 
 
 def resolve_mode(graph: str, n: int) -> str:
@@ -108,10 +109,11 @@ class BlockedGraph:
         if d.size and (d.min() < 0 or d.max() > self.n_bits):
             raise ProtocolError(f"pair ({a}, {b}): distances out of [0, {self.n_bits}]")
         gi, gj = i + self.offsets[a], j + self.offsets[b]
-        self._i.append(gi)
-        self._j.append(gj)
-        self._d.append(np.asarray(d, dtype=np.int64))
-        self._known_parts.append(np.minimum(gi, gj) * self.n + np.maximum(gi, gj))
+        # Stored compactly (10 bytes a pair, not 24): the pairs are the blocked graph's main memory.
+        self._i.append(gi.astype(np.int32))
+        self._j.append(gj.astype(np.int32))
+        self._d.append(np.asarray(d).astype(np.uint16))
+        self._known_parts.append(np.minimum(gi, gj).astype(np.int64) * self.n + np.maximum(gi, gj))
 
     def known(self) -> np.ndarray:
         """The sorted distinct keys of every pair measured so far."""
@@ -193,18 +195,22 @@ class BlockedGraph:
         indexed in the order of those sites (the graph's layout: an absent site as if never there)."""
         live = np.isin(self.site_of, [self.sites.index(s) for s in sites])
         new_index = np.where(live, np.cumsum(live) - 1, -1)
-        parts_i, parts_j, parts_d = list(self._i), list(self._j), list(self._d)
+        parts = list(zip(self._i, self._j, self._d))
         for s, (idx, dist) in self.intra.items():
             o = self.offsets[s]
             ok = idx >= 0
-            parts_i.append(np.repeat(np.arange(idx.shape[0]), idx.shape[1])[ok.ravel()] + o)
-            parts_j.append(idx[ok] + o)
-            parts_d.append(dist[ok].astype(np.int64))
-        i = np.concatenate(parts_i) if parts_i else np.zeros(0, np.int64)
-        j = np.concatenate(parts_j) if parts_j else np.zeros(0, np.int64)
-        d = np.concatenate(parts_d) if parts_d else np.zeros(0, np.int64)
-        keep = live[i] & live[j]
-        return graphs.knn_from_pairs(int(live.sum()), self.k, new_index[i[keep]], new_index[j[keep]], d[keep])
+            parts.append((np.repeat(np.arange(idx.shape[0]), idx.shape[1])[ok.ravel()] + o, idx[ok] + o, dist[ok]))
+        # Merge part by part into running lists (the k best of a union are the k best of the parts'
+        # k best): memory stays at one chunk plus n × k, never all pairs at once.
+        n_live = int(live.sum())
+        lists = graphs.knn_from_pairs(n_live, self.k, *(np.zeros(0, np.int64),) * 3)
+        for i, j, d in parts:
+            for s in range(0, i.size, KNN_CHUNK):
+                ci, cj = i[s : s + KNN_CHUNK].astype(np.int64), j[s : s + KNN_CHUNK].astype(np.int64)
+                keep = live[ci] & live[cj]
+                lists = graphs.merge_knn(lists, new_index[ci[keep]], new_index[cj[keep]],
+                                         d[s : s + KNN_CHUNK][keep].astype(np.int64))
+        return lists
 
     def pair_count(self) -> int:
         return int(self.known().size)

@@ -51,7 +51,7 @@ DEFAULT_MAX_BUCKET = 48
 class BlockingParams:
     tables: int = DEFAULT_TABLES  # m substrings per code
     max_bucket: int = DEFAULT_MAX_BUCKET  # points per bucket chunk (caps the work per bucket)
-    descent_rounds: int = 1  # NN-Descent rounds after the hashing candidates
+    descent_rounds: int = 2  # NN-Descent rounds after the hashing candidates
 
     def validate(self, n_bits: int) -> BlockingParams:
         if not 1 <= self.tables <= n_bits:
@@ -144,7 +144,7 @@ def bucket_pairs(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, site_of
             keep = site_of[i] != site_of[j]
             i, j = i[keep], j[keep]
         keys.append(i * n + j)
-        if sum(k.size for k in keys) > 50_000_000:  # keep the working set bounded: dedupe as we go
+        if sum(k.size for k in keys) > 16_000_000:  # keep the working set bounded: dedupe as we go
             keys = [sorted_unique(np.concatenate(keys))]
     if not keys:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -189,7 +189,7 @@ def block_pairs(blocks: list[Block], n_a: int, n_b: int) -> tuple[np.ndarray, np
 
 
 def pair_hamming(bits: np.ndarray, i: np.ndarray, j: np.ndarray, other: np.ndarray | None = None,
-                 chunk: int = 1 << 20) -> np.ndarray:
+                 chunk: int = 1 << 18) -> np.ndarray:
     """h(b_i, b'_j) for the listed pairs (b' = `other`, default `bits`): xor + popcount on 64-bit words."""
     a = _words(bits)
     b = a if other is None else _words(other)

@@ -154,6 +154,17 @@ def normalised_adjacency(B: sp.spmatrix) -> sp.csr_matrix:
     return (inv_sqrt @ W @ inv_sqrt).tocsr()
 
 
+def merge_knn(lists: KnnLists, i: np.ndarray, j: np.ndarray, d: np.ndarray) -> KnnLists:
+    """`lists` updated with more candidate pairs (both directions): the same result as
+    knn_from_pairs over all pairs so far, in memory O(new pairs + n·k)."""
+    ok = lists.idx >= 0
+    rows = np.repeat(np.arange(lists.n), lists.k)[ok.ravel()]
+    src = np.concatenate([rows, i, j])
+    dst = np.concatenate([lists.idx[ok], j, i])
+    dist = np.concatenate([lists.dist[ok].astype(np.int64), d, d])
+    return knn_from_pairs(lists.n, lists.k, src, dst, dist, symmetric=False)
+
+
 def degrees(B: sp.spmatrix) -> np.ndarray:
     """d of 𝒲 = D^{-1/2} W D^{-1/2}: the row sums of W = B + Bᵀ without its diagonal, as
     `normalised_adjacency` takes them (before a zero degree is replaced by 1)."""

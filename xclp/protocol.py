@@ -194,7 +194,7 @@ class JobParams:
     graph: str = "exact"
     blocking_tables: int = blocking.DEFAULT_TABLES
     max_bucket: int = blocking.DEFAULT_MAX_BUCKET
-    descent_rounds: int = 1
+    descent_rounds: int = 2
     push_eps: float = push.DEFAULT_EPS
     influence_rank: int = push.DEFAULT_RANK
 

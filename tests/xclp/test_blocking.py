@@ -40,6 +40,20 @@ def test_every_pair_a_candidate_gives_the_exact_graph(codes):
     assert abs(a - b).max() == 0
 
 
+def test_merging_chunks_gives_the_lists_of_all_pairs(codes, rng):
+    n = codes.shape[0]
+    i, j = blocking.bucket_pairs(np.zeros((n, 1), dtype=np.uint64), max_bucket=n)
+    keep = rng.random(i.size) < 0.3
+    i, j = i[keep], j[keep]
+    d = blocking.pair_hamming(codes, i, j)
+    whole = graphs.knn_from_pairs(n, 10, i, j, d)
+    lists = graphs.knn_from_pairs(n, 10, *(np.zeros(0, np.int64),) * 3)
+    for part in np.array_split(np.arange(i.size), 5):
+        lists = graphs.merge_knn(lists, i[part], j[part], d[part])
+    lists = graphs.merge_knn(lists, i[:50], j[:50], d[:50])  # pairs seen twice change nothing
+    assert np.array_equal(lists.idx, whole.idx) and np.array_equal(lists.dist, whole.dist)
+
+
 def test_pair_hamming_matches_the_dense_matrix(codes, rng):
     i, j = rng.integers(0, codes.shape[0], 500), rng.integers(0, codes.shape[0], 500)
     assert np.array_equal(blocking.pair_hamming(codes, i, j), lsh.hamming_matrix(codes, codes, L)[i, j])
