@@ -88,7 +88,53 @@ class KnnAccumulator:
         return bool(np.all(self.seen >= self.n - 1))
 
 
-def knn_matrix(acc: KnnAccumulator, weights_of_dist) -> sp.csr_matrix:
+@dataclass
+class KnnLists:
+    """Each point's k nearest candidates (dist inf / idx −1 where it has fewer): the shape of
+    KnnAccumulator's result, built from a list of candidate pairs instead of dense blocks."""
+
+    n: int
+    k: int
+    dist: np.ndarray
+    idx: np.ndarray
+
+
+def knn_from_pairs(n: int, k: int, i: np.ndarray, j: np.ndarray, d: np.ndarray,
+                   symmetric: bool = True) -> KnnLists:
+    """The k nearest of every point among candidate pairs (i, j, Hamming distance d).
+
+    With `symmetric`, each pair also counts for j. Duplicate pairs are harmless (dropped). Ties go to
+    the smaller index, the rule of KnnAccumulator, so with every pair as a candidate the lists are
+    exactly those of the all-pairs graph. Memory: O(pairs), never n × n. The sort key
+    (row·(L+1) + d)·n + col is exact in int64 for n up to 2·10^6 and L up to 65,535.
+    """
+    k = min(k, n - 1)
+    i = np.asarray(i, dtype=np.int64)
+    j = np.asarray(j, dtype=np.int64)
+    d = np.asarray(d, dtype=np.int64)
+    if symmetric:
+        i, j, d = np.concatenate([i, j]), np.concatenate([j, i]), np.concatenate([d, d])
+    keep = i != j
+    i, j, d = i[keep], j[keep], d[keep]
+    span = int(d.max(initial=0)) + 1
+    if n * span * n >= 2**63:
+        raise ValueError(f"n = {n} with distances up to {span - 1} overflows the int64 sort key")
+    key = np.sort((i * span + d) * n + j)
+    key = key[np.r_[True, key[1:] != key[:-1]]] if key.size else key  # sorted by (row, distance, column), duplicates gone
+    row = key // (span * n)
+    # position of each entry within its row (rows are sorted: a row starts where the previous ends)
+    starts = np.searchsorted(row, np.arange(n), side="left")
+    rank = np.arange(key.size) - starts[row]
+    sel = rank < k
+    dist = np.full((n, k), np.inf)
+    idx = np.full((n, k), -1, dtype=np.int64)
+    r, q = row[sel], rank[sel]
+    dist[r, q] = (key[sel] // n) % span
+    idx[r, q] = key[sel] % n
+    return KnnLists(n=n, k=k, dist=dist, idx=idx)
+
+
+def knn_matrix(acc: KnnAccumulator | KnnLists, weights_of_dist) -> sp.csr_matrix:
     """B: each row keeps its k best entries with weight w(distance), zero elsewhere."""
     valid = np.isfinite(acc.dist) & (acc.idx >= 0)
     rows = np.repeat(np.arange(acc.n), acc.k)[valid.ravel()]
@@ -106,6 +152,25 @@ def normalised_adjacency(B: sp.spmatrix) -> sp.csr_matrix:
     deg = np.where(deg > 0, deg, 1.0)
     inv_sqrt = sp.diags(1.0 / np.sqrt(deg))
     return (inv_sqrt @ W @ inv_sqrt).tocsr()
+
+
+def merge_knn(lists: KnnLists, i: np.ndarray, j: np.ndarray, d: np.ndarray) -> KnnLists:
+    """`lists` updated with more candidate pairs (both directions): the same result as
+    knn_from_pairs over all pairs so far, in memory O(new pairs + n·k)."""
+    ok = lists.idx >= 0
+    rows = np.repeat(np.arange(lists.n), lists.k)[ok.ravel()]
+    src = np.concatenate([rows, i, j])
+    dst = np.concatenate([lists.idx[ok], j, i])
+    dist = np.concatenate([lists.dist[ok].astype(np.int64), d, d])
+    return knn_from_pairs(lists.n, lists.k, src, dst, dist, symmetric=False)
+
+
+def degrees(B: sp.spmatrix) -> np.ndarray:
+    """d of 𝒲 = D^{-1/2} W D^{-1/2}: the row sums of W = B + Bᵀ without its diagonal, as
+    `normalised_adjacency` takes them (before a zero degree is replaced by 1)."""
+    W = (B + B.T).tocsr()
+    W.setdiag(0)
+    return np.asarray(W.sum(axis=1)).ravel()
 
 
 def graph_from_hamming_blocks(acc: KnnAccumulator, n_bits: int, params: GraphParams) -> sp.csr_matrix:

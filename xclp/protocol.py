@@ -1,8 +1,9 @@
 """The XCLP protocol core: each party's side of every phase, sans-I/O.
 
-(About 1,150 lines: both parties of every phase, and the messages they exchange, in one place: a
-phase's two sides are read and changed together; and a site's session saved to bytes and restored
-beside the fields it saves, for drivers that keep nothing between messages — a Flower site.)
+(About 1,350 lines: both parties of every phase, and the messages they exchange, in one place: a
+phase's two sides are read and changed together; a site's session saved to bytes and restored beside
+the fields it saves, for drivers that keep nothing between messages — a Flower site; and the blocked
+graph's thin methods over xclp.blocked_graph (issue 23). The job's ORDER is xclp/prediction_job.py.)
 
 `SiteSession` is one site's side and `CoordinatorSession` the coordinator's. Both only consume and
 produce bytes (or arrays for the purely local steps); who carries the bytes is up to a driver:
@@ -66,10 +67,10 @@ from crypto.secure_sum import (
 )
 from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
 from crypto.state import Nested, State, pack
+from xclp import blocked_graph, blocking, lsh, push
 from xclp import graph as graphs
-from xclp import lsh
 from xclp.data import validate_features, validate_labels
-from xclp.influence import influence_columns
+from xclp.influence import SolveInfo, influence_columns
 from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
 from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
@@ -210,6 +211,19 @@ class JobParams:
     dp_noise: float = 0.0
     dp_clip: float = label_dp.DEFAULT_CLIP
     dp_delta: float = 1e-5  # the δ at which the job's ε is stated (accounting only)
+    # The graph: "exact" — every pair's distance (all pairs, n²); "blocked" — candidate pairs from keyed
+    # multi-index hashing and NN-Descent, influence columns by push + spectral correction (xclp.blocking,
+    # xclp.blocked_graph, xclp.push); "auto" — exact up to blocked_graph.AUTO_EXACT_MAX_N points, blocked above.
+    graph: str = "exact"
+    blocking_tables: int = blocking.DEFAULT_TABLES
+    max_bucket: int = blocking.DEFAULT_MAX_BUCKET
+    descent_rounds: int = 2
+    push_eps: float = push.DEFAULT_EPS
+    influence_rank: int = push.DEFAULT_RANK
+
+    def graph_mode(self, n: int) -> str:
+        """"exact" or "blocked" for a job over n points (the roster's total: every party agrees)."""
+        return blocked_graph.resolve_mode(self.graph, n)
 
     def validate(self) -> JobParams:
         check_job_id(self.job_id)  # the one check of an id that names files at every site, for every driver
@@ -236,6 +250,14 @@ class JobParams:
         label_dp.validate(self.dp_noise, self.dp_clip, self.label_flip)
         if not 0 < self.dp_delta < 1:
             raise ValueError(f"dp_delta must be in (0, 1), got {self.dp_delta}")
+        if self.graph not in ("exact", "blocked", "auto"):
+            raise ValueError(f"graph must be 'exact', 'blocked' or 'auto', got {self.graph!r}")
+        if self.graph != "exact":
+            if self.similarity != "lsh":
+                raise ValueError("graph='blocked' or 'auto' works on LSH codes: similarity must be 'lsh'")
+            blocking.BlockingParams(self.blocking_tables, self.max_bucket, self.descent_rounds).validate(self.bits)
+            if not 0 < self.push_eps < 1 or self.influence_rank < 0:
+                raise ValueError("push_eps must be in (0, 1) and influence_rank non-negative")
         return self
 
     @property
@@ -481,6 +503,35 @@ def simulation_noise_seed(seed: int, site: str) -> bytes:
     return hashlib.sha256(f"xclp/simulation-noise/{seed}/{site}".encode()).digest()
 
 
+def encode_sparse_columns(cols: push.SparseColumns) -> dict:
+    """A site's influence columns of a blocked graph: CSC entries, the shared basis, its coefficients."""
+    x = cols.x.tocsc()
+    x.sort_indices()
+    return {"x_indptr": x.indptr.astype(np.int64), "x_indices": x.indices.astype(np.int64),
+            "x_data": x.data.astype(np.float64), "basis": np.ascontiguousarray(cols.basis, dtype=np.float64),
+            "coef": np.ascontiguousarray(cols.coef, dtype=np.float64)}
+
+
+def decode_sparse_columns(b: dict, n: int, l: int) -> push.SparseColumns:
+    import scipy.sparse as sp
+
+    need = ("x_indptr", "x_indices", "x_data", "basis", "coef")
+    if any(k not in b for k in need):
+        raise ProtocolError("influence: neither dense columns nor sparse ones")
+    indptr, indices, data = b["x_indptr"], b["x_indices"], b["x_data"]
+    basis, coef = b["basis"], b["coef"]
+    if indptr.dtype != np.int64 or indices.dtype != np.int64 or data.dtype != np.float64:
+        raise ProtocolError("influence: sparse columns of the wrong types")
+    if indptr.shape != (l + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != indices.size \
+            or data.shape != indices.shape or (indices.size and (indices.min() < 0 or indices.max() >= n)):
+        raise ProtocolError(f"influence: malformed sparse columns for {n} points and {l} labelled")
+    if basis.dtype != np.float64 or basis.ndim != 2 or basis.shape[0] != n or coef.shape != (basis.shape[1], l):
+        raise ProtocolError("influence: basis and coefficients do not fit the columns")
+    if not (np.all(np.isfinite(data)) and np.all(np.isfinite(basis)) and np.all(np.isfinite(coef))):
+        raise ProtocolError("influence: contains NaN or infinity")
+    return push.SparseColumns(sp.csc_matrix((data, indices, indptr), shape=(n, l)), basis, coef)
+
+
 class SiteSession:
     """One site's side of a job. It holds the site's data, keys and results; none of it leaves.
 
@@ -539,6 +590,7 @@ class SiteSession:
         self._hamming: HammingProtocol | None = hamming  # None: hamming_protocol(params) when first needed
         self._paillier_keys = None
         self.pair_drivers: dict[str, PairDriver] = {}  # the pair protocols in progress (pair_driver)
+        self._tag_cache: np.ndarray | None = None  # blocked graph: this site's substring tags
 
     # --- saved and restored (see "saved sessions" at the end: no pickle) --------------------------------
     def to_bytes(self) -> bytes:
@@ -795,12 +847,13 @@ class SiteSession:
         b = self.hash()
         return dump_array(lsh.hamming_matrix(b, b, self.params.bits).astype(np.uint16))
 
-    def hamming_party(self, peer: str) -> ChannelParty:
-        """Our side of the pair protocol with `peer`: A if we come first in the roster, else B."""
+    def hamming_party(self, peer: str, rows: np.ndarray | None = None) -> ChannelParty:
+        """Our side of the pair protocol with `peer`: A if we come first in the roster, else B
+        (`rows`: only those of our points, for a candidate block of a blocked graph)."""
         if self._hamming is None:
             self._hamming = hamming_protocol(self.params)  # one object per job: it caches key tables
         proto = self._hamming
-        b = self.hash()
+        b = self.hash() if rows is None else self.hash()[rows]
         first = self.order.index(self.site) < self.order.index(peer)
         if first and traits(self.params.crypto).key_bits:
             # One Paillier key per site and job (generating one costs seconds), reused for every pair.
@@ -823,17 +876,63 @@ class SiteSession:
             self.pair_drivers[peer] = PairDriver(self.hamming_party(peer), first)
         return self.pair_drivers[peer]
 
+    # --- hamming, blocked graph (xclp.blocked_graph: the order of these steps) -------------------
+    def _blocked(self) -> bool:
+        return self.params.graph_mode(sum(e.n for e in self.roster.values())) == "blocked"
+
+    def _tags(self) -> np.ndarray:
+        if self._tag_cache is None:
+            key = blocking.tag_key(self._need_seed(), self.params.job_id)
+            self._tag_cache = blocking.substring_tags(self.hash(), self.params.bits, key, self.params.blocking_tables)
+        return self._tag_cache
+
+    def tags_message(self) -> bytes:
+        """Keyed substring tags of this site's codes, n_j × m uint64 (after `hash`): the coordinator
+        matches equal tags across sites into candidate blocks, without the codes or the key."""
+        self._expect("hamming")
+        if not self._blocked():
+            raise ProtocolError(f"{self.site}: tags belong to a blocked graph; this job's graph is exact")
+        return dump_array(self._tags())
+
+    def intra_knn_message(self) -> bytes:
+        """This site's k nearest among its own points (local indices, −1: none) and their distances,
+        found by the blocking on its own codes: what the exact graph's intra message gives the
+        coordinator, minus every distance that cannot be among the k smallest."""
+        self._expect("hamming")
+        p = self.params
+        knn = blocked_graph.local_knn(self.hash(), p.bits, self._tags(), p.k, p.max_bucket, p.descent_rounds)
+        return dump_bundle({"idx": knn.idx.astype(np.int64),
+                            "dist": np.where(knn.idx >= 0, knn.dist, 0).astype(np.uint16)})
+
+    def codes_message(self) -> bytes:
+        """crypto="plaintext" only: this site's packed codes, what its plaintext pair protocol sends
+        the coordinator anyway; sent once, the coordinator measures every block from them."""
+        self._expect("hamming")
+        if self.params.crypto != "plaintext":
+            raise ProtocolError(f"{self.site}: codes go to the coordinator only with crypto='plaintext'")
+        return self.hash().tobytes()
+
+    def block_party(self, peer: str, rows: np.ndarray) -> ChannelParty:
+        """Our side of a pair protocol on a candidate block: our points `rows` (local indices) only."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0 or rows.min() < 0 or rows.max() >= self.X.shape[0]:
+            raise ProtocolError(f"{self.site}: a block names rows outside [0, {self.X.shape[0]})")
+        return self.hamming_party(peer, rows=rows)
+
     # --- row sums --------------------------------------------------------------------------------
     def receive_influence(self, message: bytes) -> None:
         """The graph's layout and this site's influence columns S_L^(j) (`CoordinatorSession.influence_message`)."""
         self._expect("hamming")
-        b = load_bundle(message, ("layout", "columns"), max_bytes=self.params.max_message_bytes, what="influence")
+        b = load_bundle(message, ("layout",), max_bytes=self.params.max_message_bytes, what="influence")
         self.layout = Layout.decode(b["layout"].tobytes())
         if self.site not in self.layout.sites:
             raise ProtocolError(f"{self.site}: not in the graph's layout")
         n, l = self.layout.n, self.labelled_rows.size
-        self._influence = load_array(b["columns"].tobytes(), dtype=np.float64, shape=(n, l), what="influence columns",
-                                     max_bytes=self.params.max_message_bytes)
+        if "columns" in b:
+            self._influence = load_array(b["columns"].tobytes(), dtype=np.float64, shape=(n, l),
+                                         what="influence columns", max_bytes=self.params.max_message_bytes)
+        else:
+            self._influence = decode_sparse_columns(b, n, l)
         self._advance("row_sums")
 
     def row_sums_message(self, participants: list[str], attempt: int) -> bytes:
@@ -846,7 +945,8 @@ class SiteSession:
         others = self.layout.rows_of([s for s in self.layout.sites if s in participants and s != self.site])
         if self.params.dp:
             # Clipped columns, one-hot labels (balanced afterwards by the noisy counts), noise on what is sent.
-            cols = label_dp.clip_columns(self._influence, others, self.params.dp_clip)
+            dense = self._influence.toarray() if isinstance(self._influence, push.SparseColumns) else self._influence
+            cols = label_dp.clip_columns(dense, others, self.params.dp_clip)
             zbar = contribution(cols, self.y_released[self.labelled_rows], self.global_counts, balanced=False)
             noise = self._noise("row_sums", attempt, (others.size, self.params.n_classes),
                                 label_dp.rows_sensitivity(self.params.dp_clip), participants)
@@ -893,9 +993,93 @@ class CoordinatorSession:
     solve_info: object = None
     row_parts: dict[str, np.ndarray] = field(default_factory=dict)
     counts_parts: dict[str, np.ndarray] = field(default_factory=dict)
+    # Where the blocked graph's heavy tasks run (xclp.executor); None: here. Not a job parameter: the
+    # coordinator's deployment chooses it, and the results are the same whichever runs them.
+    executor: object = None
+    blocked: blocked_graph.BlockedGraph | None = None
+    degrees: np.ndarray | None = None
 
     def __post_init__(self):
         self.params.validate()
+
+    def graph_mode(self) -> str:
+        return self.params.graph_mode(sum(e.n for e in self.roster.values()))
+
+    # --- hamming, blocked graph (the order: xclp.blocked_graph) ----------------------------------
+    def _blocked_state(self) -> blocked_graph.BlockedGraph:
+        if self.graph_mode() != "blocked":
+            raise ProtocolError("this job's graph is exact: no tags, blocks or within-site lists")
+        if self.blocked is None:
+            p = self.params
+            self.blocked = blocked_graph.BlockedGraph(self.order, [self.roster[s].n for s in self.order], p.bits, p.k,
+                                                      p.blocking_tables, p.max_bucket, p.descent_rounds)
+        return self.blocked
+
+    def receive_tags(self, site: str, data: bytes) -> None:
+        st = self._blocked_state()
+        st.receive_tags(site, load_array(data, dtype=np.uint64, ndim=2, what=f"{site}: tags",
+                                         max_bytes=self.params.max_message_bytes))
+
+    def receive_intra_knn(self, site: str, data: bytes) -> None:
+        b = load_bundle(data, ("idx", "dist"), max_bytes=self.params.max_message_bytes, what=f"{site}: neighbours")
+        if b["idx"].dtype != np.int64 or b["dist"].dtype != np.uint16:
+            raise ProtocolError(f"{site}: within-site neighbours must be int64 indices and uint16 distances")
+        self._blocked_state().receive_intra_knn(site, b["idx"], b["dist"])
+
+    def candidate_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
+        """Per pair of sites (in roster order), the dense candidate blocks from equal tags."""
+        return self._blocked_state().candidate_blocks(sites)
+
+    def descent_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
+        """The next NN-Descent round's one-row blocks across sites; {} once params.descent_rounds are done."""
+        return self._blocked_state().descent_blocks(sites)
+
+    def receive_block(self, block: blocking.Block, share_a: bytes, share_b: bytes) -> None:
+        """One block's two shares of a pair protocol run on block_party(rows_a) and block_party(rows_b)."""
+        a, b = block.a, block.b
+        if self.order.index(a) > self.order.index(b):
+            raise ProtocolError(f"block ({a}, {b}) is out of roster order")
+        na, nb = block.rows_a.size, block.rows_b.size
+        h = np.asarray(hamming_protocol(self.params).combine(share_a, share_b, na, nb, self.params.bits))
+        if h.shape != (na, nb):
+            raise ProtocolError(f"block ({a}, {b}): the shares do not combine into a {na} × {nb} block")
+        i = np.repeat(block.rows_a, nb)
+        j = np.tile(block.rows_b, na)
+        self._blocked_state().add_pairs(a, b, i, j, h.ravel())
+
+    def receive_plaintext_codes(self, site: str, share: bytes) -> None:
+        """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the
+        coordinator then measures every block itself (`measure_blocks`)."""
+        if self.params.crypto != "plaintext":
+            raise ProtocolError("codes in the clear only with crypto='plaintext'")
+        n, width = self.roster[site].n, (self.params.bits + 7) // 8
+        if len(share) != n * width:
+            raise ProtocolError(f"{site}: {len(share)} bytes of codes, expected {n * width}")
+        self._blocked_state().codes[site] = np.frombuffer(share, dtype=np.uint8).reshape(n, width)
+
+    def measure_candidates(self, sites: list[str]) -> int:
+        """crypto="plaintext": the candidate pairs of `candidate_blocks` measured from the codes in
+        hand, without block objects (the fast path; the same pairs). Returns the pairs measured."""
+        st = self._blocked_state()
+        return st.measure_pairs(*st.candidate_pairs(sites))
+
+    def measure_descent(self, sites: list[str]) -> int:
+        """crypto="plaintext": the next NN-Descent round measured from the codes; 0 once done."""
+        st = self._blocked_state()
+        return st.measure_pairs(*st.descent_pairs(sites))
+
+    def measure_blocks(self, blocks: dict[tuple[str, str], list[blocking.Block]]) -> int:
+        """crypto="plaintext": every block's distances from the codes in hand. Returns the pairs measured."""
+        st = self._blocked_state()
+        total = 0
+        for (a, b), bl in blocks.items():
+            if a not in st.codes or b not in st.codes:
+                raise ProtocolError(f"codes missing for the pair ({a}, {b})")
+            i, j = blocking.block_pairs(bl, self.roster[a].n, self.roster[b].n)
+            d = blocking.pair_hamming(st.codes[a], i, j, other=st.codes[b])
+            st.add_pairs(a, b, i, j, d)
+            total += i.size
+        return total
 
     # --- setup -----------------------------------------------------------------------------------
     def register(self, site: str, announce: bytes) -> RosterEntry:
@@ -982,6 +1166,17 @@ class CoordinatorSession:
     def build_graph(self, sites: list[str]):
         """𝒲 over `sites` (those whose distances are all in); the rest are as if never there."""
         live = [s for s in self.order if s in sites]
+        if self.graph_mode() == "blocked":
+            st = self._blocked_state()
+            missing = [s for s in live if s not in st.intra]
+            if missing:
+                raise ProtocolError(f"within-site neighbours missing from {missing}")
+            self.layout = Layout(sites=live, sizes=[self.roster[s].n for s in live])
+            gp = self.params.graph_params()
+            B = graphs.knn_matrix(st.knn(live), lambda h: graphs.edge_weight(
+                graphs.hamming_to_similarity(h, self.params.bits), gp.power))
+            self.degrees = graphs.degrees(B)
+            return graphs.normalised_adjacency(B)
         missing = [s for s in live if s not in self.intra] + [p for p in self.pairs(live) if p not in self.blocks]
         if missing:
             raise ProtocolError(f"distances missing for {missing}")
@@ -1004,6 +1199,17 @@ class CoordinatorSession:
         assert self.layout is not None
         cols = [self.layout.offsets[s] + self.roster[s].labelled for s in self.layout.sites]
         all_cols = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+        if self.graph_mode() == "blocked" and (W.data.size == 0 or W.data.min() >= 0):
+            # Sparse columns (xclp.push): never the n × |L| matrix. Negative weights: the exact solver.
+            S = push.sparse_influence(W, self.degrees, all_cols, self.params.alpha, self.params.push_eps,
+                                      self.params.influence_rank, self.executor)
+            self.solve_info = SolveInfo(method="push+spectral")
+            at = 0
+            self.influence = {}
+            for s, c in zip(self.layout.sites, cols):
+                self.influence[s] = S.columns(at, at + c.size)
+                at += c.size
+            return
         S, self.solve_info = influence_columns(W, all_cols, self.params.alpha, self.params.solver, self.params.tol)
         at = 0
         self.influence = {}
@@ -1013,7 +1219,10 @@ class CoordinatorSession:
 
     def influence_message(self, site: str) -> bytes:
         """One body: the graph's layout and the site's influence columns (`SiteSession.receive_influence`)."""
-        return dump_bundle({"layout": self.layout.encode(), "columns": dump_array(self.influence[site])})
+        cols = self.influence[site]
+        if isinstance(cols, push.SparseColumns):
+            return dump_bundle({"layout": self.layout.encode(), **encode_sparse_columns(cols)})
+        return dump_bundle({"layout": self.layout.encode(), "columns": dump_array(cols)})
 
     # --- row sums --------------------------------------------------------------------------------
     def start_row_sums(self) -> None:

@@ -1,0 +1,133 @@
+"""The blocked graph (issue 23): keyed tags, candidate pairs, the kNN lists they give, and the job."""
+
+import numpy as np
+import pytest
+
+from xclp import blocking, lsh
+from xclp import graph as graphs
+from xclp.protocol import CoordinatorSession, JobParams
+from xclp.simulation import run_xclp, unlabelled_accuracy
+from xclp.splits import simulate_sites
+
+SEED = bytes(range(32))
+L = 256
+
+
+@pytest.fixture(scope="module")
+def codes(digits):
+    X, _ = digits
+    return lsh.hash_vectors(X[:400].astype(np.float64), SEED, L)
+
+
+def exact_knn(codes, k=10):
+    n = codes.shape[0]
+    acc = graphs.KnnAccumulator(n, k)
+    acc.add_block(np.arange(n), np.arange(n), lsh.hamming_matrix(codes, codes, L))
+    return acc
+
+
+def test_every_pair_a_candidate_gives_the_exact_graph(codes):
+    n = codes.shape[0]
+    # one table whose tag every point shares, and no cap: every pair is a candidate
+    i, j = blocking.bucket_pairs(np.zeros((n, 1), dtype=np.uint64), max_bucket=n)
+    assert i.size == n * (n - 1) // 2
+    lists = graphs.knn_from_pairs(n, 10, i, j, blocking.pair_hamming(codes, i, j))
+    acc = exact_knn(codes)
+    assert np.array_equal(lists.idx, acc.idx) and np.array_equal(lists.dist, acc.dist)
+    params = graphs.GraphParams()
+    a = graphs.graph_from_hamming_blocks(lists, L, params)
+    b = graphs.graph_from_hamming_blocks(acc, L, params)
+    assert abs(a - b).max() == 0
+
+
+def test_merging_chunks_gives_the_lists_of_all_pairs(codes, rng):
+    n = codes.shape[0]
+    i, j = blocking.bucket_pairs(np.zeros((n, 1), dtype=np.uint64), max_bucket=n)
+    keep = rng.random(i.size) < 0.3
+    i, j = i[keep], j[keep]
+    d = blocking.pair_hamming(codes, i, j)
+    whole = graphs.knn_from_pairs(n, 10, i, j, d)
+    lists = graphs.knn_from_pairs(n, 10, *(np.zeros(0, np.int64),) * 3)
+    for part in np.array_split(np.arange(i.size), 5):
+        lists = graphs.merge_knn(lists, i[part], j[part], d[part])
+    lists = graphs.merge_knn(lists, i[:50], j[:50], d[:50])  # pairs seen twice change nothing
+    assert np.array_equal(lists.idx, whole.idx) and np.array_equal(lists.dist, whole.dist)
+
+
+def test_pair_hamming_matches_the_dense_matrix(codes, rng):
+    i, j = rng.integers(0, codes.shape[0], 500), rng.integers(0, codes.shape[0], 500)
+    assert np.array_equal(blocking.pair_hamming(codes, i, j), lsh.hamming_matrix(codes, codes, L)[i, j])
+
+
+def test_blocking_finds_most_neighbours_with_few_pairs(codes):
+    n = codes.shape[0]
+    tags = blocking.substring_tags(codes, L, blocking.tag_key(SEED, "job"), tables=32)
+    i, j = blocking.bucket_pairs(tags, max_bucket=16)
+    lists = graphs.knn_from_pairs(n, 10, i, j, blocking.pair_hamming(codes, i, j))
+    i2, j2 = blocking.neighbour_pairs(lists.idx, np.sort(i * n + j), n)
+    assert not np.isin(i2 * n + j2, i * n + j).any()  # a descent round proposes only new pairs
+    i, j = np.r_[i, i2], np.r_[j, j2]
+    lists = graphs.knn_from_pairs(n, 10, i, j, blocking.pair_hamming(codes, i, j))
+    recall = blocking.recall_at_k(lists.idx, exact_knn(codes).idx)
+    assert recall >= 0.9, recall
+    assert i.size < 0.6 * n * (n - 1) / 2
+
+
+def test_the_coordinator_sees_keyed_tags_only(codes):
+    n = codes.shape[0]
+    key = blocking.tag_key(SEED, "job-1")
+    tags = blocking.substring_tags(codes, L, key, tables=16)
+    # the raw 16-bit substrings, as integers: no tag equals one (a tag is 64 pseudo-random bits)
+    raw = np.packbits(lsh.unpack(codes, L).reshape(n, 16, 16), axis=2).view(">u2")[..., 0].astype(np.uint64)
+    assert not np.isin(tags, raw).any()
+    # equal substrings still give equal tags (the matching works) ...
+    assert np.array_equal(tags[:, 0][:, None] == tags[:, 0][None, :], raw[:, 0][:, None] == raw[:, 0][None, :])
+    # ... and tags of another seed, or of another job under the same seed, never match these
+    other_seed = bytes(reversed(SEED))
+    for k in (blocking.tag_key(other_seed, "job-1"), blocking.tag_key(SEED, "job-2")):
+        assert not np.isin(blocking.substring_tags(codes, L, k, tables=16), tags).any()
+
+
+def test_job_params_graph_option():
+    assert JobParams(job_id="j", n_classes=3).graph == "exact"  # existing results do not change
+    assert JobParams(job_id="j", n_classes=3, graph="auto").graph_mode(1000) == "exact"
+    assert JobParams(job_id="j", n_classes=3, graph="auto").graph_mode(10**6) == "blocked"
+    for bad in ({"graph": "fast"}, {"graph": "blocked", "similarity": "exact"},
+                {"graph": "blocked", "blocking_tables": 0}, {"graph": "blocked", "max_bucket": 1}):
+        with pytest.raises(ValueError):
+            JobParams(job_id="j", n_classes=3, **bad).validate()
+    with pytest.raises(Exception, match="exact"):
+        CoordinatorSession(JobParams(job_id="j", n_classes=3)).candidate_blocks(["a"])
+
+
+@pytest.fixture(scope="module")
+def digits_sites(digits):
+    X, y = digits
+    return simulate_sites(X[:1000].astype(np.float64), y[:1000], 4, "dirichlet:0.5", 0.1, seed=0)
+
+
+def test_blocked_job_agrees_with_the_exact_job(digits_sites):
+    ds = digits_sites
+    seen = []
+    exact = run_xclp(ds, JobParams(job_id="j", n_classes=10, bits=L))
+    blocked = run_xclp(ds, JobParams(job_id="j", n_classes=10, bits=L, graph="blocked", blocking_tables=32,
+                                     max_bucket=16, influence_rank=48),
+                       tap=lambda party, phase, data: seen.append((party, phase, len(data))))
+    assert blocked.solver == "push+spectral" and exact.solver != "push+spectral"
+    assert np.mean(blocked.labels == exact.labels) >= 0.97
+    assert unlabelled_accuracy(ds, blocked.labels) >= unlabelled_accuracy(ds, exact.labels) - 0.02
+    st = blocked.coordinator.blocked
+    assert blocking.recall_at_k(st.knn(st.sites).idx, exact_knn_of_job(ds, st).idx) >= 0.95
+    # no n × |L| matrix: each site's columns are sparse entries plus the shared n × r basis
+    for cols in blocked.coordinator.influence.values():
+        n, l = cols.shape
+        assert cols.x.nnz < 0.25 * n * l and cols.basis.shape == (n, 48) and cols.coef.shape == (48, l)
+
+
+def exact_knn_of_job(ds, st):
+    """The all-pairs lists over the blocked job's own codes (the coordinator kept them: plaintext)."""
+    codes = np.concatenate([st.codes[s] for s in st.sites])
+    n = codes.shape[0]
+    acc = graphs.KnnAccumulator(n, st.k)
+    acc.add_block(np.arange(n), np.arange(n), lsh.hamming_matrix(codes, codes, st.n_bits))
+    return acc

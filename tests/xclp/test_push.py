@@ -1,0 +1,87 @@
+"""Sparse influence columns (xclp.push) against the exact solve, and the executors (xclp.executor)."""
+
+import numpy as np
+import pytest
+
+from xclp import graph as graphs
+from xclp import lsh
+from xclp.executor import make_executor
+from xclp.influence import influence_columns, propagate
+from xclp.push import push_batch, sparse_influence
+
+ALPHA = 0.99
+
+
+@pytest.fixture(scope="module")
+def small_graph(digits):
+    X, y = digits
+    codes = lsh.hash_vectors(X.astype(np.float64), bytes(range(32)), 512)
+    n = codes.shape[0]
+    acc = graphs.KnnAccumulator(n, 10)
+    acc.add_block(np.arange(n), np.arange(n), lsh.hamming_matrix(codes, codes, 512))
+    B = graphs.knn_matrix(acc, lambda h: graphs.edge_weight(graphs.hamming_to_similarity(h, 512), 3.0))
+    labelled = np.flatnonzero(np.random.default_rng(0).random(n) < 0.1)
+    return graphs.normalised_adjacency(B), graphs.degrees(B), labelled, y
+
+
+def test_push_meets_its_error_bound(small_graph):
+    W, deg, cols, _ = small_graph
+    eps = 1e-3
+    x, r = push_batch(W, np.sqrt(deg), cols, ALPHA, eps)
+    S, _ = influence_columns(W, cols, ALPHA, method="dense")
+    bound = eps * np.sqrt(np.outer(deg, deg[cols])) / (1 - ALPHA)
+    err = S - x.toarray()
+    assert err.min() >= -1e-12  # push underestimates: what is left is S r ≥ 0
+    assert np.all(err <= bound + 1e-12)
+    # the invariant S e_u = x_u + S r_u, exactly
+    assert np.allclose(S, x.toarray() + _solve(W, r.toarray()))
+    assert x.nnz < 0.1 * x.shape[0] * x.shape[1]  # sparse
+
+
+def _solve(W, R):
+    n = W.shape[0]
+    return np.linalg.solve(np.eye(n) - ALPHA * W.toarray(), R)
+
+
+def test_sparse_influence_gives_the_exact_labels(small_graph):
+    W, deg, cols, y = small_graph
+    cols_approx = sparse_influence(W, deg, cols, ALPHA, eps=1e-3, rank=48)
+    Y = np.eye(10)[y[cols]]
+    exact = propagate(W, _embed(Y, cols, W.shape[0]), ALPHA)[0].argmax(axis=1)
+    assert np.mean((cols_approx @ Y).argmax(axis=1) == exact) >= 0.99
+    pushed_only = sparse_influence(W, deg, cols, ALPHA, eps=1e-3, rank=0)
+    assert np.mean((cols_approx @ Y).argmax(axis=1) == exact) > np.mean((pushed_only @ Y).argmax(axis=1) == exact)
+
+
+def _embed(Y, cols, n):
+    out = np.zeros((n, Y.shape[1]))
+    out[cols] = Y
+    return out
+
+
+def test_negative_weights_are_refused(small_graph):
+    W, deg, cols, _ = small_graph
+    W = W.copy()
+    W.data[0] = -abs(W.data[0])
+    with pytest.raises(ValueError, match="non-negative"):
+        sparse_influence(W, deg, cols)
+
+
+def test_process_pool_and_dask_give_identical_columns(small_graph):
+    distributed = pytest.importorskip("distributed")
+    W, deg, cols, _ = small_graph
+    serial = sparse_influence(W, deg, cols, ALPHA, rank=16)
+    import xclp.push as push
+
+    old, push.BATCH = push.BATCH, 64  # several tasks per executor
+    try:
+        with make_executor("process", workers=2) as ex:
+            pooled = sparse_influence(W, deg, cols, ALPHA, rank=16, executor=ex)
+        with distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
+                distributed.Client(cluster) as client, make_executor("dask", client=client) as ex:
+            dasked = sparse_influence(W, deg, cols, ALPHA, rank=16, executor=ex)
+    finally:
+        push.BATCH = old
+    for other in (pooled, dasked):
+        assert (other.x != serial.x).nnz == 0
+        assert np.array_equal(other.basis, serial.basis) and np.array_equal(other.coef, serial.coef)

@@ -1,0 +1,177 @@
+"""Influence columns without an n × |L| matrix: sparse push plus a low-rank far field.
+
+A column of S = (I − α𝒲)^{-1} is a personalised PageRank vector up to degree scaling: with
+P = W D^{-1}, S = D^{-1/2} (I − αP)^{-1} D^{1/2}. We compute each labelled column u as
+
+    S e_u ≈ x_u + U c_u,
+
+1. x_u by **push** (Andersen, Chung & Lang, FOCS 2006), run synchronously over a batch of columns
+   (every entry above its threshold pushed at once: sparse × sparse products, no Python loop over
+   nodes). The invariant S e_u = x_u + S r_u holds after every push (S = I + α𝒲S), and the push
+   stops when every residual |r_u(v)| ≤ ε·√(d_u d_v). For 𝒲 ≥ 0 (non-negative edge weights),
+   S D^{1/2}1 = D^{1/2}1/(1 − α), hence the **error bound**
+
+        |S_vu − x_u(v)| ≤ (S r_u)(v) ≤ ε √(d_u d_v) / (1 − α),
+
+   and the work per column is O(1/(ε(1 − α))) degree-weighted pushes, independent of n (ACL);
+   x_u is sparse (tens of entries at ε = 10⁻³).
+
+2. The far field S r_u by a **spectral correction**: α = 0.99 makes S long-range — its slow
+   eigenvectors (λ near 1: the clusters) carry mass from every labelled point to the whole graph,
+   and dropping it changed 17 % of the argmax labels at 20,000 Fashion-MNIST points (push alone at
+   ε = 10⁻⁴; its accuracy was higher than the exact solve's, but it is another algorithm). So the
+   residual goes through the top-r eigenpairs of 𝒲 (Rayleigh–Ritz on U, the projection that is
+   exact on the slow subspace): c_u = (Uᵀ(I − α𝒲)U)^{-1} Uᵀ r_u. The part left out, S_⊥ r_u, has
+   2-norm at most ‖r_u‖ / (1 − αλ_{r+1}), small because the slow modes are out and r_u is small.
+   Measured at 20,000 points: r = 96, ε = 10⁻³: 98.7 % of the labels equal the exact solve's
+   (r = 64: 98.0 %; a randomized range finder of S with two CG passes: 96.5 %; Nyström on 512
+   random landmark columns: 94 %). The eigenpairs come from Chebyshev-filtered subspace iteration
+   (`spectral_basis`).
+
+Why push and not a truncated CG: CG's columns are dense (α = 0.99 reaches everywhere) and cost
+every iteration on all n rows; truncating them afterwards saves the message but not the work.
+
+A site receives its columns as (x, U, c): sparse entries, the shared basis U (n × r) and r × l_j
+coefficients (docs/security.md: U is a spectral embedding of the graph). Memory at the
+coordinator: O(nnz(x) + n·r), never n × |L|. Negative edge weights (possible with standardised
+features) break the bound and the push's monotonicity: `sparse_influence` refuses them and the
+caller falls back to the exact solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+# Chosen at 60,000 Fashion-MNIST points (bench/scale.py): ε = 10⁻³, r = 96 gave 97.5 % of the labels
+# equal to exact XCLP and −0.8 points of accuracy; ε = 5·10⁻⁴, r = 192: 98.3 % and −0.04 points, for
+# 88 s of influence instead of 24 s.
+DEFAULT_EPS = 5e-4
+DEFAULT_RANK = 192
+BATCH = 1024  # columns pushed together (one task for the executor)
+
+
+@dataclass
+class SparseColumns:
+    """Columns S[:, cols] ≈ x + U c: `x` sparse CSC (n × m), `basis` U (n × r), `coef` c (r × m)."""
+
+    x: sp.csc_matrix
+    basis: np.ndarray
+    coef: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.x.shape
+
+    def __matmul__(self, Y: np.ndarray) -> np.ndarray:
+        """S_L Y = x Y + U (c Y): n × C, never forming the n × m columns."""
+        Y = np.asarray(Y, dtype=np.float64)
+        return np.asarray(self.x @ Y) + self.basis @ (self.coef @ Y)
+
+    def columns(self, start: int, end: int) -> SparseColumns:
+        return SparseColumns(self.x[:, start:end], self.basis, self.coef[:, start:end])
+
+    def toarray(self) -> np.ndarray:
+        """Dense n × m (small problems and the label-DP clipping only)."""
+        return self.x.toarray() + self.basis @ self.coef
+
+
+def push_batch(W: sp.csr_matrix, sqrt_deg: np.ndarray, cols: np.ndarray, alpha: float,
+               eps: float) -> tuple[sp.csc_matrix, sp.csc_matrix]:
+    """Synchronous push for the columns `cols`: (x, r) with S e_u = x_u + S r_u and every
+    |r_u(v)| ≤ eps·√(d_u d_v). Pure numpy/scipy, so an executor's worker runs it without torch."""
+    n, m = W.shape[0], cols.size
+    R = sp.csr_matrix((np.ones(m), (cols, np.arange(m))), shape=(n, m))
+    parts = []
+    thr_col = eps * sqrt_deg[cols]
+    while True:
+        row = np.repeat(np.arange(n), np.diff(R.indptr))
+        act = np.abs(R.data) > sqrt_deg[row] * thr_col[R.indices]
+        if not act.any():
+            break
+        A = R.copy()
+        A.data = np.where(act, A.data, 0.0)
+        A.eliminate_zeros()
+        R.data = np.where(act, 0.0, R.data)
+        R.eliminate_zeros()
+        parts.append(A)
+        R = (R + alpha * (W @ A)).tocsr()
+    X = sp.csr_matrix((n, m)) if not parts else sum(parts[1:], parts[0])
+    return X.tocsc(), R.tocsc()
+
+
+def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: int = 6,
+                   oversample: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """The top-`rank` eigenpairs of 𝒲 (largest algebraic), (λ, U), by Chebyshev-filtered subspace
+    iteration (Zhou & Saad 2007): a block of rank + oversample vectors, each round multiplied by the
+    degree-`degree` Chebyshev polynomial that is small on [−1, cut] and grows fast above it (cut: the
+    smallest Ritz value of the last round), then Rayleigh–Ritz. All the work is sparse × dense block
+    products (torch CSR, float32) and small dense algebra.
+
+    Measured at 20,000 Fashion-MNIST points, r = 96, on a loaded machine: ARPACK's eigsh 98 s, this
+    58 s (degree 12, 6 rounds), and the same labels after the correction (98.7 % equal to exact). A
+    loose basis is enough: U enters only through the float64 Rayleigh–Ritz projection of the residual.
+    Deterministic (a seeded start block), so every executor gives the same columns."""
+    import torch
+
+    from xclp.influence import _torch_csr
+
+    n = W.shape[0]
+    rank = min(rank, n - 2)
+    if rank < 1:
+        return np.zeros(0), np.zeros((n, 0))
+    block = min(n - 1, rank + oversample)
+    Wt = _torch_csr(W).to(torch.float32)
+    X = torch.randn(n, block, generator=torch.Generator().manual_seed(0))
+    cut = 0.0
+    for _ in range(iterations):
+        half, mid = (cut + 1.0) / 2, (cut - 1.0) / 2  # map [−1, cut] onto [−1, 1]
+        prev, cur = X, (torch.sparse.mm(Wt, X) - mid * X) / half
+        for _ in range(2, degree + 1):
+            prev, cur = cur, 2 * (torch.sparse.mm(Wt, cur) - mid * cur) / half - prev
+        Q, _ = torch.linalg.qr(cur.double())
+        H = Q.T @ torch.sparse.mm(Wt, Q.float()).double()
+        lam, V = torch.linalg.eigh((H + H.T) / 2)
+        lam, V = lam.flip(0), V.flip(1)
+        Q = Q @ V
+        X = Q.float()
+        cut = float(lam[-1])
+    return lam[:rank].numpy(), Q[:, :rank].numpy()
+
+
+def sparse_influence(W: sp.csr_matrix, degrees: np.ndarray, cols: np.ndarray, alpha: float = 0.99,
+                     eps: float = DEFAULT_EPS, rank: int = DEFAULT_RANK, executor=None) -> SparseColumns:
+    """S[:, cols] as push + spectral correction (see the module docstring). `degrees`: the row sums
+    of the symmetrised W before normalisation (the d of 𝒲 = D^{-1/2} W D^{-1/2}). `executor`:
+    xclp.executor (batches of columns run as its tasks); None runs them here."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if W.data.size and W.data.min() < 0:
+        raise ValueError("push needs non-negative edge weights (the graph has negative ones)")
+    cols = np.asarray(cols, dtype=np.int64)
+    n = W.shape[0]
+    sqrt_deg = np.sqrt(np.where(degrees > 0, degrees, 1.0))
+    batches = [cols[s : s + BATCH] for s in range(0, cols.size, BATCH)]
+    if executor is None:
+        results = [push_batch(W, sqrt_deg, b, alpha, eps) for b in batches]
+    else:
+        results = executor.map_shared(_push_task, (W, sqrt_deg, alpha, eps), batches)
+    if results:
+        X = sp.hstack([r[0] for r in results]).tocsc()
+        R = sp.hstack([r[1] for r in results]).tocsc()
+    else:
+        X = R = sp.csc_matrix((n, 0))
+    lam, U = spectral_basis(W, rank)
+    if U.shape[1]:
+        AU = U - alpha * (W @ U)
+        coef = np.linalg.solve(U.T @ AU, np.asarray((R.T @ U).T))
+    else:
+        coef = np.zeros((0, cols.size))
+    return SparseColumns(X, U, coef)
+
+
+def _push_task(shared, batch):
+    W, sqrt_deg, alpha, eps = shared
+    return push_batch(W, sqrt_deg, batch, alpha, eps)
