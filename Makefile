@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch lies on disk here; install it first so that nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,parquet,flower]'
+	$(BIN)/pip install -q -e '.[dev,parquet,flower,scale]'
 	touch $(STAMP)
 
 setup: $(STAMP)
