@@ -46,7 +46,8 @@ def test_token_is_stored_hashed(app_client):
 def test_job_submission_errors(app_client):
     add(app_client, "a")
     add(app_client, "b")
-    post = lambda body: app_client.post("/jobs", json=body, headers=admin_headers())  # noqa: E731
+    post = lambda body: app_client.post("/jobs", json={"classes": 2, **body}, headers=admin_headers())  # noqa: E731
+    assert app_client.post("/jobs", json={"sites": ["a", "b"]}, headers=admin_headers()).status_code == 422  # no classes
     assert post({"sites": ["a", "zzz"]}).status_code == 404
     assert "zzz" in post({"sites": ["a", "zzz"]}).json()["detail"]
     assert post({"sites": ["a"]}).status_code == 422

@@ -325,7 +325,7 @@ def test_the_seed_schema_states_the_bound_the_api_enforces():
 
     prop = TrainJobCreate.model_json_schema()["properties"]["seed"]
     assert prop["maximum"] == 2**63 - 1 and "exclusiveMaximum" not in prop
-    base = {"algorithm": "fedavg", "sites": ["a", "b"]}
+    base = {"algorithm": "fedavg", "sites": ["a", "b"], "classes": 2}
     assert TrainJobCreate(**base, seed=2**63 - 1).seed == 2**63 - 1
     with pytest.raises(pydantic.ValidationError):
         TrainJobCreate(**base, seed=2**63)

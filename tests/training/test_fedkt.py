@@ -120,7 +120,7 @@ def test_fedkt_one_shot_run_with_baselines_and_the_command_line(tmp_path):
 def test_training_jobs_take_fedkt():
     from service.training_api import TrainJobCreate, training_params
 
-    body = TrainJobCreate(algorithm="fedkt", sites=["a", "b"], public_sha256="0" * 64, public_size=100, teachers=3,
+    body = TrainJobCreate(algorithm="fedkt", sites=["a", "b"], classes=10, public_sha256="0" * 64, public_size=100, teachers=3,
                           levels="L2", gamma=1.0)
     params = training_params(body, "job")
     assert params["config"]["teachers"] == 3 and params["config"]["levels"] == "L2"

@@ -7,7 +7,7 @@ def test_training_runs_standardise_their_xclp_jobs_by_default_and_can_keep_raw_f
     from xclp.training.algorithms import STRATEGIES
 
     def child(body: dict) -> bool:
-        params = training_params(TrainJobCreate(sites=["a", "b"], **body), "job")
+        params = training_params(TrainJobCreate(sites=["a", "b"], classes=10, **body), "job")
         kind = STRATEGIES[params["algorithm"]]
         s = kind.from_config(params["config"], 10, 2, n_features=4, n_public=10)
         return s.xclp_params("job-r1").standardize
@@ -20,5 +20,5 @@ def test_training_runs_standardise_their_xclp_jobs_by_default_and_can_keep_raw_f
     parse = build_parser().parse_args
     assert parse(["simulate", "train"]).standardize is True
     assert parse(["simulate", "train", "--no-standardize"]).standardize is False
-    assert parse(["job", "submit", "train", "--coordinator", "http://127.0.0.1:1", "--sites", "a,b",
+    assert parse(["job", "submit", "train", "--coordinator", "http://127.0.0.1:1", "--sites", "a,b", "--classes", "10",
                   "--no-standardize"]).standardize is False

@@ -61,8 +61,8 @@ def test_service_schemas_and_demo_default_to_lattice():
     from service.jobs_api import JobCreate
     from service.training_api import TrainJobCreate
 
-    assert JobCreate(sites=["a", "b"]).crypto == "lattice"
-    assert TrainJobCreate(algorithm="fedavg-xclp", sites=["a", "b"]).crypto == "lattice"
+    assert JobCreate(sites=["a", "b"], classes=10).crypto == "lattice"
+    assert TrainJobCreate(algorithm="fedavg-xclp", sites=["a", "b"], classes=10).crypto == "lattice"
     assert inspect.signature(demo.run_demo).parameters["crypto"].default == "lattice"
     assert inspect.signature(demo.run_train_demo).parameters["crypto"].default == "lattice"
 
