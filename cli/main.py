@@ -54,13 +54,7 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predictions", type=Path, help="write labels and confidence (.npz, aligned with the rows; default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     dp = p.add_argument_group("label-DP of what the sums release (xclp/privacy/label_dp.py)")
-    dp.add_argument("--dp-epsilon", type=float, default=None,
-                    help="a budget ε for the job's releases about the labels (calibrates the mechanism below; default: none, "
-                         "exact sums)")
-    dp.add_argument("--dp-delta", type=float, default=1e-5, help="δ of the budget (default 1e-5)")
-    dp.add_argument("--label-dp", choices=("rr", "gaussian"), default="rr",
-                    help="rr: randomized response on each site's labels (default; far more accurate at equal ε); "
-                         "gaussian: noise shares inside the secure sums")
+    _label_dp_args(dp)
     dp.add_argument("--label-flip", type=float, default=None, help="rr's noise parameter p, instead of a budget (default: none)")
     dp.add_argument("--dp-noise", type=float, default=None, help="gaussian's noise multiplier z, instead of a budget (default: none)")
     dp.add_argument("--dp-clip", type=float, default=None,
@@ -502,6 +496,19 @@ def cmd_demo(args) -> int:
     return run_demo(crypto=args.crypto, json_out=args.json, bits=args.bits or 1024, sites=args.sites, seed=args.seed)
 
 
+def _label_dp_args(group) -> None:
+    """A prediction job's label-DP flags, in process (`simulate predict`) and through the coordinator
+    (`job submit predict`) alike."""
+    group.add_argument("--dp-epsilon", type=_positive_float, default=None,
+                       help="a label-DP budget ε for the job's releases about the labels, which calibrates the "
+                            "mechanism below (agents started with --max-epsilon take part only in jobs that state "
+                            "one; default: none, exact sums)")
+    group.add_argument("--dp-delta", type=_positive_float, default=1e-5, help="δ of the budget")
+    group.add_argument("--label-dp", choices=("rr", "gaussian"), default="rr",
+                       help="rr: randomized response on each site's labels (far more accurate at equal ε); "
+                            "gaussian: noise shares inside the secure sums")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cli.helpfmt import Parser
 
@@ -690,13 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="this job's deadline for a phase (setup, seed, counts, hamming, row_sums; repeatable; "
                          "default: the coordinator's --deadline)")
     jdp = jp.add_argument_group("label-DP of what the job releases about the sites' labels (docs/privacy.md)")
-    jdp.add_argument("--dp-epsilon", type=_positive_float, default=None,
-                     help="a label-DP budget ε for the job, which calibrates the noise below (agents started with "
-                          "--max-epsilon take part only in jobs that state one; default: none, exact sums)")
-    jdp.add_argument("--dp-delta", type=_positive_float, default=1e-5, help="δ of the budget")
-    jdp.add_argument("--label-dp", choices=("rr", "gaussian"), default="rr",
-                     help="rr: randomized response on each site's labels (far more accurate at equal ε); "
-                          "gaussian: noise shares inside the secure sums")
+    _label_dp_args(jdp)
     jdp.add_argument("--dp-clip", type=_positive_float, default=1.0,
                      help="gaussian: L2 bound C of each influence column over the other sites' rows")
     jp.add_argument("--json", action="store_true", help="print {\"job\": ID} as JSON")

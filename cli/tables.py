@@ -66,27 +66,34 @@ def _write_token_file(path: Path, token: str) -> None:
         f.write(token + "\n")
 
 
+def _hand_over(args, out: dict, path: Path | None, shown: str, kept: str, restart: str) -> int:
+    """The site's token, printed once (`shown`, with how to keep it) or written to a new file only its
+    owner can read (`kept`), never both: `xclp site add` and `xclp site rotate-token` alike."""
+    site, token = out["site"], out["token"]
+    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
+    if path is None:
+        print(json.dumps(out) if args.json else f"site {site}{shown}{token}")
+        print(f"xclp: {restart}`{agent} FILE ...`", file=sys.stderr)
+        return 0
+    _write_token_file(path, token)
+    if args.json:
+        print(json.dumps({"site": site, "token_file": str(path)}))
+    else:
+        print(f"site {site}{kept.format(path=path)} `{agent} {path} ...`")
+    return 0
+
+
 def add_site_with_token_file(admin, args) -> int:
     """`xclp site add NAME [--token-file PATH] [--json]`: the token is shown once by the coordinator;
     with --token-file it goes into a new file only its owner can read, never to the terminal."""
     path: Path | None = args.token_file
     _check_token_file(path)  # checked before the site exists
     out = admin.add_site(args.name, getattr(args, "fingerprint", None))
-    site, token = out["site"], out["token"]
-    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
-    if path is None:
-        print(json.dumps(out) if args.json else f"site {site} added; its token (shown once): {token}")
-        print(f"xclp: keep the token in a file only the site can read (chmod 600) and start its agent with "
-              f"`{agent} FILE ...`; `xclp site add {site} --token-file FILE` writes that file itself",
-              file=sys.stderr)
-        return 0
-    _write_token_file(path, token)
-    if args.json:
-        print(json.dumps({"site": site, "token_file": str(path)}))
-    else:
-        print(f"site {site} added; its token is in {path} (mode 0600, shown nowhere else): give that file to "
-              f"the site, whose agent reads it with `{agent} {path} ...`")
-    return 0
+    return _hand_over(args, out, path, " added; its token (shown once): ",
+                      " added; its token is in {path} (mode 0600, shown nowhere else): give that file to the site, "
+                      "whose agent reads it with",
+                      f"keep the token in a file only the site can read (chmod 600) and start its agent with "
+                      f"(`xclp site add {out['site']} --token-file FILE` writes that file itself) ")
 
 
 def rotate_token(admin, args) -> int:
@@ -95,20 +102,10 @@ def rotate_token(admin, args) -> int:
     path: Path | None = args.token_file
     _check_token_file(path)
     out = admin.rotate_token(args.name)
-    site, token = out["site"], out["token"]
-    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
-    if path is None:
-        print(json.dumps(out) if args.json else f"site {site}: its new token (shown once): {token}")
-        print(f"xclp: the old token no longer works; restart the site's agent with the new one (`{agent} FILE ...`)",
-              file=sys.stderr)
-        return 0
-    _write_token_file(path, token)
-    if args.json:
-        print(json.dumps({"site": site, "token_file": str(path)}))
-    else:
-        print(f"site {site}: its new token is in {path} (mode 0600, shown nowhere else); the old one no longer "
-              f"works: restart the site's agent with `{agent} {path} ...`")
-    return 0
+    return _hand_over(args, out, path, ": its new token (shown once): ",
+                      ": its new token is in {path} (mode 0600, shown nowhere else); the old one no longer works: "
+                      "restart the site's agent with",
+                      "the old token no longer works; restart the site's agent with the new one ")
 
 
 def revoke_site(admin, args) -> int:
