@@ -300,6 +300,21 @@ class PredictCoordinator:
                 expired = False
         return out
 
+    def settle(self, mail: MemoryMailbox, sites_moved: bool) -> bool:
+        """For a driver whose clock is the job's own progress (the simulation; Flower, a round at a time):
+        every decision the arrived mail allows, its messages put into the mail; when neither the sites'
+        round (`sites_moved`) nor a decision moved anything, nothing can move but the deadline, which
+        has then passed. Returns whether the job moved."""
+        st = self.state
+        key = lambda: (st.phase, st.attempt, tuple(st.live), st.status)  # noqa: E731
+        before = key()
+        for m in self.run(mail):
+            mail.put(m)
+        if not sites_moved and key() == before:
+            for m in self.run(mail, expired=True):
+                mail.put(m)
+        return sites_moved or key() != before
+
     # --- what every phase shares ----------------------------------------------------------------------
     def _drop(self, sites) -> None:
         st = self.state

@@ -85,15 +85,9 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         for s in list(state.live):
             if s not in drops or not state.reached(drops[s]):
                 moved |= site_machines[s].step(state, mail.inbox(s), mail.put)
-        before = (state.phase, state.attempt, tuple(state.live))
-        for m in coord.run(mail):
-            mail.put(m)
-        if not moved and before == (state.phase, state.attempt, tuple(state.live)):
-            # Nothing can move but a deadline: the sites that have not done their part drop by the rules.
-            for m in coord.run(mail, expired=True):
-                mail.put(m)
-            if before == (state.phase, state.attempt, tuple(state.live)) and state.status == "running":
-                raise RuntimeError(f"the job is stuck in {state.phase}: {state}")  # a bug of the machines
+        # the coordinator decides; when nothing moved, the deadline passes and the silent sites drop
+        if not coord.settle(mail, moved) and state.status == "running":
+            raise RuntimeError(f"the job is stuck in {state.phase}: {state}")  # a bug of the machines
         if state.phase != phase or state.status != "running":
             now = time.perf_counter()
             timings[phase] = timings.get(phase, 0.0) + now - clock

@@ -215,12 +215,7 @@ class FlowerXCLP:
                     done[s] = rec
             if state.status != "running":
                 break
-            before = (state.phase, state.attempt, tuple(state.live), state.status)
-            for m in machine.run(mail):
-                mail.put(m)
-            if not moved and before == (state.phase, state.attempt, tuple(state.live), state.status):
-                for m in machine.run(mail, expired=True):  # nothing can move: the phase's deadline
-                    mail.put(m)
+            machine.settle(mail, moved)  # (a round in which nothing moved: the phase's deadline passed)
             if state.phase != phase:
                 self.say(f"{state.phase}: {len(state.live)} sites")
                 phase = state.phase

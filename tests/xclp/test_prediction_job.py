@@ -34,7 +34,8 @@ def machines(ds, params):
 
 
 def drive(coord, sites, mail, until, silent=()):
-    """Sites and coordinator in turn until `until(state)`; a round where nothing moves is a deadline."""
+    """Sites and coordinator in turn until `until(state)`; a round where nothing moves is a deadline
+    (PredictCoordinator.settle, as the simulation and Flower drive it)."""
     st = coord.state
     for _ in range(200):
         if until(st):
@@ -43,12 +44,7 @@ def drive(coord, sites, mail, until, silent=()):
         for s in list(st.live):
             if s not in silent:
                 moved |= sites[s].step(st, mail.inbox(s), mail.put)
-        before = (st.phase, st.attempt, tuple(st.live))
-        for m in coord.run(mail):
-            mail.put(m)
-        if not moved and before == (st.phase, st.attempt, tuple(st.live)):
-            for m in coord.run(mail, expired=True):
-                mail.put(m)
+        coord.settle(mail, moved)
     raise AssertionError(st)
 
 
