@@ -23,3 +23,18 @@ def digits():
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def small_paillier(monkeypatch):
+    """1024-bit Paillier keys (the protocol refuses them outside tests unless asked): key generation in a
+    second instead of several."""
+    import crypto.paillier_hamming as ph
+
+    init = ph.PaillierHamming.__init__
+
+    def patched(self, key_bits=2048, *a, **kw):
+        kw["insecure_test_key_bits"] = True
+        return init(self, 1024, *a, **kw)
+
+    monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)

@@ -42,17 +42,8 @@ def run(configs, **kw):
 
 
 @pytest.fixture
-def small_paillier(monkeypatch):
-    """1024-bit Paillier keys (the protocol refuses them outside tests): key generation in a second."""
-    import crypto.paillier_hamming as ph
-
-    init = ph.PaillierHamming.__init__
-
-    def patched(self, key_bits=2048, *a, **kw):
-        kw["insecure_test_key_bits"] = True
-        return init(self, 1024, *a, **kw)
-
-    monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
+def small_paillier_sites(small_paillier, monkeypatch):
+    """1024-bit Paillier keys (tests/conftest.py), and sites whose policy takes them."""
     from clients.policy import SitePolicy  # ... and sites that take them (the agent's --min-key-bits)
 
     policy = SitePolicy.__init__
@@ -65,7 +56,7 @@ def small_paillier(monkeypatch):
 
 
 @pytest.mark.parametrize("crypto", ["plaintext", "lattice", "paillier", "ot"])
-def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, crypto, small_paillier):
+def test_flower_gives_the_simulations_labels_with_the_same_seed(federation, crypto, small_paillier_sites):
     ds, configs = federation
     grid, params, out = run(configs, crypto=crypto, key_bits=1024)
     assert out["sites"] == ds.sites and out["bytes_total"] > 0

@@ -24,24 +24,12 @@ def params(crypto, **kw):
 
 
 @pytest.mark.parametrize("crypto", ["ot", "paillier", "lattice"])
-def test_secure_runs_equal_the_plaintext_run(ds, crypto, monkeypatch):
-    if crypto == "paillier":  # 1024-bit keys keep the test quick; the protocol allows it only when asked
-        import crypto.paillier_hamming as ph
-
-        monkeypatch.setattr(ph.PaillierHamming, "__init__", _small_key_init(ph.PaillierHamming.__init__))
+def test_secure_runs_equal_the_plaintext_run(ds, crypto, small_paillier):  # (1024-bit keys: quick)
     plain = run_xclp(ds, params("plaintext"), seed=5)
     secure = run_xclp(ds, params(crypto), seed=5)
     assert np.array_equal(plain.labels, secure.labels)
     assert np.array_equal(plain.confidence, secure.confidence)
     assert secure.bytes["by_phase"]["hamming"] > plain.bytes["by_phase"]["hamming"]
-
-
-def _small_key_init(init):
-    def patched(self, key_bits=2048, *a, **kw):
-        kw["insecure_test_key_bits"] = True
-        return init(self, 1024, *a, **kw)
-
-    return patched
 
 
 def coordinator_inputs(ds, seed):

@@ -75,19 +75,6 @@ def _job(params: JobParams, restore: bool) -> dict:
     return {s: S(s).receive_row_sums(back[s]).labels for s in SITES} | {"sessions": sess}
 
 
-@pytest.fixture
-def small_paillier(monkeypatch):
-    import crypto.paillier_hamming as ph
-
-    init = ph.PaillierHamming.__init__
-
-    def patched(self, key_bits=2048, *a, **kw):
-        kw["insecure_test_key_bits"] = True
-        return init(self, 1024, *a, **kw)
-
-    monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
-
-
 @pytest.mark.parametrize("crypto, extra", [("plaintext", {"standardize": True}), ("lattice", {"dp_noise": 0.5}),
                                            ("paillier", {}), ("ot", {"label_flip": 0.2})])
 def test_a_job_restored_before_every_call_gives_the_uninterrupted_labels(crypto, extra, small_paillier):
