@@ -1,6 +1,5 @@
 """What an in-process job reports: the bytes each party sent in each phase (`ByteMeter`), and the
-result with its timings (`SimulationResult`) — shared by the in-process drivers (xclp.simulation,
-xclp.blocked_simulation)."""
+result with its timings (`SimulationResult`) — the in-process driver's (xclp.simulation)."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ class SimulationResult:
     solver: str
     params: JobParams
     job: PredictState | None = None  # where the job ended: who dropped in which phase, each sum's attempt
-    coordinator: CoordinatorSession | None = None  # a blocked graph's (xclp.blocked_simulation), for benchmarks
+    coordinator: CoordinatorSession | None = None  # the session that built the graph (benchmarks read a blocked graph's)
 
 
 def split_by_site(ds: Dataset) -> dict[str, np.ndarray]:

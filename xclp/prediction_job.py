@@ -52,8 +52,12 @@ from typing import Protocol
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
+from xclp import blocking
+from xclp.block_protocol import decode_plan, encode_plan
 from xclp.propagation import Prediction
 from xclp.protocol import (
+    BLOCKED_GRAPH_TOPICS,
+    EXACT_GRAPH_TOPICS,
     JOB_PHASES,
     LEFT_OUT,
     REFUSE,
@@ -215,16 +219,23 @@ class Inadmissible(ProtocolError):
         self.conflict = conflict
 
 
-def admit(state: PredictState, site: str, to: str, topic: str) -> str:
+def admit(state: PredictState, site: str, to: str, topic: str, blocked: bool | None = None) -> str:
     """Who may send what, when, in a prediction job (every driver checks a site's messages by this rule
-    before reading them): the topic's kind, or Inadmissible. `site` is a live site of the job."""
+    before reading them): the topic's kind, or Inadmissible. `site` is a live site of the job; `blocked`:
+    whether the job's graph is blocked (None: not known yet — then the hamming phase's topics of either
+    graph pass this rule, and the machine reads only its own graph's)."""
     parts = topic.split("/")
     kind = parts[0]
     if kind not in TOPIC_PHASE:
         raise Inadmissible(f"unknown message topic {topic!r}")
+    if blocked is not None and kind in (EXACT_GRAPH_TOPICS if blocked else BLOCKED_GRAPH_TOPICS):
+        raise Inadmissible(f"{kind!r} belongs to the {'exact' if blocked else 'blocked'} graph; this job's graph is "
+                           f"{'blocked' if blocked else 'exact'}")
     if TOPIC_PHASE[kind] != state.phase:
         raise Inadmissible(f"{kind!r} belongs to phase {TOPIC_PHASE[kind]}; the job is in phase {state.phase}",
                            conflict=True)
+    if kind in BLOCKED_GRAPH_TOPICS:
+        return _admit_blocked(state, site, to, topic, parts)
     relayed = kind in ("seed", "pair")
     if relayed and (to == site or to not in state.live):
         raise Inadmissible(f"{kind!r} goes to another live site of the job, not {to!r}")
@@ -248,13 +259,78 @@ def admit(state: PredictState, site: str, to: str, topic: str) -> str:
     return kind
 
 
-def progress(state: PredictState) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+def _admit_blocked(state: PredictState, site: str, to: str, topic: str, parts: list[str]) -> str:
+    """A blocked graph's hamming topics: tags, knn and codes to the coordinator in round 0 (the job's
+    `attempt` counts a blocked graph's rounds); a round's pair messages (to the pair's other site,
+    numbered) and shares (to the coordinator) name the round, a pair of live sites and, for a share, the
+    current round (a pair message may trail its round: its peer took it before its own share)."""
+    kind = parts[0]
+    if kind in ("tags", "knn", "codes"):
+        if len(parts) != 1 or to != COORDINATOR:
+            raise Inadmissible(f"{topic!r} goes to the coordinator, unnumbered")
+        if state.attempt != 0:
+            raise Inadmissible(f"{kind!r} belongs to round 0 of the blocked graph; the job is in round {state.attempt}",
+                               conflict=True)
+        return kind
+    relayed = kind == "bpair"
+    if len(parts) != (5 if relayed else 4) or not parts[1].isdigit() or int(parts[1]) < 1:
+        raise Inadmissible(f"unknown message topic {topic!r}")
+    r = int(parts[1])
+    if r > state.attempt or (not relayed and r != state.attempt):
+        raise Inadmissible(f"{topic!r}: the blocked graph is in round {state.attempt}", conflict=True)
+    order = state.order
+    a, b = parts[2], parts[3]
+    if a not in order or b not in order or order.index(a) >= order.index(b) or site not in (a, b):
+        raise Inadmissible(f"{topic!r} does not name a pair of live sites that includes {site}")
+    if relayed and (to not in (a, b) or to == site or not parts[4].isdigit()
+                    or int(parts[4]) >= MAX_PAIR_MESSAGES):
+        raise Inadmissible(f"{topic!r}: a round's pair messages go to the other site of the pair, numbered below "
+                           f"{MAX_PAIR_MESSAGES}")
+    if not relayed and to != COORDINATOR:
+        raise Inadmissible(f"{kind!r} goes to the coordinator")
+    return kind
+
+
+def graph_mode(params: JobParams, mail: Mailbox, state: PredictState) -> str:
+    """"exact" or "blocked": every party computes it from the roster's points (JobParams.graph_mode);
+    the roster is every site that was not left out in setup."""
+    if params.graph in ("exact", "blocked") or not state.reached("seed"):
+        return "exact" if params.graph == "auto" else params.graph
+    roster = [s for s in state.sites if state.dropped.get(s) != "setup"]
+    return params.graph_mode(sum(decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in roster))
+
+
+def progress(state: PredictState, blocked: bool = False) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
     """How to count the current phase's progress: the parts expected, and the topics (exact, and by
     prefix) of the parts that count, sent to the coordinator or relayed."""
     m = len(state.live)
+    if blocked and state.phase == "hamming":  # round 0: tags and lists; round r: at most every pair's shares
+        return (2 * m, ("tags", "knn"), ()) if state.attempt == 0 else (m * (m - 1), (), (f"bshare/{state.attempt}/",))
     return {"setup": (m, ("announce",), ()), "seed": (m * (m - 1), ("seed",), ()),
             "counts": (m, (Topic.counts(state.attempt),), ()), "hamming": (m + m * (m - 1), ("intra",), ("share/",)),
             "row_sums": (m, (Topic.rows(state.attempt),), ())}.get(state.phase, (0, (), ()))
+
+
+class _WithSent:
+    """A mailbox and the messages decided but not yet handed to the driver (PredictCoordinator.run)."""
+
+    def __init__(self, mail: Mailbox, sent: list[Send]):
+        self.mail, self.sent = mail, sent
+
+    def senders(self, recipient: str, topic: str) -> set[str]:
+        return self.mail.senders(recipient, topic) | {m.sender for m in self.sent
+                                                      if m.recipient == recipient and m.topic == topic}
+
+    def recipients(self, sender: str, topic: str) -> set[str]:
+        return self.mail.recipients(sender, topic) | {m.recipient for m in self.sent
+                                                      if m.sender == sender and m.topic == topic}
+
+    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        got = self.mail.body(sender, recipient, topic)
+        if got is None:
+            got = next((m.body for m in self.sent if (m.sender, m.recipient, m.topic) == (sender, recipient, topic)),
+                       None)
+        return got
 
 
 class PredictCoordinator:
@@ -262,14 +338,15 @@ class PredictCoordinator:
     the arrived messages allow (and, with `expired`, the current phase's deadline) and returns what to
     send; `state` is everything it keeps. `timings`: seconds of the heavy steps it ran (graph, influence)."""
 
-    def __init__(self, params: JobParams, state: PredictState):
+    def __init__(self, params: JobParams, state: PredictState, executor=None):
+        """`executor`: where a blocked graph's heavy tasks run (xclp.executor; None: here)."""
         self.params = params.validate()
-        if params.graph != "exact":  # issue 23's blocked graph: its steps are not in this order yet
-            raise ProtocolError(f"graph={params.graph!r}: the blocked graph runs in process only "
-                                "(xclp.simulation); the service and Flower build the exact graph")
         self.state = state
+        self.executor = executor
         self.timings: dict[str, float] = {}
         self.solve_info = None
+        self.coordinator: CoordinatorSession | None = None  # the last graph's (tests and benchmarks read it)
+        self._mode: str | None = None
 
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False) -> list[Send]:
@@ -289,10 +366,11 @@ class PredictCoordinator:
         """Every decision the arrived messages allow now. A new phase or attempt has a deadline of its own
         (counted by the driver from now), so `expired` holds only for the phase it was given for."""
         out: list[Send] = []
+        seen = _WithSent(mail, out)  # a later decision reads what an earlier one sent (a blocked graph's plans)
         for _ in range(MAX_STEPS):
             st = self.state
             before = (st.phase, st.attempt, tuple(st.live), st.status)
-            out += self.step(mail, expired)
+            out += self.step(seen, expired)
             after = (st.phase, st.attempt, tuple(st.live), st.status)
             if after == before or st.status != "running":
                 break
@@ -366,7 +444,7 @@ class PredictCoordinator:
         return False
 
     def _session(self, mail: Mailbox, sites: list[str]) -> CoordinatorSession:
-        coord = CoordinatorSession(self.params)
+        coord = CoordinatorSession(self.params, executor=self.executor)
         for s in sites:
             coord.register(s, mail.body(s, COORDINATOR, "announce"))
         return coord
@@ -424,7 +502,15 @@ class PredictCoordinator:
                       if mail.senders(COORDINATOR, Topic.share(a, b)) != {a, b}}
         return blame(order, incomplete, missing)
 
+    def graph_mode(self, mail: Mailbox) -> str:
+        if self._mode is None:
+            self._mode = graph_mode(self.params, mail, self.state)
+        return self._mode
+
     def _hamming(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        if self.graph_mode(mail) == "blocked":
+            self._blocked_hamming(mail, expired, out)
+            return
         st = self.state
         missing = self._hamming_missing(mail)
         if missing:
@@ -443,15 +529,129 @@ class PredictCoordinator:
             log.warning(json.dumps({"event": "bad_shares", "blamed": sorted(blamed)}))
             self._drop(blamed)
             return
+        self._graph(coord, order, out)
+
+    def _graph(self, coord: CoordinatorSession, order: list[str], out: list[Send]) -> None:
+        """Every distance is in: 𝒲, the influence columns, one message per site; then the row sums."""
         t0 = time.perf_counter()
         W = coord.build_graph(order)
         t1 = time.perf_counter()
         coord.compute_influence(W)
         self.timings = {**self.timings, "graph": t1 - t0, "influence": time.perf_counter() - t1}
-        self.solve_info = coord.solve_info
+        self.solve_info, self.coordinator = coord.solve_info, coord
         out.extend(Send(COORDINATOR, s, "influence", coord.influence_message(s)) for s in order)
-        st.graph_sites = order
+        self.state.graph_sites = order
         self._next("row_sums")
+
+    # --- hamming, blocked graph -----------------------------------------------------------------------
+    # The order of xclp.blocked_graph, as rounds of the hamming phase (the job's `attempt` counts them,
+    # so each round has its own deadline): round 0 — every live site sends its tags and within-site
+    # lists (and, crypto="plaintext", its codes: the coordinator then measures every candidate and
+    # every NN-Descent round itself, and the graph follows at once); round r ≥ 1 — each live site gets
+    # its candidate blocks (`Topic.blocks(r)`: round 1 from the tags, later rounds NN-Descent's) and
+    # runs one pair protocol per peer over them (xclp.block_protocol), whose shares come back as
+    # `Topic.block_share(r, a, b)`; when a round brings no new block, the graph.
+    #
+    # Nothing of it is kept in PredictState but the round: what the coordinator knows is recomputed
+    # from the mailbox when a round completes — the tags and lists, the plans it sent (its own
+    # messages), every round's shares — so a coordinator restarted mid-phase goes on where it was and
+    # the state stays a few fields (no candidate pair in the job's row). The cost: each completed round
+    # combines the shares of the rounds before it again (descent_rounds + 1 rounds in all).
+    #
+    # Blame as in the exact graph: a site that does not send its round-0 inputs by the deadline is
+    # dropped; a pair whose round has a share missing at the deadline, or whose shares do not combine,
+    # is incomplete, and `blame` picks the sites to drop; the job goes on without them.
+    def _blocked_inputs(self) -> tuple[str, ...]:
+        return ("tags", "knn") + (("codes",) if self.params.crypto == "plaintext" else ())
+
+    def _plan(self, mail: Mailbox, r: int, order: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
+        """Round r's blocks of every pair of `order`, from the plans the coordinator sent the sites."""
+        coord_n = {s: decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in order}
+        plans = {}
+        for s in order:
+            body = mail.body(COORDINATOR, s, Topic.blocks(r))
+            plans[s] = {} if body is None else decode_plan(body, coord_n[s], self.state.sites,
+                                                            max_bytes=self.params.max_message_bytes)
+        out = {}
+        for i, a in enumerate(order):
+            for b in order[i + 1:]:
+                rows_a, rows_b = plans[a].get(b), plans[b].get(a)
+                if rows_a is None or rows_b is None or len(rows_a) != len(rows_b):
+                    if rows_a or rows_b:
+                        raise ProtocolError(f"round {r}: the plans of ({a}, {b}) disagree")  # our own messages
+                    continue
+                out[(a, b)] = [blocking.Block(a, b, x, y) for x, y in zip(rows_a, rows_b)]
+        return out
+
+    def _blocked_session(self, mail: Mailbox, order: list[str]) -> tuple[CoordinatorSession, set[str]]:
+        """The coordinator's blocked state rebuilt from the mailbox: the roster, the live sites' round-0
+        inputs and every completed round's shares. Returns it and the sites to drop: those whose inputs
+        do not load, and those `blame` picks for pairs whose shares do not combine."""
+        st = self.state
+        coord = CoordinatorSession(self.params, executor=self.executor)
+        for s in [s for s in st.sites if st.dropped.get(s) != "setup"]:  # the roster, as the sites got it
+            coord.register(s, mail.body(s, COORDINATOR, "announce"))
+        bad: set[str] = set()
+        for s in order:
+            try:
+                coord.receive_tags(s, mail.body(s, COORDINATOR, "tags"))
+                coord.receive_intra_knn(s, mail.body(s, COORDINATOR, "knn"))
+                if self.params.crypto == "plaintext":
+                    coord.receive_plaintext_codes(s, mail.body(s, COORDINATOR, "codes"))
+            except ProtocolError as exc:
+                log.warning(json.dumps({"event": "bad_blocked_inputs", "site": s, "why": str(exc)}))
+                bad.add(s)
+        live = [s for s in order if s not in bad]
+        incomplete = set()
+        for r in range(1, st.attempt + 1):
+            for (a, b), blocks in self._plan(mail, r, live).items():
+                try:
+                    coord.receive_blocks(blocks, mail.body(a, COORDINATOR, Topic.block_share(r, a, b)),
+                                         mail.body(b, COORDINATOR, Topic.block_share(r, a, b)))
+                except ProtocolError as exc:
+                    log.warning("round %d, pair (%s, %s): %s", r, a, b, exc)
+                    incomplete.add((a, b))
+        return coord, blame(order, incomplete, bad)
+
+    def _blocked_hamming(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
+        st = self.state
+        order = st.order
+        r = st.attempt
+        if r == 0:
+            missing = {s for s in order for t in self._blocked_inputs() if s not in mail.senders(COORDINATOR, t)}
+        else:
+            incomplete = {p for p in self._plan(mail, r, order)
+                          if mail.senders(COORDINATOR, Topic.block_share(r, *p)) != set(p)}
+            missing = blame(order, incomplete)
+        if missing:
+            if expired:  # gone before or during its blocks: removed from the graph, as if never there
+                self._drop(missing)
+            return
+        coord, blamed = self._blocked_session(mail, order)
+        if blamed:
+            log.warning(json.dumps({"event": "bad_shares", "blamed": sorted(blamed)}))
+            self._drop(blamed)
+            return
+        if r == 0 and self.params.crypto == "plaintext":  # the coordinator measures every round itself
+            coord.measure_candidates(order)
+            while coord.measure_descent(order):
+                pass
+            self._graph(coord, order, out)
+            return
+        if r == 0:
+            blocks = coord.candidate_blocks(order)
+        else:
+            coord.blocked.rounds_done = r - 1  # NN-Descent rounds taken so far (round 1 was the tags')
+            blocks = coord.descent_blocks(order)
+        blocks = {p: bl for p, bl in blocks.items() if bl}
+        if not blocks:
+            self._graph(coord, order, out)
+            return
+        for s in order:
+            mine = {(b if a == s else a): [bl.rows_a if a == s else bl.rows_b for bl in blocks[(a, b)]]
+                    for (a, b) in blocks if s in (a, b)}
+            out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(mine)))
+        st.attempt = r + 1
 
     def _row_sums(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
         st = self.state
@@ -550,6 +750,8 @@ class PredictSite:
 
     def _hamming(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
         sess, me = self.session, self.name
+        if sess._blocked():
+            return self._blocked_hamming(view, inbox, send)
         if self.pairs is None and self.record.get("hamming_started"):
             if not sess.pair_drivers:  # a session rebuilt from its keys: the pair protocols' state is gone
                 self.lost_pairs = True
@@ -560,8 +762,20 @@ class PredictSite:
             self.pairs = {peer: self._pair(peer) for peer in sess.order if peer in view.live and peer != me}
             # from here on the pair protocols' state lives in the session (memory, or its saved bytes) only
             self.record["hamming_started"] = True
+        progressed = self._step_pairs(self.pairs.values(), view, inbox, send)
+        if not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
+            # All its pairs are through: the phase ends when the coordinator has every share and has
+            # built the graph; a driver may wait for that in one long poll.
+            progressed = inbox.get("influence", wait=True) is not None
+        return progressed
+
+    def _step_pairs(self, pairs, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
+        """Every pair protocol of this site with a live peer, one turn each where it can: the exact graph's
+        pairs, or a blocked graph's rounds (each pair's entry names its topics)."""
+        me = self.name
         progressed = waiting = False
-        for peer, d in self.pairs.items():
+        for d in pairs:
+            peer = d["peer"]
             if peer not in view.live:
                 continue
             # What the party produced is kept until sent: a failed upload is made again on the next
@@ -572,30 +786,70 @@ class PredictSite:
                 continue
             message = None
             if side.awaiting is not None:
-                message = inbox.get(Topic.pair(*d["pair"], side.awaiting), sender=peer)
+                message = inbox.get(d["message"](side.awaiting), sender=peer)
                 if message is None:
                     waiting = True
                     continue
             to_peer, to_server = side.step(message)
             progressed = True
             if to_server is not None:
-                d["outbox"].append(Send(me, COORDINATOR, Topic.share(*d["pair"]), to_server))
+                d["outbox"].append(Send(me, COORDINATOR, d["share"], to_server))
             if to_peer is not None:
-                d["outbox"].append(Send(me, peer, Topic.pair(*d["pair"], to_peer[0]), to_peer[1]))
+                d["outbox"].append(Send(me, peer, d["message"](to_peer[0]), to_peer[1]))
             self._flush(d, send)
         self.waiting = waiting and not progressed
-        if not progressed and all(d["side"].done for p, d in self.pairs.items() if p in view.live):
-            # All its pairs are through: the phase ends when the coordinator has every share and has
-            # built the graph; a driver may wait for that in one long poll.
-            progressed = inbox.get("influence", wait=True) is not None
         return progressed
 
     def _pair(self, peer: str) -> dict:
         """Our side of the pair protocol with `peer` (its turn-taking kept in the session, which saves it),
         named by the pair in roster order, and what it produced and has not sent yet."""
         order = self.session.order
-        return {"side": self.session.pair_driver(peer), "pair": tuple(sorted((self.name, peer), key=order.index)),
-                "outbox": []}
+        a, b = sorted((self.name, peer), key=order.index)
+        return {"side": self.session.pair_driver(peer), "peer": peer, "share": Topic.share(a, b),
+                "message": lambda n: Topic.pair(a, b, n), "outbox": []}
+
+    # --- hamming, blocked graph (the coordinator's side: PredictCoordinator._blocked_hamming) ----------
+    def _block_round(self, r: int, peer: str, driver) -> dict:
+        order = self.session.order
+        a, b = sorted((self.name, peer), key=order.index)
+        return {"side": driver, "peer": peer, "round": r, "share": Topic.block_share(r, a, b),
+                "message": lambda n: Topic.block_pair(r, a, b, n), "outbox": []}
+
+    def _blocked_hamming(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
+        sess = self.session
+        progressed = False
+        inputs = {"tags": sess.tags_message, "knn": sess.intra_knn_message}
+        if sess.params.crypto == "plaintext":
+            inputs["codes"] = sess.codes_message
+        for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
+            if not self.record.get(f"sent:{COORDINATOR}:{topic}"):
+                progressed |= self._once(send, topic, make())
+        if self.pairs is None:
+            if any(k.startswith("blocks:") and v for k, v in self.record.items()) and not sess.block_drivers:
+                self.lost_pairs = True  # a session rebuilt from its keys: its rounds' protocol state is gone
+                return progressed
+            # a restored session's rounds (Flower), in round order: a peer's messages follow it
+            self.pairs = {key: self._block_round(int(key.split("/")[0]), peer, drv)
+                          for key, (peer, drv) in sorted(sess.block_drivers.items(),
+                                                         key=lambda kv: int(kv[0].split("/")[0]))}
+        r = view.attempt
+        if r >= 1 and f"blocks:{r}" not in self.record:
+            body = inbox.get(Topic.blocks(r))
+            if body is None:
+                return progressed
+            plan = decode_plan(body, sess.X.shape[0], sess.order, max_bytes=sess.params.max_message_bytes)
+            for peer in sorted(plan, key=sess.order.index):
+                key = f"{r}/{peer}"
+                self.pairs[key] = self._block_round(r, peer, sess.block_driver(key, peer, plan[peer]))
+            self.record[f"blocks:{r}"] = len(plan)
+            progressed = True
+        progressed |= self._step_pairs(self.pairs.values(), view, inbox, send)
+        if not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
+            # Its blocks are through: next come the next round's blocks or, after the last round, the
+            # influence columns (a driver may wait in one long poll for the likelier).
+            last = sess.params.crypto == "plaintext" or r > sess.params.descent_rounds
+            progressed = inbox.get("influence" if last else Topic.blocks(r + 1), wait=True) is not None
+        return progressed
 
     @staticmethod
     def _flush(d: dict, send: Callable[[Send], None]) -> bool:

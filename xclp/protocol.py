@@ -69,6 +69,7 @@ from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contrib
 from crypto.state import Nested, State, pack
 from xclp import blocked_graph, blocking, lsh, push
 from xclp import graph as graphs
+from xclp.block_protocol import BlockParty, split_shares
 from xclp.data import validate_features, validate_labels
 from xclp.influence import SolveInfo, influence_columns
 from xclp.job_files import check_job_id
@@ -88,9 +89,14 @@ JOB_PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
 # The phase each upload belongs to, by its topic's first segment ("seed" and "pair" go site to site,
 # the rest to the coordinator).
 TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
-               "share": "hamming", "rows": "row_sums"}
+               "share": "hamming", "rows": "row_sums",
+               # a blocked graph's hamming phase (xclp.blocked_graph): tags, within-site lists, codes
+               # (plaintext only), and each round's pair protocol over its blocks
+               "tags": "hamming", "knn": "hamming", "codes": "hamming", "bpair": "hamming", "bshare": "hamming"}
+EXACT_GRAPH_TOPICS = ("intra", "pair", "share")
+BLOCKED_GRAPH_TOPICS = ("tags", "knn", "codes", "bpair", "bshare")
 # ... and of what the coordinator sends (the influence columns count as the row sums' input)
-COORDINATOR_TOPIC_PHASE = {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums"}
+COORDINATOR_TOPIC_PHASE = {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums", "blocks": "hamming"}
 
 
 def topic_phase(topic: str) -> str:
@@ -143,6 +149,19 @@ class Topic:
     @staticmethod
     def pair(a: str, b: str, number: int) -> str:
         return f"pair/{a}/{b}/{number}"
+
+    @staticmethod
+    def blocks(round_: int) -> str:
+        """The coordinator's candidate blocks of a blocked graph's round (1, 2, …) for one site."""
+        return f"blocks/{round_}"
+
+    @staticmethod
+    def block_pair(round_: int, a: str, b: str, number: int) -> str:
+        return f"bpair/{round_}/{a}/{b}/{number}"
+
+    @staticmethod
+    def block_share(round_: int, a: str, b: str) -> str:
+        return f"bshare/{round_}/{a}/{b}"
 
     @staticmethod
     def rows(attempt: int) -> str:
@@ -591,6 +610,7 @@ class SiteSession:
         self._paillier_keys = None
         self.pair_drivers: dict[str, PairDriver] = {}  # the pair protocols in progress (pair_driver)
         self._tag_cache: np.ndarray | None = None  # blocked graph: this site's substring tags
+        self.block_drivers: dict[str, tuple[str, PairDriver]] = {}  # blocked graph: round/peer → (peer, driver)
 
     # --- saved and restored (see "saved sessions" at the end: no pickle) --------------------------------
     def to_bytes(self) -> bytes:
@@ -919,6 +939,27 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: a block names rows outside [0, {self.X.shape[0]})")
         return self.hamming_party(peer, rows=rows)
 
+    def blocks_party(self, peer: str, blocks: list[np.ndarray]) -> BlockParty:
+        """Our side of one round's blocks with `peer` as one pair protocol (xclp.block_protocol: the seam
+        where output packing replaces one run per block)."""
+        return BlockParty([self.block_party(peer, rows) for rows in blocks], blocks)
+
+    def block_driver(self, key: str, peer: str, blocks: list[np.ndarray]) -> PairDriver:
+        """The turn-taking of a round's blocks with `peer` (`key`: the round and the peer), made once and
+        kept (and saved with the session) until the job ends."""
+        if key not in self.block_drivers:
+            if peer not in self.order or peer == self.site:
+                raise ProtocolError(f"{self.site}: blocks with {peer!r}, not a peer of this job")
+            first = self.order.index(self.site) < self.order.index(peer)
+            self.block_drivers[key] = (peer, PairDriver(self.blocks_party(peer, blocks), first))
+        return self.block_drivers[key][1]
+
+    def _restore_block_driver(self, peer: str, data: bytes) -> PairDriver:
+        proto = self._hamming = self._hamming or hamming_protocol(self.params)
+        return PairDriver.restore(data, lambda b: BlockParty.restore(
+            b, lambda rows, d: ChannelParty(proto.restore_party(self.bits[rows], self.params.bits, d),
+                                            self.channels[peer], "hamming")))
+
     # --- row sums --------------------------------------------------------------------------------
     def receive_influence(self, message: bytes) -> None:
         """The graph's layout and this site's influence columns S_L^(j) (`CoordinatorSession.influence_message`)."""
@@ -1046,6 +1087,13 @@ class CoordinatorSession:
         i = np.repeat(block.rows_a, nb)
         j = np.tile(block.rows_b, na)
         self._blocked_state().add_pairs(a, b, i, j, h.ravel())
+
+    def receive_blocks(self, blocks: list[blocking.Block], share_a: bytes, share_b: bytes) -> None:
+        """One round's blocks of a pair, run as one protocol (`SiteSession.blocks_party`): each block's
+        shares to `receive_block` (xclp.block_protocol: the seam where output packing goes)."""
+        a, b = blocks[0].a, blocks[0].b
+        for block, sa, sb in zip(blocks, split_shares(share_a, len(blocks), a), split_shares(share_b, len(blocks), b)):
+            self.receive_block(block, sa, sb)
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the
@@ -1307,6 +1355,9 @@ def _session_to_bytes(s: SiteSession) -> bytes:
     if s._paillier_keys is not None:
         f["paillier"] = [int(s._paillier_keys[1].p), int(s._paillier_keys[1].q)]
     f["pairs"] = list(s.pair_drivers)
+    f["block_rounds"] = [[key, peer] for key, (peer, _) in s.block_drivers.items()]
+    for i, (_, driver) in enumerate(s.block_drivers.values()):
+        f[f"block_round/{i}"] = Nested(driver.state())
     for i, driver in enumerate(s.pair_drivers.values()):
         f[f"pair/{i}"] = Nested(driver.state())
     return pack(f)
@@ -1366,6 +1417,10 @@ def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hammi
 
         p, q = s.json("paillier")
         sess._paillier_keys = keypair_from_primes(p, q)
+    for i, (key, peer) in enumerate(s.json("block_rounds") if "block_rounds" in s else []):
+        if peer not in sess.channels or sess.bits is None:
+            raise ProtocolError(f"{sess.site}: a saved block round with {peer!r}, not a peer of its roster")
+        sess.block_drivers[str(key)] = (str(peer), sess._restore_block_driver(str(peer), s.nested(f"block_round/{i}")))
     peers = s.json("pairs")
     if peers:
         proto = sess._hamming = sess._hamming or hamming_protocol(params)

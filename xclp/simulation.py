@@ -45,14 +45,9 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     The sites' seed contributions derive from `seed` (reproducible simulations), unless given in
     `contributions` (e.g. those of real agents, to replay a service job in process); so do the secrets
     of their label-DP noise (`noise_seeds`), and, where given, of their randomized labels (`label_seeds`:
-    a real site's one secret per data file, xclp.privacy.site_ledger). A job whose graph resolves to
-    "blocked" (`params.graph`) runs in xclp.blocked_simulation (`executor`: where its heavy tasks run).
+    a real site's one secret per data file, xclp.privacy.site_ledger). `executor`: where a blocked graph's
+    heavy coordinator tasks run (xclp.executor; `params.graph`).
     """
-    if params.graph_mode(ds.n) == "blocked":  # (issue 23: not yet in the machines; see that module)
-        from xclp.blocked_simulation import run_blocked
-
-        return run_blocked(ds, params, seed, progress, contributions, drops, noise_seeds, tap, label_seeds,
-                           executor=executor)
     say = progress or (lambda _msg: None)
     meter = ByteMeter(tap=tap)
     rows = split_by_site(ds)
@@ -71,7 +66,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
                        label_seed=(label_seeds or {}).get(s))
         for s, idx in rows.items()
     }
-    coord = PredictCoordinator(params, PredictState.new(sites))
+    coord = PredictCoordinator(params, PredictState.new(sites), executor=executor)
     site_machines = {s: PredictSite(sess) for s, sess in sessions.items()}
     mail = MemoryMailbox(on_put=lambda m: meter.add(m.sender, topic_phase(m.topic), m.body))
     timings: dict[str, float] = {}
@@ -95,7 +90,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
             if state.status == "running":
                 say({"seed": "seed: agreeing the LSH seed", "counts": "counts: secure sum of the label counts",
                      "hamming": f"hamming: {len(state.live) * (len(state.live) - 1) // 2} pairs of sites "
-                                f"({params.crypto}); LSH to {params.bits} bits",
+                                f"({params.crypto}, {params.graph_mode(ds.n)} graph); LSH to {params.bits} bits",
                      "row_sums": "graph, influence columns and row sums"}.get(phase, phase))
     if state.status == "failed":
         raise ValueError(state.failure)
@@ -121,7 +116,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         labels[idx] = predictions[s].labels
         confidence[idx] = predictions[s].confidence
     solver = getattr(coord.solve_info, "method", "none")
-    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params, state)
+    return SimulationResult(predictions, labels, confidence, timings, meter.report(), solver, params, state,
+                            coordinator=coord.coordinator)
 
 
 def unlabelled_accuracy(ds: Dataset, labels: np.ndarray, mask: np.ndarray | None = None) -> float:

@@ -153,10 +153,3 @@ def test_a_site_whose_columns_are_another_order_or_others_is_left_out_naming_the
         with pytest.raises(Exception, match="mixes feature columns"):
             sessions["site0"].set_roster(decode_roster(mixed))
         sessions["site1"].set_roster(decode_roster(roster))  # the agreed one is taken
-
-
-def test_the_machines_refuse_a_blocked_graph_they_cannot_run_yet():
-    # issue 23's blocked graph runs in process only (xclp.blocked_simulation) until its steps are in the
-    # order: a driver of the machines is told so instead of building the wrong graph
-    with pytest.raises(Exception, match="runs in process only"):
-        PredictCoordinator(JobParams(job_id="b", n_classes=10, bits=64, graph="blocked"), PredictState.new(["a", "b"]))

@@ -1,0 +1,147 @@
+"""A blocked-graph job in the one order (issue 23): its hamming rounds run by the machines of
+xclp/prediction_job.py — round 0's tags and within-site lists, rounds of candidate blocks each run as
+one pair protocol per pair of sites (xclp/block_protocol.py), then the graph — with the exact graph's
+blame, a state that saves to bytes mid-phase, and labels that do not depend on the protocol."""
+
+import numpy as np
+import pytest
+
+from xclp import graph as graphs
+from xclp import lsh
+from xclp.data import load_arrays
+from xclp.prediction_job import (
+    COORDINATOR,
+    Inadmissible,
+    MemoryMailbox,
+    PredictCoordinator,
+    PredictSite,
+    PredictState,
+    Send,
+    admit,
+)
+from xclp.protocol import JobParams, SiteSession
+from xclp.simulation import run_xclp
+from xclp.splits import simulate_sites
+
+BLOCKED = dict(n_classes=10, bits=64, k=5, graph="blocked", blocking_tables=4, max_bucket=6, influence_rank=0,
+               descent_rounds=1)
+
+
+@pytest.fixture(scope="module")
+def ds():
+    X, y = load_arrays("digits", limit=90, seed=3)
+    return simulate_sites(X, y, 3, "iid", 0.2, seed=3)
+
+
+def machines(ds, params):
+    sessions = {s: SiteSession(params, s, ds.X[ds.site == s], ds.y[ds.site == s], contribution=bytes([i + 1]) * 32)
+                for i, s in enumerate(ds.sites)}
+    return PredictCoordinator(params, PredictState.new(list(ds.sites))), {s: PredictSite(x) for s, x in sessions.items()}
+
+
+def drive(coord, sites, mail, until, silent=(), send=None):
+    """Sites and coordinator in turn until `until(state)`; a round where nothing moves is a deadline."""
+    st = coord.state
+    for _ in range(400):
+        if until(st):
+            return
+        moved = False
+        for s in list(st.live):
+            if s not in silent:
+                moved |= sites[s].step(st, mail.inbox(s), send or mail.put)
+        coord.settle(mail, moved)
+    raise AssertionError(st)
+
+
+def finish(coord, sites, mail):
+    drive(coord, sites, mail, lambda st: st.status != "running")
+    assert coord.state.status == "done", coord.state.failure
+    for s in coord.state.live:
+        sites[s].step(coord.state, mail.inbox(s), mail.put)
+    return {s: m.result.labels for s, m in sites.items() if m.result is not None}
+
+
+def test_every_pair_a_candidate_gives_the_exact_graph_through_the_machines(ds, monkeypatch):
+    # one table whose tag every point shares and a cap above n: one block per pair of sites, run by the
+    # lattice protocol in the machines' round 1; the kNN lists are those of all pairs of the same codes
+    from xclp import blocking
+
+    monkeypatch.setattr(blocking, "substring_tags", lambda bits, n_bits, key, tables: np.zeros(
+        (bits.shape[0], tables), np.uint64))
+    params = JobParams(job_id="all", crypto="lattice", **{**BLOCKED, "blocking_tables": 1, "max_bucket": 1000})
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    finish(coord, sites, mail)
+    assert coord.state.attempts["hamming"] == 1  # round 1 (every pair's one block); descent found nothing new
+    st = coord.coordinator.blocked
+    codes = np.concatenate([sites[s].session.bits for s in st.sites])
+    acc = graphs.KnnAccumulator(ds.n, params.k)
+    acc.add_block(np.arange(ds.n), np.arange(ds.n), lsh.hamming_matrix(codes, codes, params.bits))
+    lists = st.knn(st.sites)
+    assert np.array_equal(lists.dist, acc.dist)
+    assert st.pair_count() == sum(int((ds.site == a).sum() * (ds.site == b).sum())
+                                  for i, a in enumerate(ds.sites) for b in ds.sites[i + 1:])
+
+
+def test_lattice_labels_equal_plaintext_and_a_saved_state_goes_on_mid_phase(ds):
+    params = JobParams(job_id="blk", crypto="lattice", **BLOCKED)
+    plain = run_xclp(ds, JobParams(job_id="blk", **BLOCKED))
+    assert plain.solver == "push+spectral" and plain.job.attempts["hamming"] == 0  # plaintext: round 0 only
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)  # the tags' blocks sent
+    # a coordinator restarted mid-phase from its saved state: the round, and the rest from the mailbox
+    saved = coord.state.to_bytes()
+    assert len(saved) < 1000
+    coord = PredictCoordinator(params, PredictState.from_bytes(saved))
+    labels = finish(coord, sites, mail)
+    assert coord.state.attempts["hamming"] >= 1 and coord.state.dropped == {}
+    ref = run_xclp(ds, JobParams(job_id="blk", **BLOCKED),
+                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s, got in labels.items():
+        assert np.array_equal(got, ref.predictions[s].labels), s
+
+
+def test_a_pair_whose_blocks_do_not_combine_is_blamed_and_the_job_goes_on(ds):
+    params = JobParams(job_id="bad", crypto="lattice", **BLOCKED)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+
+    def send(m: Send):  # site2 spoils its shares of round 1 (its pairs with both others)
+        if m.sender == "site2" and m.topic.startswith("bshare/1/"):
+            m = Send(m.sender, m.recipient, m.topic, m.body[:-8] + bytes(8))
+        mail.put(m)
+
+    drive(coord, sites, mail, lambda st: bool(st.dropped) or st.reached("row_sums"), send=send)
+    assert coord.state.dropped == {"site2": "hamming"}  # the site in both incomplete pairs
+    finish(coord, sites, mail)
+    assert coord.state.graph_sites == ["site0", "site1"]
+
+
+def test_a_site_silent_in_a_round_is_dropped_at_its_deadline(ds):
+    params = JobParams(job_id="gone", crypto="lattice", **BLOCKED)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
+    drive(coord, sites, mail, lambda st: bool(st.dropped) or st.reached("row_sums"), silent={"site1"})
+    assert coord.state.dropped == {"site1": "hamming"}
+    labels = finish(coord, sites, mail)
+    assert sorted(labels) == ["site0", "site2"]
+
+
+def test_admit_the_blocked_topics():
+    st = PredictState(sites=["a", "b", "c"], live=["a", "b", "c"], phase="hamming", attempt=1)
+    assert admit(st, "a", "b", "bpair/1/a/b/0", blocked=True) == "bpair"
+    assert admit(st, "b", COORDINATOR, "bshare/1/a/b", blocked=True) == "bshare"
+    for site, to, topic, conflict in (("a", COORDINATOR, "tags", True),  # round 0's, in round 1
+                                      ("a", COORDINATOR, "bshare/2/a/b", True),  # a later round
+                                      ("a", COORDINATOR, "intra", False),  # the exact graph's
+                                      ("c", "a", "bpair/1/a/b/0", False),  # not its pair
+                                      ("a", "a", "bpair/1/a/b/0", False),  # to itself
+                                      ("b", COORDINATOR, "bshare/1/b/a", False),  # out of roster order
+                                      ("a", "b", "bpair/0/a/b/0", False)):
+        with pytest.raises(Inadmissible) as exc:
+            admit(st, site, to, topic, blocked=True)
+        assert exc.value.conflict == conflict, topic
+    with pytest.raises(Inadmissible):
+        admit(st, "a", COORDINATOR, "tags", blocked=False)
