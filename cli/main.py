@@ -21,6 +21,24 @@ from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 from xclp.data import DataError
 
 
+GRAPH_HELP = ("exact: every pair's distance (n², the default); blocked: candidate pairs from keyed multi-index hashing "
+              "and NN-Descent, sparse influence columns (docs/scale.md); auto: exact up to 20,000 points, blocked above")
+
+
+def _add_graph_args(p: argparse.ArgumentParser) -> None:
+    """The graph's flags, one set for `simulate predict` and `job submit predict`."""
+    p.add_argument("--graph", choices=["exact", "blocked", "auto"], default="exact", help=GRAPH_HELP)
+    p.add_argument("--blocking-tables", type=int, default=64,
+                   help="blocked graph: substrings of the LSH code, one tag table each (default 64)")
+    p.add_argument("--max-bucket", type=int, default=48, help="blocked graph: points per bucket chunk (default 48)")
+    p.add_argument("--descent-rounds", type=int, default=2, help="blocked graph: NN-Descent rounds (default 2)")
+
+
+def _graph_params(args) -> dict:
+    return {"graph": args.graph, "blocking_tables": args.blocking_tables, "max_bucket": args.max_bucket,
+            "descent_rounds": args.descent_rounds}
+
+
 def _add_predict_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--dataset", choices=["digits", "fashion-mnist", "mnist5k"], default=None,
@@ -48,6 +66,7 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
     p.add_argument("--solver", choices=["auto", "cg", "minres", "dense"], default="auto",
                    help="linear solver for the influence columns (auto picks by size)")
+    _add_graph_args(p)
     p.add_argument("--no-baselines", action="store_true", help="skip per-site and centralized LP")
     p.add_argument("--seed", type=int, default=0, help="fixes the split and the LSH hyperplanes")
     p.add_argument("--json", type=Path, help="write the results as JSON to this file (default: none)")
@@ -153,7 +172,7 @@ def cmd_simulate_predict(args) -> int:
     params = JobParams(job_id=f"sim-{args.seed}", n_classes=ds.n_classes, bits=args.bits, k=args.k,
                        alpha=args.alpha, power=args.power, similarity=args.similarity, crypto=args.crypto,
                        solver=args.solver, key_bits=args.key_bits, standardize=args.standardize,
-                       **label_dp_params(args, ds.n_classes)).validate()
+                       **_graph_params(args), **label_dp_params(args, ds.n_classes)).validate()
     privacy = no_privacy()
     if params.label_flip > 0 or params.dp_noise > 0:
         ledger = PrivacyLedger(args.dp_delta, args.dp_epsilon, neighbouring=label_dp.LABEL_LEVEL)
@@ -406,7 +425,8 @@ def cmd_job_submit(args) -> int:
                                              "label_dp": args.label_dp, "dp_clip": args.dp_clip}
     job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
                                   alpha=args.alpha, classes=args.classes, key_bits=args.key_bits,
-                                  standardize=args.standardize, deadlines=_deadlines(args.deadline), **dp)
+                                  standardize=args.standardize, deadlines=_deadlines(args.deadline),
+                                  **_graph_params(args), **dp)
     print(json.dumps({"job": job}) if args.json else job)
     return 0
 
@@ -693,6 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "points, from a secure sum the coordinator cannot read, before hashing (default: on; "
                          "--no-standardize keeps the raw features)")
     jp.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    _add_graph_args(jp)
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="this job's deadline for a phase (setup, seed, counts, hamming, row_sums; repeatable; "
                          "default: the coordinator's --deadline)")

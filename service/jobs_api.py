@@ -14,12 +14,12 @@ from sqlalchemy import func, or_, select
 
 from service.db import Job, Message
 from service.deps import caller, check_roster, get_db, load_job, require_admin
-from service.engine import cancel, refusals
+from service.engine import DbMailbox, cancel, refusals
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import train_progress
-from xclp.prediction_job import PredictState
+from xclp.prediction_job import PredictState, graph_mode
 from xclp.prediction_job import progress as phase_progress
 from xclp.privacy import label_dp
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
@@ -58,6 +58,15 @@ class JobCreate(RequestBody):
                                                                   "gaussian: noise shares inside the secure sums")
     dp_clip: float = Field(1.0, gt=0, allow_inf_nan=False,
                            description="gaussian: L2 bound of each influence column over the other sites' rows")
+    graph: Literal["exact", "blocked", "auto"] = Field(
+        "exact", description="exact: every pair's distance (n²); blocked: candidate pairs from keyed multi-index "
+                             "hashing and NN-Descent, sparse influence columns (docs/scale.md); auto: exact up to "
+                             "20,000 points, blocked above")
+    blocking_tables: int = Field(64, ge=1, le=65535, description="blocked graph: substrings of the LSH code (tables)")
+    max_bucket: int = Field(48, ge=2, le=1 << 20, description="blocked graph: points per bucket chunk")
+    descent_rounds: int = Field(2, ge=0, le=16, description="blocked graph: NN-Descent rounds")
+    influence_rank: int = Field(192, ge=0, le=4096, description="blocked graph: rank of the influence columns' "
+                                                                 "spectral correction (0: push alone)")
 
 
 class JobCreated(BaseModel):
@@ -110,7 +119,10 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     try:
         params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
                            power=body.power, crypto=body.crypto, key_bits=body.key_bits, dp_delta=body.dp_delta,
-                           dp_clip=body.dp_clip, standardize=body.standardize, **_label_dp(body)).validate()
+                           dp_clip=body.dp_clip, standardize=body.standardize, graph=body.graph,
+                           blocking_tables=body.blocking_tables, max_bucket=body.max_bucket,
+                           descent_rounds=body.descent_rounds, influence_rank=body.influence_rank,
+                           **_label_dp(body)).validate()
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
@@ -197,7 +209,9 @@ def _progress(db, job: Job) -> dict:
     """How far the current phase is: parts received out of parts expected."""
     if job.kind == "train":
         return train_progress(job, db)
-    expected, exact, prefixes = phase_progress(PredictState.of(job))
+    state = PredictState.of(job)
+    blocked = state.phase == "hamming" and graph_mode(JobParams(**job.params), DbMailbox(db, job.id), state) == "blocked"
+    expected, exact, prefixes = phase_progress(state, blocked)
     where = [Message.topic == t for t in exact] + [Message.topic.startswith(p) for p in prefixes]
     got = db.scalar(select(func.count()).where(Message.job_id == job.id, or_(*where))) if where else expected
     return {"phase": job.phase, "received": int(got or 0), "expected": expected,

@@ -20,10 +20,10 @@ from crypto.identity import announce_digest, fingerprint, verify
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, Site, message_body, message_ref, new_message
 from service.deps import bearer, load_job, require_site
-from service.engine import job_params
+from service.engine import DbMailbox, job_params
 from service.schemas import errors
 from service.training_engine import check_train_upload
-from xclp.prediction_job import Inadmissible, PredictState
+from xclp.prediction_job import Inadmissible, PredictState, graph_mode
 from xclp.prediction_job import admit as admit_upload
 from xclp.protocol import (
     MAX_REASON_CHARS,
@@ -200,8 +200,12 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
         return 4 * MAX_REASON_CHARS + 64
     if job.kind == "train":
         return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
+    state = PredictState.of(job)
+    blocked = None  # which graph's hamming topics the job takes (known once the roster is)
+    if state.reached("seed"):
+        blocked = graph_mode(job_params(job), DbMailbox(db, job.id), state) == "blocked"
     try:  # the job's order says who may send what, when (the rule every driver checks)
-        kind = admit_upload(PredictState.of(job), site, to, topic)
+        kind = admit_upload(state, site, to, topic, blocked=blocked)
     except Inadmissible as exc:
         raise HTTPException(409 if exc.conflict else 422, str(exc)) from None
     if kind in SMALL:
@@ -216,10 +220,13 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
         return SLACK + n * max(2 * n, 8 << 16)
     if kind == "rows":
         return SLACK + 8 * _graph_size(db, job) * job_params(job).n_classes
+    if kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: n × m tags, n × k lists, n packed codes
+        n, p = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n, job_params(job)
+        return SLACK + n * {"tags": 8 * p.blocking_tables, "knn": 10 * p.k, "codes": (p.bits + 7) // 8}[kind]
     return 1 << 62  # pair messages and shares: the service's own limit
 
 
-OPAQUE = ("pair", "share")  # bodies of a predict job's topics checked only for being there
+OPAQUE = ("pair", "share", "bpair", "bshare")  # bodies of a predict job's topics checked only for being there
 
 
 def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | None, size: int) -> None:

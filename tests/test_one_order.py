@@ -40,8 +40,11 @@ def through_the_service(ds, params, phase, tmp_path):
             np.savez(tmp_path / f"{s}.npz", X=ds.X[ds.site == s], y=ds.y[ds.site == s])
             agents[s] = Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), s,
                               tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+        graph = {} if params.graph == "exact" else {
+            "graph": params.graph, "blocking_tables": params.blocking_tables, "max_bucket": params.max_bucket,
+            "descent_rounds": params.descent_rounds, "influence_rank": params.influence_rank}
         job = admin.submit_job(kind="predict", sites=ds.sites, crypto=params.crypto, bits=params.bits, k=params.k,
-                               classes=params.n_classes)
+                               classes=params.n_classes, **graph)
         last, still, end = None, 0, time.monotonic() + 180
         while time.monotonic() < end:
             st = admin.job(job)
@@ -55,6 +58,8 @@ def through_the_service(ds, params, phase, tmp_path):
             last = now
             m, prog = len(st["live"]), st["progress"]
             gone_parts = 1 + 2 * (m - 1) if st["phase"] == "hamming" else 1  # its distances and pair shares, or its sum
+            if params.graph == "blocked" and st["phase"] == "hamming":
+                gone_parts = 2  # its tags and within-site lists (round 0)
             if (still >= 10 and st["phase"] == phase and GONE in st["live"]
                     and prog["received"] >= prog["expected"] - gone_parts):
                 # everyone else's part is in, the silent site's never comes: the phase's deadline passes
@@ -111,5 +116,24 @@ def test_the_same_drop_restart_and_labels_through_every_driver(ds, phase, tmp_pa
         assert attempts == want_attempts, name
         assert sorted(labels) == sorted(s for s in ds.sites if s != GONE), name
         ref = run_xclp(ds, used, contributions=contributions, drops={GONE: phase})
+        for s, got in labels.items():
+            assert np.array_equal(got, ref.predictions[s].labels), (name, s)
+
+
+def test_a_blocked_job_through_every_driver(ds, tmp_path):
+    # issue 23's blocked graph in the one order: the same rounds of candidate blocks (lattice), the same
+    # drop of a site silent from the hamming phase on, and the simulation's labels, through every driver
+    params = JobParams(job_id="one-order-blocked", n_classes=10, bits=64, k=5, crypto="lattice", graph="blocked",
+                       blocking_tables=4, max_bucket=6, descent_rounds=1, influence_rank=0)
+    sim = run_xclp(ds, params, drops={GONE: "hamming"})
+    assert sim.job.dropped == {GONE: "hamming"} and sim.job.attempts["hamming"] >= 1  # rounds of blocks ran
+    for name, driver in (("service", through_the_service), ("flower", through_flower)):
+        (tmp_path / name).mkdir()
+        dropped, attempts, labels, contributions, used = driver(ds, params, "hamming", tmp_path / name)
+        assert {s: p.split(":")[0] for s, p in dropped.items()} == sim.job.dropped, name
+        # the rounds depend on the codes, hence on the seed: the same as the simulation with the driver's
+        ref = run_xclp(ds, used, contributions=contributions, drops={GONE: "hamming"})
+        assert attempts == ref.job.attempts, name
+        assert sorted(labels) == sorted(s for s in ds.sites if s != GONE), name
         for s, got in labels.items():
             assert np.array_equal(got, ref.predictions[s].labels), (name, s)

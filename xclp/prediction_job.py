@@ -825,7 +825,7 @@ class PredictSite:
             if not self.record.get(f"sent:{COORDINATOR}:{topic}"):
                 progressed |= self._once(send, topic, make())
         if self.pairs is None:
-            if any(k.startswith("blocks:") and v for k, v in self.record.items()) and not sess.block_drivers:
+            if self.record.get("block_rounds_started") and not sess.block_drivers:
                 self.lost_pairs = True  # a session rebuilt from its keys: its rounds' protocol state is gone
                 return progressed
             # a restored session's rounds (Flower), in round order: a peer's messages follow it
@@ -833,7 +833,7 @@ class PredictSite:
                           for key, (peer, drv) in sorted(sess.block_drivers.items(),
                                                          key=lambda kv: int(kv[0].split("/")[0]))}
         r = view.attempt
-        if r >= 1 and f"blocks:{r}" not in self.record:
+        if r >= 1 and self.record.get(f"blocks:{r}") is None:
             body = inbox.get(Topic.blocks(r))
             if body is None:
                 return progressed
@@ -842,6 +842,8 @@ class PredictSite:
                 key = f"{r}/{peer}"
                 self.pairs[key] = self._block_round(r, peer, sess.block_driver(key, peer, plan[peer]))
             self.record[f"blocks:{r}"] = len(plan)
+            if plan:  # from here on its rounds' protocol state lives in the session (memory, or its saved bytes)
+                self.record["block_rounds_started"] = True
             progressed = True
         progressed |= self._step_pairs(self.pairs.values(), view, inbox, send)
         if not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):

@@ -1342,7 +1342,11 @@ def _session_to_bytes(s: SiteSession) -> bytes:
         f["seed_from"], f["seed_sent"] = got, s._seed._sent
         for i, peer in enumerate(got):
             f[f"seed_part/{i}"] = s._seed._contributions[peer]
-    arrays = {"global_counts": s.global_counts, "bits": s.bits, "influence": s._influence, "kept": s._kept,
+    influence = s._influence
+    if isinstance(influence, push.SparseColumns):  # a blocked graph's columns: their entries, basis, coefficients
+        f["influence_sparse"] = Nested(pack(encode_sparse_columns(influence)))
+        influence = None
+    arrays = {"global_counts": s.global_counts, "bits": s.bits, "influence": influence, "kept": s._kept,
               "feature_mean": getattr(s, "feature_mean", None), "feature_std": getattr(s, "feature_std", None)}
     f.update({k: v for k, v in arrays.items() if v is not None})
     if s.layout is not None:
@@ -1406,6 +1410,12 @@ def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hammi
     sess.bits = s.optional_array("bits", np.uint8, (sess.X.shape[0], None))
     sess.layout = Layout.decode(s.bytes("layout")) if "layout" in s else None
     sess._influence = s.optional_array("influence", np.float64)
+    if "influence_sparse" in s:
+        if sess.layout is None:
+            raise ProtocolError(f"{sess.site}: saved influence columns without the graph's layout")
+        cols = s.state("influence_sparse")
+        sess._influence = decode_sparse_columns({k: cols.array(k) for k in ("x_indptr", "x_indices", "x_data", "basis",
+                                                                             "coef")}, sess.layout.n, sess.labelled_rows.size)
     sess._kept = s.optional_array("kept")
     if "result/labels" in s:
         sess.result = Prediction(s.array("result/labels"), s.array("result/confidence"),
