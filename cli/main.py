@@ -20,7 +20,6 @@ from crypto.hamming_api import DEFAULT_SECURE as DEFAULT_SECURE_CRYPTO
 from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 from xclp.data import DataError
 
-
 GRAPH_HELP = ("exact: every pair's distance (n², the default); blocked: candidate pairs from keyed multi-index hashing "
               "and NN-Descent, sparse influence columns (docs/scale.md); auto: exact up to 20,000 points, blocked above")
 

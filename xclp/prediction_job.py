@@ -846,9 +846,10 @@ class PredictSite:
                 self.record["block_rounds_started"] = True
             progressed = True
         progressed |= self._step_pairs(self.pairs.values(), view, inbox, send)
-        if not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
+        if r >= 1 and not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
             # Its blocks are through: next come the next round's blocks or, after the last round, the
-            # influence columns (a driver may wait in one long poll for the likelier).
+            # influence columns (a driver may wait in one long poll for the likelier). Not in round 0:
+            # the plan waits for the slowest site's inputs, and the driver's own poll is soon enough.
             last = sess.params.crypto == "plaintext" or r > sess.params.descent_rounds
             progressed = inbox.get("influence" if last else Topic.blocks(r + 1), wait=True) is not None
         return progressed
