@@ -1,7 +1,7 @@
 """A prediction job's order, written once: the coordinator's machine and the site's machine.
 
-(About 600 lines: the two sides of one job's order and the rules that admit its messages, read and changed
-together.)
+(About 900 lines: the two sides of one job's order and the rules that admit its messages, read and changed
+together; the blocked graph's rounds are one more part of the hamming phase on both sides.)
 
 `xclp.protocol` holds what each party computes in each phase (`SiteSession`, `CoordinatorSession`);
 this module holds WHEN: which message comes next, what a missing site, a refusal or a bad share does,
@@ -32,6 +32,9 @@ Phases and what ends them (the recovery rules of docs/security.md, "Robustness")
   counts    every live site has sent masked counts      → total to every site
   hamming   every live site sent its own distances and both shares of each of its pairs
             → graph and influence columns, one message per site
+            (a blocked graph, issue 23: rounds counted by `attempt` — round 0 the sites' tags and
+            within-site lists, round r ≥ 1 each pair's candidate blocks as one pair protocol —
+            see "hamming, blocked graph" in PredictCoordinator)
   row_sums  every participant sent masked rows          → sums to every participant; done
 
 A deadline per phase: when it passes, the sites that have not done their part are dropped. Before or

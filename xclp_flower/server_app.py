@@ -2,7 +2,8 @@
 or a training run (FlowerTraining, xclp_flower/training.py) over the federation's SuperNodes.
 
 Run config (pyproject's [tool.flwr.app.config] or `flwr run --run-config`): crypto (default
-lattice), bits, k, alpha, classes, nodes (how many SuperNodes to wait for before the job starts,
+lattice), bits, k, alpha, classes, graph (exact, blocked or auto; with blocking-tables, max-bucket,
+descent-rounds, influence-rank), nodes (how many SuperNodes to wait for before the job starts,
 default 2) and timeout (seconds a round, or that wait, may take); for training runs
 `algorithm`, TRAIN_KEYS below and max-missed-rounds. A site that does not answer, or answers with
 an error, leaves an XCLP job as it leaves the coordinator's (FlowerXCLP.run), and a training run
@@ -61,7 +62,9 @@ ZERO_IS_DEFAULT = {"model", "local-epochs", "dp-delta"} | {o.key for o in TRAINI
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
     known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float,
-             "key-bits": int, "standardize": lambda v: flag(v, "standardize")}
+             "key-bits": int, "standardize": lambda v: flag(v, "standardize"),
+             # the graph (docs/scale.md): exact | blocked | auto, and the blocked graph's knobs
+             "graph": str, "blocking-tables": int, "max-bucket": int, "descent-rounds": int, "influence-rank": int}
     bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - set(RUN_KEYS))
     if bad:
         raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")

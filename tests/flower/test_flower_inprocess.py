@@ -505,3 +505,11 @@ def test_a_failed_run_raises_what_flower_records_as_the_runs_failure(federation,
     assert isinstance(exc, RunFailed)
     assert re.search("xclp: the run failed: .*" + words, str(exc)), str(exc)
     assert re.search("xclp: the run failed: .*" + words, capsys.readouterr().out)
+
+
+def test_the_run_config_takes_the_graph():
+    p = params_from({"classes": 10, "graph": "blocked", "max-bucket": 8, "blocking-tables": 16}, 4)
+    assert (p.graph, p.max_bucket, p.blocking_tables) == ("blocked", 8, 16)
+    assert params_from({"classes": 10}, 4).graph == "exact"
+    with pytest.raises(ValueError, match="graph must be"):
+        params_from({"classes": 10, "graph": "fast"}, 4)
