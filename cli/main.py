@@ -31,11 +31,13 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
                    help="blocked graph: substrings of the LSH code, one tag table each (default 64)")
     p.add_argument("--max-bucket", type=int, default=48, help="blocked graph: points per bucket chunk (default 48)")
     p.add_argument("--descent-rounds", type=int, default=2, help="blocked graph: NN-Descent rounds (default 2)")
+    p.add_argument("--influence-rank", type=int, default=192,
+                   help="blocked graph: rank of the influence columns' spectral correction (default 192; 0: push alone)")
 
 
 def _graph_params(args) -> dict:
     return {"graph": args.graph, "blocking_tables": args.blocking_tables, "max_bucket": args.max_bucket,
-            "descent_rounds": args.descent_rounds}
+            "descent_rounds": args.descent_rounds, "influence_rank": args.influence_rank}
 
 
 def _add_predict_args(p: argparse.ArgumentParser) -> None:
@@ -203,7 +205,7 @@ def cmd_simulate_predict(args) -> int:
     out = {
         "n": ds.n, "sites": len(ds.sites), "classes": ds.n_classes, "bits": args.bits, "crypto": args.crypto,
         "k": args.k, "alpha": args.alpha, "power": args.power, "similarity": args.similarity, "seed": args.seed,
-        "standardize": params.standardize,
+        "standardize": params.standardize, "graph": params.graph_mode(ds.n),
         "dataset": source, "labelled": int((ds.y >= 0).sum()),
         "accuracy": {k: _num(v) for k, v in acc.items()},
         "per_site_accuracy": {s: {k: _num(v) for k, v in r.items()} for s, r in per_site.items()},

@@ -50,3 +50,23 @@ def test_a_bad_budget_is_one_usage_line(admin, capsys):
         cli_main.main(["job", "submit", "predict", *COORD, "--classes", "2", "--dp-epsilon", "-1"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--dp-epsilon" in err and "Traceback" not in err
+
+
+def test_a_predict_job_takes_the_graph(admin):
+    assert cli_main.main(["job", "submit", "predict", *COORD, "--classes", "2"]) == 0
+    assert admin.sent["graph"] == "exact"  # the default: every pair
+    assert cli_main.main(["job", "submit", "predict", *COORD, "--classes", "2", "--graph", "blocked",
+                          "--max-bucket", "16", "--influence-rank", "0"]) == 0
+    assert {k: admin.sent[k] for k in ("graph", "max_bucket", "influence_rank")} == {
+        "graph": "blocked", "max_bucket": 16, "influence_rank": 0}
+
+
+def test_simulate_predict_runs_a_blocked_graph(tmp_path):
+    out = tmp_path / "r.json"
+    assert cli_main.main(["simulate", "predict", "--dataset", "digits", "--limit", "150", "--sites", "3", "--bits", "64",
+                          "--k", "5", "--graph", "blocked", "--blocking-tables", "8", "--max-bucket", "8",
+                          "--influence-rank", "0", "--no-baselines", "--quiet", "--json", str(out)]) == 0
+    import json
+
+    got = json.loads(out.read_text())
+    assert got["graph"] == "blocked" and got["solver"] == "push+spectral"
