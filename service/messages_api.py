@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
@@ -34,7 +35,7 @@ from xclp.protocol import (
     decode_announce,
     read_refusal,
 )
-from xclp.wire import load_array
+from xclp.wire import load_array, load_bundle
 
 
 class _BlobResponse(FileResponse):
@@ -275,6 +276,9 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
             coord = CoordinatorSession(params)
             coord.register(site, message_body(db, job.id, site, COORDINATOR, "announce"))
             coord.receive_intra(site, body)
+        elif kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: its form, as the engine reads it
+            n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
+            _check_blocked_input(kind, body, n, params)
         elif kind == "rows":
             n = _graph_size(db, job)
             load_array(body, dtype="uint64", shape=(n, params.n_classes), what="masked rows")
@@ -282,6 +286,23 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
             raise HTTPException(422, f"{topic!r}: empty body")
     except ProtocolError as exc:
         raise HTTPException(422, str(exc)) from None
+
+
+def _check_blocked_input(kind: str, body: bytes, n: int, params) -> None:
+    """A blocked graph's round-0 upload of a site with n points: ProtocolError if malformed."""
+    if kind == "tags":
+        load_array(body, dtype="uint64", shape=(n, params.blocking_tables), what="tags")
+    elif kind == "codes":
+        if len(body) != n * ((params.bits + 7) // 8):
+            raise ProtocolError(f"codes: {len(body)} bytes, expected {n * ((params.bits + 7) // 8)}")
+    else:
+        b = load_bundle(body, ("idx", "dist"), what="within-site neighbours")
+        idx, dist = b["idx"], b["dist"]
+        if idx.dtype != np.int64 or dist.dtype != np.uint16 or idx.ndim != 2 or idx.shape[0] != n \
+                or dist.shape != idx.shape or idx.shape[1] > params.k \
+                or (idx.size and (idx.min() < -1 or idx.max() >= n or dist.max() > params.bits)):
+            raise ProtocolError(f"within-site neighbours: int64 indices in [-1, {n}) and uint16 distances ≤ L, "
+                                f"({n}, ≤ {params.k})")
 
 
 def _graph_size(db, job: Job) -> int:
