@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 
 from service.db import COORDINATOR, Job, Message, PrunedBytes, has_messages, message_body, message_phase, utcnow
 from service.lifecycle import drop, expired, fail, next_phase, put_message
@@ -123,14 +123,16 @@ class JobEngine:
 
 
 def obsolete_messages(db, job: Job) -> list[int]:
-    """Ids of the messages a job no longer needs. A finished predict job's relayed pair traffic
+    """Ids of the messages a job no longer needs. A finished predict job's relayed pair traffic (a blocked
+    graph's too)
     (sealed; for OT n_a·n_b·L values per pair) has served its purpose once the shares and results
     are in; a training job's are listed by its own engine, round by round."""
     if job.kind == "train":
         return obsolete_round_messages(db, job)
     if job.status == "running":
         return []
-    return list(db.scalars(select(Message.id).where(Message.job_id == job.id, Message.topic.startswith("pair/"))))
+    return list(db.scalars(select(Message.id).where(Message.job_id == job.id, or_(
+        Message.topic.startswith("pair/"), Message.topic.startswith("bpair/")))))  # (a blocked graph's rounds)
 
 
 def advance(db, job: Job) -> bool:
