@@ -402,6 +402,16 @@ class SecretKey:
         noise = np.where(noise >= 1 << (log_q_out - 1), noise - (1 << log_q_out), noise)
         return m, noise
 
+    def decrypt_switched_at(self, a: np.ndarray, b: np.ndarray, rows: np.ndarray, positions: np.ndarray,
+                            log_q_out: int) -> np.ndarray:
+        """Decrypt switched ciphertexts (a: (k, N)) at chosen coefficients only: b[i] is the b part of
+        ciphertext rows[i] at coefficient positions[i] (crypto.lattice_blocks: B returns b only where
+        a candidate pair sits). Returns the messages mod t, one per given b."""
+        p = self.params
+        v = (b + mul_small_mod(a, self.spectrum, log_q_out)[rows, positions]) & ((1 << log_q_out) - 1)
+        shift = log_q_out - p.log_t
+        return ((v + (1 << (shift - 1))) >> shift) & ((1 << p.log_t) - 1)
+
     def decrypt_noise(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """Decrypt at q (tests): messages (k, m) and the exact centred noise as Python ints."""
         p = self.params
