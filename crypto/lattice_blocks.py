@@ -208,6 +208,13 @@ class BlockLayout:
         cuts = np.cumsum(self.sizes[:, 0] * self.sizes[:, 1])[:-1]
         return [part.reshape(int(s[0]), int(s[1])) for part, s in zip(np.split(v, cuts), self.sizes)]
 
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The candidate entries (row of A, row of B), in the share vector's order: all that a run
+        lets the coordinator learn."""
+        i = np.concatenate([g.start + g.keys % g.width for g in self.groups])
+        j = np.concatenate([g.b_rows[g.keys // g.width] for g in self.groups])
+        return i, j
+
     def state(self) -> dict:
         return {"layout_sizes": self.sizes, "layout_a": np.concatenate(self.rows_a),
                 "layout_b": np.concatenate(self.rows_b), "layout_n_a": self.n_a, "layout_n_b": self.n_b}
@@ -459,8 +466,14 @@ class PackedPartyB(_Party):
 
 def combine_blocks(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: int,
                    max_message_bytes: int = 1 << 31) -> list[np.ndarray]:
-    """The coordinator's step: h = (u − ρ) mod t at the candidate entries, refused above L, cut into
-    each block's rows_a × rows_b matrix (int32)."""
+    """The coordinator's step: each block's rows_a × rows_b matrix (int32) of `combine_values`."""
+    return layout.split(combine_values(share_a, share_b, layout, n_bits, max_message_bytes))
+
+
+def combine_values(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: int,
+                   max_message_bytes: int = 1 << 31) -> np.ndarray:
+    """h = (u − ρ) mod t at the candidate entries (`layout.pairs()` order), refused above L: one value
+    per candidate entry, nothing else."""
     p = lattice_params(n_bits, layout.n)
     _, body_a = _open(share_a, (SHARE_A_BLOCKS,), max_message_bytes)
     _, body_b = _open(share_b, (SHARE_B_BLOCKS,), 1 << 16)
@@ -491,4 +504,4 @@ def combine_blocks(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: 
     h = (u - masks) & ((1 << p.log_t) - 1)
     if h.max(initial=0) > n_bits:
         raise ProtocolError("lattice blocks: the shares do not combine into distances (a value exceeds L)")
-    return layout.split(h.astype(np.int32))
+    return h.astype(np.int32)

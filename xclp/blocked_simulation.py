@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from crypto.hamming_api import PairTranscript, exchange
+from crypto.hamming_api import PairTranscript, exchange, traits
 from xclp.data import Dataset
 from xclp.measured import ByteMeter, SimulationResult, split_by_site
 from xclp.propagation import Prediction
@@ -40,7 +40,7 @@ def run_blocked(ds: Dataset, params: JobParams, seed: int = 0,
              drops: dict[str, str] | None = None,
              noise_seeds: dict[str, bytes] | None = None,
              tap: Callable[[str, str, bytes], None] | None = None,
-             label_seeds: dict[str, bytes] | None = None, executor=None) -> SimulationResult:
+             label_seeds: dict[str, bytes] | None = None, executor=None, packed: bool = True) -> SimulationResult:
     """One blocked-graph XCLP job over the data set's sites, in one process, with `params.crypto`.
 
     `drops` simulates sites that vanish, with the outcomes the service gives (service/engine.py, "Phases and what ends them"):
@@ -122,7 +122,7 @@ def run_blocked(ds: Dataset, params: JobParams, seed: int = 0,
     if coord.graph_mode() == "blocked":
         # SCALE (issue 23): the blocked graph's steps, until the one choreography takes them over.
         say(f"hamming: blocked candidate pairs ({params.crypto})")
-        _blocked_hamming(sessions, coord, graph_sites, meter)
+        _blocked_hamming(sessions, coord, graph_sites, meter, packed)
     else:
         pairs = coord.pairs(graph_sites)
         say(f"hamming: {len(pairs)} pairs of sites ({params.crypto})")
@@ -186,10 +186,12 @@ def run_blocked(ds: Dataset, params: JobParams, seed: int = 0,
 
 
 def _blocked_hamming(sessions: dict[str, SiteSession], coord: CoordinatorSession, sites: list[str],
-                     meter: ByteMeter) -> None:
+                     meter: ByteMeter, packed: bool = True) -> None:
     """The blocked graph's hamming phase (order: xclp.blocked_graph): tags and within-site lists from
     every site, candidate blocks, a pair protocol per block (plaintext: the codes once, the coordinator
-    measures), then NN-Descent rounds of one-row blocks. No blame here: a block that fails raises."""
+    measures), then NN-Descent rounds of one-row blocks. A protocol that packs blocks (lattice) runs
+    once per pair and round (`packed=False`: once per block, for the benchmark's comparison). No blame
+    here: a block that fails raises."""
     for s in sites:
         coord.receive_tags(s, meter.add(s, "hamming", sessions[s].tags_message()))
         coord.receive_intra_knn(s, meter.add(s, "hamming", sessions[s].intra_knn_message()))
@@ -200,9 +202,17 @@ def _blocked_hamming(sessions: dict[str, SiteSession], coord: CoordinatorSession
         while coord.measure_descent(sites):
             pass
         return
+    packs = traits(coord.params.crypto).packs_blocks and packed
     blocks = coord.candidate_blocks(sites)
     while blocks:
         for (a, b), bl in blocks.items():
+            if packs:  # all the pair's blocks in one run (crypto.lattice_blocks)
+                t = PairTranscript()
+                share_a, share_b = exchange(sessions[a].blocks_party(b, bl), sessions[b].blocks_party(a, bl), t)
+                meter.sent[(a, "hamming")] += t.a_to_b + t.a_to_server
+                meter.sent[(b, "hamming")] += t.b_to_a + t.b_to_server
+                coord.receive_blocks(bl, share_a, share_b)
+                continue
             for block in bl:
                 t = PairTranscript()
                 share_a, share_b = exchange(sessions[a].block_party(b, block.rows_a),

@@ -919,6 +919,24 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: a block names rows outside [0, {self.X.shape[0]})")
         return self.hamming_party(peer, rows=rows)
 
+    def blocks_party(self, peer: str, blocks: list[blocking.Block]) -> ChannelParty:
+        """Our side of ONE pair protocol run over ALL the candidate blocks of our pair with `peer`
+        (a protocol whose traits say packs_blocks: crypto.lattice_blocks); block_party otherwise."""
+        if not traits(self.params.crypto).packs_blocks:
+            raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs one protocol per block (block_party)")
+        if peer not in self.order or peer == self.site:
+            raise ProtocolError(f"{self.site}: blocks with {peer!r}, not a peer of this job")
+        first = self.order.index(self.site) < self.order.index(peer)
+        pair = (self.site, peer) if first else (peer, self.site)
+        if not blocks or any((bl.a, bl.b) != pair for bl in blocks):
+            raise ProtocolError(f"{self.site}: the blocks must all be of the pair {pair}")
+        if self._hamming is None:
+            self._hamming = hamming_protocol(self.params)
+        rows, bits, n_peer = [(bl.rows_a, bl.rows_b) for bl in blocks], self.hash(), self.roster[peer].n
+        party = (self._hamming.party_a_blocks(bits, self.params.bits, rows, n_peer) if first
+                 else self._hamming.party_b_blocks(bits, self.params.bits, rows, n_peer))
+        return ChannelParty(party, self.channels[peer], "hamming")
+
     # --- row sums --------------------------------------------------------------------------------
     def receive_influence(self, message: bytes) -> None:
         """The graph's layout and this site's influence columns S_L^(j) (`CoordinatorSession.influence_message`)."""
@@ -1046,6 +1064,21 @@ class CoordinatorSession:
         i = np.repeat(block.rows_a, nb)
         j = np.tile(block.rows_b, na)
         self._blocked_state().add_pairs(a, b, i, j, h.ravel())
+
+    def receive_blocks(self, blocks: list[blocking.Block], share_a: bytes, share_b: bytes) -> None:
+        """The two shares of ONE packed run over all of a pair's blocks (SiteSession.blocks_party)."""
+        if not blocks:
+            raise ProtocolError("no blocks")
+        a, b = blocks[0].a, blocks[0].b
+        if any((bl.a, bl.b) != (a, b) for bl in blocks):
+            raise ProtocolError(f"blocks of several pairs in one run ({a}, {b})")
+        if a not in self.roster or b not in self.roster or self.order.index(a) >= self.order.index(b):
+            raise ProtocolError(f"blocks ({a}, {b}) are not of a pair in roster order")
+        mats = hamming_protocol(self.params).combine_blocks(share_a, share_b, [(bl.rows_a, bl.rows_b) for bl in blocks],
+                                                            self.roster[a].n, self.roster[b].n, self.params.bits)
+        i = np.concatenate([np.repeat(bl.rows_a, bl.rows_b.size) for bl in blocks])
+        j = np.concatenate([np.tile(bl.rows_b, bl.rows_a.size) for bl in blocks])
+        self._blocked_state().add_pairs(a, b, i, j, np.concatenate([m.ravel() for m in mats]))
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the

@@ -131,3 +131,23 @@ def exact_knn_of_job(ds, st):
     acc = graphs.KnnAccumulator(n, st.k)
     acc.add_block(np.arange(n), np.arange(n), lsh.hamming_matrix(codes, codes, st.n_bits))
     return acc
+
+
+def test_a_secure_blocked_job_runs_one_packed_run_per_pair_and_equals_plaintext(digits):
+    # crypto/lattice_blocks.py: each pair's candidate blocks (and each descent round's) in ONE lattice
+    # run; the coordinator's candidate distances and the labels equal the plaintext blocked job's.
+    X, y = digits
+    ds = simulate_sites(X[:200].astype(np.float64), y[:200], 3, "dirichlet:0.5", 0.1, seed=1)
+    kw = dict(job_id="j", n_classes=10, bits=64, graph="blocked", blocking_tables=16, max_bucket=16,
+              influence_rank=16, descent_rounds=1)
+    plain = run_xclp(ds, JobParams(**kw))
+    secure = run_xclp(ds, JobParams(**kw, crypto="lattice"))
+    np.testing.assert_array_equal(secure.labels, plain.labels)
+    ps, ss = plain.coordinator.blocked, secure.coordinator.blocked
+    assert ss.pair_count() == ps.pair_count() > 0
+    assert measured(ss) == measured(ps)  # the same distance for every candidate pair
+
+
+def measured(st) -> dict[int, int]:
+    i, j, d = (np.concatenate(x).astype(np.int64) for x in (st._i, st._j, st._d))
+    return dict(zip((np.minimum(i, j) * st.n + np.maximum(i, j)).tolist(), d.tolist()))
