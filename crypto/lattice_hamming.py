@@ -73,6 +73,9 @@ the header before anything is parsed; any violation raises ProtocolError):
     A→S  SHARE_A  n_a n_b log_t  u[n_a · n_b] (u16)
     B→S  SHARE_B  n_a n_b log_t  key[32]
 
+A blocked graph's candidate blocks of one pair run in ONE run of this protocol with the results
+packed (crypto.lattice_blocks: the same messages, b parts only at the candidates' coefficients).
+
 B answers A's block with RES messages of about ``target_message_bytes`` each; A acknowledges each
 one, and after the last chunk of a block sends the next block's COLS. Bytes per pair at L = 1024
 and large sites: about 14·(L+1)/n_b (A→B) + 3·(N + n_blk)/n_blk (B→A) + 2 (A's share).
