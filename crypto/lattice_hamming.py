@@ -268,6 +268,15 @@ class LatticeHamming:
         return combine_blocks(share_a, share_b, BlockLayout(blocks, n_a, n_b, self.n), n_bits,
                               self.max_message_bytes)
 
+    def combine_pairs(self, share_a: bytes, share_b: bytes, blocks: list, n_a: int, n_b: int,
+                      n_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same as distinct pairs (row of A, row of B, h): each candidate entry once, however many
+        blocks hold it (what a coordinator keeps)."""
+        from crypto.lattice_blocks import BlockLayout, combine_values
+
+        layout = BlockLayout(blocks, n_a, n_b, self.n)
+        return (*layout.pairs(), combine_values(share_a, share_b, layout, n_bits, self.max_message_bytes))
+
     def combine(self, share_a: bytes, share_b: bytes, n_a: int, n_b: int, n_bits: int) -> np.ndarray:
         """The coordinator's step: h = (u − ρ) mod t, checked to lie in [0, L]."""
         p = lattice_params(n_bits, self.n)

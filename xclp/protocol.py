@@ -1074,11 +1074,10 @@ class CoordinatorSession:
             raise ProtocolError(f"blocks of several pairs in one run ({a}, {b})")
         if a not in self.roster or b not in self.roster or self.order.index(a) >= self.order.index(b):
             raise ProtocolError(f"blocks ({a}, {b}) are not of a pair in roster order")
-        mats = hamming_protocol(self.params).combine_blocks(share_a, share_b, [(bl.rows_a, bl.rows_b) for bl in blocks],
-                                                            self.roster[a].n, self.roster[b].n, self.params.bits)
-        i = np.concatenate([np.repeat(bl.rows_a, bl.rows_b.size) for bl in blocks])
-        j = np.concatenate([np.tile(bl.rows_b, bl.rows_a.size) for bl in blocks])
-        self._blocked_state().add_pairs(a, b, i, j, np.concatenate([m.ravel() for m in mats]))
+        # each candidate pair once, however many blocks (tables) hold it
+        i, j, h = hamming_protocol(self.params).combine_pairs(share_a, share_b, [(bl.rows_a, bl.rows_b) for bl in blocks],
+                                                              self.roster[a].n, self.roster[b].n, self.params.bits)
+        self._blocked_state().add_pairs(a, b, i, j, h)
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the

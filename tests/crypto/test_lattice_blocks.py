@@ -139,3 +139,14 @@ def test_a_packed_run_saved_and_restored_after_every_message_gives_the_same_dist
     H = plaintext_hamming(A, B, L)
     for m, (ra, rb) in zip(got, blocks):
         np.testing.assert_array_equal(m, H[np.ix_(ra, rb)])
+
+
+def test_combine_pairs_gives_each_candidate_entry_once():
+    rng = np.random.default_rng(11)
+    L, A, B = 64, codes(rng, 20, 64), codes(rng, 15, 64)
+    blocks = [(np.array([0, 1]), np.array([2, 3])), (np.array([1, 0]), np.array([3])), (np.array([5]), np.array([3]))]
+    proto = LatticeHamming()
+    sa, sb, _ = packed(proto, A, B, L, blocks)
+    i, j, h = proto.combine_pairs(sa, sb, blocks, 20, 15, L)
+    assert sorted(zip(i.tolist(), j.tolist())) == [(0, 2), (0, 3), (1, 2), (1, 3), (5, 3)]
+    np.testing.assert_array_equal(h, plaintext_hamming(A, B, L)[i, j])
