@@ -2,7 +2,7 @@
 graph makes on Fashion-MNIST.
 
     nice -n 10 .venv/bin/python -m bench.lattice_blocks [--n 10000] [--counts 10 100 400]
-        [--jobs 10000 20000] [--json bench/results/lattice_blocks.json]
+        [--jobs 10000 20000] [--jobs-only] [--json bench/results/lattice_blocks.json]
 
 1. The blocks: Fashion-MNIST (a seeded subset of n points, 10 sites, Dirichlet 0.5, L = 1024, as
    bench/scale.py), LSH codes and keyed tags as a job makes them, the coordinator's candidate blocks
@@ -12,7 +12,8 @@ graph makes on Fashion-MNIST.
    --counts), the lattice protocol once per block (`run_pair` on the block's rows) and once packed
    (`run_blocks`), in the same process, one after the other: seconds, bytes (both directions and
    both shares), the ratio. Then the packed run over ALL the pair's blocks (the per-block run over
-   all of them is not run: its time is the measured per-block rate times the count, marked so).
+   all of them is not run: its time is the measured per-block rate times the count, marked so), and
+   the whole-site run of the pair (every n_a × n_b distance: what the exact graph runs).
    Each measurement uses a fresh protocol object, so A's key and column encryption are counted
    (in a job they are made once per site, for all its peers).
 3. The secure blocked job in process (`xclp.blocked_simulation.run_blocked`, crypto="lattice") at each
@@ -108,12 +109,15 @@ def pair_bench(codes, blocks, n_bits, counts) -> dict:
                             "packed_result_ciphertexts": lay.ciphertexts})
         print(json.dumps(out["runs"][-1]), flush=True)
     _, t_all, b_all = measure(lambda t: run_blocks(LatticeHamming(), A, B, n_bits, rows, t))
+    _, t_exact, b_exact = measure(lambda t: run_pair(LatticeHamming(), A, B, n_bits, t))
     lay = BlockLayout(rows, A.shape[0], B.shape[0])
     out["all"] = {"blocks": len(rows), "packed_seconds": t_all, "packed_bytes": b_all,
                   "candidate_entries": lay.candidates, "packed_result_ciphertexts": lay.ciphertexts,
                   "unpacked_result_ciphertexts": int(sum(rb.size for _, rb in rows)),
                   "unpacked_seconds_extrapolated": per_block[0] * len(rows),
                   "unpacked_bytes_extrapolated": per_block[1] * len(rows),
+                  "whole_site_run_seconds": t_exact, "whole_site_run_bytes": b_exact,
+                  "whole_site_result_ciphertexts": int(B.shape[0] * -(-A.shape[0] // 4096)),
                   "seconds_per_result_ciphertext": t_all / lay.ciphertexts,
                   "bytes_per_candidate_entry": b_all / lay.candidates}
     print(json.dumps(out["all"]), flush=True)
@@ -135,7 +139,7 @@ def job_bench(n: int, seed: int) -> dict:
             labels = r.labels
         else:
             row["labels_identical"] = float(np.mean(r.labels == labels))
-        print(json.dumps({k: v for k, v in row.items() if k != "plaintext"}, default=float)[:400], flush=True)
+        print(json.dumps(row, default=float), flush=True)
     return row
 
 
@@ -147,16 +151,29 @@ def main(argv=None) -> None:
     ap.add_argument("--jobs", type=int, nargs="*", default=[10000], help="secure blocked job sizes (default 10000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="bench/results/lattice_blocks.json")
+    ap.add_argument("--jobs-only", action="store_true", help="only the --jobs sizes, added to the --json file")
     a = ap.parse_args(argv)
-    result = {"command": "python -m bench.lattice_blocks " + " ".join(sys.argv[1:]), "cpus": os.cpu_count()}
-    codes, blocks, n_bits = pair_blocks(a.n, a.seed)
-    result["blocks"] = {"n": a.n, **stats(blocks)}
-    print(json.dumps(result["blocks"]), flush=True)
-    result["pair"] = pair_bench(codes, blocks, n_bits, a.counts)
-    result["jobs"] = [job_bench(n, a.seed) for n in a.jobs]
-    with open(a.json, "w") as f:
+    command = "python -m bench.lattice_blocks " + " ".join(sys.argv[1:] if argv is None else argv)
+    if a.jobs_only:  # add job rows to an existing result file
+        with open(a.json) as f:
+            result = json.load(f)
+        result.setdefault("jobs_commands", []).append(command)
+    else:
+        result = {"command": command, "cpus": os.cpu_count(), "jobs": []}
+        codes, blocks, n_bits = pair_blocks(a.n, a.seed)
+        result["blocks"] = {"n": a.n, **stats(blocks)}
+        print(json.dumps(result["blocks"]), flush=True)
+        result["pair"] = pair_bench(codes, blocks, n_bits, a.counts)
+        save(result, a.json)
+    for n in a.jobs:  # written after each job: a long run keeps what it measured
+        result["jobs"] = [r for r in result.get("jobs", []) if r["n"] != n] + [job_bench(n, a.seed)]
+        save(result, a.json)
+
+
+def save(result: dict, path: str) -> None:
+    with open(path, "w") as f:
         json.dump(result, f, indent=1, default=float)
-    print("wrote", a.json)
+    print("wrote", path, flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ Bit vectors are passed packed: uint8 arrays of shape (n, ceil(n_bits / 8)) as pr
 
 `run_pair` drives both sides in one process: the simulation, the tests and the benchmark use it.
 
+A blocked graph (xclp.blocking) asks for many small blocks rows_a × rows_b of one site pair. A
+protocol whose traits say `packs_blocks` (lattice: crypto.lattice_blocks) runs them all in one run:
+`party_a_blocks(bits, n_bits, blocks, n_b)` / `party_b_blocks(bits, n_bits, blocks, n_a)` over each
+site's whole bit matrix, then `combine_blocks(...)` (each block's matrix) or `combine_pairs(...)`
+(each candidate pair once); `run_blocks` runs a pair's blocks in process either way.
+
 Every party saves itself to bytes between messages, `party.state()`, and the protocol rebuilds it
 over the same bits, `protocol.restore_party(bits, n_bits, data)` (crypto/state.py's framing: no
 pickle), so a driver that keeps nothing but bytes between messages — a Flower site — runs every
