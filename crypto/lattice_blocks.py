@@ -123,18 +123,27 @@ def _unique(a: np.ndarray) -> np.ndarray:
     return a[np.r_[True, a[1:] != a[:-1]]] if a.size else a
 
 
-def _rows(rows, n: int, what: str) -> np.ndarray:
-    r = np.asarray(rows)
-    if r.ndim != 1 or r.size == 0:
-        raise ProtocolError(f"{what}: a block needs a non-empty 1-D list of rows")
-    if not np.issubdtype(r.dtype, np.integer):
-        raise ProtocolError(f"{what}: rows must be integers, got {r.dtype}")
-    r = r.astype(np.int64)
-    if r.min() < 0 or r.max() >= n:
-        raise ProtocolError(f"{what}: rows outside [0, {n})")
-    if _unique(r).size != r.size:
-        raise ProtocolError(f"{what}: a row appears twice in one block")
-    return r
+def _flat(rows: list, n: int, side: str) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' rows of one side concatenated, and each block's count, checked (vectorised: a
+    pair has thousands of blocks): non-empty 1-D integer lists in [0, n), no row twice in a block."""
+    arrays = [np.asarray(r) for r in rows]
+    for i, r in enumerate(arrays):
+        if r.ndim != 1 or r.size == 0:
+            raise ProtocolError(f"block {i}, {side}: a block needs a non-empty 1-D list of rows")
+        if r.dtype.kind not in "iu":
+            raise ProtocolError(f"block {i}, {side}: rows must be integers, got {r.dtype}")
+    sizes = np.array([r.size for r in arrays], dtype=np.int64)
+    flat = np.concatenate(arrays).astype(np.int64)
+    bad = np.flatnonzero((flat < 0) | (flat >= n))
+    if bad.size:
+        i = int(np.searchsorted(np.cumsum(sizes), bad[0], side="right"))
+        raise ProtocolError(f"block {i}, {side}: rows outside [0, {n})")
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    order = np.lexsort((flat, owner))
+    twice = np.flatnonzero((owner[order][1:] == owner[order][:-1]) & (flat[order][1:] == flat[order][:-1]))
+    if twice.size:
+        raise ProtocolError(f"block {int(owner[order][twice[0]])}, {side}: a row appears twice in one block")
+    return flat, sizes
 
 
 @dataclass(frozen=True)
@@ -163,26 +172,29 @@ class BlockLayout:
         if n_a < 1 or n_b < 1:
             raise ProtocolError("lattice blocks: both sites need points")
         self.n_a, self.n_b, self.n = int(n_a), int(n_b), int(n)
-        self.rows_a: list[np.ndarray] = []
-        self.rows_b: list[np.ndarray] = []
+        pairs = []
         for i, blk in enumerate(blocks):
             try:
                 ra, rb = blk
             except (TypeError, ValueError):
                 raise ProtocolError(f"lattice blocks: block {i} is not a (rows_a, rows_b) pair") from None
-            self.rows_a.append(_rows(ra, self.n_a, f"block {i}, A"))
-            self.rows_b.append(_rows(rb, self.n_b, f"block {i}, B"))
-        sizes = np.array([[a.size, b.size] for a, b in zip(self.rows_a, self.rows_b)], dtype=np.int64)
-        self.sizes = sizes
+            pairs.append((ra, rb))
+        self.flat_a, size_a = _flat([p[0] for p in pairs], self.n_a, "A")
+        self.flat_b, size_b = _flat([p[1] for p in pairs], self.n_b, "B")
+        self.sizes = sizes = np.stack([size_a, size_b], axis=1)
         h = hashlib.sha256(b"xclp/lattice-blocks/layout/v1" + struct.pack("<QQQQ", self.n_a, self.n_b, self.n,
                                                                           len(blocks)))
         h.update(sizes.astype("<i8").tobytes())
-        h.update(np.concatenate(self.rows_a).astype("<i8").tobytes())
-        h.update(np.concatenate(self.rows_b).astype("<i8").tobytes())
+        h.update(self.flat_a.astype("<i8").tobytes())
+        h.update(self.flat_b.astype("<i8").tobytes())
         self.digest = h.digest()
-        # Every entry of every block, block by block, row-major: the coordinator's output order.
-        ai = np.concatenate([np.repeat(a, b.size) for a, b in zip(self.rows_a, self.rows_b)])
-        bj = np.concatenate([np.tile(b, a.size) for a, b in zip(self.rows_a, self.rows_b)])
+        # Every entry of every block, block by block, row-major (the coordinator's output order):
+        # entry t of block g is (rows_a[t // q], rows_b[t % q]) with q = |rows_b(g)|.
+        cells = size_a * size_b
+        q = np.repeat(size_b, cells)
+        t = np.arange(int(cells.sum())) - np.repeat(np.cumsum(cells) - cells, cells)
+        ai = self.flat_a[np.repeat(np.cumsum(size_a) - size_a, cells) + t // q]
+        bj = self.flat_b[np.repeat(np.cumsum(size_b) - size_b, cells) + t % q]
         natural = _blocks(self.n_a, self.n)
         kk = ai // self.n
         self.entry = np.empty(ai.size, dtype=np.int64)  # entry → index in the share vector
@@ -216,8 +228,8 @@ class BlockLayout:
         return i, j
 
     def state(self) -> dict:
-        return {"layout_sizes": self.sizes, "layout_a": np.concatenate(self.rows_a),
-                "layout_b": np.concatenate(self.rows_b), "layout_n_a": self.n_a, "layout_n_b": self.n_b}
+        return {"layout_sizes": self.sizes, "layout_a": self.flat_a, "layout_b": self.flat_b,
+                "layout_n_a": self.n_a, "layout_n_b": self.n_b}
 
     @classmethod
     def restore(cls, s: State, n: int) -> BlockLayout:
