@@ -2,7 +2,7 @@
 graph makes on Fashion-MNIST.
 
     nice -n 10 .venv/bin/python -m bench.lattice_blocks [--n 10000] [--counts 10 100 400]
-        [--jobs 10000 20000] [--jobs-only] [--json bench/results/lattice_blocks.json]
+        [--jobs 10000 20000] [--jobs-only] [--exact-jobs 10000] [--json bench/results/lattice_blocks.json]
 
 1. The blocks: Fashion-MNIST (a seeded subset of n points, 10 sites, Dirichlet 0.5, L = 1024, as
    bench/scale.py), LSH codes and keyed tags as a job makes them, the coordinator's candidate blocks
@@ -34,10 +34,10 @@ import numpy as np
 from bench.scale import dataset
 
 
-def job_params(crypto: str):
+def job_params(crypto: str, graph: str = "blocked"):
     from xclp.protocol import JobParams
 
-    return JobParams(job_id="scale-bench", n_classes=10, bits=1024, graph="blocked", crypto=crypto)
+    return JobParams(job_id="scale-bench", n_classes=10, bits=1024, graph=graph, crypto=crypto)
 
 
 def pair_blocks(n: int, seed: int):
@@ -143,6 +143,18 @@ def job_bench(n: int, seed: int) -> dict:
     return row
 
 
+def exact_job_bench(n: int, seed: int) -> dict:
+    """The exact-graph secure job of the same size (every pair's whole-site run), for comparison."""
+    from xclp.simulation import run_xclp
+
+    start = time.perf_counter()
+    r = run_xclp(dataset(n, seed), job_params("lattice", "exact"), seed=seed)
+    row = {"n": n, "seconds": time.perf_counter() - start, "phases": r.timings,
+           "bytes_hamming": r.bytes["by_phase"].get("hamming", 0), "bytes_total": r.bytes["total"]}
+    print(json.dumps(row, default=float), flush=True)
+    return row
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10000, help="points for the block statistics and the pair (default 10000)")
@@ -152,6 +164,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="bench/results/lattice_blocks.json")
     ap.add_argument("--jobs-only", action="store_true", help="only the --jobs sizes, added to the --json file")
+    ap.add_argument("--exact-jobs", type=int, nargs="*", default=[],
+                    help="sizes at which to run the exact-graph lattice job too, for comparison")
     a = ap.parse_args(argv)
     command = "python -m bench.lattice_blocks " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.jobs_only:  # add job rows to an existing result file
@@ -167,6 +181,9 @@ def main(argv=None) -> None:
         save(result, a.json)
     for n in a.jobs:  # written after each job: a long run keeps what it measured
         result["jobs"] = [r for r in result.get("jobs", []) if r["n"] != n] + [job_bench(n, a.seed)]
+        save(result, a.json)
+    for n in a.exact_jobs:
+        result["exact_jobs"] = [r for r in result.get("exact_jobs", []) if r["n"] != n] + [exact_job_bench(n, a.seed)]
         save(result, a.json)
 
 
