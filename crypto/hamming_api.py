@@ -19,6 +19,12 @@ Bit vectors are passed packed: uint8 arrays of shape (n, ceil(n_bits / 8)) as pr
 
 `run_pair` drives both sides in one process: the simulation, the tests and the benchmark use it.
 
+A blocked graph (xclp.blocking) asks for many small blocks rows_a × rows_b of one site pair. A
+protocol whose traits say `packs_blocks` (lattice: crypto.lattice_blocks) runs them all in one run:
+`party_a_blocks(bits, n_bits, blocks, n_b)` / `party_b_blocks(bits, n_bits, blocks, n_a)` over each
+site's whole bit matrix, then `combine_blocks(...)` (each block's matrix) or `combine_pairs(...)`
+(each candidate pair once); `run_blocks` runs a pair's blocks in process either way.
+
 Every party saves itself to bytes between messages, `party.state()`, and the protocol rebuilds it
 over the same bits, `protocol.restore_party(bits, n_bits, data)` (crypto/state.py's framing: no
 pickle), so a driver that keeps nothing but bytes between messages — a Flower site — runs every
@@ -39,7 +45,10 @@ from crypto.errors import ProtocolError
 class Traits:
     """What the drivers and policies need to know of a Hamming protocol, said once here (never re-derived
     from its name): `secure` — anything but the plaintext reference; `key_bits` — it takes a Paillier
-    key size (a site's policy sets a minimum; one key pair per site and job). (Every protocol's parties
+    key size (a site's policy sets a minimum; one key pair per site and job); `packs_blocks` — it runs
+    all candidate blocks of a site pair in one run (`party_a_blocks`, `party_b_blocks`,
+    `combine_blocks`: crypto.lattice_blocks), the others one run per block (`run_blocks` does
+    either). (Every protocol's parties
     save their state to bytes and restore from it — `state()`, `restore_party` —, so no trait says
     which may run where a site keeps nothing between messages: all do.)"""
 
@@ -47,6 +56,7 @@ class Traits:
     cls: str
     secure: bool
     key_bits: bool = False
+    packs_blocks: bool = False
 
 
 # Every protocol, once: the command line, the service's schemas, the protocol core, the site policy and
@@ -54,7 +64,7 @@ class Traits:
 # "lattice" is the fastest secure one.
 REGISTRY = {
     "plaintext": Traits("crypto.plaintext_hamming", "PlaintextHamming", secure=False),
-    "lattice": Traits("crypto.lattice_hamming", "LatticeHamming", secure=True),
+    "lattice": Traits("crypto.lattice_blocks", "PackedLatticeHamming", secure=True, packs_blocks=True),
     "paillier": Traits("crypto.paillier_hamming", "PaillierHamming", secure=True, key_bits=True),
     "paillier-naive": Traits("crypto.paillier_hamming", "PaillierNaiveHamming", secure=True, key_bits=True),
     "ot": Traits("crypto.ot_hamming", "OTHamming", secure=True),
@@ -259,3 +269,29 @@ def run_pair(protocol: HammingProtocol, bits_a: np.ndarray, bits_b: np.ndarray, 
     share_a, share_b = exchange(protocol.party_a(bits_a, n_bits), protocol.party_b(bits_b, n_bits),
                                 transcript, max_rounds)
     return protocol.combine(share_a, share_b, bits_a.shape[0], bits_b.shape[0], n_bits)
+
+
+def run_blocks(protocol: HammingProtocol, bits_a: np.ndarray, bits_b: np.ndarray, n_bits: int, blocks: list,
+               transcript: PairTranscript | None = None) -> list[np.ndarray]:
+    """The distance matrices of one site pair's candidate blocks ((rows_a, rows_b) pairs of local
+    indices), in process: one packed run where the protocol packs blocks (traits().packs_blocks),
+    else one run per block (Paillier, OT, plaintext). Each block's rows_a × rows_b matrix, in order."""
+    if not blocks:
+        raise ProtocolError("no blocks to run")
+    if traits(protocol.name).packs_blocks:
+        share_a, share_b = exchange(protocol.party_a_blocks(bits_a, n_bits, blocks, bits_b.shape[0]),
+                                    protocol.party_b_blocks(bits_b, n_bits, blocks, bits_a.shape[0]), transcript)
+        return protocol.combine_blocks(share_a, share_b, blocks, bits_a.shape[0], bits_b.shape[0], n_bits)
+    out = []
+    for ra, rb in blocks:
+        ra, rb = np.asarray(ra, dtype=np.int64), np.asarray(rb, dtype=np.int64)
+        for r, n, who in ((ra, bits_a.shape[0], "A"), (rb, bits_b.shape[0], "B")):
+            if r.ndim != 1 or r.size == 0 or r.min() < 0 or r.max() >= n:
+                raise ProtocolError(f"a block of {who} needs a non-empty list of rows in [0, {n})")
+        t = PairTranscript()
+        out.append(run_pair(protocol, bits_a[ra], bits_b[rb], n_bits, t))
+        if transcript is not None:  # the bytes of all the runs (exchange keeps one run's shares)
+            for name in ("a_to_b", "b_to_a", "a_to_server", "b_to_server"):
+                setattr(transcript, name, getattr(transcript, name) + getattr(t, name))
+            transcript.messages.extend(t.messages)
+    return out

@@ -73,6 +73,9 @@ the header before anything is parsed; any violation raises ProtocolError):
     A→S  SHARE_A  n_a n_b log_t  u[n_a · n_b] (u16)
     B→S  SHARE_B  n_a n_b log_t  key[32]
 
+A blocked graph's candidate blocks of one pair run in ONE run of this protocol with the results
+packed (crypto.lattice_blocks: the same messages, b parts only at the candidates' coefficients).
+
 B answers A's block with RES messages of about ``target_message_bytes`` each; A acknowledges each
 one, and after the last chunk of a block sends the next block's COLS. Bytes per pair at L = 1024
 and large sites: about 14·(L+1)/n_b (A→B) + 3·(N + n_blk)/n_blk (B→A) + 2 (A's share).
@@ -304,7 +307,8 @@ class LatticeHamming:
 
     def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes) -> LatticePartyA | LatticePartyB:
         s = State(data, "lattice party")
-        cls = LatticePartyA if s.str("role") == "a" else LatticePartyB
+        role = s.str("role")
+        cls = LatticePartyA if role == "a" else LatticePartyB
         return cls.restore(self, bits, n_bits, s)
 
     def _count(self, ciphertexts: int) -> None:
@@ -347,6 +351,58 @@ def packing(n_bits: int, width: int, n: int) -> tuple[int, int]:
     ⌈(L + 1)/r⌉ polynomials, not L + 1."""
     r = max(1, min(n // width, n_bits + 1))
     return r, -(-(n_bits + 1) // r)
+
+
+def parse_hello(body: memoryview, p: LatticeParams, n: int,
+                extra: int = 0) -> tuple[int, int, bytes, rlwe.PublicKey, bytes, memoryview]:
+    """A HELLO's fields after its header, checked against this side's parameters: (n_a, blocks,
+    seed, A's public key, the `extra` bytes between the fixed fields and p0 (crypto.lattice_blocks:
+    the layout's digest), the rest of the body)."""
+    if len(body) < _HELLO.size + extra:
+        raise ProtocolError("lattice: HELLO too short")
+    L, n_a, ring_n, log_q, log_t, eta, blocks, seed = _HELLO.unpack_from(body)
+    try:  # refuses anything below the HE security standard before comparing with ours
+        ring = rlwe.RLWEParams(n=ring_n, log_t=log_t, eta=eta, log_q=log_q)
+    except ProtocolError as exc:
+        raise ProtocolError(f"lattice: A's parameters are refused: {exc}") from None
+    if (L, ring) != (p.n_bits, p.ring):
+        raise ProtocolError(f"lattice: A uses L = {L}, N = {ring_n}, log q = {log_q}, log t = {log_t}, η = {eta}; "
+                            f"this side expects L = {p.n_bits}, N = {n}, log q = {p.ring.log_q}, "
+                            f"log t = {p.log_t}, η = {p.ring.eta}")
+    p0_start = _HELLO.size + extra
+    p0_end = p0_start + n * rlwe.COEFF_BYTES
+    if len(body) < p0_end:
+        raise ProtocolError("lattice: HELLO too short for its public key")
+    p0 = rlwe.words_from_bytes(body[p0_start:p0_end], n, "public key")
+    p1 = rlwe.uniform_poly(seed, 1, n, stream=_pk_stream(L))[:, 0]
+    return n_a, blocks, seed, rlwe.PublicKey(ring, p0, p1), bytes(body[_HELLO.size : p0_start]), body[p0_end:]
+
+
+def column_matrix(seed: bytes, words: memoryview, block: int, width: int, n_bits: int,
+                  n: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """B's view of A's block `block` of `width` points from its COLS b-words: the (L, 3N + 3·width)
+    float64 matrix of 36-bit parts of every column's (a | b) as brought to slot 0, and the weights'
+    ciphertext (a words (2, N), b words (2, width)). Used by every pair run (crypto.lattice_blocks too)."""
+    L = n_bits
+    r, count = packing(L, width, n)
+    b = rlwe.words_from_bytes(words, count * r * width, "COLS").reshape(2, count * r, width)
+    a = rlwe.uniform_poly(seed, count, n, stream=block)
+    neg = rlwe.normalise(-a[0], -a[1])
+    # Column l = k·r + j sits in slot j of ciphertext k: X^(−j·width) · ct_k brings it to slot 0.
+    # Its b part there is b_k's slot j; its a part is a_k shifted negacyclically, X^(−s) a[c] =
+    # a[c + s] for c + s < N and −a[c + s − N] after: the window s … s + N of [a_k | −a_k].
+    doubled = np.concatenate([a, neg], axis=2)  # (2, count, 2N) words
+    parts = rlwe.to_parts(doubled)  # (3, count, 2N): 36-bit parts, float64
+    m = np.empty((L, 3 * n + 3 * width), dtype=np.float64)  # filled in place: one pass per part
+    for j in range(r):
+        ks, shift = len(range(j, L, r)), j * width
+        for part in range(3):
+            m[j:L:r, part * n : (part + 1) * n] = parts[part, :ks, shift : shift + n]
+    b_parts = rlwe.to_parts(b[:, :L])  # (3, L, width)
+    for part in range(3):
+        m[:, 3 * n + part * width : 3 * n + (part + 1) * width] = b_parts[part]
+    k, j = divmod(L, r)
+    return m, (doubled[:, k, j * width : j * width + n].copy(), b[:, L].copy())
 
 
 def _pk_stream(n_bits: int) -> int:
@@ -554,31 +610,14 @@ class LatticePartyB(_Party):
         return Outgoing(to_peer=out, to_server=share, done=done)
 
     def _hello(self, body: memoryview) -> memoryview:
-        p, n = self.params, self.proto.n
-        if len(body) < _HELLO.size:
-            raise ProtocolError("lattice: HELLO too short")
-        L, n_a, ring_n, log_q, log_t, eta, blocks, seed = _HELLO.unpack_from(body)
-        try:  # refuses anything below the HE security standard before comparing with ours
-            ring = rlwe.RLWEParams(n=ring_n, log_t=log_t, eta=eta, log_q=log_q)
-        except ProtocolError as exc:
-            raise ProtocolError(f"lattice: A's parameters are refused: {exc}") from None
-        if (L, ring) != (p.n_bits, p.ring):
-            raise ProtocolError(f"lattice: A uses L = {L}, N = {ring_n}, log q = {log_q}, log t = {log_t}, η = {eta}; "
-                                f"this side expects L = {p.n_bits}, N = {n}, log q = {p.ring.log_q}, "
-                                f"log t = {p.log_t}, η = {p.ring.eta}")
-        if n_a < 1 or blocks != len(_blocks(n_a, n)):
+        n_a, blocks, seed, public, _, rest = parse_hello(body, self.params, self.proto.n)
+        if n_a < 1 or blocks != len(_blocks(n_a, self.proto.n)):
             raise ProtocolError(f"lattice: HELLO declares {n_a} points in {blocks} blocks")
         if blocks * self.n_b > MAX_CIPHERTEXTS:
             raise ProtocolError(f"lattice: {blocks} blocks × {self.n_b} vectors are more than the {MAX_CIPHERTEXTS} "
                                 "result ciphertexts the flooding covers")
-        p0_end = _HELLO.size + n * rlwe.COEFF_BYTES
-        if len(body) < p0_end:
-            raise ProtocolError("lattice: HELLO too short for its public key")
-        p0 = rlwe.words_from_bytes(body[_HELLO.size : p0_end], n, "public key")
-        p1 = rlwe.uniform_poly(seed, 1, n, stream=_pk_stream(L))[:, 0]
-        self.public = rlwe.PublicKey(ring, p0, p1)
-        self.seed, self.n_a, self.blocks = seed, n_a, _blocks(n_a, n)
-        return body[p0_end:]
+        self.public, self.seed, self.n_a, self.blocks = public, seed, n_a, _blocks(n_a, self.proto.n)
+        return rest
 
     def _columns(self, body: memoryview) -> None:
         n, L = self.proto.n, self.params.n_bits
@@ -595,26 +634,8 @@ class LatticePartyB(_Party):
         r, count = packing(L, width, n)
         _need(body, _COLS.size + count * r * width * rlwe.COEFF_BYTES, "COLS")
         self.cols = bytes(body)
-        b = rlwe.words_from_bytes(body[_COLS.size :], count * r * width, "COLS").reshape(2, count * r, width)
-        a = rlwe.uniform_poly(self.seed, count, n, stream=block)
-        neg = rlwe.normalise(-a[0], -a[1])
-        # Column l = k·r + j sits in slot j of ciphertext k: X^(−j·width) · ct_k brings it to slot 0.
-        # Its b part there is b_k's slot j; its a part is a_k shifted negacyclically, X^(−s) a[c] =
-        # a[c + s] for c + s < N and −a[c + s − N] after: the window s … s + N of [a_k | −a_k].
-        doubled = np.concatenate([a, neg], axis=2)  # (2, count, 2N) words
-        parts = rlwe.to_parts(doubled)  # (3, count, 2N): 36-bit parts, float64
         self.matrix = None  # free the previous block's matrix first
-        m = np.empty((L, 3 * n + 3 * width), dtype=np.float64)  # filled in place: one pass per part
-        for j in range(r):
-            ks, shift = len(range(j, L, r)), j * width
-            for part in range(3):
-                m[j:L:r, part * n : (part + 1) * n] = parts[part, :ks, shift : shift + n]
-        b_parts = rlwe.to_parts(b[:, :L])  # (3, L, width)
-        for part in range(3):
-            m[:, 3 * n + part * width : 3 * n + (part + 1) * width] = b_parts[part]
-        self.matrix = m
-        k, j = divmod(L, r)
-        self.weights_ct = (doubled[:, k, j * width : j * width + n].copy(), b[:, L].copy())
+        self.matrix, self.weights_ct = column_matrix(self.seed, body[_COLS.size :], block, width, L, n)
         self.block, self.next = block, 0
 
     def _results(self, first: int, count: int) -> bytes:

@@ -1,6 +1,9 @@
 """Ring-LWE encryption, additive only (BFV-style), with coefficient packing: the minimal scheme that
 the lattice Hamming protocol (crypto.lattice_hamming) needs, and nothing more.
 
+(About 500 lines: key generation, encryption, decryption and their saved keys kept beside the noise
+bounds they share, so that every parameter the security argument names is defined in one place.)
+
 No library on the package registries exposes the ciphertext coefficients as arrays that a dense
 matrix product can work on (tenseal hides them behind per-ciphertext calls; openfhe's wheels do not
 import on CPython 3.11), so the scheme is written here, kept to key generation, encryption,
@@ -401,6 +404,16 @@ class SecretKey:
         noise = (v - (m << shift)) & ((1 << log_q_out) - 1)
         noise = np.where(noise >= 1 << (log_q_out - 1), noise - (1 << log_q_out), noise)
         return m, noise
+
+    def decrypt_switched_at(self, a: np.ndarray, b: np.ndarray, rows: np.ndarray, positions: np.ndarray,
+                            log_q_out: int) -> np.ndarray:
+        """Decrypt switched ciphertexts (a: (k, N)) at chosen coefficients only: b[i] is the b part of
+        ciphertext rows[i] at coefficient positions[i] (crypto.lattice_blocks: B returns b only where
+        a candidate pair sits). Returns the messages mod t, one per given b."""
+        p = self.params
+        v = (b + mul_small_mod(a, self.spectrum, log_q_out)[rows, positions]) & ((1 << log_q_out) - 1)
+        shift = log_q_out - p.log_t
+        return ((v + (1 << (shift - 1))) >> shift) & ((1 << p.log_t) - 1)
 
     def decrypt_noise(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """Decrypt at q (tests): messages (k, m) and the exact centred noise as Python ints."""

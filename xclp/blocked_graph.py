@@ -7,8 +7,10 @@ Order of a blocked job's graph phase (each step's method in xclp.protocol):
                                             the same blocking on its own codes (never n_j²)
   2. coordinator: receive_tags / receive_intra_knn, then candidate_blocks(): per pair of sites,
                   dense blocks rows(a) × rows(b), one per shared bucket
-  3. per pair:    a Hamming protocol per block (block_party at both sites; receive_block), or,
-                  for crypto="plaintext", one run with the codes (receive_plaintext_codes)
+  3. per pair:    crypto="lattice": ONE run over all the pair's blocks (blocks_party at both sites;
+                  receive_blocks: crypto.lattice_blocks); Paillier, OT: a run per block
+                  (block_party; receive_block); crypto="plaintext": the codes once
+                  (receive_plaintext_codes)
   4. coordinator: descent_blocks(): NN-Descent candidates (neighbours of neighbours across sites)
                   as one-row blocks; back to 3 while it returns any (params.descent_rounds)
   5. coordinator: build_graph() → 𝒲 from the candidates' distances (knn_from_pairs)

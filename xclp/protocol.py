@@ -960,6 +960,24 @@ class SiteSession:
             b, lambda rows, d: ChannelParty(proto.restore_party(self.bits[rows], self.params.bits, d),
                                             self.channels[peer], "hamming")))
 
+    def packed_blocks_party(self, peer: str, blocks: list[blocking.Block]) -> ChannelParty:
+        """Our side of ONE pair protocol run over ALL the candidate blocks of our pair with `peer`
+        (a protocol whose traits say packs_blocks: crypto.lattice_blocks); block_party otherwise."""
+        if not traits(self.params.crypto).packs_blocks:
+            raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs one protocol per block (block_party)")
+        if peer not in self.order or peer == self.site:
+            raise ProtocolError(f"{self.site}: blocks with {peer!r}, not a peer of this job")
+        first = self.order.index(self.site) < self.order.index(peer)
+        pair = (self.site, peer) if first else (peer, self.site)
+        if not blocks or any((bl.a, bl.b) != pair for bl in blocks):
+            raise ProtocolError(f"{self.site}: the blocks must all be of the pair {pair}")
+        if self._hamming is None:
+            self._hamming = hamming_protocol(self.params)
+        rows, bits, n_peer = [(bl.rows_a, bl.rows_b) for bl in blocks], self.hash(), self.roster[peer].n
+        party = (self._hamming.party_a_blocks(bits, self.params.bits, rows, n_peer) if first
+                 else self._hamming.party_b_blocks(bits, self.params.bits, rows, n_peer))
+        return ChannelParty(party, self.channels[peer], "hamming")
+
     # --- row sums --------------------------------------------------------------------------------
     def receive_influence(self, message: bytes) -> None:
         """The graph's layout and this site's influence columns S_L^(j) (`CoordinatorSession.influence_message`)."""
@@ -1094,6 +1112,20 @@ class CoordinatorSession:
         a, b = blocks[0].a, blocks[0].b
         for block, sa, sb in zip(blocks, split_shares(share_a, len(blocks), a), split_shares(share_b, len(blocks), b)):
             self.receive_block(block, sa, sb)
+
+    def receive_packed_blocks(self, blocks: list[blocking.Block], share_a: bytes, share_b: bytes) -> None:
+        """The two shares of ONE packed run over all of a pair's blocks (SiteSession.packed_blocks_party)."""
+        if not blocks:
+            raise ProtocolError("no blocks")
+        a, b = blocks[0].a, blocks[0].b
+        if any((bl.a, bl.b) != (a, b) for bl in blocks):
+            raise ProtocolError(f"blocks of several pairs in one run ({a}, {b})")
+        if a not in self.roster or b not in self.roster or self.order.index(a) >= self.order.index(b):
+            raise ProtocolError(f"blocks ({a}, {b}) are not of a pair in roster order")
+        # each candidate pair once, however many blocks (tables) hold it
+        i, j, h = hamming_protocol(self.params).combine_pairs(share_a, share_b, [(bl.rows_a, bl.rows_b) for bl in blocks],
+                                                              self.roster[a].n, self.roster[b].n, self.params.bits)
+        self._blocked_state().add_pairs(a, b, i, j, h)
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the

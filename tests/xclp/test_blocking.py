@@ -131,3 +131,42 @@ def exact_knn_of_job(ds, st):
     acc = graphs.KnnAccumulator(n, st.k)
     acc.add_block(np.arange(n), np.arange(n), lsh.hamming_matrix(codes, codes, st.n_bits))
     return acc
+
+
+def test_packed_blocks_party_and_receive_packed_blocks_refuse_what_is_not_one_pair_of_theirs():
+    from crypto.errors import ProtocolError
+    from crypto.hamming_api import exchange
+    from xclp.protocol import SiteSession, decode_roster, encode_roster
+
+    rng = np.random.default_rng(0)
+    names = ("a", "b", "c")
+    params = JobParams(job_id="j", n_classes=2, bits=64, k=3, crypto="lattice", graph="blocked").validate()
+    sess = {s: SiteSession(params, s, rng.normal(size=(12, 5)), np.r_[0, 1, np.full(10, -1)]) for s in names}
+    coord = CoordinatorSession(params)
+    for s, x in sess.items():
+        coord.register(s, x.announce())
+    roster = encode_roster([sess[s].announce() for s in coord.order])
+    for x in sess.values():
+        x.set_roster(decode_roster(roster))
+    out = {s: x.seed_messages() for s, x in sess.items()}
+    for s, x in sess.items():
+        x.receive_seed({p: out[p][s] for p in sess if p != s}, list(names))
+        coord.receive_counts(s, x.counts_message(list(names)))
+    for x in sess.values():
+        x.receive_counts(coord.counts_total(list(names)))
+    ab = [blocking.Block("a", "b", np.array([0, 3]), np.array([1])), blocking.Block("a", "b", np.array([5]), np.array([1, 2]))]
+    with pytest.raises(ProtocolError, match="must all be of the pair"):
+        sess["a"].packed_blocks_party("b", ab + [blocking.Block("a", "c", np.array([0]), np.array([1]))])
+    with pytest.raises(ProtocolError, match="must all be of the pair"):
+        sess["c"].packed_blocks_party("a", ab)
+    with pytest.raises(ProtocolError, match="rows outside"):
+        sess["a"].packed_blocks_party("b", [blocking.Block("a", "b", np.array([12]), np.array([1]))])
+    shares = exchange(sess["a"].packed_blocks_party("b", ab), sess["b"].packed_blocks_party("a", ab))
+    with pytest.raises(ProtocolError, match="several pairs"):
+        coord.receive_packed_blocks(ab + [blocking.Block("a", "c", np.array([0]), np.array([1]))], *shares)
+    coord.receive_packed_blocks(ab, *shares)
+    assert coord.blocked.pair_count() == 4  # (0,1), (3,1), (5,1), (5,2): each once
+    paillier = SiteSession(JobParams(job_id="j", n_classes=2, bits=64, crypto="paillier", graph="blocked"), "a",
+                           rng.normal(size=(12, 5)), np.r_[0, 1, np.full(10, -1)])
+    with pytest.raises(ProtocolError, match="one protocol per block"):
+        paillier.packed_blocks_party("b", ab)

@@ -1,0 +1,562 @@
+"""Many candidate blocks of one site pair in ONE run of the lattice protocol (crypto.lattice_hamming),
+with the results packed into the coefficients of shared result ciphertexts: the packed block mode.
+
+(About 540 lines: the layout both sites and the coordinator compute, both packed parties and their
+saved state, and the coordinator's step — one scheme, read and changed together.)
+
+Why. A blocked graph (xclp.blocking) gives each pair of sites (A, B) hundreds to thousands of small
+dense blocks rows_a × rows_b (a few points each). Run one protocol per block and every block pays the
+fixed costs of a run: A's HELLO (public key, 57 kB) and column ciphertexts, B's column matrix
+(L × 3N float64, 100 MB at L = 1024), and, per row of B in the block, one result ciphertext with
+its own encryption of zero, flooding over its coefficients, a full a part on the wire (N·k/8 bytes)
+and one decryption at A; and a job's result ciphertexts are capped at C = 2^20 under one key of A.
+Here one run serves all of a pair's blocks; every fixed cost is paid once per pair, and one result
+ciphertext (one encryption of zero, one a part, one decryption) serves every block of a row y of B.
+
+The layout (`BlockLayout`, computed alike by A, B and the coordinator from the pair's block list,
+and bound by its SHA-256 digest in A's HELLO and both shares). A's points keep the lattice
+protocol's natural layout: block k of A is its points k·N … k·N + N − 1, point p in coefficient
+p − k·N, encrypted exactly as in the whole-site run (the same cached COLS messages: A's column
+ciphertexts are made once per site and job, whatever the peer and the mode). The pair's candidate
+entries are the union of the blocks' rectangles, E = ∪_g rows_a(g) × rows_b(g). For each block k of
+A that holds a candidate ("group"): the rows of B with a candidate in it, b_rows(k) (sorted), and
+for the c-th of them the coefficient positions P(k, c) = {p − k·N : (p, b_rows(k)[c]) ∈ E}.
+The candidates of a group are indexed by key = c·width + position, sorted (vector by vector); the
+share vector is the groups' keys concatenated, and an index map sends each block's entries to it.
+
+The run, per group k (the formulas are crypto.lattice_hamming's, unchanged):
+
+1. A sends HELLO (its parameters, the seed of its uniform polynomials, p0 — and the layout's
+   digest) with the COLS of its first group, then the COLS of each next group after the last RES of
+   the previous one; groups without candidates are skipped.
+2. B computes, for each y in b_rows(k) only,
+
+       ct_y = ct_S − 2·Σ_l y_l ct_l + (0, Δ·(|y| + ρ_y)) + Enc_pk(0) + (0, f_y)
+
+   (one dense product Y·[a | b parts], then the encryption of zero and the flooding f_y uniform in
+   [−2^F, 2^F) on every coefficient), switches to 2^k and sends the whole a part but the b part ONLY
+   at the positions P(k, c): A can decrypt a coefficient only with its b value, so it decrypts
+   exactly the candidate coefficients. ρ here: for group k, keyed SUBKEY(ρ key, "blocks", k), uniform
+   in Z_t per (vector, position), stream = the vector's group of SUB_BATCH.
+3. A decrypts u = h + ρ mod t at the candidate coefficients and sends them (u16, in key order) to the
+   coordinator; B sends its ρ key (with the digest). The coordinator expands ρ at the same
+   coefficients, outputs h = u − ρ mod t (refusing a value above L) and cuts it into the blocks'
+   matrices by the index map (`BlockLayout.split`).
+
+What each party learns — the whole-site protocol's argument (crypto.lattice_hamming's docstring,
+docs/security.md) restricted to the candidate entries:
+- The coordinator: u at the candidate entries only (A sends nothing else, and the share's length is
+  the candidate count fixed by the digest), ρ's key (independent of the data): h on E and nothing of
+  any other pair — the same as a per-block run of every block (tested: the decrypted share holds
+  exactly |E| values, and changing a non-candidate point of either site changes nothing it receives).
+- A: for each result ciphertext, a pseudorandom a part (RLWE with B's fresh u) and b values at the
+  positions P(k, c) — which A already knows from the block list. Each decrypted value is flooded
+  independently, so the smudging bound holds per decrypted coefficient as before: at most N per
+  ciphertext, C = MAX_CIPHERTEXTS ciphertexts per job under A's key (A counts them; B refuses a
+  layout with more than C result ciphertexts), F from `flood_bits` unchanged: A's view of a job stays
+  within 2^−41 of one independent of B's vectors, and its u values are uniform in Z_t.
+  The non-candidate coefficients of a result ciphertext are never decryptable by A (their b values
+  never leave B), exactly as the whole-site run never returns the slots beyond a block's width.
+- B: RLWE ciphertexts under A's key (128-bit by the HE standard): nothing about x.
+- Both sites already know the block list (it is what they run); packing reveals nothing beyond it.
+Parameters: those of `lattice_params` (N = 4096, q = 2^108, CBD(21), t = 2^(bit length of L),
+F = 91 at L ≤ 2047, k = 24 at L = 1024), unchanged; randomness as in crypto.lattice_hamming (A's key
+material from its 32-byte master draw of os.urandom, B's from its own, AES-256-CTR expansions).
+
+Cost per pair: Σ_k |b_rows(k)| result ciphertexts (≤ n_b·⌈n_a/N⌉, the whole-site run's count; a
+per-block run makes Σ_g |rows_b(g)|, one per block and row), one column matrix per group, bytes
+≈ Σ_k |b_rows(k)|·N·k/8 (a parts) + |E|·k/8 (b parts) + 2|E| (A's share). The a part of each result
+ciphertext still spans N coefficients: the cost floor per row y of B and group of A is the
+whole-site run's, whatever the number of its candidates.
+
+Messages: the lattice protocol's COLS, RES, ACK (RES's b words: only the candidate coefficients of
+its vectors, in key order), plus
+
+    A→B  HELLO_BLOCKS  L n_a N log_q log_t eta blocks seed[32] digest[32] p0[N·14] ‖ COLS
+    A→S  SHARE_A_BLOCKS  n_a n_b log_t |E| digest[32] u[|E|] (u16)
+    B→S  SHARE_B_BLOCKS  n_a n_b log_t |E| digest[32] key[32]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from crypto import rlwe
+from crypto.errors import ProtocolError
+from crypto.hamming_api import Outgoing, check_bits
+from crypto.lattice_hamming import (
+    _ACK,
+    _COLS,
+    _HELLO,
+    _RES,
+    ACK,
+    COLS,
+    MAX_CIPHERTEXTS,
+    RES,
+    SUB_BATCH,
+    LatticeHamming,
+    _blocks,
+    _header,
+    _need,
+    _open,
+    _parallel,
+    _Party,
+    _pk_stream,
+    column_matrix,
+    lattice_params,
+    packing,
+    parse_hello,
+    rho,
+)
+from crypto.state import State, pack
+
+HELLO_BLOCKS, SHARE_A_BLOCKS, SHARE_B_BLOCKS = 7, 8, 9
+_SHARE = struct.Struct("<IIBQ")  # n_a, n_b, log t, candidates; then the layout's digest
+DIGEST = 32
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values by sort + diff (numpy 2's np.unique is far slower on int64 keys)."""
+    a = np.sort(a)
+    return a[np.r_[True, a[1:] != a[:-1]]] if a.size else a
+
+
+def _flat(rows: list, n: int, side: str) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' rows of one side concatenated, and each block's count, checked (vectorised: a
+    pair has thousands of blocks): non-empty 1-D integer lists in [0, n), no row twice in a block."""
+    arrays = [np.asarray(r) for r in rows]
+    for i, r in enumerate(arrays):
+        if r.ndim != 1 or r.size == 0:
+            raise ProtocolError(f"block {i}, {side}: a block needs a non-empty 1-D list of rows")
+        if r.dtype.kind not in "iu":
+            raise ProtocolError(f"block {i}, {side}: rows must be integers, got {r.dtype}")
+    sizes = np.array([r.size for r in arrays], dtype=np.int64)
+    flat = np.concatenate(arrays).astype(np.int64)
+    bad = np.flatnonzero((flat < 0) | (flat >= n))
+    if bad.size:
+        i = int(np.searchsorted(np.cumsum(sizes), bad[0], side="right"))
+        raise ProtocolError(f"block {i}, {side}: rows outside [0, {n})")
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    order = np.lexsort((flat, owner))
+    twice = np.flatnonzero((owner[order][1:] == owner[order][:-1]) & (flat[order][1:] == flat[order][:-1]))
+    if twice.size:
+        raise ProtocolError(f"block {int(owner[order][twice[0]])}, {side}: a row appears twice in one block")
+    return flat, sizes
+
+
+@dataclass(frozen=True)
+class Group:
+    """One block k of A's points that holds candidates: its rows of B and its candidate keys."""
+
+    k: int  # A's natural block (points k·N … k·N + width − 1)
+    start: int
+    width: int
+    b_rows: np.ndarray  # B's rows with a candidate here, sorted
+    keys: np.ndarray  # c·width + position, sorted: vector c = b_rows[c], coefficient position
+    starts: np.ndarray  # vector c's keys are keys[starts[c] : starts[c + 1]]
+    offset: int  # where its keys start in the share vector
+
+
+class BlockLayout:
+    """The index map of a packed run over one pair's blocks, each a (rows_a, rows_b) pair of local
+    indices (A's points 0 … n_a − 1, B's 0 … n_b − 1). Empty blocks, rows out of range and a row
+    named twice in one block are refused. Every party computes it from the same list; `digest`
+    binds the run's messages to it."""
+
+    def __init__(self, blocks, n_a: int, n_b: int, n: int = rlwe.N_DEFAULT):
+        blocks = list(blocks)
+        if not blocks:
+            raise ProtocolError("lattice blocks: a packed run needs at least one block")
+        if n_a < 1 or n_b < 1:
+            raise ProtocolError("lattice blocks: both sites need points")
+        self.n_a, self.n_b, self.n = int(n_a), int(n_b), int(n)
+        pairs = []
+        for i, blk in enumerate(blocks):
+            try:
+                ra, rb = blk
+            except (TypeError, ValueError):
+                raise ProtocolError(f"lattice blocks: block {i} is not a (rows_a, rows_b) pair") from None
+            pairs.append((ra, rb))
+        self.flat_a, size_a = _flat([p[0] for p in pairs], self.n_a, "A")
+        self.flat_b, size_b = _flat([p[1] for p in pairs], self.n_b, "B")
+        self.sizes = sizes = np.stack([size_a, size_b], axis=1)
+        h = hashlib.sha256(b"xclp/lattice-blocks/layout/v1" + struct.pack("<QQQQ", self.n_a, self.n_b, self.n,
+                                                                          len(blocks)))
+        h.update(sizes.astype("<i8").tobytes())
+        h.update(self.flat_a.astype("<i8").tobytes())
+        h.update(self.flat_b.astype("<i8").tobytes())
+        self.digest = h.digest()
+        # Every entry of every block, block by block, row-major (the coordinator's output order):
+        # entry t of block g is (rows_a[t // q], rows_b[t % q]) with q = |rows_b(g)|.
+        cells = size_a * size_b
+        q = np.repeat(size_b, cells)
+        t = np.arange(int(cells.sum())) - np.repeat(np.cumsum(cells) - cells, cells)
+        ai = self.flat_a[np.repeat(np.cumsum(size_a) - size_a, cells) + t // q]
+        bj = self.flat_b[np.repeat(np.cumsum(size_b) - size_b, cells) + t % q]
+        natural = _blocks(self.n_a, self.n)
+        kk = ai // self.n
+        self.entry = np.empty(ai.size, dtype=np.int64)  # entry → index in the share vector
+        self.groups: list[Group] = []
+        offset = 0
+        for k in _unique(kk):
+            sel = np.flatnonzero(kk == k)
+            start, stop = natural[int(k)]
+            width = stop - start
+            b_rows = _unique(bj[sel])
+            key = np.searchsorted(b_rows, bj[sel]) * width + (ai[sel] - start)
+            keys = _unique(key)
+            self.entry[sel] = offset + np.searchsorted(keys, key)
+            starts = np.searchsorted(keys, np.arange(b_rows.size + 1) * width)
+            self.groups.append(Group(int(k), start, width, b_rows, keys, starts, offset))
+            offset += keys.size
+        self.candidates = offset  # |E|: distinct candidate entries (a pair in two blocks counts once)
+        self.ciphertexts = sum(g.b_rows.size for g in self.groups)  # result ciphertexts of the run
+
+    def split(self, values: np.ndarray) -> list[np.ndarray]:
+        """The share vector's values (one per candidate entry) → each block's rows_a × rows_b matrix."""
+        v = np.asarray(values)[self.entry]
+        cuts = np.cumsum(self.sizes[:, 0] * self.sizes[:, 1])[:-1]
+        return [part.reshape(int(s[0]), int(s[1])) for part, s in zip(np.split(v, cuts), self.sizes)]
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The candidate entries (row of A, row of B), in the share vector's order: all that a run
+        lets the coordinator learn."""
+        i = np.concatenate([g.start + g.keys % g.width for g in self.groups])
+        j = np.concatenate([g.b_rows[g.keys // g.width] for g in self.groups])
+        return i, j
+
+    def state(self) -> dict:
+        return {"layout_sizes": self.sizes, "layout_a": self.flat_a, "layout_b": self.flat_b,
+                "layout_n_a": self.n_a, "layout_n_b": self.n_b}
+
+    @classmethod
+    def restore(cls, s: State, n: int) -> BlockLayout:
+        sizes = s.array("layout_sizes", np.int64)
+        if sizes.ndim != 2 or sizes.shape[1] != 2 or sizes.shape[0] < 1 or sizes.min() < 1:
+            raise ProtocolError("lattice blocks: a saved layout has bad block sizes")
+        ra = s.array("layout_a", np.int64, (int(sizes[:, 0].sum()),))
+        rb = s.array("layout_b", np.int64, (int(sizes[:, 1].sum()),))
+        blocks = list(zip(np.split(ra, np.cumsum(sizes[:, 0])[:-1]), np.split(rb, np.cumsum(sizes[:, 1])[:-1])))
+        return cls(blocks, s.int("layout_n_a", 1), s.int("layout_n_b", 1), n)
+
+
+def _share_header(mtype: int, layout: BlockLayout, log_t: int) -> bytes:
+    return _header(mtype) + _SHARE.pack(layout.n_a, layout.n_b, log_t, layout.candidates) + layout.digest
+
+
+class PackedPartyA(_Party):
+    """A (the key owner) over all its points; it decrypts only the candidate coefficients."""
+
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, layout: BlockLayout):
+        super().__init__(proto, bits, n_bits)
+        if layout.n_a != bits.shape[0] or layout.n != proto.n:
+            raise ProtocolError(f"lattice blocks: the layout is for {layout.n_a} points of A, the bits have "
+                                f"{bits.shape[0]}")
+        self.layout = layout
+        self.digest = hashlib.sha256(bits.tobytes()).digest()  # the same seed and columns as a whole-site run
+        self.group = 0
+        self.next = 0
+        self.share = np.zeros(layout.candidates, dtype=np.uint16)
+        self.started = False
+
+    def _step(self, message):
+        p, n, lay = self.params, self.proto.n, self.layout
+        if message is None:
+            if self.started:
+                raise ProtocolError("lattice blocks: A has already started")
+            self.started = True
+            _, seed, p0 = self.proto._secret(p, self.digest)
+            hello = (_header(HELLO_BLOCKS) + _HELLO.pack(p.n_bits, lay.n_a, n, p.ring.log_q, p.log_t, p.ring.eta,
+                                                         len(_blocks(lay.n_a, n)), seed) + lay.digest + p0)
+            return Outgoing(to_peer=hello + self._cols(0))
+        if not self.started:
+            raise ProtocolError("lattice blocks: A speaks first (HELLO) and then takes only RES messages")
+        _, body = _open(message, (RES,), self.proto.max_message_bytes)
+        if len(body) < _RES.size:
+            raise ProtocolError("lattice blocks: RES too short")
+        group, first, count, n_b = _RES.unpack_from(body)
+        g = lay.groups[self.group]
+        if (group, first, n_b) != (self.group, self.next, g.b_rows.size):
+            raise ProtocolError(f"lattice blocks: RES for group {group} from vector {first}; expected group "
+                                f"{self.group} from vector {self.next}")
+        if not 1 <= count <= n_b - first:
+            raise ProtocolError("lattice blocks: RES count out of range")
+        qb = p.log_q_out // 8
+        lo, hi = int(g.starts[first]), int(g.starts[first + count])
+        _need(body, _RES.size + count * n * qb + (hi - lo) * qb, "RES")
+        off = _RES.size + count * n * qb
+        a = rlwe.small_from_bytes(body[_RES.size : off], count * n, p.log_q_out, "RES a").reshape(count, n)
+        b = rlwe.small_from_bytes(body[off:], hi - lo, p.log_q_out, "RES b")
+        self.proto._count(count)
+        key = self.proto._secret(p, self.digest)[0]
+        keys = g.keys[lo:hi]
+
+        def decrypt(s):
+            e = min(s + SUB_BATCH, count)
+            i0, i1 = int(g.starts[first + s]) - lo, int(g.starts[first + e]) - lo
+            rows, pos = keys[i0:i1] // g.width - first - s, keys[i0:i1] % g.width
+            m = key.decrypt_switched_at(a[s:e], b[i0:i1], rows, pos, p.log_q_out)
+            self.share[g.offset + lo + i0 : g.offset + lo + i1] = m
+
+        _parallel(decrypt, list(range(0, count, SUB_BATCH)), self.proto.threads)
+        self.next = first + count
+        if self.next < n_b:
+            return Outgoing(to_peer=_header(ACK) + _ACK.pack(self.group, self.next))
+        self.group, self.next = self.group + 1, 0
+        if self.group < len(lay.groups):
+            return Outgoing(to_peer=self._cols(self.group))
+        self.finished = True
+        out = _share_header(SHARE_A_BLOCKS, lay, p.log_t) + self.share.astype("<u2").tobytes()
+        self.share = None
+        return Outgoing(to_server=out, done=True)
+
+    def _cols(self, group: int) -> bytes:
+        g = self.layout.groups[group]  # the whole-site run's COLS of A's block g.k (cached per site)
+        return self.proto._cols(self.params, self.bits, g.k, g.start, g.start + g.width)
+
+    def state(self) -> bytes:
+        return pack({"role": "pa", **self._common(), **self.layout.state(), "started": self.started,
+                     "group": self.group, "next": self.next,
+                     **({"share": self.share} if self.share is not None else {})})
+
+    @classmethod
+    def restore(cls, proto: LatticeHamming, bits: np.ndarray, n_bits: int, s: State) -> PackedPartyA:
+        a = cls(proto, check_bits(bits, n_bits, "A's bits"), int(n_bits), BlockLayout.restore(s, proto.n))
+        a._set_common(s)
+        a.started, a.group = s.bool("started"), s.int("group", 0, len(a.layout.groups))
+        a.next = s.int("next", 0, a.layout.n_b)
+        a.share = s.optional_array("share", np.uint16, (a.layout.candidates,))
+        return a
+
+
+class PackedPartyB(_Party):
+    """B: evaluates every group's rows of B in one run; returns b only at candidate coefficients."""
+
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, layout: BlockLayout,
+                 secret: bytes | None = None):
+        super().__init__(proto, bits, n_bits)
+        if layout.n_b != bits.shape[0] or layout.n != proto.n:
+            raise ProtocolError(f"lattice blocks: the layout is for {layout.n_b} points of B, the bits have "
+                                f"{bits.shape[0]}")
+        if layout.ciphertexts > MAX_CIPHERTEXTS:
+            raise ProtocolError(f"lattice blocks: {layout.ciphertexts} result ciphertexts are more than the "
+                                f"{MAX_CIPHERTEXTS} the flooding covers")
+        self.layout = layout
+        self.secret = os.urandom(32) if secret is None else bytes(secret)  # B's one draw (see LatticePartyB)
+        if len(self.secret) != 32:
+            raise ProtocolError("lattice blocks: B's secret is 32 bytes")
+        self.rho_key = rlwe.subkey(self.secret, "rho")
+        self.public: rlwe.PublicKey | None = None
+        self.seed: bytes | None = None
+        self.group = -1
+        self.next = 0
+        self.matrix: np.ndarray | None = None
+        self.weights_ct = None
+        self.cols: bytes | None = None
+
+    def _step(self, message):
+        p, n, lay = self.params, self.proto.n, self.layout
+        if message is None:
+            raise ProtocolError("lattice blocks: B speaks only after A's HELLO")
+        mtype, body = _open(message, (HELLO_BLOCKS,) if self.public is None else (ACK, COLS),
+                            self.proto.max_message_bytes)
+        share = None
+        if mtype == HELLO_BLOCKS:
+            n_a, blocks, seed, public, digest, body = parse_hello(body, p, n, extra=DIGEST)
+            if n_a != lay.n_a or blocks != len(_blocks(n_a, n)):
+                raise ProtocolError(f"lattice blocks: HELLO declares {n_a} points in {blocks} blocks; the layout has "
+                                    f"{lay.n_a}")
+            if digest != lay.digest:
+                raise ProtocolError("lattice blocks: A's HELLO is for another list of blocks")
+            self.public, self.seed = public, seed
+            share = _share_header(SHARE_B_BLOCKS, lay, p.log_t) + self.rho_key
+            mtype, body = _open(body, (COLS,), self.proto.max_message_bytes)
+        if mtype == COLS:
+            self._columns(body)
+        elif len(body) != _ACK.size or _ACK.unpack_from(body) != (self.group, self.next):
+            raise ProtocolError(f"lattice blocks: ACK out of order (expected group {self.group}, vector {self.next})")
+        g = lay.groups[self.group]
+        nb = g.b_rows.size
+        per_vector = (n + -(-g.keys.size // nb)) * (p.log_q_out // 8)
+        count = max(self.proto.target_message_bytes // per_vector, -(-nb // 64), 1)
+        count = min(-(-count // SUB_BATCH) * SUB_BATCH, nb - self.next)  # whole groups of ρ
+        out = self._results(self.next, count)
+        self.next += count
+        done = self.next == nb and self.group == len(lay.groups) - 1
+        if done:
+            self.finished, self.matrix, self.weights_ct, self.cols = True, None, None, None
+        return Outgoing(to_peer=out, to_server=share, done=done)
+
+    def _columns(self, body: memoryview) -> None:
+        lay = self.layout
+        if self.group >= 0 and self.next != lay.groups[self.group].b_rows.size:
+            raise ProtocolError("lattice blocks: COLS before the previous group's results were through")
+        if len(body) < _COLS.size:
+            raise ProtocolError("lattice blocks: COLS too short")
+        block, width = _COLS.unpack_from(body)
+        gi = self.group + 1
+        if gi >= len(lay.groups) or block != lay.groups[gi].k:
+            raise ProtocolError(f"lattice blocks: COLS for A's block {block}, expected "
+                                f"{lay.groups[gi].k if gi < len(lay.groups) else 'none'}")
+        if width != lay.groups[gi].width:
+            raise ProtocolError(f"lattice blocks: COLS of block {block} has {width} points, expected "
+                                f"{lay.groups[gi].width}")
+        r, count = packing(self.params.n_bits, width, self.proto.n)
+        _need(body, _COLS.size + count * r * width * rlwe.COEFF_BYTES, "COLS")
+        self.cols = bytes(body)
+        self.matrix = None  # free the previous group's matrix first
+        self.matrix, self.weights_ct = column_matrix(self.seed, body[_COLS.size :], block, width,
+                                                     self.params.n_bits, self.proto.n)
+        self.group, self.next = gi, 0
+
+    def _results(self, first: int, count: int) -> bytes:
+        """RES for the group's vectors first … first + count − 1: whole a parts, b at candidates only."""
+        p, L, g = self.params, self.params.n_bits, self.layout.groups[self.group]
+        y = np.unpackbits(self.bits[g.b_rows[first : first + count]], axis=1, count=L)
+        assert L <= rlwe.MAX_PART_TERMS
+        sums = y.astype(np.float64) @ self.matrix  # Σ_l y_l ct_l, exact (crypto.lattice_hamming)
+        weights = y.sum(axis=1, dtype=np.int64)
+        k = p.log_q_out
+
+        def batch(s):
+            e = min(s + SUB_BATCH, count)
+            a, b = self._finish(g, sums[s:e], weights[s:e], (first + s) // SUB_BATCH)
+            i0, i1 = int(g.starts[first + s]), int(g.starts[first + e])
+            rows, pos = g.keys[i0:i1] // g.width - first - s, g.keys[i0:i1] % g.width
+            return rlwe.small_to_bytes(rlwe.mod_switch(a, k), k), rlwe.small_to_bytes(
+                rlwe.mod_switch(b[:, rows, pos], k), k)
+
+        parts = _parallel(batch, list(range(0, count, SUB_BATCH)), self.proto.threads)
+        return (_header(RES) + _RES.pack(self.group, first, count, g.b_rows.size)
+                + b"".join(x for x, _ in parts) + b"".join(x for _, x in parts))
+
+    def _finish(self, g: Group, sums: np.ndarray, weights: np.ndarray, batch: int):
+        """As LatticePartyB._finish: weights, masks, a fresh encryption of zero, flooding on every
+        coefficient of the group's width (only the candidates' travel). Keys per (group, batch)."""
+        p, n, width = self.params, self.proto.n, g.width
+        count = sums.shape[0]
+        acc = sums.astype(np.int64, copy=False)
+        ya = rlwe.from_part_sums(acc[:, :n], acc[:, n : 2 * n], acc[:, 2 * n : 3 * n])
+        yb = rlwe.from_part_sums(*(acc[:, 3 * n + i * width : 3 * n + (i + 1) * width] for i in range(3)))
+        sa, sb = self.weights_ct
+        masks = rho(rlwe.subkey(self.rho_key, "blocks", g.k), batch, width, p.log_t)[:count]
+        shifted = (weights[:, None] + masks) << (p.ring.delta_shift - rlwe.WORD)
+        za, zb = self.public.encrypt_zero(count, rlwe.subkey(self.secret, "zero-blocks", g.k, batch))
+        flood = rlwe.sample_flood((count, width), p.flood_bits, rlwe.subkey(self.secret, "flood-blocks", g.k, batch))
+        a = rlwe.normalise(-2 * ya[0] + sa[0] + za[0], -2 * ya[1] + sa[1] + za[1])
+        b = rlwe.normalise(-2 * yb[0] + sb[0] + zb[0, :, :width] + flood[0],
+                           -2 * yb[1] + sb[1] + shifted + zb[1, :, :width] + flood[1])
+        return a, b
+
+    def state(self) -> bytes:
+        live = self.public is not None and not self.finished
+        return pack({"role": "pb", **self._common(), **self.layout.state(), "secret": self.secret,
+                     "seed": self.seed or b"", "group": self.group, "next": self.next,
+                     **({"p0": self.public.p0, "cols": self.cols} if live else {})})
+
+    @classmethod
+    def restore(cls, proto: LatticeHamming, bits: np.ndarray, n_bits: int, s: State) -> PackedPartyB:
+        b = cls(proto, check_bits(bits, n_bits, "B's bits"), int(n_bits), BlockLayout.restore(s, proto.n),
+                s.bytes("secret", 32))
+        b._set_common(s)
+        b.seed = s.bytes("seed") or None
+        b.group, b.next = s.int("group", -1, len(b.layout.groups) - 1), s.int("next", 0, b.layout.n_b)
+        if "p0" in s:
+            if b.seed is None or len(b.seed) != 32:
+                raise ProtocolError("lattice blocks: a saved party B has no seed")
+            p1 = rlwe.uniform_poly(b.seed, 1, proto.n, stream=_pk_stream(b.params.n_bits))[:, 0]
+            b.public = rlwe.PublicKey(b.params.ring, s.array("p0", np.int64, (2, proto.n)), p1)
+            if b.group >= 0:  # the group's matrix made again from its COLS
+                group, after = b.group, b.next
+                b.group, b.next = group - 1, b.layout.groups[group - 1].b_rows.size if group else 0
+                b._columns(memoryview(s.bytes("cols")))
+                b.next = after
+        return b
+
+
+def combine_blocks(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: int,
+                   max_message_bytes: int = 1 << 31) -> list[np.ndarray]:
+    """The coordinator's step: each block's rows_a × rows_b matrix (int32) of `combine_values`."""
+    return layout.split(combine_values(share_a, share_b, layout, n_bits, max_message_bytes))
+
+
+def combine_values(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: int,
+                   max_message_bytes: int = 1 << 31) -> np.ndarray:
+    """h = (u − ρ) mod t at the candidate entries (`layout.pairs()` order), refused above L: one value
+    per candidate entry, nothing else."""
+    p = lattice_params(n_bits, layout.n)
+    _, body_a = _open(share_a, (SHARE_A_BLOCKS,), max_message_bytes)
+    _, body_b = _open(share_b, (SHARE_B_BLOCKS,), 1 << 16)
+    head = _SHARE.size + DIGEST
+    for who, body in (("A", body_a), ("B", body_b)):
+        if len(body) < head:
+            raise ProtocolError(f"lattice blocks: {who}'s share is too short")
+        fields = _SHARE.unpack_from(body)
+        if fields != (layout.n_a, layout.n_b, p.log_t, layout.candidates):
+            raise ProtocolError(f"lattice blocks: {who}'s share is for {fields[0]} × {fields[1]} points, log t = "
+                                f"{fields[2]} and {fields[3]} candidates; expected {layout.n_a} × {layout.n_b}, "
+                                f"{p.log_t} and {layout.candidates}")
+        if bytes(body[_SHARE.size : head]) != layout.digest:
+            raise ProtocolError(f"lattice blocks: {who}'s share is for another list of blocks")
+    _need(body_a, head + 2 * layout.candidates, "A's share")
+    _need(body_b, head + 32, "B's share")
+    u = np.frombuffer(body_a[head:], dtype="<u2").astype(np.int64)
+    key = bytes(body_b[head:])
+    masks = np.empty(layout.candidates, dtype=np.int64)
+    for g in layout.groups:
+        sub = rlwe.subkey(key, "blocks", g.k)
+        c = g.keys // g.width
+        for batch in range(0, -(-g.b_rows.size // SUB_BATCH)):
+            lo, hi = int(g.starts[batch * SUB_BATCH]), int(g.starts[min((batch + 1) * SUB_BATCH, g.b_rows.size)])
+            if hi > lo:
+                r = rho(sub, batch, g.width, p.log_t)
+                masks[g.offset + lo : g.offset + hi] = r[c[lo:hi] - batch * SUB_BATCH, g.keys[lo:hi] % g.width]
+    h = (u - masks) & ((1 << p.log_t) - 1)
+    if h.max(initial=0) > n_bits:
+        raise ProtocolError("lattice blocks: the shares do not combine into distances (a value exceeds L)")
+    return h.astype(np.int32)
+
+
+class PackedLatticeHamming(LatticeHamming):
+    """The lattice protocol with its packed block mode: all of a pair's candidate blocks in one run.
+    (A subclass here, not methods of LatticeHamming, so that the whole-site module does not import
+    this one: the registry's "lattice" is this class.)"""
+
+    def party_a_blocks(self, bits: np.ndarray, n_bits: int, blocks: list, n_b: int):
+        """A over ALL its points, for the pair's `blocks` ((rows_a, rows_b) pairs of local indices; B
+        has n_b points): one run, results only at the blocks' entries."""
+
+        bits = check_bits(bits, n_bits, "A's bits")
+        return PackedPartyA(self, bits, int(n_bits), BlockLayout(blocks, bits.shape[0], n_b, self.n))
+
+    def party_b_blocks(self, bits: np.ndarray, n_bits: int, blocks: list, n_a: int, secret: bytes | None = None):
+
+        bits = check_bits(bits, n_bits, "B's bits")
+        return PackedPartyB(self, bits, int(n_bits), BlockLayout(blocks, n_a, bits.shape[0], self.n), secret)
+
+    def combine_blocks(self, share_a: bytes, share_b: bytes, blocks: list, n_a: int, n_b: int,
+                       n_bits: int) -> list[np.ndarray]:
+        """The coordinator's step of a packed run: each block's rows_a × rows_b distance matrix."""
+
+        return combine_blocks(share_a, share_b, BlockLayout(blocks, n_a, n_b, self.n), n_bits,
+                              self.max_message_bytes)
+
+    def combine_pairs(self, share_a: bytes, share_b: bytes, blocks: list, n_a: int, n_b: int,
+                      n_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same as distinct pairs (row of A, row of B, h): each candidate entry once, however many
+        blocks hold it (what a coordinator keeps)."""
+
+        layout = BlockLayout(blocks, n_a, n_b, self.n)
+        return (*layout.pairs(), combine_values(share_a, share_b, layout, n_bits, self.max_message_bytes))
+
+    def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes):
+        role = State(data, "lattice party").str("role")
+        if role in ("pa", "pb"):  # a packed block run
+            s = State(data, "lattice party")
+            return (PackedPartyA if role == "pa" else PackedPartyB).restore(self, bits, n_bits, s)
+        return super().restore_party(bits, n_bits, data)
