@@ -311,7 +311,9 @@ class Agent:
         label_seed = None
         if params.label_flip > 0 and not status.get("parent"):
             label_seed = self.ledger.label_seed(self.digest, params.label_flip, params.n_classes)
-        sess = SiteSession(params, self.site, X, self.y,
+        # ... and with that training job's labels: its held-out points' stay hidden (xclp.training.holdout)
+        y = self.trainer.labels(self.api.job(status["parent"])).y if status.get("parent") else self.y
+        sess = SiteSession(params, self.site, X, y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                            contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st),
                            identity=self.identity, pins=self.pins, label_seed=label_seed,
