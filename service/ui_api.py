@@ -41,7 +41,7 @@ from sqlalchemy import delete, func, select
 
 from service.db import Job, Message, PrunedBytes, Site, UISession, message_phase, utcnow
 from service.deps import get_db, hash_token, is_admin, load_job
-from service.engine import refusals
+from service.engine import cancel, refusals
 from service.guard import LOGIN_BYTES
 from xclp.protocol import JOB_PHASES
 
@@ -373,3 +373,18 @@ def site_page(request: Request, name: str, v: Viewer = Depends(viewer), db=Depen
     revoked = revoked_sites(db)
     jobs = [job_row(j, revoked) for j in _visible_jobs(db, v) if name in j.sites]
     return templates.TemplateResponse(request, "site.html", {"viewer": v, "site": rows[0], "jobs": jobs})
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel_from_page(request: Request, job_id: str, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    """The job page's Cancel button (the operator's only; a POST, so service.guard checks its Origin):
+    the job ends as `xclp job cancel` ends it (service.engine.cancel), and the page shows it failed."""
+    if not v.admin:
+        raise _forbidden("the cancel button: only the operator may cancel a job")
+    job = load_job(db, job_id)
+    if job.status != "running":
+        raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
+    cancel(db, job)
+    db.commit()
+    request.app.state.engine.notify()
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)

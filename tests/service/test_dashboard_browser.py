@@ -157,7 +157,7 @@ def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser
     wait(browser, "its own page", lambda d: text(d, "#site-name") == a)
 
 
-def test_a_revoked_site_is_marked_and_its_refusal_shows(browser, cluster):
+def test_a_revoked_site_is_marked_its_refusal_shows_and_the_operator_cancels_a_job(browser, cluster):
     c, sites = cluster
     a, b, s3 = sites
     job = c.admin.submit_job(kind="predict", sites=sites, crypto="ot", bits=128, k=6, classes=10)
@@ -181,3 +181,13 @@ def test_a_revoked_site_is_marked_and_its_refusal_shows(browser, cluster):
     browser.get(f"{c.url}/ui/sites/{s3}")
     wait(browser, "the revoked site's page", lambda d: text(d, "#site-name") == s3)
     assert text(browser, "#revoked") == "revoked" and "revoked by the operator at" in text(browser, "#revoked-at")
+
+    # the operator cancels a job from its page: it fails at once, saying so, and the button goes
+    c.kill_agent(b)
+    stuck = c.admin.submit_job(kind="predict", sites=[a, b], crypto="ot", bits=128, k=6, classes=10)
+    browser.get(f"{c.url}/ui/jobs/{stuck}")
+    wait(browser, "the running job's cancel button", lambda d: d.find_element(By.ID, "cancel").is_displayed())
+    browser.find_element(By.ID, "cancel").click()
+    wait(browser, "the cancelled job", lambda d: text(d, "#status") == "failed")
+    assert text(browser, "#failure") == "Cancelled by the operator."
+    assert not browser.find_element(By.ID, "cancel").is_displayed()

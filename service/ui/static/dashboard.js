@@ -141,6 +141,8 @@ const XCLP = (() => {
         `${job.progress.received} of ${job.progress.expected} parts of this phase received` :
         job.status === "failed" ? `stopped in phase ${job.phase}` : "";
       document.getElementById("failure").textContent = job.failure || "";
+      const cancelForm = document.getElementById("cancel-form");  // (the operator's page only)
+      if (cancelForm) cancelForm.hidden = job.status !== "running";
       document.getElementById("job-sites").replaceChildren(...siteList(job));
       document.getElementById("refused").replaceChildren(...Object.entries(job.refused || {}).map(
         ([site, why]) => el("li", {text: `${site} refused: ${why}`})));
