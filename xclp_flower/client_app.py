@@ -57,7 +57,7 @@ from xclp.job_files import job_file
 from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession
-from xclp.training.holdout import training_labels
+from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp_flower import flag
 
 STATE = "xclp"  # the node's record for an XCLP job J, "xclp:J": its parameters, saved session and what it sent
@@ -110,7 +110,7 @@ class FlowerSite:
         # (xclp.training.holdout), for its rounds and its XCLP jobs alike; a prediction run uses them all
         run = context.run_config
         training = str(run.get("algorithm") or "predict") != "predict"
-        held = training_labels(y, y_true, float(run.get("holdout", 0.0)) if training else 0.0,
+        held = training_labels(y, y_true, float(run.get("holdout", DEFAULT_HOLDOUT)) if training else 0.0,
                                seed=int(run.get("seed") or 0), site=self.name)
         self.y, self.y_true, self.scored_on = held.y, held.truth, held.on
         self.ledger = SiteLedger(self.out / ".agent-state", delta=self.policy.max_delta)
