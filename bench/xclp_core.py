@@ -1,13 +1,18 @@
 """XCLP core benchmark: accuracy, the influence solve vs the authors' dense inverse, and the pipeline.
 
-    .venv/bin/python -m bench.xclp_core [--quick] [--json bench/results/xclp_core.json]
+    .venv/bin/python -m bench.xclp_core [--quick] [--no-standardize] [--parts accuracy,influence]
+                                        [--json bench/results/xclp_core.json]
 
 One run measures, on the same data and the same machine:
 
 1. accuracy on Fashion-MNIST (train split, seeded subset), Dirichlet(β) label skew over sites, a
    fraction of each site labelled: XCLP (plaintext crypto, `run_xclp`) at several LSH lengths L vs
    per-site LP and centralized exact-cosine LP; targets: XCLP(L=4096) − per-site ≥ 3 points and
-   centralized − XCLP(L=4096) ≤ 1.5 points;
+   centralized − XCLP(L=4096) ≤ 1.5 points. Every method sees the same features: XCLP standardises by
+   default (federated standardisation), so per-site LP scales each site by its own moments, the
+   centralized LP and scikit-learn by the pooled ones (xclp.baselines' `standardize`);
+   `--no-standardize` compares all of them on raw features (the tables before standardisation became
+   XCLP's default);
 2. the influence step: `influence_columns` (auto, cg) vs `dense_inverse_columns` (the authors'
    route) on one exact-cosine kNN graph, 10% labelled columns (target ≥ 5× faster, same argmax of
    S_L·Y); then a larger graph, where only the sparse solve runs, in a child process whose peak RSS
@@ -63,11 +68,12 @@ def make_ds(cfg: dict, seed: int):
 
 
 def accuracy_part(cfg: dict, seeds: list[int], extra_seeds: list[int]) -> dict:
-    from xclp.baselines import centralized_lp, per_site_lp
+    from xclp.baselines import centralized_lp, per_site_lp, standardised
     from xclp.protocol import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
 
     kw = dict(k=cfg["k"], alpha=cfg["alpha"], power=cfg["power"])
+    scale = bool(cfg["standardize"])  # XCLP's and every baseline's features alike
     runs = []
     for seed in seeds + extra_seeds:
         ds = make_ds(cfg, seed)
@@ -75,7 +81,8 @@ def accuracy_part(cfg: dict, seeds: list[int], extra_seeds: list[int]) -> dict:
         bits_list = cfg["bits"] if seed in seeds else (cfg["target_bits"],)
         for L in bits_list:
             log(f"seed {seed}: XCLP L={L}")
-            params = JobParams(job_id=f"bench-{seed}-{L}", n_classes=ds.n_classes, bits=L, **kw).validate()
+            params = JobParams(job_id=f"bench-{seed}-{L}", n_classes=ds.n_classes, bits=L, standardize=scale,
+                               **kw).validate()
             t = now()
             res = run_xclp(ds, params, seed=seed)
             run["xclp_seconds"][str(L)] = now() - t
@@ -84,18 +91,19 @@ def accuracy_part(cfg: dict, seeds: list[int], extra_seeds: list[int]) -> dict:
             run.setdefault("solver", res.solver)
         log(f"seed {seed}: per-site LP")
         t = now()
-        run["per_site"] = unlabelled_accuracy(ds, per_site_lp(ds, **kw))
+        run["per_site"] = unlabelled_accuracy(ds, per_site_lp(ds, standardize=scale, **kw))
         run["per_site_seconds"] = now() - t
         log(f"seed {seed}: centralized exact LP")
         t = now()
-        run["centralized"] = unlabelled_accuracy(ds, centralized_lp(ds, **kw))
+        run["centralized"] = unlabelled_accuracy(ds, centralized_lp(ds, standardize=scale, **kw))
         run["centralized_seconds"] = now() - t
         if seed == seeds[0]:
             log(f"seed {seed}: scikit-learn LabelSpreading(knn)")
             from sklearn.semi_supervised import LabelSpreading
 
             t = now()
-            sk = LabelSpreading(kernel="knn", n_neighbors=cfg["k"], alpha=cfg["alpha"]).fit(ds.X, ds.y)
+            sk = LabelSpreading(kernel="knn", n_neighbors=cfg["k"], alpha=cfg["alpha"]).fit(
+                standardised(ds.X) if scale else ds.X, ds.y)
             run["sklearn_seconds"] = now() - t
             run["sklearn"] = unlabelled_accuracy(ds, sk.transduction_)
             run["sklearn_iterations"] = int(sk.n_iter_)
@@ -245,7 +253,10 @@ def markdown(out: dict) -> str:
     cfg, acc = out["config"], out["accuracy"]
     lines = [f"### 1. Accuracy on unlabelled points (Fashion-MNIST train, n = {cfg['n']}, {cfg['sites']} sites, "
              f"Dirichlet β = {cfg['beta']}, {int(100 * cfg['labelled'])}% labelled per site, k = {cfg['k']}, "
-             f"α = {cfg['alpha']}, power {cfg['power']:g})", "",
+             f"α = {cfg['alpha']}, power {cfg['power']:g}; features "
+             + ("standardised for every method: XCLP federated, per-site LP by each site's moments, centralized "
+                "and scikit-learn by the pooled ones)" if cfg.get("standardize", False) else "raw for every method)"),
+             "",
              "| method | accuracy % | time (s, first seed) |", "|---|---|---|"]
     r0 = acc["runs"][0]
     lines.append(f"| per-site LP | {ms(acc['summary']['per_site'])} | {r0['per_site_seconds']:.1f} |")
@@ -262,6 +273,8 @@ def markdown(out: dict) -> str:
               f"(per seed {[round(100 * v, 2) for v in s['gap_to_centralized']['values']]})", ""]
     for name, ok in acc["targets"].items():
         lines.append(f"- {name}: **{'PASS' if ok else 'FAIL'}**")
+    if "influence" not in out:
+        return "\n".join(lines + _pipeline(out))
     inf = out["influence"]
     lines += ["", f"### 2. Influence columns vs the authors' dense inverse (exact-cosine kNN graph, n = {inf['n']}, "
               f"{inf['columns']} labelled columns, nnz = {inf['nnz']})", "",
@@ -290,14 +303,17 @@ def markdown(out: dict) -> str:
                   f"| dense inverse | not run; extrapolated (n³ from n = {inf['n']}): "
                   f"{big['dense_inverse_extrapolated_seconds']:.0f} s, {big['dense_inverse_matrix_gb']:.1f} GB per n × n matrix |",
                   "", f"- peak memory within a few GB (< 4 GB): **{'PASS' if big['target_memory_within_4gb'] else 'FAIL'}**"]
-    p = out["pipeline"]
-    lines += ["", f"### 3. Whole plaintext pipeline vs scikit-learn (same {cfg['n']} pooled points)", "",
+    return "\n".join(lines + _pipeline(out))
+
+
+def _pipeline(out: dict) -> list[str]:
+    cfg, p = out["config"], out["pipeline"]
+    return ["", f"### 3. Whole plaintext pipeline vs scikit-learn (same {cfg['n']} pooled points)", "",
               "| method | time (s) | accuracy % |", "|---|---|---|",
               f"| XCLP plaintext run_xclp, L = {p['bits']} | {p['xclp_seconds']:.1f} | {pct(p['xclp_accuracy'])} |",
               f"| sklearn LabelSpreading(knn, k = {cfg['k']}, α = {cfg['alpha']}) | {p['sklearn_seconds']:.1f} "
               f"({p['sklearn_iterations']} iterations) | {pct(p['sklearn_accuracy'])} |",
               f"| ratio XCLP / sklearn time | {p['xclp_seconds'] / p['sklearn_seconds']:.1f}× | |"]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,27 +323,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="seeds for the full accuracy table (default 1)")
     ap.add_argument("--extra-seeds", type=int, default=0,
                     help="additional seeds for the L=target row and the baselines only (default 0)")
+    ap.add_argument("--no-standardize", action="store_true",
+                    help="every method on raw features (default: every method standardised, as XCLP is by default)")
+    ap.add_argument("--parts", default="accuracy,influence",
+                    help="accuracy (part 1 and 3), influence (part 2, the solver: features do not matter); default both")
     ap.add_argument("--child-solve", help=argparse.SUPPRESS)
     ap.add_argument("--alpha", type=float, default=0.99, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_solve:
         child_solve(args.child_solve, args.alpha, "auto")
         return 0
-    cfg = dict(QUICK if args.quick else FULL)
+    cfg = dict(QUICK if args.quick else FULL, standardize=not args.no_standardize)
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if not parts or parts - {"accuracy", "influence"}:
+        ap.error(f"--parts: accuracy and/or influence, got {args.parts!r}")
     seeds = list(range(args.seeds))
     extra = list(range(args.seeds, args.seeds + args.extra_seeds))
     t0 = now()
     import torch
 
     out = {"command": "python -m bench.xclp_core" + (" --quick" if args.quick else "")
-           + (f" --seeds {args.seeds}" if args.seeds != 1 else "") + (f" --extra-seeds {args.extra_seeds}" if args.extra_seeds else ""),
+           + (f" --seeds {args.seeds}" if args.seeds != 1 else "") + (f" --extra-seeds {args.extra_seeds}" if args.extra_seeds else "")
+           + (" --no-standardize" if args.no_standardize else "")
+           + (f" --parts {','.join(sorted(parts))}" if parts != {"accuracy", "influence"} else ""),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                        "numpy": np.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                        "loadavg_start": list(os.getloadavg())},
            "config": {**cfg, "bits": list(cfg["bits"])}}
+    if "influence" in parts:
+        out["influence"] = influence_part(cfg, 0)
+        out["influence_large"] = big_influence_part(cfg, 0, out["influence"])
+    if "accuracy" not in parts:
+        out["machine"]["loadavg_end"] = list(os.getloadavg())
+        out["total_seconds"] = now() - t0
+        print(json.dumps(out, indent=1))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(out, indent=1))
+        return 0
     out["accuracy"] = accuracy_part(cfg, seeds, extra)
-    out["influence"] = influence_part(cfg, 0)
-    out["influence_large"] = big_influence_part(cfg, 0, out["influence"])
     r0 = out["accuracy"]["runs"][0]
     pb = str(cfg["pipeline_bits"])
     out["pipeline"] = {"bits": cfg["pipeline_bits"], "xclp_seconds": r0["xclp_seconds"][pb],

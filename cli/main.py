@@ -314,6 +314,17 @@ def _secret(args, name: str, env: str, required: bool = True) -> str | None:
     return value
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port (argparse type): 1..65535; uvicorn given another waits forever instead of failing."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is a number from 1 to 65535, got {text!r}")
+    return port
+
+
 def cmd_coordinator_serve(args) -> int:
     from cli.serve import serve
     from cli.tls import serve_tls
@@ -591,7 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--host", default="127.0.0.1",
                     help="address to listen on: 0.0.0.0 (or this machine's address) to reach the sites, which needs "
                          "--tls-cert/--tls-key or --insecure-http behind a TLS proxy; 127.0.0.1 for this machine only")
-    cs.add_argument("--port", type=int, default=8000, help="TCP port to listen on (e.g. 8443 for HTTPS)")
+    cs.add_argument("--port", type=tcp_port, default=8000, help="TCP port to listen on, 1–65535 (e.g. 8443 for "
+                    "HTTPS)")
     cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
                     help="SQLAlchemy URL: sqlite:///FILE (default: sqlite:///xclp-coordinator.db) or "
                          "postgresql+psycopg2://USER:PW@HOST/DB; its schema is migrated to this release's at start "

@@ -24,11 +24,31 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
                         public_url=public_url, public_metrics=public_metrics)
     if deadlines:
         settings.default_deadlines.update(deadlines)
-    app = create_app(settings)
+    app = create_app(settings)  # (a database that cannot be opened says so here)
+    check_port_free(host, port)
     # proxy_headers: X-Forwarded-Proto/-For are believed only from forwarded_allow_ips (a TLS reverse
     # proxy): the client address the login throttle counts, and the https that makes cookies Secure.
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Listen on (host, port) for a moment, as uvicorn will (SO_REUSEADDR): a port another process holds
+    is one clear line before anything starts, not uvicorn's log line after "coordinator started"."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}): another process "
+                             "(a coordinator already running?) holds the port, or choose another --port") from None
 
 
 def _engine(database: str, must_exist: bool):

@@ -130,7 +130,9 @@ def make_dev_ca(out: Path, names: list[str], days: int = 365) -> dict[str, Path]
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    out.mkdir(parents=True, exist_ok=True)
+    from xclp.job_files import make_folder
+
+    make_folder(out, "--out")
     paths = {"ca": out / "ca.pem", "cert": out / "server.pem", "key": out / "server-key.pem"}
     pem = serialization.Encoding.PEM
     _write(paths["ca"], ca.public_bytes(pem), 0o644)

@@ -32,7 +32,7 @@ from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
-from xclp.job_files import JOB_ID, job_file
+from xclp.job_files import JOB_ID, job_file, make_folder
 from xclp.prediction_job import COORDINATOR, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest
 from xclp.protocol import REFUSE, JobParams, SiteSession, refusal
@@ -76,10 +76,8 @@ class Agent:
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
         self.policy = policy or SitePolicy()
         self.X, self.y, self.y_true, self.ids, self.columns = load_site(data, columns)
-        self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.state_dir = self.out / ".agent-state"
-        self.state_dir.mkdir(mode=0o700, exist_ok=True)
+        self.out = make_folder(out, "--out")
+        self.state_dir = make_folder(self.out / ".agent-state", "--out", mode=0o700)
         self.identity = Identity.load_or_create(identity_key or self.state_dir / "identity.key")
         self.pins = Pins(self.state_dir / "known_sites.json", given=pins)
         # What this site has released about its data, across jobs and runs (xclp.privacy.site_ledger)
@@ -311,7 +309,9 @@ class Agent:
         label_seed = None
         if params.label_flip > 0 and not status.get("parent"):
             label_seed = self.ledger.label_seed(self.digest, params.label_flip, params.n_classes)
-        sess = SiteSession(params, self.site, X, self.y,
+        # ... and with that training job's labels: its held-out points' stay hidden (xclp.training.holdout)
+        y = self.trainer.labels(self.api.job(status["parent"])).y if status.get("parent") else self.y
+        sess = SiteSession(params, self.site, X, y,
                            keypair=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
                            contribution=bytes.fromhex(st["contribution"]), noise_seed=self._noise_seed(status, st),
                            identity=self.identity, pins=self.pins, label_seed=label_seed,

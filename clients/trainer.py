@@ -35,6 +35,7 @@ from xclp.training.algorithms import strategy_for
 from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, unmask_answer
 from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
 from xclp.training.fedct import PublicSet, new_site_state
+from xclp.training.holdout import TrainingLabels, training_labels
 from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_masked_meta, load_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.strategy import Strategy
@@ -52,15 +53,17 @@ def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
-def eval_metrics(X: np.ndarray, y: np.ndarray, y_true: np.ndarray | None, predict) -> dict:
+def eval_metrics(X: np.ndarray, y: np.ndarray, y_true: np.ndarray | None, predict, on: str | None = None) -> dict:
     """A model scored at the site: counts, never the points, and which points (`eval_on`).
 
     With a truth column the points are the unlabelled ones (the model never trained on their labels:
-    an accuracy that says how it labels new points); without one, the site knows labels only of the
-    points it trains on, so it scores those and says so ("labelled": a training accuracy).
+    an accuracy that says how it labels new points); with `on="held_out"`, `y_true` holds the labels of
+    the points the site held out (xclp.training.holdout: their labels are −1 in `y`), scored alike;
+    without either, the site knows labels only of the points it trains on, so it scores those and
+    says so ("labelled": a training accuracy).
     xclp.training.strategy.scored_accuracy pools the counts and names the result."""
     if y_true is not None:
-        on, truth, m = "unlabelled", y_true, (y < 0) & (y_true >= 0)
+        on, truth, m = on or "unlabelled", y_true, (y < 0) & (y_true >= 0)
     else:
         on, truth, m = "labelled", y, y >= 0
     if not m.any():
@@ -98,14 +101,21 @@ class Trainer:
                              n_features=int(self.agent.X.shape[1]), n_public=p.get("public_size"))
         return whole.at_round(int(status.get("round") or 0))
 
+    def labels(self, status: dict) -> TrainingLabels:
+        """This site's labels for the training job of `status`: without a truth column, its held-out
+        points' labels hidden (xclp.training.holdout; a job stored before holdouts holds none out)."""
+        p = status["params"]
+        return training_labels(self.agent.y, self.y_true, float(p.get("holdout", 0.0)),
+                               seed=int(p["config"].get("seed", 0)), site=self.site)
+
     def site_data(self) -> Site:
-        return Site(self.site, self.agent.X.astype(np.float32), self.agent.y, self.y_true)
+        return Site(self.site, self.agent.X.astype(np.float32), self.held.y, self.held.truth)
 
     def _eval(self, predict) -> dict:
-        return eval_metrics(self.agent.X, self.agent.y, self.y_true, predict)
+        return eval_metrics(self.agent.X, self.held.y, self.held.truth, predict, on=self.held.on)
 
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
-        return pseudo_metrics(self.agent.y, self.y_true, labels, weights)
+        return pseudo_metrics(self.held.y, self.held.truth, labels, weights)
 
     def _put(self, st, job_id: str, topic: str, body: bytes) -> bool:
         """Send `topic` once."""
@@ -166,10 +176,11 @@ class Trainer:
             return False
         st = self.agent.state(job_id)
         s = self.strategy(status)
+        self.held = self.labels(status)  # what site_data, _eval and _pseudo_metrics see in this step
         phase = "done" if status["status"] == "done" else status["phase"]
         if phase == "setup":
             hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
-                     "labelled": int((self.agent.y >= 0).sum())}
+                     "labelled": int((self.held.y >= 0).sum())}
             if "public_sha256" in status["params"]:
                 hello["public_sha256"] = self._check_public(status)
             if s.secure_sum:

@@ -80,7 +80,7 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
     JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
               crypto=body.crypto, key_bits=body.key_bits).validate()
     params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,
-              "xclp_deadlines": body.xclp_deadlines}
+              "xclp_deadlines": body.xclp_deadlines, "holdout": body.holdout}  # (clients.trainer.Trainer.labels)
     kind = STRATEGIES[body.algorithm]
     if kind.public_set:
         if body.public_sha256 is None or not HEX64.match(body.public_sha256) or not body.public_size:

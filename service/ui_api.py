@@ -41,7 +41,7 @@ from sqlalchemy import delete, func, select
 
 from service.db import Job, Message, PrunedBytes, Site, UISession, message_phase, utcnow
 from service.deps import get_db, hash_token, is_admin, load_job
-from service.engine import refusals
+from service.engine import cancel, refusals
 from service.guard import LOGIN_BYTES
 from xclp.protocol import JOB_PHASES
 
@@ -188,8 +188,15 @@ def _visible_jobs(db, v: Viewer) -> list[Job]:
     return [j for j in jobs if v.admin or v.who in j.sites]
 
 
-def job_row(job: Job) -> dict:
+def revoked_sites(db) -> dict[str, str]:
+    """Each revoked site and when (`xclp site revoke`): the pages mark it wherever it is named."""
+    return {n: _iso(t) for n, t in db.execute(select(Site.name, Site.revoked_at).where(Site.revoked_at.is_not(None)))}
+
+
+def job_row(job: Job, revoked: dict[str, str] | None = None) -> dict:
+    """A job as the lists show it; `revoked` (revoked_sites): its sites that were revoked since, and when."""
     return {"job": job.id, "kind": job.kind, "status": job.status, "phase": job.phase, "sites": job.sites,
+            "revoked": {s: t for s, t in (revoked or {}).items() if s in job.sites},
             "parent": job.parent, "round": job.round or 0,
             "crypto": job.params.get("crypto") or (job.params.get("config") or {}).get("crypto"),
             "algorithm": job.params.get("algorithm"), "created_at": _iso(job.created_at),
@@ -280,7 +287,7 @@ def job_detail(db, job: Job, v: Viewer) -> dict:
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
     refused = {s: r for s, r in refusals(db, job).items() if v.who == "admin" or s == v.who}
     progress = _progress(db, job)
-    return {**job_row(job), "attempt": job.attempt, "live": job.live, "dropped": job.dropped,
+    return {**job_row(job, revoked_sites(db)), "attempt": job.attempt, "live": job.live, "dropped": job.dropped,
             "failure": failure_sentence(job), "refused": refused, "progress": progress,
             "bar": progress_bar(job, progress), "timeline": timeline, "bytes_total": sum(nbytes.values()),
             "params": {k: job.params.get(k) for k in ("crypto", "bits", "k", "classes", "n_classes", "algorithm",
@@ -306,11 +313,12 @@ def site_rows(request: Request, db, v: Viewer) -> list[dict]:
                               .where(Message.sender.in_(names)).group_by(Message.sender)).all())
     seen = request.app.state.last_seen
     jobs = db.execute(select(Job.id, Job.status, Job.sites, Job.live)).all()
+    revoked = revoked_sites(db)
     out = []
     for n in names:
         times = [t for t in (seen.get(n), uploads.get(n)) if t is not None]
         mine = [j for j in jobs if n in j.sites]
-        out.append({"site": n, "last_contact": _iso(max(times)) if times else None,
+        out.append({"site": n, "revoked_at": revoked.get(n), "last_contact": _iso(max(times)) if times else None,
                     "jobs": len(mine), "running": sum(1 for j in mine if j.status == "running" and n in j.live)})
     return out
 
@@ -320,7 +328,8 @@ def site_rows(request: Request, db, v: Viewer) -> list[dict]:
 
 @router.get("/api/jobs")
 def api_jobs(v: Viewer = Depends(viewer), db=Depends(get_db)):
-    return {"jobs": [job_row(j) for j in _visible_jobs(db, v)]}
+    revoked = revoked_sites(db)
+    return {"jobs": [job_row(j, revoked) for j in _visible_jobs(db, v)]}
 
 
 @router.get("/api/jobs/{job_id}")
@@ -342,7 +351,8 @@ def api_sites(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db))
 @router.get("", response_class=HTMLResponse)
 def jobs_page(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
     return templates.TemplateResponse(request, "jobs.html", {
-        "viewer": v, "jobs": [job_row(j) for j in _visible_jobs(db, v)], "sites": site_rows(request, db, v)})
+        "viewer": v, "jobs": [job_row(j, revoked_sites(db)) for j in _visible_jobs(db, v)],
+        "sites": site_rows(request, db, v)})
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -360,5 +370,21 @@ def site_page(request: Request, name: str, v: Viewer = Depends(viewer), db=Depen
     rows = [r for r in site_rows(request, db, v) if r["site"] == name]
     if not rows:
         raise HTTPException(404, f"unknown site {name!r}")
-    jobs = [job_row(j) for j in _visible_jobs(db, v) if name in j.sites]
+    revoked = revoked_sites(db)
+    jobs = [job_row(j, revoked) for j in _visible_jobs(db, v) if name in j.sites]
     return templates.TemplateResponse(request, "site.html", {"viewer": v, "site": rows[0], "jobs": jobs})
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel_from_page(request: Request, job_id: str, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    """The job page's Cancel button (the operator's only; a POST, so service.guard checks its Origin):
+    the job ends as `xclp job cancel` ends it (service.engine.cancel), and the page shows it failed."""
+    if not v.admin:
+        raise _forbidden("the cancel button: only the operator may cancel a job")
+    job = load_job(db, job_id)
+    if job.status != "running":
+        raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
+    cancel(db, job)
+    db.commit()
+    request.app.state.engine.notify()
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from crypto.errors import ProtocolError
+from xclp.data import DataError
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # what coordinators and ServerApps issue
 
@@ -23,3 +24,18 @@ def check_job_id(job_id) -> str:
 def job_file(folder: Path, job_id: str, suffix: str) -> Path:
     """folder/<job_id><suffix>, for a job id that is a plain name."""
     return Path(folder) / f"{check_job_id(job_id)}{suffix}"
+
+
+def make_folder(path, flag: str, mode: int | None = None) -> Path:
+    """The folder a command writes to (an agent's --out, `tls make-dev-ca --out`), made if missing; one
+    that cannot be made is a DataError naming the flag, not an OSError's errno text."""
+    path = Path(path)
+    try:
+        if mode is None:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.mkdir(mode=mode, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"{flag} {path}: cannot make this folder ({exc.strerror or exc}); give a folder this "
+                        "user may write") from None
+    return path

@@ -57,6 +57,7 @@ from xclp.job_files import job_file
 from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession
+from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp_flower import flag
 
 STATE = "xclp"  # the node's record for an XCLP job J, "xclp:J": its parameters, saved session and what it sent
@@ -103,7 +104,15 @@ class FlowerSite:
         self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
                                  max_epsilon=_epsilon(cfg.get("max-epsilon")))
-        self.X, self.y, self.y_true, self.ids, self.columns = load_site(str(cfg["data-path"]), _columns(cfg))
+        self.X, y, y_true, self.ids, self.columns = load_site(str(cfg["data-path"]), _columns(cfg))
+        self.file_labels = y  # what the site ledger's digest is of, whatever the run holds out
+        # a training run's labels: without a truth column, its held-out points' labels hidden
+        # (xclp.training.holdout), for its rounds and its XCLP jobs alike; a prediction run uses them all
+        run = context.run_config
+        training = str(run.get("algorithm") or "predict") != "predict"
+        held = training_labels(y, y_true, float(run.get("holdout", DEFAULT_HOLDOUT)) if training else 0.0,
+                               seed=int(run.get("seed") or 0), site=self.name)
+        self.y, self.y_true, self.scored_on = held.y, held.truth, held.on
         self.ledger = SiteLedger(self.out / ".agent-state", delta=self.policy.max_delta)
         self._digest: str | None = None
         self.public_path = cfg.get("public-path")
@@ -117,7 +126,7 @@ class FlowerSite:
     @property
     def digest(self) -> str:
         if self._digest is None:
-            self._digest = data_digest(self.X, self.y)
+            self._digest = data_digest(self.X, self.file_labels)
         return self._digest
 
     def admit_to_ledger(self, job: str, status: dict) -> None:

@@ -340,7 +340,7 @@ def fedct_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tup
     consensus = None if not bytes(step["consensus"]) else s.load_broadcast(bytes(step["consensus"]))
     votes, mix = s.update(state, public, consensus, t)
     # what a site tells the server about a round, as the service's agents do: counts, never points
-    metrics = s.site_statistics({"mix": mix, **eval_metrics(site.X, site.y, site.y_true,
+    metrics = s.site_statistics({"mix": mix, **eval_metrics(site.X, site.y, site.y_true, on=site.scored_on, predict=
                                                             lambda X: np.asarray(state.learner.predict(X))),
                                  **pseudo_metrics(site.y, site.y_true, state.xclp_labels, state.xclp_weights)})
     kept["state"] = _pickled(state)
@@ -385,7 +385,7 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
         with torch_threads(1):
             proba = predict_proba_array(model, data.X)
             # scored on the points eval_metrics picks (a subset): the model again, not `proba` of every row
-            metrics = s.site_statistics(eval_metrics(site.X, site.y, site.y_true,
+            metrics = s.site_statistics(eval_metrics(site.X, site.y, site.y_true, on=site.scored_on, predict=
                                                      lambda X: predict_proba_array(model, X).argmax(axis=1)))
         path = site.write_result(f"flower-{s.algorithm}-{site.run_id}", labels=proba.argmax(axis=1),
                                  confidence=proba.max(axis=1), model=dump_state(model.state_dict()),
@@ -415,7 +415,7 @@ def fedavg_site_round(site, step: ConfigRecord, kept: ConfigRecord | None) -> tu
     with torch_threads(s.cfg.threads):
         pl, source = round_pseudo_labels(s.cfg, plan, data, model, s.n_classes, cached=cached,
                                          xclp=None if xclp is None else PseudoLabels(*xclp))
-        metrics = {"pseudo": source, **eval_metrics(site.X, site.y, site.y_true, lambda X: predict_proba_array(model, X).argmax(axis=1)),
+        metrics = {"pseudo": source, **eval_metrics(site.X, site.y, site.y_true, on=site.scored_on, predict=lambda X: predict_proba_array(model, X).argmax(axis=1)),
                    **pseudo_metrics(site.y, site.y_true, pl.labels if source != "none" else None, pl.weights)}
         r = s.update(model, data, pl, t, plan)
     if source == "fresh":

@@ -69,8 +69,10 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
         assert st["params"]["config"]["learners"] == ["tree", "logreg", "tree"]  # the list cycles over the sites
         assert [r["round"] for r in st["training"]["history"]] == [1, 2]
         code, out = cli(capsys, "job", "status", job, *coord)
-        # no truth column in these sites' files: the status says its accuracy is a training accuracy
-        assert code == 0 and "round 2/2 done" in out and "final: training accuracy on labelled points" in out
+        # no truth column in these sites' files: each site held out labelled points (--holdout's default) and
+        # the status says the accuracy is on them, with how many
+        assert code == 0 and "round 2/2 done" in out and "final: accuracy on held-out labelled points (" in out
+        assert st["params"]["holdout"] == 0.2
         assert c.result(job, last, ".model.pkl").stat().st_size > 0
 
         # an unknown site or a bad U is refused before anything is stored

@@ -97,6 +97,12 @@ CASES = {
     "serve-unknown-database-scheme": (["coordinator", "serve", "--database", "mysqlx://u@h/x"],
                                       "cannot use the database URL mysqlx://u@h/x"),
     "serve-postgres-wrong-password": (["coordinator", "serve", "--database", "{pg}"], "cannot open the database"),
+    "serve-port-in-use": (["coordinator", "serve", "--port", "{port}", "--database", "sqlite:///{tmp}/c.db"],
+                          "cannot listen there (Address already in use)"),
+    "agent-out-cannot-be-made": (["agent", "run", "--site", "p", "--token", "{tok:p}", "--out", "/proc/xclp-out"],
+                                 "--out /proc/xclp-out: cannot make this folder"),
+    "tls-out-cannot-be-made": (["tls", "make-dev-ca", "--out", "/proc/xclp-tls", "--name", "x"],
+                               "--out /proc/xclp-tls: cannot make this folder"),
     "agent-ctrl-c": (["agent", "run", "--site", "p", "--token", "{tok:p}"], "interrupted"),
     "job-wait-ctrl-c": (["job", "wait", "{job}", "--coordinator", "{url}"], "interrupted"),
 }
@@ -107,10 +113,11 @@ AGENT = ["--data", "{tmp}/p.npz", "--out", "{tmp}/out"]
 def test_a_mistake_is_one_clear_line_and_a_nonzero_exit(case, coord, tmp_path):
     argv, phrase = CASES[case]
     if argv[0] == "agent":
-        argv = argv + AGENT + (["--coordinator", "{url}"] if "--coordinator" not in argv else [])
+        argv = argv + (AGENT if "--out" not in argv else AGENT[:2]) + (["--coordinator", "{url}"]
+                                                                        if "--coordinator" not in argv else [])
     (tmp_path / "exists").write_text("x\n")
     np.savez(tmp_path / "p.npz", X=np.random.default_rng(0).random((6, 3)), y=np.array([0, 1, -1, -1, 0, 1]))
-    fill = {"{url}": coord.url, "{tmp}": str(tmp_path), "{tok:p}": coord.tokens["p"], "{tok:q}": coord.tokens["q"]}
+    fill = {"{url}": coord.url, "{port}": coord.url.rsplit(":", 1)[1].strip("/"), "{tmp}": str(tmp_path), "{tok:p}": coord.tokens["p"], "{tok:q}": coord.tokens["q"]}
     if "{pg}" in argv:
         fill["{pg}"] = _postgres_wrong_password()
     if "{job}" in argv:
@@ -184,3 +191,14 @@ def test_site_add_writes_the_token_file_and_the_lists_show_sites_and_jobs(coord,
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["JOB", "KIND", "STATUS", "PHASE"]
     assert any(line.split()[:4] == [job, "predict", "running", "setup"] for line in lines[1:])
+
+
+def test_a_port_out_of_range_is_refused_before_uvicorn_waits_on_it(capsys):
+    from cli.main import build_parser
+
+    for bad in ("99999", "0", "http"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(["coordinator", "serve", "--port", bad])
+        assert exit_.value.code == 2
+        assert f"a TCP port is a number from 1 to 65535, got '{bad}'" in capsys.readouterr().err
+    assert build_parser().parse_args(["coordinator", "serve", "--port", "8443"]).port == 8443

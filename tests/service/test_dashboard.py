@@ -207,3 +207,43 @@ def test_failure_sentences_and_the_rounds_table_rows():
                      "left_out": ["site2", "site0"]}, {"round": 2, "left_out": []}])
     assert [(r["left_out"], r["left_out_sites"]) for r in rows] == [(2, ["site0", "site2"]), (0, [])]
     assert rows[0]["local_accuracy_of"] == "accuracy on unlabelled points (truth column)"
+
+
+def test_a_revoked_site_is_marked_in_the_sites_list_its_jobs_and_its_page(rig):
+    tc, ds, admin, agents, tokens = rig
+    a, b, c = ds.sites
+    job = admin.submit_job(kind="predict", sites=[a, b, c], crypto="plaintext", bits=64, k=5, classes=10)
+    other = admin.submit_job(kind="predict", sites=[a, b], crypto="plaintext", bits=64, k=5, classes=10)
+    revoked_at = admin.revoke_site(c)["revoked_at"]
+    assert login(tc, ADMIN).status_code == 303
+    sites = {r["site"]: r for r in tc.get("/ui/api/sites").json()["sites"]}
+    assert sites[c]["revoked_at"] == revoked_at and sites[a]["revoked_at"] is None
+    rows = {r["job"]: r for r in tc.get("/ui/api/jobs").json()["jobs"]}
+    assert rows[job]["revoked"] == {c: revoked_at} and rows[other]["revoked"] == {}
+    detail = tc.get(f"/ui/api/jobs/{job}").json()
+    assert detail["revoked"] == {c: revoked_at} and "revoked by the operator" in detail["refused"][c]
+    page = tc.get(f"/ui/sites/{c}").text
+    assert 'id="revoked"' in page and f"revoked by the operator at {revoked_at}" in page
+    assert 'data-status="revoked" data-site="' + c + '"' in tc.get(f"/ui/jobs/{job}").text
+    assert 'id="revoked"' not in tc.get(f"/ui/sites/{a}").text
+
+
+def test_the_operator_cancels_a_running_job_from_its_page_and_a_site_may_not(rig):
+    tc, ds, admin, agents, tokens = rig
+    a, b, _ = ds.sites
+    job = admin.submit_job(kind="predict", sites=[a, b], crypto="plaintext", bits=64, k=5, classes=10)
+    assert login(tc, tokens[a]).status_code == 303
+    assert 'id="cancel"' not in tc.get(f"/ui/jobs/{job}").text  # a site's page has no button ...
+    assert tc.post(f"/ui/jobs/{job}/cancel", headers=SAME_ORIGIN, follow_redirects=False).status_code == 403  # nor right
+    assert login(tc, ADMIN).status_code == 303
+    assert 'id="cancel"' in tc.get(f"/ui/jobs/{job}").text
+    # a cross-site form cannot press it (service.guard: a POST's Origin must be the dashboard's)
+    assert tc.post(f"/ui/jobs/{job}/cancel", headers={"Origin": "https://evil.example"},
+                   follow_redirects=False).status_code == 403
+    assert admin.job(job)["status"] == "running"
+    r = tc.post(f"/ui/jobs/{job}/cancel", headers=SAME_ORIGIN, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/ui/jobs/{job}"
+    detail = tc.get(f"/ui/api/jobs/{job}").json()
+    assert detail["status"] == "failed" and detail["failure"] == "Cancelled by the operator."
+    assert 'id="cancel-form" hidden' in tc.get(f"/ui/jobs/{job}").text
+    assert tc.post(f"/ui/jobs/{job}/cancel", headers=SAME_ORIGIN, follow_redirects=False).status_code == 409

@@ -155,3 +155,39 @@ def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser
     wait(browser, "403 on another site's page", lambda d: text(d, "#status") == "403")
     browser.get(f"{c.url}/ui/sites/{a}")
     wait(browser, "its own page", lambda d: text(d, "#site-name") == a)
+
+
+def test_a_revoked_site_is_marked_its_refusal_shows_and_the_operator_cancels_a_job(browser, cluster):
+    c, sites = cluster
+    a, b, s3 = sites
+    job = c.admin.submit_job(kind="predict", sites=sites, crypto="ot", bits=128, k=6, classes=10)
+    c.admin.revoke_site(s3)  # before any agent came: the job drops it at once, by a refusal on its behalf
+    for s in (a, b):
+        c.start_agent(s)
+    log_in(browser, c.url, ADMIN)
+    browser.get(f"{c.url}/ui/jobs/{job}")
+    wait(browser, "the job done without the revoked site", lambda d: text(d, "#status") == "done")
+    assert text(browser, "#refused").startswith(f"{s3} refused: revoked by the operator at ")
+    marked = browser.find_elements(By.CSS_SELECTOR, '#job-sites .badge[data-status="revoked"]')
+    assert [e.get_attribute("data-site") for e in marked] == [s3] and marked[0].text == "revoked"
+    browser.get(f"{c.url}/ui")
+    wait(browser, "the sites listed", lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-site]")) == 3)
+    rows = {e.get_attribute("data-site"): e for e in browser.find_elements(By.CSS_SELECTOR, "tr[data-site]")}
+    assert rows[s3].get_attribute("data-revoked") == "1" and "revoked" in rows[s3].text
+    assert rows[a].get_attribute("data-revoked") == "0" and "active" in rows[a].text
+    in_list = browser.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job}"] .badge[data-status="revoked"]')
+    assert [e.get_attribute("data-site") for e in in_list] == [s3]
+    shot(browser, "dashboard-revoked.png")
+    browser.get(f"{c.url}/ui/sites/{s3}")
+    wait(browser, "the revoked site's page", lambda d: text(d, "#site-name") == s3)
+    assert text(browser, "#revoked") == "revoked" and "revoked by the operator at" in text(browser, "#revoked-at")
+
+    # the operator cancels a job from its page: it fails at once, saying so, and the button goes
+    c.kill_agent(b)
+    stuck = c.admin.submit_job(kind="predict", sites=[a, b], crypto="ot", bits=128, k=6, classes=10)
+    browser.get(f"{c.url}/ui/jobs/{stuck}")
+    wait(browser, "the running job's cancel button", lambda d: d.find_element(By.ID, "cancel").is_displayed())
+    browser.find_element(By.ID, "cancel").click()
+    wait(browser, "the cancelled job", lambda d: text(d, "#status") == "failed")
+    assert text(browser, "#failure") == "Cancelled by the operator."
+    assert not browser.find_element(By.ID, "cancel").is_displayed()

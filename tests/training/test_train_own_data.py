@@ -11,6 +11,7 @@ import pytest
 
 from xclp.data import DataError, load_arrays
 from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
+from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp.training.runner import run_training
 
 
@@ -46,7 +47,9 @@ def test_a_run_on_the_users_own_files_equals_the_same_run_on_those_sites(files):
     from xclp.data import make_dataset
 
     ds = make_dataset(X[:700], labels, site)
-    sites = [Site(s, X[:700][site == s], labels[site == s], None) for s in ds.sites]
+    # each site holds out labelled points as its agent would (the file has no truth column)
+    held = {s: training_labels(labels[site == s], None, DEFAULT_HOLDOUT, seed=3, site=s) for s in ds.sites}
+    sites = [Site(s, X[:700][site == s], held[s].y, held[s].truth, held[s].n_held_out) for s in ds.sites]
     assert sorted(ds.sites) == sorted(names)
     cfg = FedAvgConfig(algorithm="fedavg", rounds=2, local_epochs=4, sites_per_round=3, seed=3, secure_aggregation=True)
     want = run_fedavg(sites, (X[700:], y[700:]), 10, cfg)

@@ -63,6 +63,7 @@ class Site:
     X: np.ndarray
     y: np.ndarray
     y_true: np.ndarray | None = None
+    held_out: int = 0  # labelled points it holds out, hidden in y (xclp.training.holdout): y_true has their labels
 
     @property
     def n(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES  # noqa: F401 — the choices of --crypto
+from xclp.training.holdout import DEFAULT_HOLDOUT
 
 FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
 FEDCT_ALGORITHMS = ("fedct", "fedct-xclp")
@@ -87,6 +88,10 @@ TRAINING_OPTIONS = (
            "majority)", ge=0, le=1),
     Option("mix", float, None, "FedCT: pseudo-labelled points per private labelled point (default: all of U)",
            ge=0, le=1),
+    Option("holdout", float, DEFAULT_HOLDOUT, "a site without a truth column: the share of each class's labelled "
+           "points it holds out (seeded, at least 1 per class where it has 2) and never trains on, to report the "
+           "model's accuracy on them; 0: none (a training accuracy, named so). A site with a truth column scores its "
+           "unlabelled points instead", ge=0, lt=1),
     Option("seed", int, 0, "seed of the models' initialisation and the sites' sampling", ge=0, le=(1 << 63) - 1),
     Option("dp_epsilon", float, None, "a differential-privacy budget ε over the run — fedct: randomized response on "
            "each site's labels; fedavg: Gaussian noise shares in the secure sum (with clip); fedkt, fredy: the noisy "

@@ -15,7 +15,9 @@ no site. `labels` labels in all are spread over the first `labeled_sites` sites 
 their sizes (at least one each); the rest of every site's points are unlabelled.
 
 Or the user's own data (`--data`): the sites, their points and labels as the file gives them (a
-site column; the formats of xclp/datafile.py, with its clear errors), used as given (no scaling);
+site column; the formats of xclp/datafile.py, with its clear errors), used as given (no scaling), but
+for a file without a truth column: every site holds out `holdout` of its labelled points as its agent
+would (xclp/training/holdout.py), so that the run trains on what the service's would;
 `--test` the held-out points the accuracy is measured on, every one labelled (the label column, or
 y_true where the file has it); `--public` U for the algorithms that share one (an .npz with X, as
 the agents' --public; a y array there is used only to score the labels U receives).
@@ -39,6 +41,7 @@ from xclp.training.fedavg import Site, run_fedavg
 from xclp.training.fedct import TIE_RULES, run_fedct
 from xclp.training.fedkt import run_fedkt
 from xclp.training.fredy import run_fredy
+from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp.training.models import LEARNERS
 from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, PUBLIC_SET_ALGORITHMS
 
@@ -61,6 +64,7 @@ class TrainConfig:
     bits: int = 1024
     refresh: int = 1
     seed: int = 0
+    holdout: float = DEFAULT_HOLDOUT  # a site without a truth column: the labelled share it never trains on
     json: str | None = None
     plot: str | None = None
     # beyond the CLI's core flags
@@ -206,8 +210,11 @@ def prepare_files(cfg: TrainConfig):
         raise DataError(f"{cfg.test}: test points of shape {Xte.shape}, the sites' have {ds.X.shape[1]} features")
     if yte.size == 0 or (yte < 0).any():
         raise DataError(f"{cfg.test}: every test point needs its label ({int((yte < 0).sum())} of {yte.size} have none)")
-    sites = [Site(name, ds.X[ds.site == name].astype(np.float32), ds.y[ds.site == name],
-                  None if ds.y_true is None else ds.y_true[ds.site == name]) for name in ds.sites]
+    sites = []
+    for name in ds.sites:  # a site without a truth column holds out labelled points, as its agent does
+        held = training_labels(ds.y[ds.site == name], None if ds.y_true is None else ds.y_true[ds.site == name],
+                               cfg.holdout, seed=cfg.seed, site=name)
+        sites.append(Site(name, ds.X[ds.site == name].astype(np.float32), held.y, held.truth, held.n_held_out))
     public = None
     if cfg.algorithm in PUBLIC_SET_ALGORITHMS:
         U = PublicSet.load(cfg.public).X
@@ -273,7 +280,7 @@ def run_training(config: TrainConfig | dict) -> dict:
     sites, public, test, n_classes = prepare(cfg)
     if cfg.data is not None:  # the run's record says what the file held
         cfg = replace(cfg, sites=len(sites), dataset=Path(cfg.data).name, split="as in the file",
-                      labels=sum(s.n_labelled for s in sites))
+                      labels=sum(s.n_labelled + s.held_out for s in sites))
     out = train(cfg, sites, public, test, n_classes)
     for key in ("model", "models", "released_labels"):  # what the run releases: objects and arrays, not JSON
         out.pop(key, None)
@@ -309,7 +316,7 @@ def train(cfg: TrainConfig, sites: list[Site], public, test, n_classes: int) -> 
         raise DataError(str(exc)) from None
     out["config"] = {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot", "quiet")}
     out["data"] = {"n_classes": n_classes, "site_sizes": [s.n for s in sites],
-                   "site_labels": [s.n_labelled for s in sites], "test_size": int(len(test[1]))}
+                   "site_labels": [s.n_labelled for s in sites], "site_held_out": [s.held_out for s in sites], "test_size": int(len(test[1]))}
     return out
 
 

@@ -219,8 +219,12 @@ class VotingStrategy(Strategy):
 
 
 # What a run's accuracy measures, by the points the sites scored (clients.trainer.eval_metrics says
-# which with each count): where any site has a truth column, only such sites' unlabelled points count.
+# which with each count): points the model did not train on — a truth column's unlabelled points, or
+# held-out labelled points (xclp.training.holdout) — wherever any site scored such points.
 SCORED_ON = {"unlabelled": "accuracy on unlabelled points (truth column)",
+             "held_out": "accuracy on held-out labelled points ({n} held out)",
+             "unseen": "accuracy on points the model did not train on (a truth column's unlabelled points, "
+                       "and {n} held-out labelled points)",
              "labelled": "training accuracy on labelled points (no truth column)",
              None: "accuracy on the sites' own points"}  # an agent of an earlier release does not say
 
@@ -228,9 +232,11 @@ SCORED_ON = {"unlabelled": "accuracy on unlabelled points (truth column)",
 def scored_sites(metrics: dict[str, dict]) -> tuple[dict[str, dict], str | None]:
     """The sites whose counts make the run's accuracy, and what it measures (None: nothing scored)."""
     counted = {s: m for s, m in metrics.items() if m.get("eval_n")}
-    held_out = {s: m for s, m in counted.items() if m.get("eval_on") == "unlabelled"}
-    if held_out:
-        return held_out, SCORED_ON["unlabelled"]
+    unseen = {s: m for s, m in counted.items() if m.get("eval_on") in ("unlabelled", "held_out")}
+    if unseen:
+        kinds = {m["eval_on"] for m in unseen.values()}
+        n = sum(int(m["eval_n"]) for m in unseen.values() if m["eval_on"] == "held_out")
+        return unseen, SCORED_ON[kinds.pop() if len(kinds) == 1 else "unseen"].format(n=n)
     if not counted:
         return {}, None
     kinds = {m.get("eval_on") for m in counted.values()}

@@ -33,6 +33,14 @@ const XCLP = (() => {
   const pct = (v) => v == null ? "–" : `${(100 * v).toFixed(1)} %`;
   const when = (iso) => iso ? new Date(iso).toLocaleString() : "never";
 
+  // a job's sites, each revoked one marked (`xclp site revoke`) with when, in its title
+  const siteList = (j) => j.sites.flatMap((s, i) => {
+    const parts = i ? [", ", s] : [s], at = (j.revoked || {})[s];
+    if (at) parts.push(" ", el("span", {class: "badge", "data-status": "revoked", "data-site": s,
+                                        title: `revoked at ${when(at)}`, text: "revoked"}));
+    return parts;
+  });
+
   function jobsPage() {
     poll(async () => {
       const [{jobs}, {sites}] = await Promise.all([getJSON("/ui/api/jobs"), getJSON("/ui/api/sites")]);
@@ -42,10 +50,14 @@ const XCLP = (() => {
         el("td", {text: j.kind === "train" ? `train (${j.algorithm})` : j.parent ? "predict (a round's)" : "predict"}),
         el("td", {}, el("span", {class: "badge", "data-status": j.status, text: j.status})),
         el("td", {text: j.phase}), el("td", {text: j.kind === "train" ? String(j.round) : ""}),
-        el("td", {text: j.sites.join(", ")}), el("td", {text: j.crypto || ""}), el("td", {text: when(j.created_at)})))
+        el("td", {}, ...siteList(j)), el("td", {text: j.crypto || ""}), el("td", {text: when(j.created_at)})))
         : [el("tr", {}, el("td", {colspan: "8", class: "muted", text: "no jobs yet"}))]));
-      document.getElementById("sites").replaceChildren(...sites.map((s) => el("tr", {"data-site": s.site},
-        el("td", {}, el("a", {href: `/ui/sites/${s.site}`, text: s.site})), el("td", {text: when(s.last_contact)}),
+      document.getElementById("sites").replaceChildren(...sites.map((s) => el("tr", {"data-site": s.site,
+                                                                                  "data-revoked": s.revoked_at ? "1" : "0"},
+        el("td", {}, el("a", {href: `/ui/sites/${s.site}`, text: s.site})),
+        el("td", {}, s.revoked_at ? el("span", {class: "badge", "data-status": "revoked",
+                                                text: `revoked ${when(s.revoked_at)}`}) : "active"),
+        el("td", {text: when(s.last_contact)}),
         el("td", {text: String(s.jobs)}), el("td", {text: String(s.running)}))));
     });
   }
@@ -129,6 +141,9 @@ const XCLP = (() => {
         `${job.progress.received} of ${job.progress.expected} parts of this phase received` :
         job.status === "failed" ? `stopped in phase ${job.phase}` : "";
       document.getElementById("failure").textContent = job.failure || "";
+      const cancelForm = document.getElementById("cancel-form");  // (the operator's page only)
+      if (cancelForm) cancelForm.hidden = job.status !== "running";
+      document.getElementById("job-sites").replaceChildren(...siteList(job));
       document.getElementById("refused").replaceChildren(...Object.entries(job.refused || {}).map(
         ([site, why]) => el("li", {text: `${site} refused: ${why}`})));
       document.getElementById("timeline").replaceChildren(...timeline(job));
