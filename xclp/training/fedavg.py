@@ -550,13 +550,14 @@ class FedAvgStrategy(Strategy):
 
 def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dict, *, planned: int, me: str,
                 private=None, public_keys: dict | None = None, participants: list[str] | None = None,
-                job: str = "", t: int = 0, record=None) -> bytes:
+                job: str = "", t: int = 0, record=None, draw=None) -> bytes:
     """A site's upload for a round, as the service's agents and Flower's sites send it: its weights
     (the round's model if it had nothing to learn) with its metrics, or under secure aggregation the
     same weights double-masked over the round's participants (xclp.training.double_masking: claimed
     once in the site's `record`, a SiteRecord, so no server gets the same weights masked twice), with
-    its DP noise share for a round of `planned` sites (drawn once per round, from os.urandom), the
-    sealed Shamir shares of its self-mask and, under DP, no statistics of its data in the clear."""
+    its DP noise share for a round of `planned` sites (drawn once per round, from `draw(n)` — n fresh
+    random bytes; os.urandom unless a driver injects its CSPRNG), the sealed Shamir shares of its
+    self-mask and, under DP, no statistics of its data in the clear."""
     from xclp.training import double_masking as dm
     from xclp.training import secure_aggregation as secagg
     from xclp.training.messages import dump_masked
@@ -567,8 +568,9 @@ def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dic
         raise ProtocolError("a masked upload needs the site's SiteRecord: it is what keeps a round from being "
                             "masked twice")
     record.claim_upload(me, t, list(participants))
-    seed = os.urandom(dm.SEED_BYTES)
-    noise = s.noise_share(secagg.n_values(template), planned) if s.cfg.dp else None
+    draw = draw or os.urandom
+    seed = draw(dm.SEED_BYTES)
+    noise = s.noise_share(secagg.n_values(template), planned, key=draw(32)) if s.cfg.dp else None
     masked = secagg.masked_update(state, template, me=me, private=private, public_keys=public_keys,
                                   participants=participants, job=job, t=t, noise=noise, self_seed=seed)
     shares = dm.seal_shares(seed, me=me, private=private, public_keys=public_keys, participants=list(participants),
