@@ -48,13 +48,14 @@ from typing import Protocol
 from crypto.errors import ProtocolError
 from crypto.identity import check_keys, key_digest
 from crypto.keys import SiteKeyPair
+from xclp.data import DataError
 from xclp.prediction_job import COORDINATOR, Mailbox, Send
 from xclp.privacy.ledger import PrivacyLedger
 from xclp.protocol import REFUSE, JobParams, read_refusal
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
 from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, relay, unmask_answer
-from xclp.training.messages import dump_json, load_json
+from xclp.training.messages import dump_json, load_json, load_masked_meta
 from xclp.training.strategy import Roster, Strategy, scored_accuracy
 
 BROADCAST = "*"  # the recipient of what the coordinator writes for every site of the run
@@ -488,16 +489,22 @@ class TrainSite:
     def strategy(self, view: TrainState) -> Strategy:
         return self.spec.strategy(len(view.sites), self.n_features).at_round(view.round or 0)
 
+    def sent(self, topic: str) -> bool:
+        return bool(self.record.get(f"sent:{COORDINATOR}:{topic}"))
+
     def _once(self, send: Callable[[Send], None], topic: str, body: bytes) -> bool:
-        key = f"sent:{topic}"
-        if self.record.get(key):
+        if self.sent(topic):
             return False
         send(Send(self.me, COORDINATOR, topic, body))
-        self.record[key] = True
+        self.record[f"sent:{COORDINATOR}:{topic}"] = True
         return True
 
-    def _key(self) -> SiteKeyPair:
-        if "key" not in self.record:  # this run's X25519 key pair, for the pairwise masks of its sums
+    def _key(self, new: bool = False) -> SiteKeyPair:
+        """This run's X25519 key pair, for the pairwise masks of its sums: made at hello, kept in the record."""
+        if self.record.get("key") is None:
+            if not new:
+                raise DataError(f"job {self.spec.job_id}: this site's key for the job is gone (state folder lost?): "
+                                "it cannot take part in the masked sums; the rounds go on without it")
             self.record["key"] = SiteKeyPair.from_private_bytes(self.draw(32)).private_bytes().hex()
         return SiteKeyPair.from_private_bytes(bytes.fromhex(self.record["key"]))
 
@@ -508,11 +515,11 @@ class TrainSite:
         s = self.strategy(view)
         phase = "done" if view.status == "done" else view.phase
         if phase == "setup":
-            if self.record.get("sent:hello"):
+            if self.sent("hello"):
                 return False
             hello = dict(self.work.hello(s))
             if s.secure_sum:
-                public = self._key().public_bytes()
+                public = self._key(new=True).public_bytes()
                 hello["public_key"] = public.hex()
                 if self.identity is not None:  # the key signed by the site's identity
                     hello["identity"] = self.identity.public.hex()
@@ -525,7 +532,7 @@ class TrainSite:
                 return self._unmask(s, t, inbox, send)
             return self._upload(view, s, t, inbox, send)
         if phase == "evaluate":
-            if self.record.get("sent:eval"):
+            if self.sent("eval"):
                 return False
             metrics = self.work.evaluate(s, view.round, inbox)
             return metrics is not None and self._once(send, "eval", dump_json(metrics))
@@ -533,7 +540,7 @@ class TrainSite:
 
     def _upload(self, view: TrainState, s: Strategy, t: int, inbox: TrainInbox, send) -> bool:
         topic = s.upload_topic(t)
-        if self.record.get(f"sent:{topic}"):
+        if self.sent(topic):
             return False
         body = inbox.shared(f"plan/{t}")
         plan = None if body is None else load_json(body, what="plan")
@@ -544,6 +551,10 @@ class TrainSite:
                 return False  # left out of the round's sum, or a "sum" of this site alone: never sent
             kept = self.keep.get(topic)
             if kept is not None:  # made before a restart: the same body again, never a second masking
+                record = SiteRecord.from_json(self.record.get("secagg"))
+                if str(t) not in record.masked:  # the restart came between the body and the record's save
+                    record.masked[str(t)] = list(load_masked_meta(kept)["participants"])
+                    self.record["secagg"] = record.to_json()
                 return self._once(send, topic, kept)
         up = self.work.round(s, t, plan, inbox)
         if up is None:
@@ -565,9 +576,9 @@ class TrainSite:
                            private=self._key(), public_keys=self._peer_keys(inbox),
                            participants=list(view.participants), job=self.spec.job_id, t=t, record=record,
                            draw=self.draw)
-        # the claim and the body are kept before anything is sent: a restart sends the same bytes
-        self.record["secagg"] = record.to_json()
+        # the body and the claim are kept before anything is sent: a restart sends the same bytes
         self.keep[s.upload_topic(t)] = body
+        self.record["secagg"] = record.to_json()
         return body
 
     def _peer_keys(self, inbox: TrainInbox) -> dict[str, bytes]:
@@ -584,7 +595,7 @@ class TrainSite:
         """Round t's unmask step, answered once: the answer is kept before it is sent, and a restarted
         site sends the same one."""
         topic = f"reveal/{t}"
-        if self.record.get(f"sent:{topic}"):
+        if self.sent(topic):
             return False
         answer = self.keep.get(topic)
         if answer is None:
@@ -598,6 +609,6 @@ class TrainSite:
                                              participants=list(ask["participants"]),
                                              survivors=list(ask["survivors"]), sealed=dict(ask["shares"]),
                                              job=self.spec.job_id, t=t))
-            self.record["secagg"] = record.to_json()
             self.keep[topic] = answer
+            self.record["secagg"] = record.to_json()
         return self._once(send, topic, answer)

@@ -183,16 +183,16 @@ def test_a_site_masks_a_round_and_answers_its_unmask_once_whatever_the_server_as
     # a server that starts round 1 again over fewer sites: the site sends the kept body, never a new masking
     again = TrainState.from_bytes(st.to_bytes())
     again.survivors, again.participants = [], ["a", "b"]
-    site.record.pop("sent:update/1/0")
+    site.record.pop("sent:coordinator:update/1/0")
     sent = []
     site.step(again, Inbox(r.mail, "a"), sent.append)
     assert [m.body for m in sent] == [r.mail.body("a", COORDINATOR, "update/1/0")]
     site.keep.pop("update/1/0")
-    site.record.pop("sent:update/1/0")
+    site.record.pop("sent:coordinator:update/1/0")
     with pytest.raises(ProtocolError, match="masked update was made already"):
         site.step(again, Inbox(r.mail, "a"), sent.append)
     # and an unmask step asked again (say, naming c dropped): refused
-    site.record.pop("sent:reveal/1")
+    site.record.pop("sent:coordinator:reveal/1")
     site.keep.pop("reveal/1")
     with pytest.raises(ProtocolError, match="unmask step was answered already"):
         site.step(st, Inbox(r.mail, "a"), sent.append)
