@@ -20,24 +20,22 @@ import io
 import logging
 import os
 import pickle
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import numpy as np
 
 from clients.api import ApiError
 from crypto.errors import ProtocolError
-from crypto.identity import check_keys, key_digest
-from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
-from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
-from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, unmask_answer
-from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
+from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels
 from xclp.training.fedct import PublicSet, new_site_state
-from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_masked_meta, load_state
+from xclp.training.messages import dump_state, dump_votes, load_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.strategy import Strategy
+from xclp.training_job import RunSpec, TrainSite, TrainState, Weights
 
 log = logging.getLogger("xclp.agent")
 
@@ -107,22 +105,6 @@ class Trainer:
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
         return pseudo_metrics(self.agent.y, self.y_true, labels, weights)
 
-    def _put(self, st, job_id: str, topic: str, body: bytes) -> bool:
-        """Send `topic` once."""
-        key = f"sent:coordinator:{topic}"
-        if st[key]:
-            return False
-        try:
-            self.api.put(job_id, topic, body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            # The round closed without this site (its deadline passed), or its step moved on (the
-            # unmask step began before this upload came): there is nothing more to send for it.
-            log.warning("job %s: %s not taken: %s", job_id, topic, exc.detail)
-        st[key] = True
-        return True
-
     def _child_result(self, child: str | None) -> tuple[str, PseudoLabels | None]:
         """('ready', labels) | ('wait', None) | ('none', None): the XCLP child job's labels for this site."""
         if child is None:
@@ -162,42 +144,51 @@ class Trainer:
 
     # --- the job -------------------------------------------------------------------------------------
     def step(self, job_id: str, status: dict) -> bool:
+        """What this site can do now for the training job: its side of the run's order is the core's
+        machine (xclp.training_job.TrainSite: hello, each round's upload and unmask answer, the
+        evaluation, each once); this agent gives it the HTTP inbox, its state file and its data."""
         if status["status"] == "failed" or self.site not in status["live"]:
             return False
+        if status["status"] == "done":
+            return self._finish(job_id, status, self.strategy(status))
+        p = status["params"]
+        spec = RunSpec(job_id, p["algorithm"], p["config"], int(p["classes"]), p.get("public_sha256"),
+                       p.get("public_size"), int(p.get("max_missed_rounds", 3)))
         st = self.agent.state(job_id)
-        s = self.strategy(status)
-        phase = "done" if status["status"] == "done" else status["phase"]
-        if phase == "setup":
-            hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
-                     "labelled": int((self.agent.y >= 0).sum())}
-            if "public_sha256" in status["params"]:
-                hello["public_sha256"] = self._check_public(status)
-            if s.secure_sum:
-                if st["key"] is None:  # this job's X25519 key pair, for the pairwise masks of its sums
-                    st["key"] = SiteKeyPair.generate().private_bytes().hex()
-                public = SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])).public_bytes()
-                hello["public_key"] = public.hex()
-                hello["identity"] = self.agent.identity.public.hex()  # the key signed by the site's identity
-                hello["signature"] = self.agent.identity.sign(key_digest(KEY_PURPOSE, job_id, self.site, public)).hex()
-            if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
-                raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
-                                f"{status['params']['classes']} classes")
-            return self._put(st, job_id, "hello", dump_json(hello))
-        if phase == "round":
-            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round, "fedkt": self._fedkt_round,
-                    "fredy": self._fredy_round}[s.family](job_id, status, st, s)
-        if phase == "evaluate":
-            if st["sent:coordinator:eval"]:
-                return False
-            model = self._model(job_id, status, int(status["round"]))
-            if model is None:
-                return False
-            with torch_threads(1):
-                metrics = s.site_statistics(self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)))
-            return self._put(st, job_id, "eval", dump_json(metrics))
-        if phase == "done":
-            return self._finish(job_id, status, s)
-        return False
+        site = TrainSite(self.site, spec, _Work(self, job_id, status, st), record=st,
+                         keep=_FileKeep(self.agent.state_dir, job_id), identity=self.agent.identity,
+                         pins=self.agent.pins, n_features=int(self.agent.X.shape[1]))
+        view = TrainState.of({**(status.get("training") or {}), "sites": status["sites"], "live": status["live"],
+                              "phase": status["phase"], "round": int(status.get("round") or 0),
+                              "status": status["status"]})
+        return site.step(view, _TrainInbox(self.api, job_id), lambda m: self._send(job_id, m))
+
+    def _send(self, job_id: str, m) -> None:
+        try:
+            self.api.put(job_id, m.topic, m.body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # The round closed without this site (its deadline passed), or its step moved on (the
+            # unmask step began before this upload came): there is nothing more to send for it.
+            log.warning("job %s: %s not taken: %s", job_id, m.topic, exc.detail)
+
+    def hello(self, status: dict, s: Strategy) -> dict:
+        hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
+                 "labelled": int((self.agent.y >= 0).sum())}
+        if "public_sha256" in status["params"]:
+            hello["public_sha256"] = self._check_public(status)
+        if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
+            raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
+                            f"{status['params']['classes']} classes")
+        return hello
+
+    def evaluate(self, job_id: str, status: dict, s: Strategy, t: int) -> dict | None:
+        model = self._model(job_id, status, t)
+        if model is None:
+            return None
+        with torch_threads(1):
+            return s.site_statistics(self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)))
 
     def _check_public(self, status: dict) -> str:
         if self.public is None:
@@ -207,94 +198,23 @@ class Trainer:
             raise DataError("public set U has the pinned digest but not the job's size")
         return self.public.digest
 
-    def _round_plan(self, job_id: str, t: int, st, topic: str) -> dict | None:
-        """Round t's plan if this site is in it and has not sent `topic` yet, else None."""
-        if st[f"sent:coordinator:{topic}"]:
-            return None
-        body = self.api.shared(job_id, f"plan/{t}")
-        plan = None if body is None else load_json(body, what="plan")
-        return plan if plan is not None and self.site in plan["sites"] else None
-
-    def _fedavg_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        t = int(status["round"])
-        cfg = s.cfg
-        survivors = (status.get("training") or {}).get("survivors") or []
-        if s.secure_sum and survivors:
-            return self._unmask(job_id, t, st, survivors)
-        topic = s.upload_topic(t)
-        plan = self._round_plan(job_id, t, st, topic)
-        if plan is None:
-            return False
-        participants = (status.get("training") or {}).get("participants") or []
-        if cfg.secure_aggregation and (self.site not in participants or len(participants) < secagg.MIN_CONTRIBUTORS):
-            return False  # left out of the round's sum, or a "sum" of this site alone: never sent
-        masked = self._masked_path(job_id, t)
-        if cfg.secure_aggregation and masked.exists():  # made before a restart: the same body again, never
-            body = masked.read_bytes()  # a second masking of the round
-            record = SiteRecord.from_json(st["secagg"])
-            if str(t) not in record.masked:  # the restart came between the body and the record's save
-                record.masked[str(t)] = list(load_masked_meta(body)["participants"])
-                st["secagg"] = record.to_json()
-            return self._put(st, job_id, topic, body)
+    def _fedavg_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> Weights | None:
+        """The round's ClientUpdate (saved before it travels: a restarted agent sends it instead of
+        retraining), or None while the round's model or its pseudo-labels are not there yet."""
         model = self._model(job_id, status, t - 1)
         if model is None:
-            return False
+            return None
         template = {k: v.clone() for k, v in model.state_dict().items()}
         trained = self._trained(job_id, t, template)
         if trained is None:
             trained = self._train(job_id, s, plan, model)
             if trained is None:
-                return False  # the round's XCLP job is still running
+                return None  # the round's XCLP job is still running
             state, meta = trained
             _atomic_write(self._update_path(job_id),  # a restarted agent sends it instead of retraining
                           dump_state(template if state is None else state, {**meta, "round": t}))
         state, meta = trained
-        if cfg.secure_aggregation and st["key"] is None:
-            raise DataError(f"job {job_id}: this site's key for the job is gone (state folder lost?): it cannot "
-                            "take part in the masked sums; the rounds go on without it")
-        keys = self._peer_keys(job_id) if cfg.secure_aggregation else {}
-        record = SiteRecord.from_json(st["secagg"])
-        body = site_upload(s, state, template, meta, planned=len(plan["sites"]), me=self.site, job=job_id, t=t,
-                           participants=participants, record=record,
-                           private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])) if st["key"] else None,
-                           public_keys=keys)
-        if cfg.secure_aggregation:  # the claim and the body are kept before anything is sent
-            _atomic_write(masked, body)
-            st["secagg"] = record.to_json()
-        return self._put(st, job_id, topic, body)
-
-    def _unmask(self, job_id: str, t: int, st, survivors: list[str]) -> bool:
-        """Round t's unmask step (xclp.training.double_masking), answered once: the answer is kept
-        before it is sent, and a restarted agent sends the same one."""
-        topic = f"reveal/{t}"
-        if self.site not in survivors or st[f"sent:coordinator:{topic}"]:
-            return False
-        answer = (st["reveals"] or {}).get(str(t))
-        if answer is None:
-            body = self.api.get(job_id, f"unmask/{t}")
-            if body is None:
-                return False
-            ask = load_json(body, what="unmask")
-            record = SiteRecord.from_json(st["secagg"])
-            record.claim_unmask(self.site, t, list(ask["participants"]), list(ask["survivors"]))
-            answer = unmask_answer(me=self.site, private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
-                                   public_keys=self._peer_keys(job_id),
-                                   participants=list(ask["participants"]), survivors=list(ask["survivors"]),
-                                   sealed=dict(ask["shares"]), job=job_id, t=t)
-            st["secagg"] = record.to_json()
-            st["reveals"] = {**(st["reveals"] or {}), str(t): answer}
-        return self._put(st, job_id, topic, dump_json(answer))
-
-    def _peer_keys(self, job_id: str) -> dict[str, bytes]:
-        """The sites' keys for the job's masked sums, each signed by the identity this site pinned for
-        its site (crypto.identity): a coordinator that swaps one is refused."""
-        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
-        ids = load_json(self.api.shared(job_id, "identities") or b"{}", what="identities")
-        return check_keys({x: bytes.fromhex(k) for x, k in keys.items()}, ids, self.agent.pins, me=self.site,
-                          job=job_id, purpose=KEY_PURPOSE)
-
-    def _masked_path(self, job_id: str, t: int) -> Path:
-        return job_file(self.agent.state_dir, job_id, f".masked-{t}.npz")
+        return Weights(state, template, meta)
 
     def _update_path(self, job_id: str) -> Path:
         return job_file(self.agent.state_dir, job_id, ".update.npz")
@@ -365,11 +285,7 @@ class Trainer:
         finally:
             state.site = site
 
-    def _fedct_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
-        if plan is None:
-            return False
+    def _fedct_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> bytes | None:
         cfg = s.cfg
         self._check_public(status)
         state, done_exchange = self._fedct_state(job_id, status, cfg)
@@ -378,7 +294,7 @@ class Trainer:
                 st["xclp_job"] = plan["xclp_job"]
             ready, pl = self._child_result(st["xclp_job"])
             if ready == "wait":
-                return False
+                return None
             if pl is not None:
                 state.xclp_labels, state.xclp_weights = pl.labels, pl.weights
         with torch_threads(cfg.threads):
@@ -390,19 +306,19 @@ class Trainer:
                 if t > 1:
                     body = self.api.shared(job_id, f"{s.broadcast}/{t - 1}")
                     if body is None:
-                        return False
+                        return None
                     P = s.load_broadcast(body)
                 votes, mix = s.update(state, self.public, P, t)
                 self._save_fedct_state(job_id, state, t)
             metrics = s.site_statistics({"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
                                          **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)})
-        return self._put(st, job_id, f"{s.upload}/{t}", dump_votes(votes, metrics))
+        return dump_votes(votes, metrics)
 
-    def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
+    def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> bytes:
         """FedKT's one round: teachers, students and the consistent votes on U2."""
-        return self._vote_once(job_id, status, st, s, lambda: s.update(self.site_data(), self.public.X))
+        return self._vote_once(job_id, status, s, lambda: s.update(self.site_data(), self.public.X))
 
-    def _fredy_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
+    def _fredy_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> bytes:
         """FREDY's vote: this site's teacher (FedAvg's last model fine-tuned on its labels) labels the queries."""
         from xclp.training.fredy import teacher_votes
 
@@ -416,15 +332,11 @@ class Trainer:
             return teacher_votes(model.state_dict(), model, self.site_data(), self.public.X[: s.n_queries],
                                  s.n_classes, s.cfg, s.teacher_lr())
 
-        return self._vote_once(job_id, status, st, s, votes)
+        return self._vote_once(job_id, status, s, votes)
 
-    def _vote_once(self, job_id: str, status: dict, st, s: Strategy, compute) -> bool:
+    def _vote_once(self, job_id: str, status: dict, s: Strategy, compute) -> bytes:
         """A voting round's upload, computed once and saved before it is sent (a restarted site re-sends
         it: noise it drew is never drawn twice)."""
-        t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
-        if plan is None:
-            return False
         self._check_public(status)
         path = job_file(self.agent.state_dir, job_id, ".votes.npy")
         if path.exists():
@@ -435,7 +347,7 @@ class Trainer:
             buf = io.BytesIO()
             np.save(buf, votes.astype(np.int64), allow_pickle=False)
             _atomic_write(path, buf.getvalue())
-        return self._put(st, job_id, f"{s.upload}/{t}", s.dump_upload(votes))
+        return s.dump_upload(votes)
 
     # --- results -------------------------------------------------------------------------------------
     def _finish(self, job_id: str, status: dict, s: Strategy) -> bool:
@@ -472,3 +384,66 @@ class Trainer:
         os.replace(tmp, path)
         log.info("job %s: trained model and labels for %d points written to %s", job_id, len(X), path)
         return True
+
+
+class _Work:
+    """The agent's local work for the core's site machine (xclp.training_job.SiteWork): its data, its
+    learners and its files, for one step of one job."""
+
+    def __init__(self, trainer: Trainer, job_id: str, status: dict, st):
+        self.trainer, self.job_id, self.status, self.st = trainer, job_id, status, st
+
+    def hello(self, s: Strategy) -> dict:
+        return self.trainer.hello(self.status, s)
+
+    def round(self, s: Strategy, t: int, plan: dict, inbox) -> Weights | bytes | None:
+        tr = self.trainer
+        work = {"fedavg": tr._fedavg_round, "fedct": tr._fedct_round, "fedkt": tr._fedkt_round,
+                "fredy": tr._fredy_round}[s.family]
+        return work(self.job_id, self.status, self.st, s, t, plan)
+
+    def evaluate(self, s: Strategy, t: int, inbox) -> dict | None:
+        return self.trainer.evaluate(self.job_id, self.status, s, t)
+
+
+class _TrainInbox:
+    """What the coordinator holds for this site (`get`) and for every site (`shared`), over HTTP."""
+
+    def __init__(self, api, job_id: str):
+        self.api, self.job_id = api, job_id
+
+    def get(self, topic: str) -> bytes | None:
+        return self.api.get(self.job_id, topic)
+
+    def shared(self, topic: str) -> bytes | None:
+        return self.api.shared(self.job_id, topic)
+
+
+class _FileKeep(MutableMapping):
+    """The bodies the site machine must send again byte for byte after a restart (a round's masked
+    update, its unmask answer), one file each in the agent's private state folder."""
+
+    def __init__(self, state_dir: Path, job_id: str):
+        self.state_dir, self.job_id = state_dir, job_id
+
+    def _path(self, key: str) -> Path:
+        return job_file(self.state_dir, self.job_id, ".keep-" + key.replace("/", "-"))
+
+    def __getitem__(self, key: str) -> bytes:
+        path = self._path(key)
+        if not path.exists():
+            raise KeyError(key)
+        return path.read_bytes()
+
+    def __setitem__(self, key: str, body: bytes) -> None:
+        _atomic_write(self._path(key), body)
+
+    def __delitem__(self, key: str) -> None:
+        self._path(key).unlink()
+
+    def __iter__(self):
+        prefix = job_file(self.state_dir, self.job_id, ".keep-").name
+        return (p.name[len(prefix):] for p in self.state_dir.glob(prefix + "*"))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

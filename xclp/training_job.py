@@ -47,19 +47,20 @@ from typing import Protocol
 
 from crypto.errors import ProtocolError
 from crypto.identity import check_keys, key_digest
-from crypto.keys import SiteKeyPair
+from crypto.keys import SiteKeyPair, check_peer_public
 from xclp.data import DataError
-from xclp.prediction_job import COORDINATOR, Mailbox, Send
+from xclp.prediction_job import COORDINATOR, Inadmissible, Mailbox, Send
 from xclp.privacy.ledger import PrivacyLedger
 from xclp.protocol import REFUSE, JobParams, read_refusal
 from xclp.training import secure_aggregation as secagg
-from xclp.training.algorithms import strategy_for
+from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, relay, unmask_answer
 from xclp.training.messages import dump_json, load_json, load_masked_meta
 from xclp.training.strategy import Roster, Strategy, scored_accuracy
 
 BROADCAST = "*"  # the recipient of what the coordinator writes for every site of the run
 MAX_STEPS = 8
+UPLOAD_KINDS = {"hello", "eval", *(kind.upload for kind in STRATEGIES.values())}
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,103 @@ class TrainCoordinator:
 
     def _ledger(self, s: Strategy) -> PrivacyLedger:
         return PrivacyLedger.from_json(self.state.privacy) if self.state.privacy else s.new_ledger()
+
+    def progress(self, mail: Mailbox) -> tuple[int, int]:
+        """(parts received, parts expected) of the current step: the hellos, the round's uploads from its
+        planned sites, the evaluations."""
+        st = self.state
+        if st.phase == "round":
+            sites, topic = st.participants, self.strategy().upload_topic(st.round)
+        elif st.phase in ("setup", "evaluate"):
+            sites, topic = st.live, "hello" if st.phase == "setup" else "eval"
+        else:
+            return 0, 0
+        return len(mail.senders(COORDINATOR, topic) & set(sites)), len(sites)
+
+    # --- who may send what, when ----------------------------------------------------------------------
+    def admit(self, site: str, to: str, topic: str, body: bytes) -> str:
+        """Whether `site` (a live site of the run) may send `topic` now: its kind, or Inadmissible
+        (`conflict`: not now — another step or round; else never). Every upload is checked by this rule
+        before it is stored; the body is checked as far as it can be on its own."""
+        st, s = self.state, self.strategy()
+        if to != COORDINATOR:
+            raise Inadmissible("training messages go to the coordinator")
+        parts = topic.split("/")
+        kind = parts[0]
+        step_of = {"hello": "setup", s.upload: "round", **({"eval": "evaluate"} if s.global_model else {}),
+                   **({"reveal": "round"} if s.secure_sum else {})}
+        n_parts = {s.upload: 3 if s.secure_sum else 2, "reveal": 2}.get(kind, 1)
+        if kind in UPLOAD_KINDS and kind not in step_of:
+            raise Inadmissible(f"{kind!r} is not part of a {self.spec.algorithm} job")
+        if kind not in step_of or len(parts) != n_parts:
+            raise Inadmissible(f"unknown message topic {topic!r} for a training job" + (
+                f" (secure aggregation: {s.upload}/ROUND/ATTEMPT)" if kind == s.upload and s.secure_sum else ""))
+        if step_of[kind] != st.phase:
+            raise Inadmissible(f"{kind!r} belongs to phase {step_of[kind]}; job {self.spec.job_id} is in phase "
+                               f"{st.phase}", conflict=True)
+        try:
+            if kind == "hello":
+                self._check_hello(s, load_json(body, what="hello"))
+            elif kind == "eval":
+                load_json(body, what="eval")
+            else:
+                self._check_round_upload(s, site, kind, parts, topic, body)
+        except Inadmissible:
+            raise
+        except ProtocolError as exc:
+            raise Inadmissible(f"{exc}") from None
+        return kind
+
+    def _check_hello(self, s: Strategy, h: dict) -> None:
+        for key in ("n", "features", "labelled"):
+            if not isinstance(h.get(key), int) or h[key] < 0:
+                raise Inadmissible(f"hello: {key!r} must be a non-negative integer")
+        if self.spec.public_sha256 is not None and h.get("public_sha256") != self.spec.public_sha256:
+            raise Inadmissible("hello: this site's public set U does not match the job's pinned SHA-256")
+        if s.secure_sum:
+            key = h.get("public_key")
+            if not isinstance(key, str) or len(key) != 64:
+                raise Inadmissible("hello: secure aggregation needs 'public_key', the site's X25519 key as 64 hex digits")
+            try:
+                raw = bytes.fromhex(key)
+            except ValueError:
+                raise Inadmissible("hello: 'public_key' is not hexadecimal") from None
+            check_peer_public(raw, what="hello")
+            for k, size in (("identity", 64), ("signature", 128)):
+                v = h.get(k)
+                if v is not None and not (isinstance(v, str) and len(v) == size
+                                          and all(c in "0123456789abcdef" for c in v)):
+                    raise Inadmissible(f"hello: {k!r} must be {size} lowercase hex digits")
+
+    def _check_round_upload(self, s: Strategy, site: str, kind: str, parts: list[str], topic: str,
+                            body: bytes) -> None:
+        st, t = self.state, self.state.round
+        if not parts[1].isdigit() or int(parts[1]) != t:
+            raise Inadmissible(f"{topic!r}: the round in progress is {t}", conflict=True)
+        if site not in st.participants:
+            raise Inadmissible(f"site {site!r} is not in round {t}", conflict=True)
+        if kind == "reveal":
+            if site not in st.survivors:
+                raise Inadmissible(f"{topic!r}: site {site!r} is not asked to unmask round {t}", conflict=True)
+            answer = load_json(body, what="reveal")
+            for part in ("shares", "pairwise"):  # checked in full as it is used
+                v = answer.get(part)
+                if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+                    raise Inadmissible(f"reveal: {part!r} must map site names to hexadecimal strings")
+        elif s.secure_sum:
+            if parts[2] != "0":
+                raise Inadmissible(f"{topic!r}: the masked sum of round {t} is {s.upload}/{t}/0, over "
+                                   f"{st.participants}", conflict=True)
+            if st.survivors:
+                raise Inadmissible(f"{topic!r}: round {t}'s masked updates are closed (its unmask step has begun)",
+                                   conflict=True)
+            # The masks cancel only if every site masked over the round's participants, with a sealed
+            # share of its self-mask for each of the others: anything else is refused here.
+            from xclp.training.fedavg import open_masked_round
+
+            open_masked_round(s, {site: body}, s.network().state_dict(), st.participants, t=t)
+        else:
+            s.load_upload(body, what=kind)
 
     # --- setup ----------------------------------------------------------------------------------------
     def _setup(self, mail: Mailbox, expired: bool, running: set, out: list) -> None:
