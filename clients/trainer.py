@@ -1,6 +1,10 @@
 """A site's side of training jobs: local training at home, only weights (FedAvg) or hard labels on the
 public set (FedCT) leave the site.
 
+The order of the site's part (hello, each round's upload — masked once —, each unmask answer, the
+evaluation, each sent once) is the core's site machine, xclp.training_job.TrainSite; this module is its
+transport (the coordinator's HTTP API, the agent's state file and folder) and its local work (`_Work`).
+
 The per-round work is the simulation's own code: `client_update` (FedAvg's ClientUpdate),
 `site_exchange` (FedCT's local update and vote) and the pseudo-labellers; XCLP pseudo-labels come
 from the ordinary predict job the coordinator starts for the round (a child job this same agent

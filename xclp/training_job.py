@@ -626,8 +626,8 @@ class TrainSite:
             return self._once(send, "hello", dump_json(hello))
         if phase == "round":
             t = view.round
-            if s.secure_sum and view.survivors:
-                return self._unmask(s, t, inbox, send)
+            if s.secure_sum and view.survivors:  # the round's unmask step: asked of the survivors only
+                return me in view.survivors and self._unmask(s, t, inbox, send)
             return self._upload(view, s, t, inbox, send)
         if phase == "evaluate":
             if self.sent("eval"):

@@ -8,8 +8,10 @@ relabels before it), `aggregate` (the uploads â†’ what the server sends back) â€
 same hooks:
 
 - the simulation: `run_rounds` below, with a `Federation` that plays every site in process;
-- the service: the coordinator's engine (service/training_engine.py) calls the server's hooks from
-  the database, round by round, and each site agent (clients/trainer.py) calls `update` at home.
+- the service: the run's order is the core's machines (xclp/training_job.py): `TrainCoordinator`
+  calls the server's hooks (run by the coordinator's engine, service/training_engine.py, from the
+  database, one step at a time), and each site agent (clients/trainer.py) gives `TrainSite` its local
+  work, which calls `update` at home.
 
 A new algorithm is a new Strategy (and Federation, for the simulation) registered in
 xclp/training/algorithms.py, not an edit of the drivers.
