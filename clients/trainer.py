@@ -20,7 +20,6 @@ own FedCT learner, a pickle meant for this site only).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
@@ -34,9 +33,9 @@ from crypto.errors import ProtocolError
 from xclp.data import DataError
 from xclp.job_files import job_file
 from xclp.training.algorithms import strategy_for
-from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels
-from xclp.training.fedct import PublicSet, new_site_state
-from xclp.training.messages import dump_state, dump_votes, load_state
+from xclp.training.fedavg import PseudoLabels, Site
+from xclp.training.fedct import PublicSet
+from xclp.training.messages import dump_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.strategy import Strategy
 from xclp.training_job import RunSpec, TrainSite, TrainState, Weights
@@ -159,7 +158,7 @@ class Trainer:
         spec = RunSpec(job_id, p["algorithm"], p["config"], int(p["classes"]), p.get("public_sha256"),
                        p.get("public_size"), int(p.get("max_missed_rounds", 3)))
         st = self.agent.state(job_id)
-        site = TrainSite(self.site, spec, _Work(self, job_id, status, st), record=st,
+        site = TrainSite(self.site, spec, _Work(self, job_id, status), record=st,
                          keep=_FileKeep(self.agent.state_dir, job_id), identity=self.agent.identity,
                          pins=self.agent.pins, n_features=int(self.agent.X.shape[1]))
         view = TrainState.of({**(status.get("training") or {}), "sites": status["sites"], "live": status["live"],
@@ -202,156 +201,8 @@ class Trainer:
             raise DataError("public set U has the pinned digest but not the job's size")
         return self.public.digest
 
-    def _fedavg_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> Weights | None:
-        """The round's ClientUpdate (saved before it travels: a restarted agent sends it instead of
-        retraining), or None while the round's model or its pseudo-labels are not there yet."""
-        model = self._model(job_id, status, t - 1)
-        if model is None:
-            return None
-        template = {k: v.clone() for k, v in model.state_dict().items()}
-        trained = self._trained(job_id, t, template)
-        if trained is None:
-            trained = self._train(job_id, s, plan, model)
-            if trained is None:
-                return None  # the round's XCLP job is still running
-            state, meta = trained
-            _atomic_write(self._update_path(job_id),  # a restarted agent sends it instead of retraining
-                          dump_state(template if state is None else state, {**meta, "round": t}))
-        state, meta = trained
-        return Weights(state, template, meta)
-
-    def _update_path(self, job_id: str) -> Path:
-        return job_file(self.agent.state_dir, job_id, ".update.npz")
-
-    def _trained(self, job_id: str, t: int, template: dict):
-        """(weights or None, meta) of this site's update for round t if it has trained it already."""
-        path = self._update_path(job_id)
-        if not path.exists():
-            return None
-        state, meta = load_state(path.read_bytes(), template, what="saved update")
-        if meta.pop("round", None) != t:
-            return None
-        return (state if int(meta.get("n", 0)) > 0 else None), meta
-
-    def _train(self, job_id: str, s: Strategy, plan: dict, model):
-        """ClientUpdate from the round's model: (weights or None if nothing to learn, meta), or None while
-        the round's pseudo-labels are not ready."""
-        site, cfg = self.site_data(), s.cfg
-        with torch_threads(cfg.threads):
-            pl, source = self._pseudo_labels(job_id, cfg, plan, model, site, s.n_classes)
-            if pl is None:
-                return None
-            metrics = {"pseudo": source, **self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)),
-                       **self._pseudo_metrics(pl.labels if source != "none" else None, pl.weights)}
-            r = s.update(model, site, pl, plan["round"], plan)
-        state, n = r if r is not None else (None, 0)
-        return state, {"n": int(n), **metrics}
-
-    def _pseudo_labels(self, job_id, cfg, plan: dict, model, site: Site, n_classes: int):
-        """The round's pseudo-labels and their source (None, None while its XCLP job runs)."""
-        xclp = None
-        if cfg.algorithm == "fedavg-xclp" and plan["stage"] == 2 and self.site in plan["adopt"]:
-            state, xclp = self._child_result(plan.get("xclp_job"))
-            if state == "wait":
-                return None, None
-        cache, cached = job_file(self.agent.state_dir, job_id, ".pseudo.npz"), None
-        if cache.exists():
-            with np.load(cache, allow_pickle=False) as f:
-                cached = PseudoLabels(f["labels"], f["weights"])
-        pl, source = round_pseudo_labels(cfg, plan, model=model, site=site, n_classes=n_classes, cached=cached,
-                                         xclp=xclp)
-        if source == "none" and plan["stage"] == 2 and cfg.algorithm != "fedavg" and self.site not in plan["adopt"]:
-            log.warning("job %s: no cached pseudo-labels (state folder lost?): labels only this round", job_id)
-        if source == "fresh":
-            buf = io.BytesIO()
-            np.savez(buf, labels=pl.labels, weights=pl.weights)
-            _atomic_write(cache, buf.getvalue())
-        return pl, source
-
-    # --- FedCT ---------------------------------------------------------------------------------------
-    def _fedct_state(self, job_id: str, status: dict, cfg):
-        path = job_file(self.agent.state_dir, job_id, ".learner.pkl")
-        if path.exists():
-            with open(path, "rb") as f:  # written by this agent into its private folder only
-                saved = pickle.load(f)
-            saved["state"].site = self.site_data()
-            return saved["state"], int(saved["exchange"])
-        idx = status["sites"].index(self.site)
-        name = cfg.learner_names(len(status["sites"]))[idx]
-        return new_site_state(self.site_data(), name, idx, int(status["params"]["classes"]),
-                              status["params"]["public_sha256"], cfg), 0
-
-    def _save_fedct_state(self, job_id: str, state, exchange: int) -> None:
-        site, state.site = state.site, None  # the data stay in the data file; the pickle holds the model
-        try:
-            _atomic_write(job_file(self.agent.state_dir, job_id, ".learner.pkl"),
-                          pickle.dumps({"state": state, "exchange": exchange}))
-        finally:
-            state.site = site
-
-    def _fedct_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> bytes | None:
-        cfg = s.cfg
-        self._check_public(status)
-        state, done_exchange = self._fedct_state(job_id, status, cfg)
-        if cfg.xclp and state.xclp_labels is None:
-            if plan.get("xclp_job"):
-                st["xclp_job"] = plan["xclp_job"]
-            ready, pl = self._child_result(st["xclp_job"])
-            if ready == "wait":
-                return None
-            if pl is not None:
-                state.xclp_labels, state.xclp_weights = pl.labels, pl.weights
-        with torch_threads(cfg.threads):
-            if done_exchange == t:  # trained and saved before a restart; only the upload was lost
-                votes = np.asarray(state.learner.predict(self.public.X), dtype=np.int64)
-                mix = None
-            else:
-                P = None
-                if t > 1:
-                    body = self.api.shared(job_id, f"{s.broadcast}/{t - 1}")
-                    if body is None:
-                        return None
-                    P = s.load_broadcast(body)
-                votes, mix = s.update(state, self.public, P, t)
-                self._save_fedct_state(job_id, state, t)
-            metrics = s.site_statistics({"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
-                                         **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)})
-        return dump_votes(votes, metrics)
-
-    def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> bytes:
-        """FedKT's one round: teachers, students and the consistent votes on U2."""
-        return self._vote_once(job_id, status, s, lambda: s.update(self.site_data(), self.public.X))
-
-    def _fredy_round(self, job_id: str, status: dict, st, s: Strategy, t: int, plan: dict) -> bytes:
-        """FREDY's vote: this site's teacher (FedAvg's last model fine-tuned on its labels) labels the queries."""
-        from xclp.training.fredy import teacher_votes
-
-        fedavg = s.fedavg
-        last = fedavg.total_rounds()
-
-        def votes():
-            model = self._model(job_id, status, last, fedavg)
-            if model is None:
-                raise ProtocolError(f"job {job_id}: FedAvg's last model (round {last}) is not on the coordinator")
-            return teacher_votes(model.state_dict(), model, self.site_data(), self.public.X[: s.n_queries],
-                                 s.n_classes, s.cfg, s.teacher_lr())
-
-        return self._vote_once(job_id, status, s, votes)
-
-    def _vote_once(self, job_id: str, status: dict, s: Strategy, compute) -> bytes:
-        """A voting round's upload, computed once and saved before it is sent (a restarted site re-sends
-        it: noise it drew is never drawn twice)."""
-        self._check_public(status)
-        path = job_file(self.agent.state_dir, job_id, ".votes.npy")
-        if path.exists():
-            votes = np.load(path, allow_pickle=False)
-        else:
-            with torch_threads(s.cfg.threads):
-                votes = compute()
-            buf = io.BytesIO()
-            np.save(buf, votes.astype(np.int64), allow_pickle=False)
-            _atomic_write(path, buf.getvalue())
-        return s.dump_upload(votes)
+    def env(self, job_id: str, status: dict) -> _Env:
+        return _Env(self, job_id, status)
 
     # --- results -------------------------------------------------------------------------------------
     def _finish(self, job_id: str, status: dict, s: Strategy) -> bool:
@@ -365,7 +216,7 @@ class Trainer:
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
             _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
-        elif s.family in ("fedkt", "fredy"):  # the released model, trained here on the server's labels
+        elif s.released_model:  # the released model, trained here on the server's labels
             body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
             if body is None:
                 return False
@@ -376,7 +227,7 @@ class Trainer:
             proba = np.eye(int(status["params"]["classes"]))[np.asarray(learner.predict(X), dtype=np.int64)]
             _atomic_write(job_file(self.agent.out, job_id, ".model.pkl"), pickle.dumps(learner))
         else:
-            state, _ = self._fedct_state(job_id, status, s.cfg)
+            state, _ = s.site_state(self.env(job_id, status))
             learner = state.learner
             proba = learner.predict_proba(X) if hasattr(learner, "predict_proba") else None
             if proba is None:
@@ -394,20 +245,43 @@ class _Work:
     """The agent's local work for the core's site machine (xclp.training_job.SiteWork): its data, its
     learners and its files, for one step of one job."""
 
-    def __init__(self, trainer: Trainer, job_id: str, status: dict, st):
-        self.trainer, self.job_id, self.status, self.st = trainer, job_id, status, st
+    def __init__(self, trainer: Trainer, job_id: str, status: dict):
+        self.trainer, self.job_id, self.status = trainer, job_id, status
 
     def hello(self, s: Strategy) -> dict:
         return self.trainer.hello(self.status, s)
 
     def round(self, s: Strategy, t: int, plan: dict, inbox) -> Weights | bytes | None:
-        tr = self.trainer
-        work = {"fedavg": tr._fedavg_round, "fedct": tr._fedct_round, "fedkt": tr._fedkt_round,
-                "fredy": tr._fredy_round}[s.family]
-        return work(self.job_id, self.status, self.st, s, t, plan)
+        return s.site_round(self.trainer.env(self.job_id, self.status), t, plan)  # whatever the algorithm
 
     def evaluate(self, s: Strategy, t: int, inbox) -> dict | None:
         return self.trainer.evaluate(self.job_id, self.status, s, t)
+
+
+class _Env:
+    """What this agent gives a strategy's site hook (xclp.training.strategy.SiteEnv): its data, the
+    run's roster and public set, the coordinator's broadcasts over HTTP, the round's XCLP job's labels,
+    and a private store of files in its state folder."""
+
+    def __init__(self, trainer: Trainer, job_id: str, status: dict):
+        self.trainer, self.job_id, self.status = trainer, job_id, status
+        self.site, self.sites, self.public = trainer.site_data(), list(status["sites"]), trainer.public
+        self.store = _FileKeep(trainer.agent.state_dir, job_id, ".store-")
+
+    def broadcast(self, topic: str) -> bytes | None:
+        return self.trainer.api.shared(self.job_id, topic)
+
+    def xclp_labels(self, job: str | None):
+        return self.trainer._child_result(job)
+
+    def check_public(self) -> None:
+        self.trainer._check_public(self.status)
+
+    def scores(self, predict) -> dict:
+        return self.trainer._eval(predict)
+
+    def pseudo_scores(self, labels, weights) -> dict:
+        return self.trainer._pseudo_metrics(labels, weights)
 
 
 class _TrainInbox:
@@ -424,14 +298,15 @@ class _TrainInbox:
 
 
 class _FileKeep(MutableMapping):
-    """The bodies the site machine must send again byte for byte after a restart (a round's masked
-    update, its unmask answer), one file each in the agent's private state folder."""
+    """What a site keeps across restarts, one file each in the agent's private state folder: the bodies
+    the site machine must send again byte for byte (a round's masked update, its unmask answer), and
+    the strategy's site store (its trained update, pseudo-labels, learner, votes)."""
 
-    def __init__(self, state_dir: Path, job_id: str):
-        self.state_dir, self.job_id = state_dir, job_id
+    def __init__(self, state_dir: Path, job_id: str, prefix: str = ".keep-"):
+        self.state_dir, self.job_id, self.prefix = state_dir, job_id, prefix
 
     def _path(self, key: str) -> Path:
-        return job_file(self.state_dir, self.job_id, ".keep-" + key.replace("/", "-"))
+        return job_file(self.state_dir, self.job_id, self.prefix + key.replace("/", "-"))
 
     def __getitem__(self, key: str) -> bytes:
         path = self._path(key)
@@ -446,7 +321,7 @@ class _FileKeep(MutableMapping):
         self._path(key).unlink()
 
     def __iter__(self):
-        prefix = job_file(self.state_dir, self.job_id, ".keep-").name
+        prefix = job_file(self.state_dir, self.job_id, self.prefix).name
         return (p.name[len(prefix):] for p in self.state_dir.glob(prefix + "*"))
 
     def __len__(self) -> int:

@@ -1,6 +1,7 @@
 """A training run's order, written once: the coordinator's machine and the site's machine.
 
-(About 500 lines: the two sides of one run's order, read and changed together.)
+(About 700 lines: the two sides of one run's order and the rule that admits its messages, read and
+changed together, as in xclp/prediction_job.py.)
 
 The strategies (xclp/training/strategy.py) hold WHAT each party computes in a round — the plan, the
 site's local work, the average or the consensus — and `xclp.training.double_masking` the masked
@@ -56,7 +57,7 @@ from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, relay, unmask_answer
 from xclp.training.messages import dump_json, load_json, load_masked_meta
-from xclp.training.strategy import Roster, Strategy, scored_accuracy
+from xclp.training.strategy import Roster, Strategy, Weights, scored_accuracy
 
 BROADCAST = "*"  # the recipient of what the coordinator writes for every site of the run
 MAX_STEPS = 8
@@ -547,16 +548,6 @@ class TrainInbox(Protocol):
     def shared(self, topic: str) -> bytes | None: ...
 
 
-@dataclass
-class Weights:
-    """A FedAvg site's round result before it travels: its weights (None: nothing to learn, the round's
-    model goes back), the round's model as their template, and its metrics."""
-
-    state: dict | None
-    template: dict
-    meta: dict
-
-
 class SiteWork(Protocol):
     """A site's local work, the driver's (its data, its learners, its files)."""
 
@@ -564,7 +555,8 @@ class SiteWork(Protocol):
         """n, features, labelled (and the public set's digest where the run pins one)."""
 
     def round(self, s: Strategy, t: int, plan: dict, inbox: TrainInbox) -> Weights | bytes | None:
-        """The site's round t result (bytes: the upload itself); None while it cannot make it yet."""
+        """The site's round t result (bytes: the upload itself); None while it cannot make it yet. A
+        driver answers with the strategy's site hook (`Strategy.site_round`), whatever the algorithm."""
 
     def evaluate(self, s: Strategy, t: int, inbox: TrainInbox) -> dict | None:
         """The final model scored at the site (None: not yet)."""
