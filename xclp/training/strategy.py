@@ -3,7 +3,8 @@
 A strategy is one algorithm's decisions, as a few hooks (Flower's strategies are the model): the
 server's — `configure_round` (who takes part in round t, with what settings, and whether XCLP
 relabels before it), `aggregate` (the uploads → what the server sends back) — and each site's —
-`update` (its local work for the round → its upload). It also names its messages (`upload`,
+`site_round` (the round's inputs, through a driver's `SiteEnv` → its upload; built on `update`, its
+local work, which the simulation's Federations call directly). It also names its messages (`upload`,
 `broadcast`) and how they travel (`dump_*` / `load_*`, checked on receipt). Both drivers call the
 same hooks:
 
