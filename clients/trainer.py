@@ -266,7 +266,7 @@ class _Env:
     def __init__(self, trainer: Trainer, job_id: str, status: dict):
         self.trainer, self.job_id, self.status = trainer, job_id, status
         self.site, self.sites, self.public = trainer.site_data(), list(status["sites"]), trainer.public
-        self.store = _FileKeep(trainer.agent.state_dir, job_id, ".store-")
+        self.store = _FileKeep(trainer.agent.state_dir, job_id, ".store-", named=STORE_FILES)
 
     def broadcast(self, topic: str) -> bytes | None:
         return self.trainer.api.shared(self.job_id, topic)
@@ -297,16 +297,20 @@ class _TrainInbox:
         return self.api.shared(self.job_id, topic)
 
 
+# The strategies' site store, in the files an agent of an earlier release kept (a job in flight goes on)
+STORE_FILES = {"update": ".update.npz", "pseudo": ".pseudo.npz", "learner": ".learner.pkl", "votes": ".votes.npy"}
+
+
 class _FileKeep(MutableMapping):
     """What a site keeps across restarts, one file each in the agent's private state folder: the bodies
     the site machine must send again byte for byte (a round's masked update, its unmask answer), and
     the strategy's site store (its trained update, pseudo-labels, learner, votes)."""
 
-    def __init__(self, state_dir: Path, job_id: str, prefix: str = ".keep-"):
-        self.state_dir, self.job_id, self.prefix = state_dir, job_id, prefix
+    def __init__(self, state_dir: Path, job_id: str, prefix: str = ".keep-", named: dict[str, str] | None = None):
+        self.state_dir, self.job_id, self.prefix, self.named = state_dir, job_id, prefix, named or {}
 
     def _path(self, key: str) -> Path:
-        return job_file(self.state_dir, self.job_id, self.prefix + key.replace("/", "-"))
+        return job_file(self.state_dir, self.job_id, self.named.get(key) or self.prefix + key.replace("/", "-"))
 
     def __getitem__(self, key: str) -> bytes:
         path = self._path(key)
@@ -322,7 +326,8 @@ class _FileKeep(MutableMapping):
 
     def __iter__(self):
         prefix = job_file(self.state_dir, self.job_id, self.prefix).name
-        return (p.name[len(prefix):] for p in self.state_dir.glob(prefix + "*"))
+        yield from (k for k in self.named if self._path(k).exists())
+        yield from (p.name[len(prefix):] for p in self.state_dir.glob(prefix + "*"))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
