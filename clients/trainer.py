@@ -1,6 +1,10 @@
 """A site's side of training jobs: local training at home, only weights (FedAvg) or hard labels on the
 public set (FedCT) leave the site.
 
+The order of the site's part (hello, each round's upload — masked once —, each unmask answer, the
+evaluation, each sent once) is the core's site machine, xclp.training_job.TrainSite; this module is its
+transport (the coordinator's HTTP API, the agent's state file and folder) and its local work (`_Work`).
+
 The per-round work is the simulation's own code: `client_update` (FedAvg's ClientUpdate),
 `site_exchange` (FedCT's local update and vote) and the pseudo-labellers; XCLP pseudo-labels come
 from the ordinary predict job the coordinator starts for the round (a child job this same agent
@@ -16,29 +20,26 @@ own FedCT learner, a pickle meant for this site only).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import numpy as np
 
 from clients.api import ApiError
 from crypto.errors import ProtocolError
-from crypto.identity import check_keys, key_digest
-from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.job_files import job_file
-from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import strategy_for
-from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, unmask_answer
-from xclp.training.fedavg import PseudoLabels, Site, round_pseudo_labels, site_upload
-from xclp.training.fedct import PublicSet, new_site_state
+from xclp.training.fedavg import PseudoLabels, Site
+from xclp.training.fedct import PublicSet
 from xclp.training.holdout import TrainingLabels, training_labels
-from xclp.training.messages import dump_json, dump_state, dump_votes, load_json, load_masked_meta, load_state
+from xclp.training.messages import dump_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.strategy import Strategy
+from xclp.training_job import RunSpec, TrainSite, TrainState, Weights
 
 log = logging.getLogger("xclp.agent")
 
@@ -117,22 +118,6 @@ class Trainer:
     def _pseudo_metrics(self, labels: np.ndarray | None, weights: np.ndarray | None) -> dict:
         return pseudo_metrics(self.held.y, self.held.truth, labels, weights)
 
-    def _put(self, st, job_id: str, topic: str, body: bytes) -> bool:
-        """Send `topic` once."""
-        key = f"sent:coordinator:{topic}"
-        if st[key]:
-            return False
-        try:
-            self.api.put(job_id, topic, body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            # The round closed without this site (its deadline passed), or its step moved on (the
-            # unmask step began before this upload came): there is nothing more to send for it.
-            log.warning("job %s: %s not taken: %s", job_id, topic, exc.detail)
-        st[key] = True
-        return True
-
     def _child_result(self, child: str | None) -> tuple[str, PseudoLabels | None]:
         """('ready', labels) | ('wait', None) | ('none', None): the XCLP child job's labels for this site."""
         if child is None:
@@ -172,43 +157,52 @@ class Trainer:
 
     # --- the job -------------------------------------------------------------------------------------
     def step(self, job_id: str, status: dict) -> bool:
+        """What this site can do now for the training job: its side of the run's order is the core's
+        machine (xclp.training_job.TrainSite: hello, each round's upload and unmask answer, the
+        evaluation, each once); this agent gives it the HTTP inbox, its state file and its data."""
         if status["status"] == "failed" or self.site not in status["live"]:
             return False
-        st = self.agent.state(job_id)
-        s = self.strategy(status)
         self.held = self.labels(status)  # what site_data, _eval and _pseudo_metrics see in this step
-        phase = "done" if status["status"] == "done" else status["phase"]
-        if phase == "setup":
-            hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
-                     "labelled": int((self.held.y >= 0).sum())}
-            if "public_sha256" in status["params"]:
-                hello["public_sha256"] = self._check_public(status)
-            if s.secure_sum:
-                if st["key"] is None:  # this job's X25519 key pair, for the pairwise masks of its sums
-                    st["key"] = SiteKeyPair.generate().private_bytes().hex()
-                public = SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])).public_bytes()
-                hello["public_key"] = public.hex()
-                hello["identity"] = self.agent.identity.public.hex()  # the key signed by the site's identity
-                hello["signature"] = self.agent.identity.sign(key_digest(KEY_PURPOSE, job_id, self.site, public)).hex()
-            if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
-                raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
-                                f"{status['params']['classes']} classes")
-            return self._put(st, job_id, "hello", dump_json(hello))
-        if phase == "round":
-            return {"fedavg": self._fedavg_round, "fedct": self._fedct_round, "fedkt": self._fedkt_round,
-                    "fredy": self._fredy_round}[s.family](job_id, status, st, s)
-        if phase == "evaluate":
-            if st["sent:coordinator:eval"]:
-                return False
-            model = self._model(job_id, status, int(status["round"]))
-            if model is None:
-                return False
-            with torch_threads(1):
-                metrics = s.site_statistics(self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)))
-            return self._put(st, job_id, "eval", dump_json(metrics))
-        if phase == "done":
-            return self._finish(job_id, status, s)
-        return False
+        if status["status"] == "done":
+            return self._finish(job_id, status, self.strategy(status))
+        p = status["params"]
+        spec = RunSpec(job_id, p["algorithm"], p["config"], int(p["classes"]), p.get("public_sha256"),
+                       p.get("public_size"), int(p.get("max_missed_rounds", 3)))
+        st = self.agent.state(job_id)
+        site = TrainSite(self.site, spec, _Work(self, job_id, status), record=st,
+                         keep=_FileKeep(self.agent.state_dir, job_id), identity=self.agent.identity,
+                         pins=self.agent.pins, n_features=int(self.agent.X.shape[1]))
+        view = TrainState.of({**(status.get("training") or {}), "sites": status["sites"], "live": status["live"],
+                              "phase": status["phase"], "round": int(status.get("round") or 0),
+                              "status": status["status"]})
+        return site.step(view, _TrainInbox(self.api, job_id), lambda m: self._send(job_id, m))
+
+    def _send(self, job_id: str, m) -> None:
+        try:
+            self.api.put(job_id, m.topic, m.body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # The round closed without this site (its deadline passed), or its step moved on (the
+            # unmask step began before this upload came): there is nothing more to send for it.
+            log.warning("job %s: %s not taken: %s", job_id, m.topic, exc.detail)
+
+    def hello(self, status: dict, s: Strategy) -> dict:
+        hello = {"n": int(self.agent.X.shape[0]), "features": int(self.agent.X.shape[1]),
+                 "labelled": int((self.held.y >= 0).sum())}
+        if "public_sha256" in status["params"]:
+            hello["public_sha256"] = self._check_public(status)
+        if self.agent.y.size and self.agent.y.max() >= int(status["params"]["classes"]):
+            raise DataError(f"{self.site}: label {int(self.agent.y.max())} is out of range for the job's "
+                            f"{status['params']['classes']} classes")
+        return hello
+
+    def evaluate(self, job_id: str, status: dict, s: Strategy, t: int) -> dict | None:
+        model = self._model(job_id, status, t)
+        if model is None:
+            return None
+        with torch_threads(1):
+            return s.site_statistics(self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)))
 
     def _check_public(self, status: dict) -> str:
         if self.public is None:
@@ -218,235 +212,8 @@ class Trainer:
             raise DataError("public set U has the pinned digest but not the job's size")
         return self.public.digest
 
-    def _round_plan(self, job_id: str, t: int, st, topic: str) -> dict | None:
-        """Round t's plan if this site is in it and has not sent `topic` yet, else None."""
-        if st[f"sent:coordinator:{topic}"]:
-            return None
-        body = self.api.shared(job_id, f"plan/{t}")
-        plan = None if body is None else load_json(body, what="plan")
-        return plan if plan is not None and self.site in plan["sites"] else None
-
-    def _fedavg_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        t = int(status["round"])
-        cfg = s.cfg
-        survivors = (status.get("training") or {}).get("survivors") or []
-        if s.secure_sum and survivors:
-            return self._unmask(job_id, t, st, survivors)
-        topic = s.upload_topic(t)
-        plan = self._round_plan(job_id, t, st, topic)
-        if plan is None:
-            return False
-        participants = (status.get("training") or {}).get("participants") or []
-        if cfg.secure_aggregation and (self.site not in participants or len(participants) < secagg.MIN_CONTRIBUTORS):
-            return False  # left out of the round's sum, or a "sum" of this site alone: never sent
-        masked = self._masked_path(job_id, t)
-        if cfg.secure_aggregation and masked.exists():  # made before a restart: the same body again, never
-            body = masked.read_bytes()  # a second masking of the round
-            record = SiteRecord.from_json(st["secagg"])
-            if str(t) not in record.masked:  # the restart came between the body and the record's save
-                record.masked[str(t)] = list(load_masked_meta(body)["participants"])
-                st["secagg"] = record.to_json()
-            return self._put(st, job_id, topic, body)
-        model = self._model(job_id, status, t - 1)
-        if model is None:
-            return False
-        template = {k: v.clone() for k, v in model.state_dict().items()}
-        trained = self._trained(job_id, t, template)
-        if trained is None:
-            trained = self._train(job_id, s, plan, model)
-            if trained is None:
-                return False  # the round's XCLP job is still running
-            state, meta = trained
-            _atomic_write(self._update_path(job_id),  # a restarted agent sends it instead of retraining
-                          dump_state(template if state is None else state, {**meta, "round": t}))
-        state, meta = trained
-        if cfg.secure_aggregation and st["key"] is None:
-            raise DataError(f"job {job_id}: this site's key for the job is gone (state folder lost?): it cannot "
-                            "take part in the masked sums; the rounds go on without it")
-        keys = self._peer_keys(job_id) if cfg.secure_aggregation else {}
-        record = SiteRecord.from_json(st["secagg"])
-        body = site_upload(s, state, template, meta, planned=len(plan["sites"]), me=self.site, job=job_id, t=t,
-                           participants=participants, record=record,
-                           private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])) if st["key"] else None,
-                           public_keys=keys)
-        if cfg.secure_aggregation:  # the claim and the body are kept before anything is sent
-            _atomic_write(masked, body)
-            st["secagg"] = record.to_json()
-        return self._put(st, job_id, topic, body)
-
-    def _unmask(self, job_id: str, t: int, st, survivors: list[str]) -> bool:
-        """Round t's unmask step (xclp.training.double_masking), answered once: the answer is kept
-        before it is sent, and a restarted agent sends the same one."""
-        topic = f"reveal/{t}"
-        if self.site not in survivors or st[f"sent:coordinator:{topic}"]:
-            return False
-        answer = (st["reveals"] or {}).get(str(t))
-        if answer is None:
-            body = self.api.get(job_id, f"unmask/{t}")
-            if body is None:
-                return False
-            ask = load_json(body, what="unmask")
-            record = SiteRecord.from_json(st["secagg"])
-            record.claim_unmask(self.site, t, list(ask["participants"]), list(ask["survivors"]))
-            answer = unmask_answer(me=self.site, private=SiteKeyPair.from_private_bytes(bytes.fromhex(st["key"])),
-                                   public_keys=self._peer_keys(job_id),
-                                   participants=list(ask["participants"]), survivors=list(ask["survivors"]),
-                                   sealed=dict(ask["shares"]), job=job_id, t=t)
-            st["secagg"] = record.to_json()
-            st["reveals"] = {**(st["reveals"] or {}), str(t): answer}
-        return self._put(st, job_id, topic, dump_json(answer))
-
-    def _peer_keys(self, job_id: str) -> dict[str, bytes]:
-        """The sites' keys for the job's masked sums, each signed by the identity this site pinned for
-        its site (crypto.identity): a coordinator that swaps one is refused."""
-        keys = load_json(self.api.shared(job_id, "keys") or b"{}", what="keys")
-        ids = load_json(self.api.shared(job_id, "identities") or b"{}", what="identities")
-        return check_keys({x: bytes.fromhex(k) for x, k in keys.items()}, ids, self.agent.pins, me=self.site,
-                          job=job_id, purpose=KEY_PURPOSE)
-
-    def _masked_path(self, job_id: str, t: int) -> Path:
-        return job_file(self.agent.state_dir, job_id, f".masked-{t}.npz")
-
-    def _update_path(self, job_id: str) -> Path:
-        return job_file(self.agent.state_dir, job_id, ".update.npz")
-
-    def _trained(self, job_id: str, t: int, template: dict):
-        """(weights or None, meta) of this site's update for round t if it has trained it already."""
-        path = self._update_path(job_id)
-        if not path.exists():
-            return None
-        state, meta = load_state(path.read_bytes(), template, what="saved update")
-        if meta.pop("round", None) != t:
-            return None
-        return (state if int(meta.get("n", 0)) > 0 else None), meta
-
-    def _train(self, job_id: str, s: Strategy, plan: dict, model):
-        """ClientUpdate from the round's model: (weights or None if nothing to learn, meta), or None while
-        the round's pseudo-labels are not ready."""
-        site, cfg = self.site_data(), s.cfg
-        with torch_threads(cfg.threads):
-            pl, source = self._pseudo_labels(job_id, cfg, plan, model, site, s.n_classes)
-            if pl is None:
-                return None
-            metrics = {"pseudo": source, **self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)),
-                       **self._pseudo_metrics(pl.labels if source != "none" else None, pl.weights)}
-            r = s.update(model, site, pl, plan["round"], plan)
-        state, n = r if r is not None else (None, 0)
-        return state, {"n": int(n), **metrics}
-
-    def _pseudo_labels(self, job_id, cfg, plan: dict, model, site: Site, n_classes: int):
-        """The round's pseudo-labels and their source (None, None while its XCLP job runs)."""
-        xclp = None
-        if cfg.algorithm == "fedavg-xclp" and plan["stage"] == 2 and self.site in plan["adopt"]:
-            state, xclp = self._child_result(plan.get("xclp_job"))
-            if state == "wait":
-                return None, None
-        cache, cached = job_file(self.agent.state_dir, job_id, ".pseudo.npz"), None
-        if cache.exists():
-            with np.load(cache, allow_pickle=False) as f:
-                cached = PseudoLabels(f["labels"], f["weights"])
-        pl, source = round_pseudo_labels(cfg, plan, model=model, site=site, n_classes=n_classes, cached=cached,
-                                         xclp=xclp)
-        if source == "none" and plan["stage"] == 2 and cfg.algorithm != "fedavg" and self.site not in plan["adopt"]:
-            log.warning("job %s: no cached pseudo-labels (state folder lost?): labels only this round", job_id)
-        if source == "fresh":
-            buf = io.BytesIO()
-            np.savez(buf, labels=pl.labels, weights=pl.weights)
-            _atomic_write(cache, buf.getvalue())
-        return pl, source
-
-    # --- FedCT ---------------------------------------------------------------------------------------
-    def _fedct_state(self, job_id: str, status: dict, cfg):
-        path = job_file(self.agent.state_dir, job_id, ".learner.pkl")
-        if path.exists():
-            with open(path, "rb") as f:  # written by this agent into its private folder only
-                saved = pickle.load(f)
-            saved["state"].site = self.site_data()
-            return saved["state"], int(saved["exchange"])
-        idx = status["sites"].index(self.site)
-        name = cfg.learner_names(len(status["sites"]))[idx]
-        return new_site_state(self.site_data(), name, idx, int(status["params"]["classes"]),
-                              status["params"]["public_sha256"], cfg), 0
-
-    def _save_fedct_state(self, job_id: str, state, exchange: int) -> None:
-        site, state.site = state.site, None  # the data stay in the data file; the pickle holds the model
-        try:
-            _atomic_write(job_file(self.agent.state_dir, job_id, ".learner.pkl"),
-                          pickle.dumps({"state": state, "exchange": exchange}))
-        finally:
-            state.site = site
-
-    def _fedct_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
-        if plan is None:
-            return False
-        cfg = s.cfg
-        self._check_public(status)
-        state, done_exchange = self._fedct_state(job_id, status, cfg)
-        if cfg.xclp and state.xclp_labels is None:
-            if plan.get("xclp_job"):
-                st["xclp_job"] = plan["xclp_job"]
-            ready, pl = self._child_result(st["xclp_job"])
-            if ready == "wait":
-                return False
-            if pl is not None:
-                state.xclp_labels, state.xclp_weights = pl.labels, pl.weights
-        with torch_threads(cfg.threads):
-            if done_exchange == t:  # trained and saved before a restart; only the upload was lost
-                votes = np.asarray(state.learner.predict(self.public.X), dtype=np.int64)
-                mix = None
-            else:
-                P = None
-                if t > 1:
-                    body = self.api.shared(job_id, f"{s.broadcast}/{t - 1}")
-                    if body is None:
-                        return False
-                    P = s.load_broadcast(body)
-                votes, mix = s.update(state, self.public, P, t)
-                self._save_fedct_state(job_id, state, t)
-            metrics = s.site_statistics({"mix": mix, **self._eval(lambda X: np.asarray(state.learner.predict(X))),
-                                         **self._pseudo_metrics(state.xclp_labels, state.xclp_weights)})
-        return self._put(st, job_id, f"{s.upload}/{t}", dump_votes(votes, metrics))
-
-    def _fedkt_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        """FedKT's one round: teachers, students and the consistent votes on U2."""
-        return self._vote_once(job_id, status, st, s, lambda: s.update(self.site_data(), self.public.X))
-
-    def _fredy_round(self, job_id: str, status: dict, st, s: Strategy) -> bool:
-        """FREDY's vote: this site's teacher (FedAvg's last model fine-tuned on its labels) labels the queries."""
-        from xclp.training.fredy import teacher_votes
-
-        fedavg = s.fedavg
-        last = fedavg.total_rounds()
-
-        def votes():
-            model = self._model(job_id, status, last, fedavg)
-            if model is None:
-                raise ProtocolError(f"job {job_id}: FedAvg's last model (round {last}) is not on the coordinator")
-            return teacher_votes(model.state_dict(), model, self.site_data(), self.public.X[: s.n_queries],
-                                 s.n_classes, s.cfg, s.teacher_lr())
-
-        return self._vote_once(job_id, status, st, s, votes)
-
-    def _vote_once(self, job_id: str, status: dict, st, s: Strategy, compute) -> bool:
-        """A voting round's upload, computed once and saved before it is sent (a restarted site re-sends
-        it: noise it drew is never drawn twice)."""
-        t = int(status["round"])
-        plan = self._round_plan(job_id, t, st, f"{s.upload}/{t}")
-        if plan is None:
-            return False
-        self._check_public(status)
-        path = job_file(self.agent.state_dir, job_id, ".votes.npy")
-        if path.exists():
-            votes = np.load(path, allow_pickle=False)
-        else:
-            with torch_threads(s.cfg.threads):
-                votes = compute()
-            buf = io.BytesIO()
-            np.save(buf, votes.astype(np.int64), allow_pickle=False)
-            _atomic_write(path, buf.getvalue())
-        return self._put(st, job_id, f"{s.upload}/{t}", s.dump_upload(votes))
+    def env(self, job_id: str, status: dict) -> _Env:
+        return _Env(self, job_id, status)
 
     # --- results -------------------------------------------------------------------------------------
     def _finish(self, job_id: str, status: dict, s: Strategy) -> bool:
@@ -460,7 +227,7 @@ class Trainer:
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
             _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
-        elif s.family in ("fedkt", "fredy"):  # the released model, trained here on the server's labels
+        elif s.released_model:  # the released model, trained here on the server's labels
             body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
             if body is None:
                 return False
@@ -471,7 +238,7 @@ class Trainer:
             proba = np.eye(int(status["params"]["classes"]))[np.asarray(learner.predict(X), dtype=np.int64)]
             _atomic_write(job_file(self.agent.out, job_id, ".model.pkl"), pickle.dumps(learner))
         else:
-            state, _ = self._fedct_state(job_id, status, s.cfg)
+            state, _ = s.site_state(self.env(job_id, status))
             learner = state.learner
             proba = learner.predict_proba(X) if hasattr(learner, "predict_proba") else None
             if proba is None:
@@ -483,3 +250,95 @@ class Trainer:
         os.replace(tmp, path)
         log.info("job %s: trained model and labels for %d points written to %s", job_id, len(X), path)
         return True
+
+
+class _Work:
+    """The agent's local work for the core's site machine (xclp.training_job.SiteWork): its data, its
+    learners and its files, for one step of one job."""
+
+    def __init__(self, trainer: Trainer, job_id: str, status: dict):
+        self.trainer, self.job_id, self.status = trainer, job_id, status
+
+    def hello(self, s: Strategy) -> dict:
+        return self.trainer.hello(self.status, s)
+
+    def round(self, s: Strategy, t: int, plan: dict, inbox) -> Weights | bytes | None:
+        return s.site_round(self.trainer.env(self.job_id, self.status), t, plan)  # whatever the algorithm
+
+    def evaluate(self, s: Strategy, t: int, inbox) -> dict | None:
+        return self.trainer.evaluate(self.job_id, self.status, s, t)
+
+
+class _Env:
+    """What this agent gives a strategy's site hook (xclp.training.strategy.SiteEnv): its data, the
+    run's roster and public set, the coordinator's broadcasts over HTTP, the round's XCLP job's labels,
+    and a private store of files in its state folder."""
+
+    def __init__(self, trainer: Trainer, job_id: str, status: dict):
+        self.trainer, self.job_id, self.status = trainer, job_id, status
+        self.site, self.sites, self.public = trainer.site_data(), list(status["sites"]), trainer.public
+        self.store = _FileKeep(trainer.agent.state_dir, job_id, ".store-", named=STORE_FILES)
+
+    def broadcast(self, topic: str) -> bytes | None:
+        return self.trainer.api.shared(self.job_id, topic)
+
+    def xclp_labels(self, job: str | None):
+        return self.trainer._child_result(job)
+
+    def check_public(self) -> None:
+        self.trainer._check_public(self.status)
+
+    def scores(self, predict) -> dict:
+        return self.trainer._eval(predict)
+
+    def pseudo_scores(self, labels, weights) -> dict:
+        return self.trainer._pseudo_metrics(labels, weights)
+
+
+class _TrainInbox:
+    """What the coordinator holds for this site (`get`) and for every site (`shared`), over HTTP."""
+
+    def __init__(self, api, job_id: str):
+        self.api, self.job_id = api, job_id
+
+    def get(self, topic: str) -> bytes | None:
+        return self.api.get(self.job_id, topic)
+
+    def shared(self, topic: str) -> bytes | None:
+        return self.api.shared(self.job_id, topic)
+
+
+# The strategies' site store, in the files an agent of an earlier release kept (a job in flight goes on)
+STORE_FILES = {"update": ".update.npz", "pseudo": ".pseudo.npz", "learner": ".learner.pkl", "votes": ".votes.npy"}
+
+
+class _FileKeep(MutableMapping):
+    """What a site keeps across restarts, one file each in the agent's private state folder: the bodies
+    the site machine must send again byte for byte (a round's masked update, its unmask answer), and
+    the strategy's site store (its trained update, pseudo-labels, learner, votes)."""
+
+    def __init__(self, state_dir: Path, job_id: str, prefix: str = ".keep-", named: dict[str, str] | None = None):
+        self.state_dir, self.job_id, self.prefix, self.named = state_dir, job_id, prefix, named or {}
+
+    def _path(self, key: str) -> Path:
+        return job_file(self.state_dir, self.job_id, self.named.get(key) or self.prefix + key.replace("/", "-"))
+
+    def __getitem__(self, key: str) -> bytes:
+        path = self._path(key)
+        if not path.exists():
+            raise KeyError(key)
+        return path.read_bytes()
+
+    def __setitem__(self, key: str, body: bytes) -> None:
+        _atomic_write(self._path(key), body)
+
+    def __delitem__(self, key: str) -> None:
+        self._path(key).unlink()
+
+    def __iter__(self):
+        prefix = job_file(self.state_dir, self.job_id, self.prefix).name
+        yield from (k for k in self.named if self._path(k).exists())
+        yield from (p.name[len(prefix):] for p in self.state_dir.glob(prefix + "*"))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

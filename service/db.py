@@ -70,6 +70,11 @@ class TrainingState(BaseModel):
     round_left_out: list[str] = Field(default_factory=list, description="sites left out of the round so far")
     final: dict | None = Field(None, description="the final evaluation, once the job is done")
     privacy: dict | None = Field(None, description="the privacy ledger (xclp.privacy.ledger) of a job with a DP budget")
+    reasons: dict[str, str] = Field(default_factory=dict, description="why each dropped site left the job")
+    clock: int = Field(0, description="moves whenever a step with a deadline of its own begins "
+                                      "(xclp.training_job.TrainState)")
+    waiting_xclp: bool = Field(False, description="the round waits for its XCLP job; its deadline counts from that "
+                                                  "job's end")
 
 
 class RoundXCLPState(BaseModel):

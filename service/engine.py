@@ -6,7 +6,7 @@ up exactly where it was. A prediction job's decisions are the core's machine
 (`xclp.prediction_job.PredictCoordinator`: the phases, drops, blame, restarts and failure, written
 once for every driver); this engine gives it the database as its mailbox, keeps its state in the
 job's row, and owns the clock (each phase's deadline, and the seconds it took). A training job's
-steps are service.training_engine's.
+machine is `xclp.training_job.TrainCoordinator`, run the same way by service.training_engine.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import threading
 
 from sqlalchemy import delete, or_, select
 
-from service.db import COORDINATOR, Job, Message, PrunedBytes, has_messages, message_body, message_phase, utcnow
-from service.lifecycle import drop, expired, fail, next_phase, put_message
-from service.training_engine import TRAIN_STEPS, obsolete_round_messages
+from service.db import Job, Message, PrunedBytes, message_phase, utcnow
+from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
+from service.training_engine import obsolete_round_messages, train_step
 from xclp.prediction_job import PredictCoordinator, PredictState
 from xclp.prediction_job import refusals as job_refusals
-from xclp.protocol import REFUSE, JobParams
+from xclp.protocol import JobParams
 
 log = logging.getLogger("xclp.engine")
 
@@ -142,28 +142,9 @@ def advance(db, job: Job) -> bool:
     before = (job.phase, job.attempt, job.round, tuple(job.live))
     if job.kind != "train":
         _predict_step(db, job)
-    elif not _take_refusals(db, job):
-        TRAIN_STEPS[job.phase](db, job)
-        if len(job.live) < 2 and job.status == "running":
-            fail(job, f"fewer than two sites left after {job.phase} (dropped: {job.dropped})")
+    else:
+        train_step(db, job)
     return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
-
-
-class DbMailbox:
-    """The job's messages in the database, as the core's machine reads them (xclp.prediction_job.Mailbox)."""
-
-    def __init__(self, db, job_id: str):
-        self.db, self.job_id = db, job_id
-
-    def senders(self, recipient: str, topic: str) -> set[str]:
-        return has_messages(self.db, self.job_id, recipient, topic)
-
-    def recipients(self, sender: str, topic: str) -> set[str]:
-        return {r for (r,) in self.db.execute(select(Message.recipient).where(
-            Message.job_id == self.job_id, Message.sender == sender, Message.topic == topic)).all()}
-
-    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
-        return message_body(self.db, self.job_id, sender, recipient, topic)
 
 
 def refusals(db, job: Job) -> dict[str, str]:
@@ -193,19 +174,6 @@ def _predict_step(db, job: Job) -> None:
         next_phase(job, after.phase)
     elif after.attempt != before.attempt:  # a masked sum restarted: its deadline counts afresh
         job.attempt, job.phase_started_at = after.attempt, utcnow()
-
-
-def _take_refusals(db, job: Job) -> bool:
-    """A site that refused a training job, or failed in it, leaves at once; fewer than two sites fail
-    the job with every reason in the failure."""
-    gone = has_messages(db, job.id, COORDINATOR, REFUSE) & set(job.live)
-    if not gone:
-        return False
-    drop(job, gone)
-    if len(job.live) < 2:
-        why = "; ".join(f"{s}: {r}" for s, r in refusals(db, job).items())
-        fail(job, f"fewer than two sites left in {job.phase}: {why}")
-    return True
 
 
 def cancel(db, job: Job) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 
-from service.db import Job, new_message, utcnow
+from sqlalchemy import select
+
+from service.db import Job, Message, has_messages, message_body, new_message, utcnow
 from xclp.protocol import JOB_PHASES
 
 log = logging.getLogger("xclp.engine")
@@ -52,3 +54,20 @@ def expired(job: Job, since=None) -> bool:
     limit = float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
     start = job.phase_started_at if since is None else max(since, job.phase_started_at)
     return (utcnow() - start).total_seconds() > limit
+
+
+class DbMailbox:
+    """The job's messages in the database, as the core's machine reads them (xclp.prediction_job.Mailbox)."""
+
+    def __init__(self, db, job_id: str):
+        self.db, self.job_id = db, job_id
+
+    def senders(self, recipient: str, topic: str) -> set[str]:
+        return has_messages(self.db, self.job_id, recipient, topic)
+
+    def recipients(self, sender: str, topic: str) -> set[str]:
+        return {r for (r,) in self.db.execute(select(Message.recipient).where(
+            Message.job_id == self.job_id, Message.sender == sender, Message.topic == topic)).all()}
+
+    def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        return message_body(self.db, self.job_id, sender, recipient, topic)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import io
 import logging
 import math
 import os
@@ -50,7 +51,7 @@ from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
-from xclp.training.strategy import Federation, Roster, Strategy, pooled_rate, run_rounds, scored_accuracy
+from xclp.training.strategy import Federation, Roster, Strategy, Weights, pooled_rate, run_rounds, scored_accuracy
 
 MAX_LABELLED_BATCH = 50
 
@@ -539,6 +540,49 @@ class FedAvgStrategy(Strategy):
             return (start, 0) if c.dp else None  # mean's divisor and what it reveals do not depend on it
         return clip_update(r[0], start, c.clip), r[1]
 
+    def site_round(self, env, t: int, plan: dict) -> Weights | None:
+        """ClientUpdate from round t − 1's model on the site's labels and the round's pseudo-labels (kept
+        before it travels: a restarted site sends it instead of training again); None while the model or
+        the round's XCLP labels are not there yet."""
+        body = env.broadcast(f"{self.broadcast}/{t - 1}")
+        if body is None:
+            return None
+        model = self.network()
+        model.load_state_dict(self.load_broadcast(body, what=f"{self.broadcast}/{t - 1}"))
+        template = {k: v.clone() for k, v in model.state_dict().items()}
+        saved = env.store.get("update")
+        if saved is not None:
+            state, meta = load_state(saved, template, what="saved update")
+            if meta.pop("round", None) == t:
+                return Weights(state if int(meta.get("n", 0)) > 0 else None, template, meta)
+        cfg, me = self.cfg, env.site.name
+        with torch_threads(cfg.threads):
+            xclp = None
+            if cfg.algorithm == "fedavg-xclp" and plan["stage"] == 2 and me in plan["adopt"]:
+                ready, xclp = env.xclp_labels(plan.get("xclp_job"))
+                if ready == "wait":
+                    return None
+            cached = None
+            if (kept := env.store.get("pseudo")) is not None:
+                with np.load(io.BytesIO(kept), allow_pickle=False) as f:
+                    cached = PseudoLabels(f["labels"], f["weights"])
+            pl, source = round_pseudo_labels(cfg, plan, model=model, site=env.site, n_classes=self.n_classes,
+                                             cached=cached, xclp=xclp)
+            if source == "none" and plan["stage"] == 2 and cfg.algorithm != "fedavg" and me not in plan["adopt"]:
+                logging.getLogger("xclp.training").warning("%s: no cached pseudo-labels (state lost?): labels only "
+                                                           "this round", me)
+            if source == "fresh":
+                buf = io.BytesIO()
+                np.savez(buf, labels=pl.labels, weights=pl.weights)
+                env.store["pseudo"] = buf.getvalue()
+            metrics = {"pseudo": source, **env.scores(lambda X: predict_proba_array(model, X).argmax(axis=1)),
+                       **env.pseudo_scores(pl.labels if source != "none" else None, pl.weights)}
+            r = self.update(model, env.site, pl, t, plan)
+        state, n = r if r is not None else (None, 0)
+        meta = {"n": int(n), **metrics}
+        env.store["update"] = dump_state(template if state is None else state, {**meta, "round": t})
+        return Weights(state, template, meta)
+
     def dump_broadcast(self, shared: dict) -> bytes:
         return dump_state(shared)
 
@@ -551,13 +595,14 @@ class FedAvgStrategy(Strategy):
 
 def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dict, *, planned: int, me: str,
                 private=None, public_keys: dict | None = None, participants: list[str] | None = None,
-                job: str = "", t: int = 0, record=None) -> bytes:
+                job: str = "", t: int = 0, record=None, draw=None) -> bytes:
     """A site's upload for a round, as the service's agents and Flower's sites send it: its weights
     (the round's model if it had nothing to learn) with its metrics, or under secure aggregation the
     same weights double-masked over the round's participants (xclp.training.double_masking: claimed
     once in the site's `record`, a SiteRecord, so no server gets the same weights masked twice), with
-    its DP noise share for a round of `planned` sites (drawn once per round, from os.urandom), the
-    sealed Shamir shares of its self-mask and, under DP, no statistics of its data in the clear."""
+    its DP noise share for a round of `planned` sites (drawn once per round, from `draw(n)` — n fresh
+    random bytes; os.urandom unless a driver injects its CSPRNG), the sealed Shamir shares of its
+    self-mask and, under DP, no statistics of its data in the clear."""
     from xclp.training import double_masking as dm
     from xclp.training import secure_aggregation as secagg
     from xclp.training.messages import dump_masked
@@ -568,8 +613,9 @@ def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dic
         raise ProtocolError("a masked upload needs the site's SiteRecord: it is what keeps a round from being "
                             "masked twice")
     record.claim_upload(me, t, list(participants))
-    seed = os.urandom(dm.SEED_BYTES)
-    noise = s.noise_share(secagg.n_values(template), planned) if s.cfg.dp else None
+    draw = draw or os.urandom
+    seed = draw(dm.SEED_BYTES)
+    noise = s.noise_share(secagg.n_values(template), planned, key=draw(32)) if s.cfg.dp else None
     masked = secagg.masked_update(state, template, me=me, private=private, public_keys=public_keys,
                                   participants=participants, job=job, t=t, noise=noise, self_seed=seed)
     shares = dm.seal_shares(seed, me=me, private=private, public_keys=public_keys, participants=list(participants),

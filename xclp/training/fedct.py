@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -389,6 +390,57 @@ class FedCTStrategy(VotingStrategy):
         if self.label_noise is not None:
             votes = randomized_response.respond(votes, self.label_noise, self.n_classes, noise_key)
         return votes, mix
+
+    def site_state(self, env) -> tuple[SiteState, int]:
+        """The site's learner as it kept it after its last exchange (and that exchange's round), or a
+        new one (seeded by the run's seed and the site's index in the roster)."""
+        kept = env.store.get("learner")
+        if kept is not None:  # written by this site into its own private store only
+            saved = pickle.loads(kept)  # noqa: S301
+            saved["state"].site = env.site
+            return saved["state"], int(saved["exchange"])
+        idx = env.sites.index(env.site.name)
+        return new_site_state(env.site, self.cfg.learner_names(len(env.sites))[idx], idx, self.n_classes,
+                              env.public.digest, self.cfg), 0
+
+    @staticmethod
+    def keep_site_state(env, state: SiteState, exchange: int) -> None:
+        site, state.site = state.site, None  # the data stay in the site's files; the pickle holds the model
+        try:
+            env.store["learner"] = pickle.dumps({"state": state, "exchange": exchange})
+        finally:
+            state.site = site
+
+    def site_round(self, env, t: int, plan: dict) -> bytes | None:
+        """One exchange at the site: its learner one step on its data ∪ the last consensus (∪ its XCLP
+        labels) → its hard labels on U; None while the consensus or the XCLP labels are not there."""
+        cfg = self.cfg
+        env.check_public()
+        state, done = self.site_state(env)
+        if cfg.xclp and state.xclp_labels is None:
+            if plan.get("xclp_job"):
+                env.store["xclp_job"] = plan["xclp_job"].encode()
+            job = env.store.get("xclp_job")
+            ready, pl = env.xclp_labels(None if job is None else job.decode())
+            if ready == "wait":
+                return None
+            if pl is not None:
+                state.xclp_labels, state.xclp_weights = pl.labels, pl.weights
+        with torch_threads(cfg.threads):
+            if done == t:  # trained and kept before a restart; only the upload was lost
+                votes, mix = np.asarray(state.learner.predict(env.public.X), dtype=np.int64), None
+            else:
+                P = None
+                if t > 1:
+                    body = env.broadcast(f"{self.broadcast}/{t - 1}")
+                    if body is None:
+                        return None
+                    P = self.load_broadcast(body)
+                votes, mix = self.update(state, env.public, P, t)
+                self.keep_site_state(env, state, t)
+            metrics = self.site_statistics({"mix": mix, **env.scores(lambda X: np.asarray(state.learner.predict(X))),
+                                            **env.pseudo_scores(state.xclp_labels, state.xclp_weights)})
+        return self.dump_upload(votes, metrics)
 
     def releases(self, contributed: int | None = None) -> tuple[object, int] | None:
         """What one exchange releases of a site's data, for the ledger: (event, count) or None."""

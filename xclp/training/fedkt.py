@@ -172,6 +172,8 @@ class FedKTStrategy(VotingStrategy):
     """One round: every labelled party uploads its consistent votes on U2; the server sends back the
     labels of U2 that the final model is trained on."""
 
+    released_model = True  # final_model: each site trains it on the server's labels of the queries
+
     family = "fedkt"
     upload = "votes"
     broadcast = "labels"
@@ -216,6 +218,11 @@ class FedKTStrategy(VotingStrategy):
 
     def configure_round(self, t: int, roster: Roster) -> dict:
         return {"round": t, "sites": list(roster.labelled), "xclp": None}
+
+    def site_round(self, env, t: int, plan: dict) -> bytes:
+        """FedKT's one round at a site: teachers, students and the consistent votes on U2 (once)."""
+        env.check_public()
+        return self.votes_once(env, lambda: self.update(env.site, env.public.X))
 
     def update(self, site: Site, public_X: np.ndarray, noise_key: bytes | None = None) -> np.ndarray:
         party_gamma = self.gamma if self.cfg.levels == "L2" else None

@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from crypto.errors import ProtocolError
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
 from xclp.privacy.ledger import no_privacy
@@ -109,6 +110,8 @@ class FREDYStrategy(VotingStrategy):
     """The voting round: every site uploads its teacher's labels on the queries, the server sends back
     the noisy-vote labels the student is trained on."""
 
+    released_model = True  # final_model: each site trains it on the server's labels of the queries
+
     family = "fredy"
     upload = "votes"
     broadcast = "labels"
@@ -156,6 +159,23 @@ class FREDYStrategy(VotingStrategy):
 
     def job_rounds(self) -> int:
         return self.fedavg.total_rounds() + 1
+
+    def site_round(self, env, t: int, plan: dict) -> bytes:
+        """FREDY's vote at a site: its teacher (FedAvg's last model fine-tuned on its labels) labels the
+        queries (once). Its FedAvg rounds are FedAvg's hook (`at_round`)."""
+        env.check_public()
+        fedavg, last = self.fedavg, self.fedavg.total_rounds()
+
+        def votes():
+            body = env.broadcast(f"{fedavg.broadcast}/{last}")
+            if body is None:
+                raise ProtocolError(f"FedAvg's last model (round {last}) is not on the coordinator")
+            model = fedavg.network()
+            model.load_state_dict(fedavg.load_broadcast(body, what=f"{fedavg.broadcast}/{last}"))
+            return teacher_votes(model.state_dict(), model, env.site, env.public.X[: self.n_queries], self.n_classes,
+                                 self.cfg, self.teacher_lr())
+
+        return self.votes_once(env, votes)
 
     def teacher_lr(self) -> float:
         """The teachers fine-tune at the learning rate of FedAvg's last round, as their last local update did."""

@@ -3,13 +3,16 @@
 A strategy is one algorithm's decisions, as a few hooks (Flower's strategies are the model): the
 server's — `configure_round` (who takes part in round t, with what settings, and whether XCLP
 relabels before it), `aggregate` (the uploads → what the server sends back) — and each site's —
-`update` (its local work for the round → its upload). It also names its messages (`upload`,
+`site_round` (the round's inputs, through a driver's `SiteEnv` → its upload; built on `update`, its
+local work, which the simulation's Federations call directly). It also names its messages (`upload`,
 `broadcast`) and how they travel (`dump_*` / `load_*`, checked on receipt). Both drivers call the
 same hooks:
 
 - the simulation: `run_rounds` below, with a `Federation` that plays every site in process;
-- the service: the coordinator's engine (service/training_engine.py) calls the server's hooks from
-  the database, round by round, and each site agent (clients/trainer.py) calls `update` at home.
+- the service: the run's order is the core's machines (xclp/training_job.py): `TrainCoordinator`
+  calls the server's hooks (run by the coordinator's engine, service/training_engine.py, from the
+  database, one step at a time), and each site agent (clients/trainer.py) gives `TrainSite` its local
+  work, which calls `update` at home.
 
 A new algorithm is a new Strategy (and Federation, for the simulation) registered in
 xclp/training/algorithms.py, not an edit of the drivers.
@@ -17,11 +20,14 @@ xclp/training/algorithms.py, not an edit of the drivers.
 
 from __future__ import annotations
 
+import io
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
 
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
@@ -47,6 +53,42 @@ class Roster:
                    [s.name for s in sites if s.n_labelled == 0], list(cached))
 
 
+@dataclass
+class Weights:
+    """A FedAvg site's round result before it travels: its weights (None: nothing to learn, the round's
+    model goes back), the round's model as their template, and its metrics. The site's machine
+    (xclp.training_job.TrainSite) makes the upload: plain, or masked once over the round's participants."""
+
+    state: dict | None
+    template: dict
+    meta: dict
+
+
+class SiteEnv(Protocol):
+    """What a site's driver gives a strategy's site hook (`Strategy.site_round`): the site's data, the
+    run's roster and public set, what the coordinator broadcast, the round's XCLP labels, and a private
+    store the driver persists (what a restarted site reads back instead of computing again)."""
+
+    site: Any  # xclp.training.fedavg.Site: the site's own points
+    sites: list[str]  # the run's roster, in order
+    public: Any  # xclp.training.fedct.PublicSet, or None
+    store: MutableMapping[str, bytes]
+
+    def broadcast(self, topic: str) -> bytes | None: ...
+
+    def xclp_labels(self, job: str | None) -> tuple[str, Any]:
+        """('ready', PseudoLabels) | ('wait', None) | ('none', None): an XCLP job's labels for this site."""
+
+    def check_public(self) -> None:
+        """The site's copy of U is the run's pinned one (else DataError)."""
+
+    def scores(self, predict) -> dict:
+        """A model scored at the site: counts, never points (clients.trainer.eval_metrics)."""
+
+    def pseudo_scores(self, labels, weights) -> dict:
+        """How many pseudo-labels the site trains on, and how many are right where it knows."""
+
+
 class Strategy(ABC):
     """One training algorithm's hooks. `cfg` is the algorithm's validated config."""
 
@@ -56,6 +98,7 @@ class Strategy(ABC):
     global_model: ClassVar[bool]  # the server holds a model: sent before round 1, scored by the sites at the end
     public_set: ClassVar[bool]  # the sites share a public unlabelled set U (pinned by its SHA-256)
     dp_mechanism: ClassVar[str | None]  # what releases its uploads under a DP budget (None: no budget can be given)
+    released_model: ClassVar[bool] = False  # its end is a model each site trains on the server's last labels
     neighbouring: ClassVar[str] = NEIGHBOURING  # the relation its DP budget is stated in
 
     def __init__(self, cfg, n_classes: int):
@@ -185,6 +228,14 @@ class Strategy(ABC):
         """The round's figures from what each site measured at home (its upload's metrics) and what
         the server sends back; the service's record of a round."""
 
+    # --- the site's hook ------------------------------------------------------------------------------
+    def site_round(self, env: SiteEnv, t: int, plan: dict) -> Weights | bytes | None:
+        """A planned site's round t: its local work on what the coordinator sent → its upload (bytes), or
+        its weights (`Weights`, which the site's machine masks), or None while it cannot make it yet
+        (the round's model or XCLP labels are not there). Every algorithm implements it; a driver calls
+        it for whatever algorithm runs, and keeps `env.store`."""
+        raise NotImplementedError(f"{type(self).__name__} has no site hook")
+
     # --- the wire ------------------------------------------------------------------------------------
     @abstractmethod
     def dump_broadcast(self, shared) -> bytes: ...
@@ -216,6 +267,22 @@ class VotingStrategy(Strategy):
 
     def load_upload(self, body: bytes, what: str = "votes"):
         return load_votes(body, self.voted_points, self.n_classes)
+
+    def votes_once(self, env: SiteEnv, compute: Callable[[], np.ndarray]) -> bytes:
+        """A one-vote round's upload, computed once and kept before it is sent (a restarted site sends it
+        again: noise it drew is never drawn twice)."""
+        from xclp.training.models import torch_threads
+
+        kept = env.store.get("votes")
+        if kept is not None:
+            votes = np.load(io.BytesIO(kept), allow_pickle=False)
+        else:
+            with torch_threads(self.cfg.threads):
+                votes = compute()
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(votes).astype(np.int64), allow_pickle=False)
+            env.store["votes"] = buf.getvalue()
+        return self.dump_upload(votes)
 
 
 # What a run's accuracy measures, by the points the sites scored (clients.trainer.eval_metrics says
