@@ -26,7 +26,8 @@ from xclp.training_job import BROADCAST, RunSpec, TrainCoordinator, TrainSite, T
 
 SITES = ["site0", "site1", "site2"]
 GONE = "site2"
-OPTIONS = {"rounds": 3, "sites_per_round": 3, "local_epochs": 2, "lr": 0.1, "seed": 4, "secure_aggregation": True}
+OPTIONS = {"rounds": 3, "sites_per_round": 3, "local_epochs": 2, "lr": 0.1, "seed": 4, "secure_aggregation": True,
+           "holdout": 0.0}  # every labelled point trains (the held-out points: tests/training/test_holdout.py)
 MAX_MISSED = 2
 
 
