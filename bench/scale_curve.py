@@ -154,6 +154,9 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
         sizes[s]["row_sums_down"] = sess.X.shape[0] * C * 8
     if U is not None and U.shape[1]:
         Z += U @ cY
+    # The secure sum adds fixed-point values on a 2^-frac_bits grid: a score below it is 0 there
+    # (an unreached point, label −1), so round to the same grid.
+    Z = np.round(Z * 2.0**p.frac_bits) * 2.0**-p.frac_bits
     labels = np.empty(n, dtype=np.int64)
     for s in coord.layout.sites:
         labels[rows[s]] = predict_from_scores(Z[coord.layout.rows(s)], sessions[s].y).labels
@@ -332,9 +335,10 @@ def main(argv=None) -> None:
     command = "python -m bench.scale_curve " + " ".join(argv if argv is not None else sys.argv[1:])
     result = json.loads(Path(a.json).read_text()) if a.append and Path(a.json).exists() else {"rows": []}
     result.setdefault("commands", []).append(command)
-    jobs = [(a.secure_n, "lattice")] if a.secure_n else []
+    jobs = []
     for n in a.sizes:
         jobs += [(n, "blocked")] + ([(n, "exact")] if n <= a.exact_max_n else [])
+    jobs += [(a.secure_n, "lattice")] if a.secure_n else []
     for n, mode in jobs:
         cmd = [sys.executable, "-m", "bench.scale_curve", "--one", str(n), mode, "--seed", str(a.seed),
                "--secure-sites", str(a.secure_sites)] + ([] if a.rank is None else ["--rank", str(a.rank)])
