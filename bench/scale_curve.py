@@ -286,6 +286,10 @@ def plot(result: dict, path: str) -> None:
             ns = [r["n"] for r in rows]
             ax.loglog(ns, [r["seconds"] for r in rows], style,
                       label=f"{label}, slope {slope(ns, [r['seconds'] for r in rows]):.2f}")
+    rows = [r for r in result["rows"] if r["mode"] == "blocked" and "cpu_seconds" in r]
+    if rows:
+        ns, cs = [r["n"] for r in rows], [r["cpu_seconds"] for r in rows]
+        ax.loglog(ns, cs, "o:", label=f"blocked, plaintext: CPU seconds of the process, slope {slope(ns, cs):.2f}")
     sec = secure_estimate(result)
     if sec:
         ax.loglog([r["n"] for r in sec], [r["seconds"] for r in sec], "^--",
@@ -306,7 +310,8 @@ def finish(result: dict, a) -> None:
     result["slope_blocked"] = slope([r["n"] for r in blocked], [r["seconds"] for r in blocked])
     result["slope_exact"] = slope([r["n"] for r in exact], [r["seconds"] for r in exact])
     # CPU seconds: the slope that the other jobs' load on the shared cores does not bend
-    result["slope_blocked_cpu"] = slope([r["n"] for r in blocked], [r.get("cpu_seconds", np.nan) for r in blocked])
+    timed = [r for r in blocked if "cpu_seconds" in r]
+    result["slope_blocked_cpu"] = slope([r["n"] for r in timed], [r["cpu_seconds"] for r in timed])
     result["secure_estimate"] = secure_estimate(result)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(result, indent=2))
@@ -329,6 +334,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.table:
         result = json.loads(Path(a.table).read_text())
+        a.json = a.table
+        finish(result, a)  # the slopes and the estimate again, from the rows as they are
         if a.plot:
             plot(result, a.plot)
         print(table(result))
