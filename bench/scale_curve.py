@@ -243,7 +243,7 @@ def secure_estimate(result: dict) -> list[dict]:
     for r in (r for r in result["rows"] if r["mode"] == "blocked"):
         pairs = r["pairs_measured"]
         out.append({"n": r["n"], "seconds": r["seconds"] + pairs * spp, "pair_bytes": pairs * bpp,
-                    "pair_bytes_per_site": 2 * pairs * bpp / SITES})
+                    "pair_bytes_per_site": pairs * bpp / SITES})  # bpp counts what both sites of a pair send
     return out
 
 
@@ -263,7 +263,8 @@ def table(result: dict) -> str:
             f"{ph['candidates'] + ph['descent']:.1f} s | {ph['graph']:.1f} s | {ph['influence']:.1f} s | "
             f"{r['peak_bytes'] / 2**30:.2f} GB | {r['pairs_measured']:,} ({r['pairs_measured'] / n:.0f}) | "
             f"{r.get('recall_at_10_sampled', float('nan')):.3f} | {r['accuracy']:.2%} | "
-            + (f"{e['seconds']:.1f} s ({e.get('cpu_seconds', float('nan')):.0f} s), {e['peak_bytes'] / 2**30:.2f} GB, "
+            + (f"{e['seconds']:.1f} s" + (f" ({e['cpu_seconds']:.0f} s)" if "cpu_seconds" in e else "")
+               + f", {e['peak_bytes'] / 2**30:.2f} GB, "
                f"{e['accuracy']:.2%}" if e else "—") + " | "
             + (f"{s['seconds'] / 3600:.1f} h, {s['pair_bytes_per_site'] / 2**30:.1f} GiB" if s else "—") + " |")
     lines.append(f"\nFitted log-log slope of the blocked time vs n: {result.get('slope_blocked', float('nan')):.2f}"
