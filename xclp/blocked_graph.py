@@ -27,8 +27,9 @@ from crypto.errors import ProtocolError
 from xclp import blocking
 from xclp import graph as graphs
 
-AUTO_EXACT_MAX_N = 20_000
-KNN_CHUNK = 4_000_000  # candidate pairs merged into the kNN lists at a time (bounds the sort's memory)  # graph="auto": all pairs up to here (≈ 30 s, 2.4 GB at L = 1024), blocked above
+AUTO_EXACT_MAX_N = 20_000  # graph="auto": all pairs up to here (≈ 30 s, 2.4 GB at L = 1024), blocked above
+KNN_CHUNK = 4_000_000  # measured pairs buffered before they are merged into the running kNN lists
+GROUP_PAIRS = 40_000_000  # candidate pairs generated at a time (tables grouped to about this many)
 
 
 def resolve_mode(graph: str, n: int) -> str:
@@ -54,9 +55,8 @@ def local_knn(bits: np.ndarray, n_bits: int, tags: np.ndarray, k: int, max_bucke
         if not i2.size:
             break
         d2 = blocking.pair_hamming(bits, i2, j2)
-        i, j, d = np.concatenate([i, i2]), np.concatenate([j, j2]), np.concatenate([d, d2])
         known = np.sort(np.concatenate([known, i2 * n + j2]))
-        knn = graphs.knn_from_pairs(n, k, i, j, d)
+        knn = graphs.merge_knn(knn, i2, j2, d2)  # the new pairs only: the same lists as all pairs at once
     return knn
 
 
@@ -71,7 +71,16 @@ def rows_to_blocks(a: str, b: str, i: np.ndarray, j: np.ndarray) -> list[blockin
 
 
 class BlockedGraph:
-    """The coordinator's candidate pairs and their distances, in global indices (sites in order)."""
+    """The coordinator's running kNN lists over the candidate pairs measured so far, in global
+    indices (sites in order).
+
+    Memory O(n·k) (issue 23): measured pairs are buffered and merged into the lists
+    (graphs.merge_knn), never kept — at 10^6 points the candidates are ~10^9 pair measurements,
+    10 GB as (i, j, d) arrays. What that changes: an NN-Descent round leaves out the pairs that are
+    already neighbours in the lists, not every pair ever measured, so it may measure again a pair
+    that an earlier table or round measured and rejected; measuring it again cannot change the
+    lists (it was not among the k best then and the lists only improve), so the graph is the same.
+    `pair_count` counts measurements (a pair found in two table groups counts twice)."""
 
     def __init__(self, sites: list[str], sizes: list[int], n_bits: int, k: int, tables: int, max_bucket: int,
                  descent_rounds: int):
@@ -85,10 +94,13 @@ class BlockedGraph:
         self.tags: dict[str, np.ndarray] = {}
         self.intra: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.codes: dict[str, np.ndarray] = {}  # crypto="plaintext" only: the codes the sites sent
-        self._i: list[np.ndarray] = []
-        self._j: list[np.ndarray] = []
-        self._d: list[np.ndarray] = []
-        self._known_parts: list[np.ndarray] = []  # keys min·n + max of the pairs measured so far
+        self._all_codes: np.ndarray | None = None  # the codes of every site in order (built once)
+        self._codes_from = 0
+        self._lists = graphs.knn_from_pairs(self.n, k, *(np.zeros(0, np.int64),) * 3)
+        self._buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._buffered = 0
+        self.measured = 0
+        self._in_lists: set[int] = set()  # sites (positions) whose pairs are in the lists
 
     # --- inputs ----------------------------------------------------------------------------------
     def receive_tags(self, site: str, tags: np.ndarray) -> None:
@@ -105,24 +117,47 @@ class BlockedGraph:
         if idx.size and (idx.min() < -1 or idx.max() >= m or dist.max() > self.n_bits):
             raise ProtocolError(f"{site}: a within-site neighbour or distance is out of range")
         self.intra[site] = (idx, dist)
+        o = self.offsets[site]
+        ok = idx >= 0
+        self._add_global(np.repeat(np.arange(m), idx.shape[1])[ok.ravel()] + o, idx[ok].astype(np.int64) + o,
+                         dist[ok].astype(np.int64), count=False)
 
     def add_pairs(self, a: str, b: str, i: np.ndarray, j: np.ndarray, d: np.ndarray) -> None:
         """Distances of pairs (local i of a, local j of b)."""
         if d.size and (d.min() < 0 or d.max() > self.n_bits):
             raise ProtocolError(f"pair ({a}, {b}): distances out of [0, {self.n_bits}]")
-        gi, gj = i + self.offsets[a], j + self.offsets[b]
-        # Stored compactly (10 bytes a pair, not 24): the pairs are the blocked graph's main memory.
-        self._i.append(gi.astype(np.int32))
-        self._j.append(gj.astype(np.int32))
-        self._d.append(np.asarray(d).astype(np.uint16))
-        self._known_parts.append(np.minimum(gi, gj).astype(np.int64) * self.n + np.maximum(gi, gj))
+        self._add_global(np.asarray(i, np.int64) + self.offsets[a], np.asarray(j, np.int64) + self.offsets[b],
+                         np.asarray(d).astype(np.int64))
+
+    def _add_global(self, gi: np.ndarray, gj: np.ndarray, d: np.ndarray, count: bool = True) -> None:
+        if not gi.size:
+            return
+        self._in_lists.update(np.unique(self.site_of[gi]).tolist())
+        self._in_lists.update(np.unique(self.site_of[gj]).tolist())
+        # compact while buffered (10 bytes a pair, not 24)
+        self._buf.append((gi.astype(np.int32), gj.astype(np.int32), d.astype(np.uint16)))
+        self._buffered += gi.size
+        self.measured += gi.size if count else 0
+        if self._buffered >= KNN_CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buf:
+            i, j, d = (np.concatenate(p) for p in zip(*self._buf))
+            self._buf, self._buffered = [], 0
+            for s in range(0, i.size, KNN_CHUNK):  # a merge's temporaries are ~60 bytes a pair
+                self._lists = graphs.merge_knn(self._lists, i[s : s + KNN_CHUNK], j[s : s + KNN_CHUNK],
+                                               d[s : s + KNN_CHUNK])
 
     def known(self) -> np.ndarray:
-        """The sorted distinct keys of every pair measured so far."""
-        if len(self._known_parts) != 1:
-            keys = np.concatenate(self._known_parts) if self._known_parts else np.zeros(0, np.int64)
-            self._known_parts = [blocking.sorted_unique(keys)]
-        return self._known_parts[0]
+        """The sorted keys min·n + max of the pairs in the kNN lists now (what a descent round skips)."""
+        self._flush()
+        idx = self._lists.idx
+        src = np.repeat(np.arange(self.n), idx.shape[1])
+        dst = idx.ravel()
+        ok = dst >= 0
+        src, dst = src[ok], dst[ok]
+        return blocking.sorted_unique(np.minimum(src, dst) * self.n + np.maximum(src, dst))
 
     # --- candidates ------------------------------------------------------------------------------
     def candidate_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
@@ -135,9 +170,7 @@ class BlockedGraph:
         offsets = dict(zip(live, np.cumsum([0] + [self.sizes[self.sites.index(s)] for s in live[:-1]]).tolist()))
         return blocking.candidate_blocks(tags, site_of, live, offsets, self.max_bucket)
 
-    def candidate_pairs(self, sites: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The same candidates as `candidate_blocks` across sites, as distinct global pairs (i < j):
-        for a coordinator that measures them itself (crypto="plaintext"), without block objects."""
+    def _live_tags(self, sites: list[str]) -> np.ndarray:
         live = np.isin(self.site_of, [self.sites.index(s) for s in sites])
         if any(s not in self.tags for s in sites):
             raise ProtocolError(f"tags missing from {[s for s in sites if s not in self.tags]}")
@@ -145,19 +178,61 @@ class BlockedGraph:
                                for s, m in zip(self.sites, self.sizes)])
         # absent sites' points get tags no one else has (their own index), so they join no bucket
         tags[~live] = np.arange(self.n, dtype=np.uint64)[~live, None] ^ np.uint64(0x9E3779B97F4A7C15)
-        return blocking.bucket_pairs(tags, self.max_bucket, self.site_of, cross_only=True)
+        return tags
 
-    def descent_pairs(self, sites: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def table_groups(self) -> list[range]:
+        """The tables in groups of about GROUP_PAIRS candidate pairs (≤ n·(cap − 1)/2 per table)."""
+        per_table = max(1, self.n * (self.max_bucket - 1) // 2)
+        g = max(1, GROUP_PAIRS // per_table)
+        return [range(t, min(self.tables, t + g)) for t in range(0, self.tables, g)]
+
+    def candidate_pairs(self, sites: list[str], tables=None) -> tuple[np.ndarray, np.ndarray]:
+        """The same candidates as `candidate_blocks` across sites, as distinct global pairs (i < j):
+        for a coordinator that measures them itself (crypto="plaintext"), without block objects.
+        `tables`: only those of these tables (`measure_candidates` goes group by group)."""
+        return blocking.bucket_pairs(self._live_tags(sites), self.max_bucket, self.site_of, cross_only=True,
+                                     tables=tables)
+
+    def measure_candidates(self, sites: list[str]) -> int:
+        """crypto="plaintext": every candidate pair measured from the codes, a group of tables at a
+        time (memory: one group's pairs, not all candidates: 4·10^8 distinct pairs at 10^6 points)."""
+        tags = self._live_tags(sites)
+        total = 0
+        for group in self.table_groups():
+            i, j = blocking.bucket_pairs(tags, self.max_bucket, self.site_of, cross_only=True, tables=group)
+            total += self.measure_pairs(i, j)
+        return total
+
+    def descent_pairs(self, sites: list[str], centres: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The next NN-Descent round's new candidates across sites, as global pairs (i < j); none
-        once `descent_rounds` are done."""
-        if self.rounds_done >= self.descent_rounds:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self.rounds_done += 1
+        once `descent_rounds` are done. `centres`: that part of the round only (the round is counted
+        by the caller, `measure_descent`, when given)."""
+        if centres is None:
+            if self.rounds_done >= self.descent_rounds:
+                return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            self.rounds_done += 1
         knn = self.knn(self.sites)  # in the global index of all sites; pairs of absent sites dropped below
-        i, j = blocking.neighbour_pairs(knn.idx, self.known(), self.n, self.site_of)
+        i, j = blocking.neighbour_pairs(knn.idx, self.known(), self.n, self.site_of, centres=centres)
         live = np.isin(self.site_of, [self.sites.index(s) for s in sites])
         keep = live[i] & live[j]
         return i[keep], j[keep]
+
+    def measure_descent(self, sites: list[str], parts: int | None = None) -> int:
+        """crypto="plaintext": the next NN-Descent round measured from the codes, its local joins in
+        `parts` parts of the points (default: about 2·10^5 points a part); 0 once done. The lists
+        the round starts from are those before it (taken once), as with the whole round at once."""
+        if self.rounds_done >= self.descent_rounds:
+            return 0
+        self.rounds_done += 1
+        knn_idx, known = self.knn(self.sites).idx, self.known()
+        live = np.isin(self.site_of, [self.sites.index(s) for s in sites])
+        parts = parts or max(1, -(-self.n // 200_000))
+        total = 0
+        for c in np.array_split(np.arange(self.n), parts):
+            i, j = blocking.neighbour_pairs(knn_idx, known, self.n, self.site_of, centres=slice(c[0], c[-1] + 1))
+            keep = live[i] & live[j]
+            total += self.measure_pairs(i[keep], j[keep])
+        return total
 
     def measure_pairs(self, i: np.ndarray, j: np.ndarray) -> int:
         """crypto="plaintext": the distances of global pairs from the codes in hand."""
@@ -165,16 +240,12 @@ class BlockedGraph:
                                                                            self.sites.index(s)).any()]
         if missing:
             raise ProtocolError(f"codes missing from {missing}")
-        codes = np.concatenate([self.codes.get(s, np.zeros((m, (self.n_bits + 7) // 8), np.uint8))
-                                for s, m in zip(self.sites, self.sizes)])
-        d = blocking.pair_hamming(codes, i, j)
-        for pa in np.unique(self.site_of[i]):
-            sel = self.site_of[i] == pa
-            a = self.sites[pa]
-            for pb in np.unique(self.site_of[j[sel]]):
-                s2 = sel & (self.site_of[j] == pb)
-                b = self.sites[pb]
-                self.add_pairs(a, b, i[s2] - self.offsets[a], j[s2] - self.offsets[b], d[s2])
+        if self._all_codes is None or len(self.codes) != self._codes_from:
+            self._all_codes = np.concatenate([self.codes.get(s, np.zeros((m, (self.n_bits + 7) // 8), np.uint8))
+                                              for s, m in zip(self.sites, self.sizes)])
+            self._codes_from = len(self.codes)
+        self._add_global(np.asarray(i, np.int64), np.asarray(j, np.int64),
+                         blocking.pair_hamming(self._all_codes, i, j).astype(np.int64))
         return int(i.size)
 
     def descent_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
@@ -194,25 +265,23 @@ class BlockedGraph:
     # --- the graph -------------------------------------------------------------------------------
     def knn(self, sites: list[str]) -> graphs.KnnLists:
         """k nearest of every point among the candidates so far, over the points of `sites` only,
-        indexed in the order of those sites (the graph's layout: an absent site as if never there)."""
-        live = np.isin(self.site_of, [self.sites.index(s) for s in sites])
+        indexed in the order of those sites (the graph's layout: an absent site as if never there).
+        The lists hold no pair of a site outside `sites` (a site left out after its pairs were
+        merged would need them undone: refused)."""
+        self._flush()
+        pos = [self.sites.index(s) for s in sites if s in self.sites]
+        outside = self._in_lists - set(pos)
+        if outside:
+            raise ProtocolError(f"the kNN lists already hold pairs of {[self.sites[p] for p in sorted(outside)]}, "
+                                "not among the sites asked for")
+        live = np.isin(self.site_of, pos)
+        if live.all():
+            return self._lists
         new_index = np.where(live, np.cumsum(live) - 1, -1)
-        parts = list(zip(self._i, self._j, self._d))
-        for s, (idx, dist) in self.intra.items():
-            o = self.offsets[s]
-            ok = idx >= 0
-            parts.append((np.repeat(np.arange(idx.shape[0]), idx.shape[1])[ok.ravel()] + o, idx[ok] + o, dist[ok]))
-        # Merge part by part into running lists (the k best of a union are the k best of the parts'
-        # k best): memory stays at one chunk plus n × k, never all pairs at once.
-        n_live = int(live.sum())
-        lists = graphs.knn_from_pairs(n_live, self.k, *(np.zeros(0, np.int64),) * 3)
-        for i, j, d in parts:
-            for s in range(0, i.size, KNN_CHUNK):
-                ci, cj = i[s : s + KNN_CHUNK].astype(np.int64), j[s : s + KNN_CHUNK].astype(np.int64)
-                keep = live[ci] & live[cj]
-                lists = graphs.merge_knn(lists, new_index[ci[keep]], new_index[cj[keep]],
-                                         d[s : s + KNN_CHUNK][keep].astype(np.int64))
-        return lists
+        idx = self._lists.idx[live]
+        return graphs.KnnLists(int(live.sum()), self._lists.k, self._lists.dist[live].copy(),
+                               np.where(idx >= 0, new_index[np.maximum(idx, 0)], -1))
 
     def pair_count(self) -> int:
-        return int(self.known().size)
+        """Pair measurements merged so far (a pair measured twice counts twice)."""
+        return int(self.measured)

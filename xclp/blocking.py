@@ -108,10 +108,11 @@ class Bucket:
     members: np.ndarray
 
 
-def buckets(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, min_size: int = 2):
-    """Yield the buckets of equal tags, table by table, cut into chunks of at most `max_bucket`."""
+def buckets(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, min_size: int = 2, tables=None):
+    """Yield the buckets of equal tags, table by table (`tables`: only these), cut into chunks of at
+    most `max_bucket`."""
     n, m = tags.shape
-    for t in range(m):
+    for t in range(m) if tables is None else tables:
         nxt = tags[:, (t + 1) % m]
         # Sort by (tag, next table's tag, index): equal tags are contiguous, and within a bucket the
         # points that also agree in the next table sit together, so a cut keeps them in one chunk.
@@ -127,14 +128,15 @@ def buckets(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, min_size: in
 
 
 def bucket_pairs(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, site_of: np.ndarray | None = None,
-                 cross_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Every distinct candidate pair (i < j) from the buckets; with `cross_only`, pairs of points of
-    different sites (`site_of[i]` ≠ `site_of[j]`). Vectorised per bucket size: buckets of equal size
-    share one index pattern, so the Python loop runs over sizes, not buckets."""
+                 cross_only: bool = False, tables=None) -> tuple[np.ndarray, np.ndarray]:
+    """Every distinct candidate pair (i < j) from the buckets (`tables`: of these tables only; the
+    chunks are those of all tables together); with `cross_only`, pairs of points of different sites
+    (`site_of[i]` ≠ `site_of[j]`). Vectorised per bucket size: buckets of equal size share one index
+    pattern, so the Python loop runs over sizes, not buckets."""
     n = tags.shape[0]
     keys = []
     by_size: dict[int, list[np.ndarray]] = {}
-    for b in buckets(tags, max_bucket):
+    for b in buckets(tags, max_bucket, tables=tables):
         by_size.setdefault(b.members.size, []).append(b.members)
     for size, members in by_size.items():
         M = np.stack(members)  # (buckets, size)
@@ -208,10 +210,12 @@ def _words(bits: np.ndarray) -> np.ndarray:
 
 
 def neighbour_pairs(idx: np.ndarray, known: np.ndarray | None = None, n: int | None = None,
-                    site_of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    site_of: np.ndarray | None = None, centres: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One NN-Descent round: pairs (i < j) where j is a neighbour of a neighbour of i, or both are
     neighbours of one point (the "local join"), minus the `known` pair keys (i·n + j, sorted).
-    idx: (n, k) neighbour lists, −1 for none. With `site_of`, only pairs of different sites."""
+    idx: (n, k) neighbour lists, −1 for none. With `site_of`, only pairs of different sites. With
+    `centres`, only the local joins around those points (a round in parts, each part's memory
+    O(part·k²): at 10^6 points a whole round's keys would be 1.5 GB); the parts' union is the round."""
     n = idx.shape[0] if n is None else n
     k = idx.shape[1]
     # The reverse lists matter as much as the forward ones (Dong et al.): use the symmetrised graph.
@@ -229,10 +233,14 @@ def neighbour_pairs(idx: np.ndarray, known: np.ndarray | None = None, n: int | N
     # (its nearest first is not known here; take the first 2k) so the round stays O(n·k²).
     cap = 2 * k
     keys = []
-    for size in np.unique(np.minimum(ends - starts, cap)):
+    sizes = np.minimum(ends - starts, cap)
+    if centres is not None:
+        sizes = np.zeros_like(sizes)
+        sizes[centres] = np.minimum(ends - starts, cap)[centres]
+    for size in np.unique(sizes):
         if size < 2:
             continue
-        pts = np.flatnonzero(np.minimum(ends - starts, cap) == size)
+        pts = np.flatnonzero(sizes == size)
         M = v[starts[pts][:, None] + np.arange(size)[None, :]]
         iu, ju = np.triu_indices(int(size), 1)
         a, b = M[:, iu].ravel(), M[:, ju].ravel()

@@ -1140,13 +1140,11 @@ class CoordinatorSession:
     def measure_candidates(self, sites: list[str]) -> int:
         """crypto="plaintext": the candidate pairs of `candidate_blocks` measured from the codes in
         hand, without block objects (the fast path; the same pairs). Returns the pairs measured."""
-        st = self._blocked_state()
-        return st.measure_pairs(*st.candidate_pairs(sites))
+        return self._blocked_state().measure_candidates(sites)
 
     def measure_descent(self, sites: list[str]) -> int:
         """crypto="plaintext": the next NN-Descent round measured from the codes; 0 once done."""
-        st = self._blocked_state()
-        return st.measure_pairs(*st.descent_pairs(sites))
+        return self._blocked_state().measure_descent(sites)
 
     def measure_blocks(self, blocks: dict[tuple[str, str], list[blocking.Block]]) -> int:
         """crypto="plaintext": every block's distances from the codes in hand. Returns the pairs measured."""

@@ -125,14 +125,31 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
     block = min(n - 1, rank + oversample)
     Wt = _torch_csr(W).to(torch.float32)
     X = torch.randn(n, block, generator=torch.Generator().manual_seed(0))
+    # Memory (issue 23; at 10^6 points one n × block float32 array is 0.8 GB): the recurrence reuses
+    # one scratch array for mid·cur, the float32 blocks are dropped before the float64 QR, and H is
+    # summed over row chunks instead of converting all of 𝒲Q to float64 at once. Same operations,
+    # in the same order, except H's sum order (rounding-level).
     cut = 0.0
     for _ in range(iterations):
         half, mid = (cut + 1.0) / 2, (cut - 1.0) / 2  # map [−1, cut] onto [−1, 1]
-        prev, cur = X, (torch.sparse.mm(Wt, X) - mid * X) / half
+        scratch = torch.mul(X, mid)
+        prev, cur = X, (torch.sparse.mm(Wt, X) - scratch) / half
         for _ in range(2, degree + 1):
-            prev, cur = cur, 2 * (torch.sparse.mm(Wt, cur) - mid * cur) / half - prev
+            nxt = torch.sparse.mm(Wt, cur)
+            nxt -= torch.mul(cur, mid, out=scratch)
+            nxt *= 2
+            nxt /= half
+            nxt -= prev
+            prev, cur = cur, nxt
+            del nxt
+        del prev, scratch
         Q, _ = torch.linalg.qr(cur.double())
-        H = Q.T @ torch.sparse.mm(Wt, Q.float()).double()
+        del cur
+        WQ = torch.sparse.mm(Wt, Q.float())
+        H = torch.zeros(Q.shape[1], Q.shape[1], dtype=torch.float64)
+        for s in range(0, n, 1 << 17):
+            H += Q[s : s + (1 << 17)].T @ WQ[s : s + (1 << 17)].double()
+        del WQ
         lam, V = torch.linalg.eigh((H + H.T) / 2)
         lam, V = lam.flip(0), V.flip(1)
         Q = Q @ V

@@ -72,15 +72,17 @@ def test_every_pair_a_candidate_gives_the_exact_graph_through_the_machines(ds, m
     coord, sites = machines(ds, params)
     mail = MemoryMailbox()
     finish(coord, sites, mail)
-    assert coord.state.attempts["hamming"] == 1  # round 1 (every pair's one block); descent found nothing new
+    # round 1 (every pair's one block), then at most the descent rounds: the coordinator keeps kNN lists,
+    # not every measured pair (O(n·k) memory), so a descent round may re-measure a pair outside the lists
+    assert 1 <= coord.state.attempts["hamming"] <= 1 + params.descent_rounds
     st = coord.coordinator.blocked
     codes = np.concatenate([sites[s].session.bits for s in st.sites])
     acc = graphs.KnnAccumulator(ds.n, params.k)
     acc.add_block(np.arange(ds.n), np.arange(ds.n), lsh.hamming_matrix(codes, codes, params.bits))
     lists = st.knn(st.sites)
     assert np.array_equal(lists.dist, acc.dist)
-    assert st.pair_count() == sum(int((ds.site == a).sum() * (ds.site == b).sum())
-                                  for i, a in enumerate(ds.sites) for b in ds.sites[i + 1:])
+    assert st.pair_count() >= sum(  # measurements: every cross-site pair, some again in a descent round
+        int((ds.site == a).sum() * (ds.site == b).sum()) for i, a in enumerate(ds.sites) for b in ds.sites[i + 1:])
 
 
 def test_lattice_labels_equal_plaintext_and_a_saved_state_goes_on_mid_phase(ds):

@@ -1,0 +1,75 @@
+"""Scale (issue 23): the streamed coordinator state gives the lists of all pairs at once; the bench's
+plaintext pipeline gives the job's labels (xclp.simulation.run_xclp); the synthetic data's sites do not depend on each other."""
+
+import numpy as np
+import pytest
+
+from bench.scale_curve import blocked_pipeline
+from bench.synthetic import clustered
+from crypto.errors import ProtocolError
+from xclp import blocked_graph, blocking, lsh
+from xclp import graph as graphs
+from xclp.protocol import JobParams
+from xclp.simulation import run_xclp as run_blocked  # the blocked job through the machines
+
+L = 256
+SEED = bytes(range(32))
+
+
+@pytest.fixture(scope="module")
+def small():
+    ds = clustered(sites=4, per_site=150, labelled=0.05, seed=3)
+    sites = ds.sites
+    codes = np.concatenate([lsh.hash_vectors(ds.X[ds.site == s].astype(np.float64), SEED, L) for s in sites])
+    tags = blocking.substring_tags(codes, L, blocking.tag_key(SEED, "job"), tables=16)
+    return ds, sites, codes, tags
+
+
+def state(sites, codes, tags, rounds=1):
+    st = blocked_graph.BlockedGraph(sites, [150] * 4, L, 10, 16, 8, rounds)
+    for a, s in enumerate(sites):
+        st.receive_tags(s, tags[a * 150 : (a + 1) * 150])
+        st.codes[s] = codes[a * 150 : (a + 1) * 150]
+    return st
+
+
+def test_candidates_by_table_group_and_descent_in_parts_give_the_lists_of_all_pairs_at_once(small, monkeypatch):
+    ds, sites, codes, tags = small
+    n = codes.shape[0]
+    # reference: every candidate at once (the state before the coordinator streamed them)
+    i, j = state(sites, codes, tags).candidate_pairs(sites)
+    whole = graphs.knn_from_pairs(n, 10, i, j, blocking.pair_hamming(codes, i, j))
+    i2, j2 = blocking.neighbour_pairs(whole.idx, np.sort(i * n + j), n, np.repeat(np.arange(4), 150))
+    whole = graphs.merge_knn(whole, i2, j2, blocking.pair_hamming(codes, i2, j2))
+    # streamed: 3 tables a group, merges of 500 pairs, the descent round in 4 parts
+    monkeypatch.setattr(blocked_graph, "GROUP_PAIRS", 3 * n * 7 // 2)
+    monkeypatch.setattr(blocked_graph, "KNN_CHUNK", 500)
+    st = state(sites, codes, tags)
+    assert len(st.table_groups()) == 6
+    st.measure_candidates(sites)
+    assert st.measure_descent(sites, parts=4) > 0 and st.measure_descent(sites) == 0
+    got = st.knn(sites)
+    assert np.array_equal(got.idx, whole.idx) and np.array_equal(got.dist, whole.dist)
+    assert st.pair_count() >= i.size + i2.size  # measurements, repeats counted
+    with pytest.raises(ProtocolError, match="already hold pairs"):
+        st.knn(sites[:3])  # the lists cannot forget a site whose pairs they merged
+
+
+def test_the_bench_pipeline_gives_the_labels_of_run_blocked():
+    ds = clustered(sites=4, per_site=150, labelled=0.05, seed=1)
+    p = JobParams(job_id="scale-test", n_classes=10, bits=L, graph="blocked", blocking_tables=16, max_bucket=16,
+                  influence_rank=16)
+    ref = run_blocked(ds, p, seed=0)
+    got = blocked_pipeline(ds, p, seed=0)
+    assert np.array_equal(got["labels"], ref.labels)
+    assert set(got["sizes"]["site0"]) >= {"tags", "influence", "row_sums_up"}
+
+
+def test_synthetic_sites_are_their_own_and_labelled_as_asked():
+    a = clustered(sites=3, per_site=400, labelled=0.01, seed=5)
+    b = clustered(sites=5, per_site=400, labelled=0.01, seed=5)
+    assert a.X.shape == (1200, 128) and a.X.dtype == np.float32
+    assert np.array_equal(a.X, b.X[:1200]) and np.array_equal(a.y_true, b.y_true[:1200])
+    assert [int((a.y[a.site == s] >= 0).sum()) for s in a.sites] == [4, 4, 4]
+    labelled = a.y >= 0
+    assert np.array_equal(a.y[labelled], a.y_true[labelled])
