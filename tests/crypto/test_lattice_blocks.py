@@ -106,15 +106,25 @@ def test_bad_block_lists_are_refused():
 
 
 def test_sides_with_different_block_lists_refuse():
+    # the sites share only the run's shape (groups, rows of B per group): they refuse another shape in
+    # A's HELLO; a list that differs where one site cannot see it (B's rows, A's positions) is refused by
+    # the coordinator, which checks each share against the view it computed for that site
     rng = np.random.default_rng(4)
     L, A, B = 16, codes(rng, 10, 16), codes(rng, 8, 16)
     proto = LatticeHamming()
-    mine, theirs = [(np.array([0, 1]), np.array([2]))], [(np.array([0, 1]), np.array([3]))]
+    mine, theirs = [(np.array([0, 1]), np.array([2]))], [(np.array([0, 1]), np.array([2, 3]))]
     with pytest.raises(ProtocolError, match="another list of blocks"):
         exchange(proto.party_a_blocks(A, L, mine, 8), proto.party_b_blocks(B, L, theirs, 10))
     sa, sb, _ = packed(proto, A, B, L, mine)
-    with pytest.raises(ProtocolError, match="another list of blocks"):
+    with pytest.raises(ProtocolError, match="B's share is for another list of blocks"):
         proto.combine_blocks(sa, sb, [(np.array([0, 1]), np.array([4]))], 10, 8, L)
+    with pytest.raises(ProtocolError, match="A's share is for another list of blocks"):
+        proto.combine_blocks(sa, sb, [(np.array([0, 2]), np.array([2]))], 10, 8, L)
+    # a site that ran another view of the same shape: A with positions {0, 2}, B as planned
+    sa2, sb2 = exchange(proto.party_a_blocks(A, L, [(np.array([0, 2]), np.array([2]))], 8),
+                        proto.party_b_blocks(B, L, mine, 10))
+    with pytest.raises(ProtocolError, match="A's share is for another list of blocks"):
+        proto.combine_blocks(sa2, sb2, mine, 10, 8, L)
 
 
 def test_a_packed_run_saved_and_restored_after_every_message_gives_the_same_distances():
