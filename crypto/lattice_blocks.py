@@ -1,8 +1,8 @@
 """Many candidate blocks of one site pair in ONE run of the lattice protocol (crypto.lattice_hamming),
 with the results packed into the coefficients of shared result ciphertexts: the packed block mode.
 
-(About 540 lines: the layout both sites and the coordinator compute, both packed parties and their
-saved state, and the coordinator's step — one scheme, read and changed together.)
+(About 750 lines: the layout the coordinator computes and each site's view of it, both packed parties
+and their saved state, and the coordinator's step — one scheme, read and changed together.)
 
 Why. A blocked graph (xclp.blocking) gives each pair of sites (A, B) hundreds to thousands of small
 dense blocks rows_a × rows_b (a few points each). Run one protocol per block and every block pays the
@@ -13,8 +13,7 @@ and one decryption at A; and a job's result ciphertexts are capped at C = 2^20 u
 Here one run serves all of a pair's blocks; every fixed cost is paid once per pair, and one result
 ciphertext (one encryption of zero, one a part, one decryption) serves every block of a row y of B.
 
-The layout (`BlockLayout`, computed alike by A, B and the coordinator from the pair's block list,
-and bound by its SHA-256 digest in A's HELLO and both shares). A's points keep the lattice
+The layout (`BlockLayout`: the coordinator's, from the pair's block list). A's points keep the lattice
 protocol's natural layout: block k of A is its points k·N … k·N + N − 1, point p in coefficient
 p − k·N, encrypted exactly as in the whole-site run (the same cached COLS messages: A's column
 ciphertexts are made once per site and job, whatever the peer and the mode). The pair's candidate
@@ -24,9 +23,18 @@ for the c-th of them the coefficient positions P(k, c) = {p − k·N : (p, b_row
 The candidates of a group are indexed by key = c·width + position, sorted (vector by vector); the
 share vector is the groups' keys concatenated, and an index map sends each block's entries to it.
 
+Each site is given only its VIEW (`BlockView`, `BlockLayout.view_a()` / `view_b()`; a job's
+coordinator sends it in `blocks/r`, xclp.block_protocol), never the list:
+- A's view: the group ids k, the counts m_k = |b_rows(k)| and P(k, c) for each ANONYMOUS ordinal c
+  (the keys) — no row index of B's;
+- B's view: the group ids k and b_rows(k) — not which of A's points are candidates of its rows.
+The two share their "shape" (ids, counts, sizes, mode), bound by a digest in A's HELLO; each share
+carries its own view's digest, and the coordinator (which computes both views) refuses a share of
+another view. Both views are functions of E alone (`blocks_from_views` gives E back from the two).
+
 The run, per group k (the formulas are crypto.lattice_hamming's, unchanged):
 
-1. A sends HELLO (its parameters, the seed of its uniform polynomials, p0 — and the layout's
+1. A sends HELLO (its parameters, the seed of its uniform polynomials, p0 — and the shape's
    digest) with the COLS of its first group, then the COLS of each next group after the last RES of
    the previous one; groups without candidates are skipped.
 2. B computes, for each y in b_rows(k) only,
@@ -34,47 +42,48 @@ The run, per group k (the formulas are crypto.lattice_hamming's, unchanged):
        ct_y = ct_S − 2·Σ_l y_l ct_l + (0, Δ·(|y| + ρ_y)) + Enc_pk(0) + (0, f_y)
 
    (one dense product Y·[a | b parts], then the encryption of zero and the flooding f_y uniform in
-   [−2^F, 2^F) on every coefficient), switches to 2^k and sends the whole a part but the b part ONLY
-   at the positions P(k, c): A can decrypt a coefficient only with its b value, so it decrypts
-   exactly the candidate coefficients. ρ here: for group k, keyed SUBKEY(ρ key, "blocks", k), uniform
-   in Z_t per (vector, position), stream = the vector's group of SUB_BATCH.
-3. A decrypts u = h + ρ mod t at the candidate coefficients and sends them (u16, in key order) to the
-   coordinator; B sends its ρ key (with the digest). The coordinator expands ρ at the same
-   coefficients, outputs h = u − ρ mod t (refusing a value above L) and cuts it into the blocks'
-   matrices by the index map (`BlockLayout.split`).
+   [−2^F, 2^F) on every coefficient), switches to 2^k and sends the whole a part and the whole b part
+   (the group's width): B does not know where A's candidates are. ρ here: for group k, keyed
+   SUBKEY(ρ key, "blocks", k), uniform in Z_t per (vector, position), stream = the vector's group of
+   SUB_BATCH — at every coefficient, so every coefficient A can decrypt is masked.
+3. A decrypts u = h + ρ mod t at its candidate coefficients P(k, c) of its c-th ciphertext and sends
+   them (u16, in key order) to the coordinator; B sends its ρ key (with its view's digest). The
+   coordinator expands ρ at the same coefficients, outputs h = u − ρ mod t (refusing a value above L)
+   at (k·N + p, b_rows(k)[c]) (`BlockLayout.pairs`) or cut into the blocks' matrices (`split`).
 
 What each party learns — the whole-site protocol's argument (crypto.lattice_hamming's docstring,
 docs/security.md) restricted to the candidate entries:
 - The coordinator: u at the candidate entries only (A sends nothing else, and the share's length is
-  the candidate count fixed by the digest), ρ's key (independent of the data): h on E and nothing of
-  any other pair — the same as a per-block run of every block (tested: the decrypted share holds
-  exactly |E| values, and changing a non-candidate point of either site changes nothing it receives).
-- A: for each result ciphertext, a pseudorandom a part (RLWE with B's fresh u) and b values at the
-  positions P(k, c) — which A already knows from the block list. Each decrypted value is flooded
-  independently, so the smudging bound holds per decrypted coefficient as before: at most N per
-  ciphertext, C = MAX_CIPHERTEXTS ciphertexts per job under A's key (A counts them; B refuses a
-  layout with more than C result ciphertexts), F from `flood_bits` unchanged: A's view of a job stays
-  within 2^−41 of one independent of B's vectors, and its u values are uniform in Z_t.
-  The non-candidate coefficients of a result ciphertext are never decryptable by A (their b values
-  never leave B), exactly as the whole-site run never returns the slots beyond a block's width.
-- B: RLWE ciphertexts under A's key (128-bit by the HE standard): nothing about x.
-- Both sites already know the block list (it is what they run); packing reveals nothing beyond it.
+  the candidate count of A's view), ρ's key (independent of the data): h on E and nothing of any
+  other pair — the same as a per-block run of every block (tested: the decrypted share holds exactly
+  |E| values, and changing a non-candidate point of either site changes nothing it receives).
+- A: for each result ciphertext, a pseudorandom a part (RLWE with B's fresh u) and the b part at
+  every coefficient of the group: it may decrypt all of them, each h + ρ with ρ uniform in Z_t, i.e.
+  uniform; each coefficient is flooded independently, so the smudging count is N per ciphertext, as
+  in the whole-site run, C = MAX_CIPHERTEXTS ciphertexts per job under A's key (A counts them; B
+  refuses a view with more than C result ciphertexts), F from `flood_bits` unchanged: A's view of a
+  job stays within 2^−41 of one independent of B's vectors. From its VIEW A learns, beyond a
+  per-block run, which of its points are candidates with the same anonymous row of B (P(k, c)).
+- B: RLWE ciphertexts under A's key (128-bit by the HE standard): nothing about x; from its view,
+  which groups of N of A's points its rows have candidates in (nothing when n_a ≤ N).
+`private=False` keeps the first layout for the benchmark's comparison only: B's view then holds
+P(k, c) too and B sends b only there (A can decrypt only the candidates; B learns them).
 Parameters: those of `lattice_params` (N = 4096, q = 2^108, CBD(21), t = 2^(bit length of L),
 F = 91 at L ≤ 2047, k = 24 at L = 1024), unchanged; randomness as in crypto.lattice_hamming (A's key
 material from its 32-byte master draw of os.urandom, B's from its own, AES-256-CTR expansions).
 
 Cost per pair: Σ_k |b_rows(k)| result ciphertexts (≤ n_b·⌈n_a/N⌉, the whole-site run's count; a
 per-block run makes Σ_g |rows_b(g)|, one per block and row), one column matrix per group, bytes
-≈ Σ_k |b_rows(k)|·N·k/8 (a parts) + |E|·k/8 (b parts) + 2|E| (A's share). The a part of each result
+≈ Σ_k |b_rows(k)|·(N + width_k)·k/8 (a and b parts) + 2|E| (A's share). The a part of each result
 ciphertext still spans N coefficients: the cost floor per row y of B and group of A is the
 whole-site run's, whatever the number of its candidates.
 
-Messages: the lattice protocol's COLS, RES, ACK (RES's b words: only the candidate coefficients of
-its vectors, in key order), plus
+Messages: the lattice protocol's COLS, RES, ACK (RES's b words: every coefficient of the group's
+width, vector by vector; private=False: only the candidates', in key order), plus
 
-    A→B  HELLO_BLOCKS  L n_a N log_q log_t eta blocks seed[32] digest[32] p0[N·14] ‖ COLS
-    A→S  SHARE_A_BLOCKS  n_a n_b log_t |E| digest[32] u[|E|] (u16)
-    B→S  SHARE_B_BLOCKS  n_a n_b log_t |E| digest[32] key[32]
+    A→B  HELLO_BLOCKS  L n_a N log_q log_t eta blocks seed[32] shape[32] p0[N·14] ‖ COLS
+    A→S  SHARE_A_BLOCKS  n_a n_b log_t |E| view_a[32] u[|E|] (u16)
+    B→S  SHARE_B_BLOCKS  n_a n_b log_t Σm_k view_b[32] key[32]
 """
 
 from __future__ import annotations
