@@ -9,16 +9,19 @@ graph makes on Fashion-MNIST.
    (64 tables, buckets of ≤ 48). Reported: blocks per site pair, their rows a side, result
    ciphertexts and candidate entries.
 2. One site pair (the one with the median number of blocks): for its first B blocks (B in
-   --counts), the lattice protocol once per block (`run_pair` on the block's rows) and once packed
-   (`run_blocks`), in the same process, one after the other: seconds, bytes (both directions and
-   both shares), the ratio. Then the packed run over ALL the pair's blocks (the per-block run over
+   --counts), the lattice protocol once per block (`run_pair` on the block's rows), once packed as
+   the jobs run it (`run_blocks`: each site from its own view, B's b parts whole) and once in the
+   first packed layout (private=False: B given A's candidate positions, b at the candidates only),
+   in the same process, one after the other: seconds, bytes (both directions and both shares), the
+   ratios. Then the packed run over ALL the pair's blocks (the per-block run over
    all of them is not run: its time is the measured per-block rate times the count, marked so), and
    the whole-site run of the pair (every n_a × n_b distance: what the exact graph runs).
    Each measurement uses a fresh protocol object, so A's key and column encryption are counted
    (in a job they are made once per site, for all its peers).
 3. The secure blocked job in process (`xclp.simulation.run_xclp`, the job's machines, crypto="lattice")
-   at each --jobs size, run as the machines run it (see docs/scale.md: packing in jobs): seconds per phase, bytes, result ciphertexts; labels compared with the
-   plaintext blocked job of the same size.
+   at each --jobs size, run as the machines run it (one packed run per pair and round, each site
+   from its view: docs/scale.md, "Packing in jobs"): seconds per phase, bytes; labels compared with
+   the plaintext blocked job of the same size.
 """
 
 from __future__ import annotations
@@ -75,6 +78,17 @@ def stats(blocks: dict) -> dict:
                 BlockLayout([(x.rows_a, x.rows_b) for x in b], 10**6, 10**6).ciphertexts for b in blocks.values()]))}
 
 
+def first_layout(A, B, n_bits, rows, t):
+    """The first packed layout (private=False), for comparison: B learns A's candidate positions."""
+    from crypto.hamming_api import exchange
+    from crypto.lattice_blocks import PackedLatticeHamming
+
+    proto = PackedLatticeHamming()
+    sa, sb = exchange(proto.party_a_blocks(A, n_bits, rows, B.shape[0], private=False),
+                      proto.party_b_blocks(B, n_bits, rows, A.shape[0], private=False), t)
+    return proto.combine_blocks(sa, sb, rows, A.shape[0], B.shape[0], n_bits, private=False)
+
+
 def measure(fn):
     from crypto.hamming_api import PairTranscript
 
@@ -99,19 +113,24 @@ def pair_bench(codes, blocks, n_bits, counts) -> dict:
         each, t_each, b_each = measure(lambda t, sub=sub: [run_pair(LatticeHamming(), A[ra], B[rb], n_bits, t)
                                                            for ra, rb in sub])
         pk, t_pk, b_pk = measure(lambda t, sub=sub: run_blocks(LatticeHamming(), A, B, n_bits, sub, t))
-        assert all(np.array_equal(x, y) for x, y in zip(each, pk)), "packed and per-block runs disagree"
+        old, t_old, b_old = measure(lambda t, sub=sub: first_layout(A, B, n_bits, sub, t))
+        assert all(np.array_equal(x, y) and np.array_equal(x, z) for x, y, z in zip(each, pk, old)), \
+            "packed and per-block runs disagree"
         lay = BlockLayout(sub, A.shape[0], B.shape[0])
         per_block = (t_each / len(sub), b_each / len(sub))
         out["runs"].append({"blocks": len(sub), "unpacked_seconds": t_each, "unpacked_bytes": b_each,
                             "packed_seconds": t_pk, "packed_bytes": b_pk, "time_ratio": t_each / t_pk,
+                            "first_layout_seconds": t_old, "first_layout_bytes": b_old,
                             "bytes_ratio": b_each / b_pk, "candidate_entries": lay.candidates,
                             "unpacked_result_ciphertexts": int(sum(rb.size for _, rb in sub)),
                             "packed_result_ciphertexts": lay.ciphertexts})
         print(json.dumps(out["runs"][-1]), flush=True)
     _, t_all, b_all = measure(lambda t: run_blocks(LatticeHamming(), A, B, n_bits, rows, t))
+    _, t_all_old, b_all_old = measure(lambda t: first_layout(A, B, n_bits, rows, t))
     _, t_exact, b_exact = measure(lambda t: run_pair(LatticeHamming(), A, B, n_bits, t))
     lay = BlockLayout(rows, A.shape[0], B.shape[0])
     out["all"] = {"blocks": len(rows), "packed_seconds": t_all, "packed_bytes": b_all,
+                  "first_layout_seconds": t_all_old, "first_layout_bytes": b_all_old,
                   "candidate_entries": lay.candidates, "packed_result_ciphertexts": lay.ciphertexts,
                   "unpacked_result_ciphertexts": int(sum(rb.size for _, rb in rows)),
                   "unpacked_seconds_extrapolated": per_block[0] * len(rows),
@@ -125,8 +144,7 @@ def pair_bench(codes, blocks, n_bits, counts) -> dict:
 
 
 def job_bench(n: int, seed: int) -> dict:
-    # Through the job's machines (xclp.simulation.run_xclp); the 10,000-point numbers in
-    # docs/scale.md were measured with the packed run in the previous in-process harness (branch pack).
+    # Through the job's machines (xclp.simulation.run_xclp): one packed run per pair and round.
     from xclp.simulation import run_xclp
 
     ds = dataset(n, seed)

@@ -1,8 +1,8 @@
 """Many candidate blocks of one site pair in ONE run of the lattice protocol (crypto.lattice_hamming),
 with the results packed into the coefficients of shared result ciphertexts: the packed block mode.
 
-(About 540 lines: the layout both sites and the coordinator compute, both packed parties and their
-saved state, and the coordinator's step — one scheme, read and changed together.)
+(About 750 lines: the layout the coordinator computes and each site's view of it, both packed parties
+and their saved state, and the coordinator's step — one scheme, read and changed together.)
 
 Why. A blocked graph (xclp.blocking) gives each pair of sites (A, B) hundreds to thousands of small
 dense blocks rows_a × rows_b (a few points each). Run one protocol per block and every block pays the
@@ -13,8 +13,7 @@ and one decryption at A; and a job's result ciphertexts are capped at C = 2^20 u
 Here one run serves all of a pair's blocks; every fixed cost is paid once per pair, and one result
 ciphertext (one encryption of zero, one a part, one decryption) serves every block of a row y of B.
 
-The layout (`BlockLayout`, computed alike by A, B and the coordinator from the pair's block list,
-and bound by its SHA-256 digest in A's HELLO and both shares). A's points keep the lattice
+The layout (`BlockLayout`: the coordinator's, from the pair's block list). A's points keep the lattice
 protocol's natural layout: block k of A is its points k·N … k·N + N − 1, point p in coefficient
 p − k·N, encrypted exactly as in the whole-site run (the same cached COLS messages: A's column
 ciphertexts are made once per site and job, whatever the peer and the mode). The pair's candidate
@@ -24,9 +23,18 @@ for the c-th of them the coefficient positions P(k, c) = {p − k·N : (p, b_row
 The candidates of a group are indexed by key = c·width + position, sorted (vector by vector); the
 share vector is the groups' keys concatenated, and an index map sends each block's entries to it.
 
+Each site is given only its VIEW (`BlockView`, `BlockLayout.view_a()` / `view_b()`; a job's
+coordinator sends it in `blocks/r`, xclp.block_protocol), never the list:
+- A's view: the group ids k, the counts m_k = |b_rows(k)| and P(k, c) for each ANONYMOUS ordinal c
+  (the keys) — no row index of B's;
+- B's view: the group ids k and b_rows(k) — not which of A's points are candidates of its rows.
+The two share their "shape" (ids, counts, sizes, mode), bound by a digest in A's HELLO; each share
+carries its own view's digest, and the coordinator (which computes both views) refuses a share of
+another view. Both views are functions of E alone (`blocks_from_views` gives E back from the two).
+
 The run, per group k (the formulas are crypto.lattice_hamming's, unchanged):
 
-1. A sends HELLO (its parameters, the seed of its uniform polynomials, p0 — and the layout's
+1. A sends HELLO (its parameters, the seed of its uniform polynomials, p0 — and the shape's
    digest) with the COLS of its first group, then the COLS of each next group after the last RES of
    the previous one; groups without candidates are skipped.
 2. B computes, for each y in b_rows(k) only,
@@ -34,47 +42,48 @@ The run, per group k (the formulas are crypto.lattice_hamming's, unchanged):
        ct_y = ct_S − 2·Σ_l y_l ct_l + (0, Δ·(|y| + ρ_y)) + Enc_pk(0) + (0, f_y)
 
    (one dense product Y·[a | b parts], then the encryption of zero and the flooding f_y uniform in
-   [−2^F, 2^F) on every coefficient), switches to 2^k and sends the whole a part but the b part ONLY
-   at the positions P(k, c): A can decrypt a coefficient only with its b value, so it decrypts
-   exactly the candidate coefficients. ρ here: for group k, keyed SUBKEY(ρ key, "blocks", k), uniform
-   in Z_t per (vector, position), stream = the vector's group of SUB_BATCH.
-3. A decrypts u = h + ρ mod t at the candidate coefficients and sends them (u16, in key order) to the
-   coordinator; B sends its ρ key (with the digest). The coordinator expands ρ at the same
-   coefficients, outputs h = u − ρ mod t (refusing a value above L) and cuts it into the blocks'
-   matrices by the index map (`BlockLayout.split`).
+   [−2^F, 2^F) on every coefficient), switches to 2^k and sends the whole a part and the whole b part
+   (the group's width): B does not know where A's candidates are. ρ here: for group k, keyed
+   SUBKEY(ρ key, "blocks", k), uniform in Z_t per (vector, position), stream = the vector's group of
+   SUB_BATCH — at every coefficient, so every coefficient A can decrypt is masked.
+3. A decrypts u = h + ρ mod t at its candidate coefficients P(k, c) of its c-th ciphertext and sends
+   them (u16, in key order) to the coordinator; B sends its ρ key (with its view's digest). The
+   coordinator expands ρ at the same coefficients, outputs h = u − ρ mod t (refusing a value above L)
+   at (k·N + p, b_rows(k)[c]) (`BlockLayout.pairs`) or cut into the blocks' matrices (`split`).
 
 What each party learns — the whole-site protocol's argument (crypto.lattice_hamming's docstring,
 docs/security.md) restricted to the candidate entries:
 - The coordinator: u at the candidate entries only (A sends nothing else, and the share's length is
-  the candidate count fixed by the digest), ρ's key (independent of the data): h on E and nothing of
-  any other pair — the same as a per-block run of every block (tested: the decrypted share holds
-  exactly |E| values, and changing a non-candidate point of either site changes nothing it receives).
-- A: for each result ciphertext, a pseudorandom a part (RLWE with B's fresh u) and b values at the
-  positions P(k, c) — which A already knows from the block list. Each decrypted value is flooded
-  independently, so the smudging bound holds per decrypted coefficient as before: at most N per
-  ciphertext, C = MAX_CIPHERTEXTS ciphertexts per job under A's key (A counts them; B refuses a
-  layout with more than C result ciphertexts), F from `flood_bits` unchanged: A's view of a job stays
-  within 2^−41 of one independent of B's vectors, and its u values are uniform in Z_t.
-  The non-candidate coefficients of a result ciphertext are never decryptable by A (their b values
-  never leave B), exactly as the whole-site run never returns the slots beyond a block's width.
-- B: RLWE ciphertexts under A's key (128-bit by the HE standard): nothing about x.
-- Both sites already know the block list (it is what they run); packing reveals nothing beyond it.
+  the candidate count of A's view), ρ's key (independent of the data): h on E and nothing of any
+  other pair — the same as a per-block run of every block (tested: the decrypted share holds exactly
+  |E| values, and changing a non-candidate point of either site changes nothing it receives).
+- A: for each result ciphertext, a pseudorandom a part (RLWE with B's fresh u) and the b part at
+  every coefficient of the group: it may decrypt all of them, each h + ρ with ρ uniform in Z_t, i.e.
+  uniform; each coefficient is flooded independently, so the smudging count is N per ciphertext, as
+  in the whole-site run, C = MAX_CIPHERTEXTS ciphertexts per job under A's key (A counts them; B
+  refuses a view with more than C result ciphertexts), F from `flood_bits` unchanged: A's view of a
+  job stays within 2^−41 of one independent of B's vectors. From its VIEW A learns, beyond a
+  per-block run, which of its points are candidates with the same anonymous row of B (P(k, c)).
+- B: RLWE ciphertexts under A's key (128-bit by the HE standard): nothing about x; from its view,
+  which groups of N of A's points its rows have candidates in (nothing when n_a ≤ N).
+`private=False` keeps the first layout for the benchmark's comparison only: B's view then holds
+P(k, c) too and B sends b only there (A can decrypt only the candidates; B learns them).
 Parameters: those of `lattice_params` (N = 4096, q = 2^108, CBD(21), t = 2^(bit length of L),
 F = 91 at L ≤ 2047, k = 24 at L = 1024), unchanged; randomness as in crypto.lattice_hamming (A's key
 material from its 32-byte master draw of os.urandom, B's from its own, AES-256-CTR expansions).
 
 Cost per pair: Σ_k |b_rows(k)| result ciphertexts (≤ n_b·⌈n_a/N⌉, the whole-site run's count; a
 per-block run makes Σ_g |rows_b(g)|, one per block and row), one column matrix per group, bytes
-≈ Σ_k |b_rows(k)|·N·k/8 (a parts) + |E|·k/8 (b parts) + 2|E| (A's share). The a part of each result
+≈ Σ_k |b_rows(k)|·(N + width_k)·k/8 (a and b parts) + 2|E| (A's share). The a part of each result
 ciphertext still spans N coefficients: the cost floor per row y of B and group of A is the
 whole-site run's, whatever the number of its candidates.
 
-Messages: the lattice protocol's COLS, RES, ACK (RES's b words: only the candidate coefficients of
-its vectors, in key order), plus
+Messages: the lattice protocol's COLS, RES, ACK (RES's b words: every coefficient of the group's
+width, vector by vector; private=False: only the candidates', in key order), plus
 
-    A→B  HELLO_BLOCKS  L n_a N log_q log_t eta blocks seed[32] digest[32] p0[N·14] ‖ COLS
-    A→S  SHARE_A_BLOCKS  n_a n_b log_t |E| digest[32] u[|E|] (u16)
-    B→S  SHARE_B_BLOCKS  n_a n_b log_t |E| digest[32] key[32]
+    A→B  HELLO_BLOCKS  L n_a N log_q log_t eta blocks seed[32] shape[32] p0[N·14] ‖ COLS
+    A→S  SHARE_A_BLOCKS  n_a n_b log_t |E| view_a[32] u[|E|] (u16)
+    B→S  SHARE_B_BLOCKS  n_a n_b log_t Σm_k view_b[32] key[32]
 """
 
 from __future__ import annotations
@@ -151,15 +160,138 @@ def _flat(rows: list, n: int, side: str) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class Group:
-    """One block k of A's points that holds candidates: its rows of B and its candidate keys."""
+    """One block k of A's points that holds candidates, as one party sees it (`BlockView`) or as the
+    coordinator does (`BlockLayout`: everything). A's view has no b_rows (B's rows stay anonymous: the
+    c-th result ciphertext of the group is "B's c-th row", nothing more); B's private view has no keys
+    (which of A's points are candidates of its rows stays with A and the coordinator)."""
 
     k: int  # A's natural block (points k·N … k·N + width − 1)
     start: int
     width: int
-    b_rows: np.ndarray  # B's rows with a candidate here, sorted
-    keys: np.ndarray  # c·width + position, sorted: vector c = b_rows[c], coefficient position
-    starts: np.ndarray  # vector c's keys are keys[starts[c] : starts[c + 1]]
-    offset: int  # where its keys start in the share vector
+    count: int  # B's rows with a candidate here: the group's result ciphertexts
+    b_rows: np.ndarray | None  # B's rows with a candidate here, sorted (B's view, the coordinator's)
+    keys: np.ndarray | None  # c·width + position, sorted: vector c, coefficient position (A's view, coordinator's)
+    starts: np.ndarray | None  # vector c's keys are keys[starts[c] : starts[c + 1]]
+    offset: int  # where its keys start in the share vector (0 where there are no keys)
+
+
+_META = ("side", "private", "n_a", "n_b", "n")
+
+
+class BlockView:
+    """What ONE site of a pair needs of a packed run, and nothing more (the coordinator computes both
+    from the pair's block list, `BlockLayout.view_a()` / `view_b()`, and sends each its own):
+
+    - A's view: per group k (A's points k·N … k·N + N − 1 holding a candidate), the number m_k of B's
+      rows with a candidate there and, for the c-th of them (c < m_k, B's rows in their sorted order,
+      anonymous), the positions P(k, c) of A's own candidate points — B's row indices never appear.
+    - B's view (private): per group k, its OWN rows with a candidate there, sorted — never which of A's
+      points they are candidates of. (private=False: also P(k, c) — the first packed layout, kept for
+      the benchmark's comparison: B then returns b only at the candidates but learns them.)
+
+    `shape` (the group ids and the counts m_k, n_a, n_b, n and the mode) is what both views share: its
+    digest rides in A's HELLO, so the two sites refuse views of different shapes before any work; each
+    share carries its own view's `digest`, checked by the coordinator against the view it computed."""
+
+    def __init__(self, side: str, private: bool, n_a: int, n_b: int, n: int, ks, counts, rows=None, keys=None,
+                 key_ptr=None):
+        if side not in ("a", "b"):
+            raise ProtocolError("lattice blocks: a view is A's or B's")
+        self.side, self.private = side, bool(private)
+        self.n_a, self.n_b, self.n = int(n_a), int(n_b), int(n)
+        if self.n_a < 1 or self.n_b < 1 or self.n < 1:
+            raise ProtocolError("lattice blocks: both sites need points")
+        natural = _blocks(self.n_a, self.n)
+        ks, counts = (np.asarray(x) for x in (ks, counts))
+        for name, x in (("groups", ks), ("counts", counts)):
+            if x.ndim != 1 or x.dtype.kind not in "iu":
+                raise ProtocolError(f"lattice blocks: a view's {name} must be a 1-D integer list")
+        ks, counts = ks.astype(np.int64), counts.astype(np.int64)
+        if ks.size < 1 or ks.size != counts.size or np.any(np.diff(ks) < 1) or ks[0] < 0 or ks[-1] >= len(natural) \
+                or counts.min() < 1 or counts.max() > self.n_b:
+            raise ProtocolError(f"lattice blocks: a view needs 1 to {len(natural)} increasing groups, each with "
+                                f"1 to {self.n_b} rows of B")
+        with_keys = side == "a" or not self.private
+        if side == "b" and rows is None or with_keys and (keys is None or key_ptr is None):
+            raise ProtocolError(f"lattice blocks: {side.upper()}'s view is missing its rows or keys")
+        if rows is not None:
+            rows = np.asarray(rows)
+            if rows.ndim != 1 or rows.dtype.kind not in "iu" or rows.size != int(counts.sum()):
+                raise ProtocolError("lattice blocks: a view's rows of B do not match its counts")
+            rows = rows.astype(np.int64)
+        if with_keys:
+            keys, key_ptr = np.asarray(keys), np.asarray(key_ptr)
+            if keys.ndim != 1 or key_ptr.ndim != 1 or keys.dtype.kind not in "iu" or key_ptr.dtype.kind not in "iu" \
+                    or key_ptr.size != ks.size + 1 or key_ptr[0] != 0 or key_ptr[-1] != keys.size \
+                    or np.any(np.diff(key_ptr) < 1):
+                raise ProtocolError("lattice blocks: a view's candidate positions are malformed")
+            keys, key_ptr = keys.astype(np.int64), key_ptr.astype(np.int64)
+        self.groups: list[Group] = []
+        row_cut = np.r_[0, np.cumsum(counts)]
+        for i, (k, m) in enumerate(zip(ks.tolist(), counts.tolist())):
+            start, stop = natural[k]
+            width = stop - start
+            b_rows = g_keys = starts = None
+            offset = 0
+            if rows is not None:
+                b_rows = rows[row_cut[i] : row_cut[i + 1]]
+                if b_rows.min() < 0 or b_rows.max() >= self.n_b or np.any(np.diff(b_rows) < 1):
+                    raise ProtocolError(f"lattice blocks: group {k}'s rows of B are not increasing rows in "
+                                        f"[0, {self.n_b})")
+            if with_keys:
+                offset = int(key_ptr[i])
+                g_keys = keys[key_ptr[i] : key_ptr[i + 1]]
+                if g_keys[0] < 0 or g_keys[-1] >= m * width or np.any(np.diff(g_keys) < 1):
+                    raise ProtocolError(f"lattice blocks: group {k}'s candidate positions are out of range")
+                starts = np.searchsorted(g_keys, np.arange(m + 1) * width)
+                if np.any(np.diff(starts) < 1):
+                    raise ProtocolError(f"lattice blocks: a row of B in group {k} has no candidate")
+            self.groups.append(Group(k, start, width, m, b_rows, g_keys, starts, offset))
+        self.ks, self.counts, self.rows, self.keys, self.key_ptr = ks, counts, rows, keys, key_ptr
+        self.ciphertexts = int(counts.sum())  # result ciphertexts of the run
+        self.candidates = int(keys.size) if with_keys else None  # |E| (A's share's length)
+        h = hashlib.sha256(b"xclp/lattice-blocks/shape/v2" + struct.pack("<BQQQ", self.private, self.n_a, self.n_b,
+                                                                         self.n))
+        h.update(ks.astype("<i8").tobytes())
+        h.update(counts.astype("<i8").tobytes())
+        self.shape_digest = h.digest()
+        h.update(b"view " + side.encode())
+        for x in (rows, keys, key_ptr):
+            h.update(b"-" if x is None else struct.pack("<Q", x.size) + x.astype("<i8").tobytes())
+        self.digest = h.digest()
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The view as named int64 arrays (the coordinator's plan message, a party's saved state)."""
+        out = {"meta": np.array([self.side == "b", self.private, self.n_a, self.n_b, self.n], dtype=np.int64),
+               "ks": self.ks, "counts": self.counts}
+        if self.rows is not None:
+            out["rows"] = self.rows
+        if self.keys is not None:
+            out["keys"], out["key_ptr"] = self.keys, self.key_ptr
+        return out
+
+    @classmethod
+    def from_arrays(cls, get) -> BlockView:
+        """`arrays()`'s view again, checked (`get(name)`: the array, or None where absent)."""
+        meta = get("meta")
+        if meta is None or meta.shape != (len(_META),) or meta.dtype.kind not in "iu" or meta[0] not in (0, 1) \
+                or meta[1] not in (0, 1):
+            raise ProtocolError("lattice blocks: a malformed view")
+        return cls("b" if meta[0] else "a", bool(meta[1]), int(meta[2]), int(meta[3]), int(meta[4]),
+                   _present(get("ks")), _present(get("counts")), get("rows"), get("keys"), get("key_ptr"))
+
+    def state(self) -> dict:
+        return {f"view_{k}": v for k, v in self.arrays().items()}
+
+    @classmethod
+    def restore(cls, s: State) -> BlockView:
+        return cls.from_arrays(lambda k: s.array(f"view_{k}", np.int64) if f"view_{k}" in s else None)
+
+
+def _present(x):
+    if x is None:
+        raise ProtocolError("lattice blocks: a view without its groups")
+    return x
 
 
 class BlockLayout:
@@ -168,8 +300,9 @@ class BlockLayout:
     named twice in one block are refused. Every party computes it from the same list; `digest`
     binds the run's messages to it."""
 
-    def __init__(self, blocks, n_a: int, n_b: int, n: int = rlwe.N_DEFAULT):
+    def __init__(self, blocks, n_a: int, n_b: int, n: int = rlwe.N_DEFAULT, private: bool = True):
         blocks = list(blocks)
+        self.private = bool(private)
         if not blocks:
             raise ProtocolError("lattice blocks: a packed run needs at least one block")
         if n_a < 1 or n_b < 1:
@@ -212,10 +345,29 @@ class BlockLayout:
             keys = _unique(key)
             self.entry[sel] = offset + np.searchsorted(keys, key)
             starts = np.searchsorted(keys, np.arange(b_rows.size + 1) * width)
-            self.groups.append(Group(int(k), start, width, b_rows, keys, starts, offset))
+            self.groups.append(Group(int(k), start, width, int(b_rows.size), b_rows, keys, starts, offset))
             offset += keys.size
         self.candidates = offset  # |E|: distinct candidate entries (a pair in two blocks counts once)
         self.ciphertexts = sum(g.b_rows.size for g in self.groups)  # result ciphertexts of the run
+
+    def view_a(self) -> BlockView:
+        """What A is given: per group, the count of B's rows and each anonymous row's positions P(k, c)."""
+        return BlockView("a", self.private, self.n_a, self.n_b, self.n, *self._shape(), keys=self._keys()[0],
+                         key_ptr=self._keys()[1])
+
+    def view_b(self) -> BlockView:
+        """What B is given: per group, its own rows there (private; else also P(k, c))."""
+        keys, ptr = (None, None) if self.private else self._keys()
+        return BlockView("b", self.private, self.n_a, self.n_b, self.n, *self._shape(),
+                         rows=np.concatenate([g.b_rows for g in self.groups]), keys=keys, key_ptr=ptr)
+
+    def _shape(self):
+        return (np.array([g.k for g in self.groups], dtype=np.int64),
+                np.array([g.count for g in self.groups], dtype=np.int64))
+
+    def _keys(self):
+        return (np.concatenate([g.keys for g in self.groups]),
+                np.r_[0, np.cumsum([g.keys.size for g in self.groups])].astype(np.int64))
 
     def split(self, values: np.ndarray) -> list[np.ndarray]:
         """The share vector's values (one per candidate entry) → each block's rows_a × rows_b matrix."""
@@ -230,49 +382,54 @@ class BlockLayout:
         j = np.concatenate([g.b_rows[g.keys // g.width] for g in self.groups])
         return i, j
 
-    def state(self) -> dict:
-        return {"layout_sizes": self.sizes, "layout_a": self.flat_a, "layout_b": self.flat_b,
-                "layout_n_a": self.n_a, "layout_n_b": self.n_b}
-
-    @classmethod
-    def restore(cls, s: State, n: int) -> BlockLayout:
-        sizes = s.array("layout_sizes", np.int64)
-        if sizes.ndim != 2 or sizes.shape[1] != 2 or sizes.shape[0] < 1 or sizes.min() < 1:
-            raise ProtocolError("lattice blocks: a saved layout has bad block sizes")
-        ra = s.array("layout_a", np.int64, (int(sizes[:, 0].sum()),))
-        rb = s.array("layout_b", np.int64, (int(sizes[:, 1].sum()),))
-        blocks = list(zip(np.split(ra, np.cumsum(sizes[:, 0])[:-1]), np.split(rb, np.cumsum(sizes[:, 1])[:-1])))
-        return cls(blocks, s.int("layout_n_a", 1), s.int("layout_n_b", 1), n)
 
 
-def _share_header(mtype: int, layout: BlockLayout, log_t: int) -> bytes:
-    return _header(mtype) + _SHARE.pack(layout.n_a, layout.n_b, log_t, layout.candidates) + layout.digest
+def blocks_from_views(view_a: BlockView, view_b: BlockView) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The pair's candidate entries as one-row blocks (A's positions P(k, c) + k·N, B's c-th row of the
+    group), from A's and B's views: the coordinator rebuilds a round it planned from the two messages
+    it sent (xclp.prediction_job). Both views are functions of the candidate entries alone, so
+    BlockLayout(these blocks) gives the same two views again."""
+    if (view_a.side, view_b.side) != ("a", "b") or view_a.shape_digest != view_b.shape_digest:
+        raise ProtocolError("lattice blocks: A's and B's views are not of one run")
+    out = []
+    for ga, gb in zip(view_a.groups, view_b.groups):
+        for c in range(ga.count):
+            out.append((ga.start + ga.keys[ga.starts[c] : ga.starts[c + 1]] % ga.width, gb.b_rows[c : c + 1]))
+    return out
+
+
+def _share_header(mtype: int, view: BlockView, log_t: int) -> bytes:
+    count = view.candidates if view.side == "a" else view.ciphertexts
+    return _header(mtype) + _SHARE.pack(view.n_a, view.n_b, log_t, count) + view.digest
 
 
 class PackedPartyA(_Party):
-    """A (the key owner) over all its points; it decrypts only the candidate coefficients."""
+    """A (the key owner) over all its points, given its view (`BlockView`, side "a"): per group, how
+    many rows B answers with and where its own candidates sit; it decrypts the candidate coefficients."""
 
-    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, layout: BlockLayout):
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, view: BlockView):
         super().__init__(proto, bits, n_bits)
-        if layout.n_a != bits.shape[0] or layout.n != proto.n:
-            raise ProtocolError(f"lattice blocks: the layout is for {layout.n_a} points of A, the bits have "
+        if view.side != "a":
+            raise ProtocolError("lattice blocks: A's party needs A's view")
+        if view.n_a != bits.shape[0] or view.n != proto.n:
+            raise ProtocolError(f"lattice blocks: the view is for {view.n_a} points of A, the bits have "
                                 f"{bits.shape[0]}")
-        self.layout = layout
+        self.view = view
         self.digest = hashlib.sha256(bits.tobytes()).digest()  # the same seed and columns as a whole-site run
         self.group = 0
         self.next = 0
-        self.share = np.zeros(layout.candidates, dtype=np.uint16)
+        self.share = np.zeros(view.candidates, dtype=np.uint16)
         self.started = False
 
     def _step(self, message):
-        p, n, lay = self.params, self.proto.n, self.layout
+        p, n, view = self.params, self.proto.n, self.view
         if message is None:
             if self.started:
                 raise ProtocolError("lattice blocks: A has already started")
             self.started = True
             _, seed, p0 = self.proto._secret(p, self.digest)
-            hello = (_header(HELLO_BLOCKS) + _HELLO.pack(p.n_bits, lay.n_a, n, p.ring.log_q, p.log_t, p.ring.eta,
-                                                         len(_blocks(lay.n_a, n)), seed) + lay.digest + p0)
+            hello = (_header(HELLO_BLOCKS) + _HELLO.pack(p.n_bits, view.n_a, n, p.ring.log_q, p.log_t, p.ring.eta,
+                                                         len(_blocks(view.n_a, n)), seed) + view.shape_digest + p0)
             return Outgoing(to_peer=hello + self._cols(0))
         if not self.started:
             raise ProtocolError("lattice blocks: A speaks first (HELLO) and then takes only RES messages")
@@ -280,18 +437,21 @@ class PackedPartyA(_Party):
         if len(body) < _RES.size:
             raise ProtocolError("lattice blocks: RES too short")
         group, first, count, n_b = _RES.unpack_from(body)
-        g = lay.groups[self.group]
-        if (group, first, n_b) != (self.group, self.next, g.b_rows.size):
+        g = view.groups[self.group]
+        if (group, first, n_b) != (self.group, self.next, g.count):
             raise ProtocolError(f"lattice blocks: RES for group {group} from vector {first}; expected group "
                                 f"{self.group} from vector {self.next}")
         if not 1 <= count <= n_b - first:
             raise ProtocolError("lattice blocks: RES count out of range")
         qb = p.log_q_out // 8
         lo, hi = int(g.starts[first]), int(g.starts[first + count])
-        _need(body, _RES.size + count * n * qb + (hi - lo) * qb, "RES")
+        b_words = count * g.width if view.private else hi - lo  # private: b at every coefficient of the width
+        _need(body, _RES.size + count * n * qb + b_words * qb, "RES")
         off = _RES.size + count * n * qb
         a = rlwe.small_from_bytes(body[_RES.size : off], count * n, p.log_q_out, "RES a").reshape(count, n)
-        b = rlwe.small_from_bytes(body[off:], hi - lo, p.log_q_out, "RES b")
+        b = rlwe.small_from_bytes(body[off:], b_words, p.log_q_out, "RES b")
+        if view.private:
+            b = b.reshape(count, g.width)
         self.proto._count(count)
         key = self.proto._secret(p, self.digest)[0]
         keys = g.keys[lo:hi]
@@ -300,53 +460,59 @@ class PackedPartyA(_Party):
             e = min(s + SUB_BATCH, count)
             i0, i1 = int(g.starts[first + s]) - lo, int(g.starts[first + e]) - lo
             rows, pos = keys[i0:i1] // g.width - first - s, keys[i0:i1] % g.width
-            m = key.decrypt_switched_at(a[s:e], b[i0:i1], rows, pos, p.log_q_out)
-            self.share[g.offset + lo + i0 : g.offset + lo + i1] = m
+            # A could decrypt every coefficient of a private RES (each is h + ρ, ρ uniform: the
+            # whole-site run's view); it needs, and reports, only its candidates'.
+            at = b[s:e][rows, pos] if view.private else b[i0:i1]
+            self.share[g.offset + lo + i0 : g.offset + lo + i1] = key.decrypt_switched_at(a[s:e], at, rows, pos,
+                                                                                          p.log_q_out)
 
         _parallel(decrypt, list(range(0, count, SUB_BATCH)), self.proto.threads)
         self.next = first + count
         if self.next < n_b:
             return Outgoing(to_peer=_header(ACK) + _ACK.pack(self.group, self.next))
         self.group, self.next = self.group + 1, 0
-        if self.group < len(lay.groups):
+        if self.group < len(view.groups):
             return Outgoing(to_peer=self._cols(self.group))
         self.finished = True
-        out = _share_header(SHARE_A_BLOCKS, lay, p.log_t) + self.share.astype("<u2").tobytes()
+        out = _share_header(SHARE_A_BLOCKS, view, p.log_t) + self.share.astype("<u2").tobytes()
         self.share = None
         return Outgoing(to_server=out, done=True)
 
     def _cols(self, group: int) -> bytes:
-        g = self.layout.groups[group]  # the whole-site run's COLS of A's block g.k (cached per site)
+        g = self.view.groups[group]  # the whole-site run's COLS of A's block g.k (cached per site)
         return self.proto._cols(self.params, self.bits, g.k, g.start, g.start + g.width)
 
     def state(self) -> bytes:
-        return pack({"role": "pa", **self._common(), **self.layout.state(), "started": self.started,
+        return pack({"role": "pa", **self._common(), **self.view.state(), "started": self.started,
                      "group": self.group, "next": self.next,
                      **({"share": self.share} if self.share is not None else {})})
 
     @classmethod
     def restore(cls, proto: LatticeHamming, bits: np.ndarray, n_bits: int, s: State) -> PackedPartyA:
-        a = cls(proto, check_bits(bits, n_bits, "A's bits"), int(n_bits), BlockLayout.restore(s, proto.n))
+        a = cls(proto, check_bits(bits, n_bits, "A's bits"), int(n_bits), BlockView.restore(s))
         a._set_common(s)
-        a.started, a.group = s.bool("started"), s.int("group", 0, len(a.layout.groups))
-        a.next = s.int("next", 0, a.layout.n_b)
-        a.share = s.optional_array("share", np.uint16, (a.layout.candidates,))
+        a.started, a.group = s.bool("started"), s.int("group", 0, len(a.view.groups))
+        a.next = s.int("next", 0, a.view.n_b)
+        a.share = s.optional_array("share", np.uint16, (a.view.candidates,))
         return a
 
 
 class PackedPartyB(_Party):
-    """B: evaluates every group's rows of B in one run; returns b only at candidate coefficients."""
+    """B, given its view (`BlockView`, side "b": per group of A, its own rows there): one result
+    ciphertext per row and group, its b part whole (private) or at the candidates only (private=False)."""
 
-    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, layout: BlockLayout,
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, view: BlockView,
                  secret: bytes | None = None):
         super().__init__(proto, bits, n_bits)
-        if layout.n_b != bits.shape[0] or layout.n != proto.n:
-            raise ProtocolError(f"lattice blocks: the layout is for {layout.n_b} points of B, the bits have "
+        if view.side != "b":
+            raise ProtocolError("lattice blocks: B's party needs B's view")
+        if view.n_b != bits.shape[0] or view.n != proto.n:
+            raise ProtocolError(f"lattice blocks: the view is for {view.n_b} points of B, the bits have "
                                 f"{bits.shape[0]}")
-        if layout.ciphertexts > MAX_CIPHERTEXTS:
-            raise ProtocolError(f"lattice blocks: {layout.ciphertexts} result ciphertexts are more than the "
+        if view.ciphertexts > MAX_CIPHERTEXTS:
+            raise ProtocolError(f"lattice blocks: {view.ciphertexts} result ciphertexts are more than the "
                                 f"{MAX_CIPHERTEXTS} the flooding covers")
-        self.layout = layout
+        self.view = view
         self.secret = os.urandom(32) if secret is None else bytes(secret)  # B's one draw (see LatticePartyB)
         if len(self.secret) != 32:
             raise ProtocolError("lattice blocks: B's secret is 32 bytes")
@@ -360,7 +526,7 @@ class PackedPartyB(_Party):
         self.cols: bytes | None = None
 
     def _step(self, message):
-        p, n, lay = self.params, self.proto.n, self.layout
+        p, n, view = self.params, self.proto.n, self.view
         if message is None:
             raise ProtocolError("lattice blocks: B speaks only after A's HELLO")
         mtype, body = _open(message, (HELLO_BLOCKS,) if self.public is None else (ACK, COLS),
@@ -368,44 +534,45 @@ class PackedPartyB(_Party):
         share = None
         if mtype == HELLO_BLOCKS:
             n_a, blocks, seed, public, digest, body = parse_hello(body, p, n, extra=DIGEST)
-            if n_a != lay.n_a or blocks != len(_blocks(n_a, n)):
-                raise ProtocolError(f"lattice blocks: HELLO declares {n_a} points in {blocks} blocks; the layout has "
-                                    f"{lay.n_a}")
-            if digest != lay.digest:
-                raise ProtocolError("lattice blocks: A's HELLO is for another list of blocks")
+            if n_a != view.n_a or blocks != len(_blocks(n_a, n)):
+                raise ProtocolError(f"lattice blocks: HELLO declares {n_a} points in {blocks} blocks; the view has "
+                                    f"{view.n_a}")
+            if digest != view.shape_digest:
+                raise ProtocolError("lattice blocks: A's HELLO is for another list of blocks (groups and counts)")
             self.public, self.seed = public, seed
-            share = _share_header(SHARE_B_BLOCKS, lay, p.log_t) + self.rho_key
+            share = _share_header(SHARE_B_BLOCKS, view, p.log_t) + self.rho_key
             mtype, body = _open(body, (COLS,), self.proto.max_message_bytes)
         if mtype == COLS:
             self._columns(body)
         elif len(body) != _ACK.size or _ACK.unpack_from(body) != (self.group, self.next):
             raise ProtocolError(f"lattice blocks: ACK out of order (expected group {self.group}, vector {self.next})")
-        g = lay.groups[self.group]
-        nb = g.b_rows.size
-        per_vector = (n + -(-g.keys.size // nb)) * (p.log_q_out // 8)
+        g = view.groups[self.group]
+        nb = g.count
+        b_per = g.width if view.private else -(-g.keys.size // nb)
+        per_vector = (n + b_per) * (p.log_q_out // 8)
         count = max(self.proto.target_message_bytes // per_vector, -(-nb // 64), 1)
         count = min(-(-count // SUB_BATCH) * SUB_BATCH, nb - self.next)  # whole groups of ρ
         out = self._results(self.next, count)
         self.next += count
-        done = self.next == nb and self.group == len(lay.groups) - 1
+        done = self.next == nb and self.group == len(view.groups) - 1
         if done:
             self.finished, self.matrix, self.weights_ct, self.cols = True, None, None, None
         return Outgoing(to_peer=out, to_server=share, done=done)
 
     def _columns(self, body: memoryview) -> None:
-        lay = self.layout
-        if self.group >= 0 and self.next != lay.groups[self.group].b_rows.size:
+        view = self.view
+        if self.group >= 0 and self.next != view.groups[self.group].count:
             raise ProtocolError("lattice blocks: COLS before the previous group's results were through")
         if len(body) < _COLS.size:
             raise ProtocolError("lattice blocks: COLS too short")
         block, width = _COLS.unpack_from(body)
         gi = self.group + 1
-        if gi >= len(lay.groups) or block != lay.groups[gi].k:
+        if gi >= len(view.groups) or block != view.groups[gi].k:
             raise ProtocolError(f"lattice blocks: COLS for A's block {block}, expected "
-                                f"{lay.groups[gi].k if gi < len(lay.groups) else 'none'}")
-        if width != lay.groups[gi].width:
+                                f"{view.groups[gi].k if gi < len(view.groups) else 'none'}")
+        if width != view.groups[gi].width:
             raise ProtocolError(f"lattice blocks: COLS of block {block} has {width} points, expected "
-                                f"{lay.groups[gi].width}")
+                                f"{view.groups[gi].width}")
         r, count = packing(self.params.n_bits, width, self.proto.n)
         _need(body, _COLS.size + count * r * width * rlwe.COEFF_BYTES, "COLS")
         self.cols = bytes(body)
@@ -415,8 +582,9 @@ class PackedPartyB(_Party):
         self.group, self.next = gi, 0
 
     def _results(self, first: int, count: int) -> bytes:
-        """RES for the group's vectors first … first + count − 1: whole a parts, b at candidates only."""
-        p, L, g = self.params, self.params.n_bits, self.layout.groups[self.group]
+        """RES for the group's vectors first … first + count − 1: whole a parts; b whole (private) or at
+        the candidates only."""
+        p, L, g = self.params, self.params.n_bits, self.view.groups[self.group]
         y = np.unpackbits(self.bits[g.b_rows[first : first + count]], axis=1, count=L)
         assert L <= rlwe.MAX_PART_TERMS
         sums = y.astype(np.float64) @ self.matrix  # Σ_l y_l ct_l, exact (crypto.lattice_hamming)
@@ -426,18 +594,20 @@ class PackedPartyB(_Party):
         def batch(s):
             e = min(s + SUB_BATCH, count)
             a, b = self._finish(g, sums[s:e], weights[s:e], (first + s) // SUB_BATCH)
+            if self.view.private:
+                return rlwe.small_to_bytes(rlwe.mod_switch(a, k), k), rlwe.small_to_bytes(rlwe.mod_switch(b, k), k)
             i0, i1 = int(g.starts[first + s]), int(g.starts[first + e])
             rows, pos = g.keys[i0:i1] // g.width - first - s, g.keys[i0:i1] % g.width
             return rlwe.small_to_bytes(rlwe.mod_switch(a, k), k), rlwe.small_to_bytes(
                 rlwe.mod_switch(b[:, rows, pos], k), k)
 
         parts = _parallel(batch, list(range(0, count, SUB_BATCH)), self.proto.threads)
-        return (_header(RES) + _RES.pack(self.group, first, count, g.b_rows.size)
+        return (_header(RES) + _RES.pack(self.group, first, count, g.count)
                 + b"".join(x for x, _ in parts) + b"".join(x for _, x in parts))
 
     def _finish(self, g: Group, sums: np.ndarray, weights: np.ndarray, batch: int):
         """As LatticePartyB._finish: weights, masks, a fresh encryption of zero, flooding on every
-        coefficient of the group's width (only the candidates' travel). Keys per (group, batch)."""
+        coefficient of the group's width (private: all of them travel). Keys per (group, batch)."""
         p, n, width = self.params, self.proto.n, g.width
         count = sums.shape[0]
         acc = sums.astype(np.int64, copy=False)
@@ -455,17 +625,16 @@ class PackedPartyB(_Party):
 
     def state(self) -> bytes:
         live = self.public is not None and not self.finished
-        return pack({"role": "pb", **self._common(), **self.layout.state(), "secret": self.secret,
+        return pack({"role": "pb", **self._common(), **self.view.state(), "secret": self.secret,
                      "seed": self.seed or b"", "group": self.group, "next": self.next,
                      **({"p0": self.public.p0, "cols": self.cols} if live else {})})
 
     @classmethod
     def restore(cls, proto: LatticeHamming, bits: np.ndarray, n_bits: int, s: State) -> PackedPartyB:
-        b = cls(proto, check_bits(bits, n_bits, "B's bits"), int(n_bits), BlockLayout.restore(s, proto.n),
-                s.bytes("secret", 32))
+        b = cls(proto, check_bits(bits, n_bits, "B's bits"), int(n_bits), BlockView.restore(s), s.bytes("secret", 32))
         b._set_common(s)
         b.seed = s.bytes("seed") or None
-        b.group, b.next = s.int("group", -1, len(b.layout.groups) - 1), s.int("next", 0, b.layout.n_b)
+        b.group, b.next = s.int("group", -1, len(b.view.groups) - 1), s.int("next", 0, b.view.n_b)
         if "p0" in s:
             if b.seed is None or len(b.seed) != 32:
                 raise ProtocolError("lattice blocks: a saved party B has no seed")
@@ -473,7 +642,7 @@ class PackedPartyB(_Party):
             b.public = rlwe.PublicKey(b.params.ring, s.array("p0", np.int64, (2, proto.n)), p1)
             if b.group >= 0:  # the group's matrix made again from its COLS
                 group, after = b.group, b.next
-                b.group, b.next = group - 1, b.layout.groups[group - 1].b_rows.size if group else 0
+                b.group, b.next = group - 1, b.view.groups[group - 1].count if group else 0
                 b._columns(memoryview(s.bytes("cols")))
                 b.next = after
         return b
@@ -493,16 +662,19 @@ def combine_values(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: 
     _, body_a = _open(share_a, (SHARE_A_BLOCKS,), max_message_bytes)
     _, body_b = _open(share_b, (SHARE_B_BLOCKS,), 1 << 16)
     head = _SHARE.size + DIGEST
-    for who, body in (("A", body_a), ("B", body_b)):
+    # each share against the view its site was given (computed here from the whole list): a site that
+    # ran another view than its own, or a share of another run, is refused
+    views = (("A", body_a, layout.view_a(), layout.candidates), ("B", body_b, layout.view_b(), layout.ciphertexts))
+    for who, body, view, count in views:
         if len(body) < head:
             raise ProtocolError(f"lattice blocks: {who}'s share is too short")
         fields = _SHARE.unpack_from(body)
-        if fields != (layout.n_a, layout.n_b, p.log_t, layout.candidates):
+        if fields != (layout.n_a, layout.n_b, p.log_t, count):
             raise ProtocolError(f"lattice blocks: {who}'s share is for {fields[0]} × {fields[1]} points, log t = "
-                                f"{fields[2]} and {fields[3]} candidates; expected {layout.n_a} × {layout.n_b}, "
-                                f"{p.log_t} and {layout.candidates}")
-        if bytes(body[_SHARE.size : head]) != layout.digest:
-            raise ProtocolError(f"lattice blocks: {who}'s share is for another list of blocks")
+                                f"{fields[2]} and {fields[3]} values; expected {layout.n_a} × {layout.n_b}, "
+                                f"{p.log_t} and {count}")
+        if bytes(body[_SHARE.size : head]) != view.digest:
+            raise ProtocolError(f"lattice blocks: {who}'s share is for another list of blocks (not {who}'s view)")
     _need(body_a, head + 2 * layout.candidates, "A's share")
     _need(body_b, head + 32, "B's share")
     u = np.frombuffer(body_a[head:], dtype="<u2").astype(np.int64)
@@ -527,31 +699,42 @@ class PackedLatticeHamming(LatticeHamming):
     (A subclass here, not methods of LatticeHamming, so that the whole-site module does not import
     this one: the registry's "lattice" is this class.)"""
 
-    def party_a_blocks(self, bits: np.ndarray, n_bits: int, blocks: list, n_b: int):
+    def party_a_blocks(self, bits: np.ndarray, n_bits: int, blocks: list, n_b: int, private: bool = True):
         """A over ALL its points, for the pair's `blocks` ((rows_a, rows_b) pairs of local indices; B
-        has n_b points): one run, results only at the blocks' entries."""
+        has n_b points): one run, results only at the blocks' entries. (In process and in tests: A is
+        given the whole list here, and uses only its view of it, `party_a_view`.)"""
 
         bits = check_bits(bits, n_bits, "A's bits")
-        return PackedPartyA(self, bits, int(n_bits), BlockLayout(blocks, bits.shape[0], n_b, self.n))
+        return self.party_a_view(bits, n_bits, BlockLayout(blocks, bits.shape[0], n_b, self.n, private).view_a())
 
-    def party_b_blocks(self, bits: np.ndarray, n_bits: int, blocks: list, n_a: int, secret: bytes | None = None):
+    def party_b_blocks(self, bits: np.ndarray, n_bits: int, blocks: list, n_a: int, secret: bytes | None = None,
+                       private: bool = True):
 
         bits = check_bits(bits, n_bits, "B's bits")
-        return PackedPartyB(self, bits, int(n_bits), BlockLayout(blocks, n_a, bits.shape[0], self.n), secret)
+        return self.party_b_view(bits, n_bits, BlockLayout(blocks, n_a, bits.shape[0], self.n, private).view_b(),
+                                 secret)
+
+    def party_a_view(self, bits: np.ndarray, n_bits: int, view: BlockView) -> PackedPartyA:
+        """A over all its points, given only A's view (what a site of a job receives)."""
+        return PackedPartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits), view)
+
+    def party_b_view(self, bits: np.ndarray, n_bits: int, view: BlockView, secret: bytes | None = None) -> PackedPartyB:
+        """B over all its points, given only B's view (what a site of a job receives)."""
+        return PackedPartyB(self, check_bits(bits, n_bits, "B's bits"), int(n_bits), view, secret)
 
     def combine_blocks(self, share_a: bytes, share_b: bytes, blocks: list, n_a: int, n_b: int,
-                       n_bits: int) -> list[np.ndarray]:
+                       n_bits: int, private: bool = True) -> list[np.ndarray]:
         """The coordinator's step of a packed run: each block's rows_a × rows_b distance matrix."""
 
-        return combine_blocks(share_a, share_b, BlockLayout(blocks, n_a, n_b, self.n), n_bits,
+        return combine_blocks(share_a, share_b, BlockLayout(blocks, n_a, n_b, self.n, private), n_bits,
                               self.max_message_bytes)
 
     def combine_pairs(self, share_a: bytes, share_b: bytes, blocks: list, n_a: int, n_b: int,
-                      n_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      n_bits: int, private: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same as distinct pairs (row of A, row of B, h): each candidate entry once, however many
         blocks hold it (what a coordinator keeps)."""
 
-        layout = BlockLayout(blocks, n_a, n_b, self.n)
+        layout = BlockLayout(blocks, n_a, n_b, self.n, private)
         return (*layout.pairs(), combine_values(share_a, share_b, layout, n_bits, self.max_message_bytes))
 
     def restore_party(self, bits: np.ndarray, n_bits: int, data: bytes):

@@ -9,12 +9,18 @@ carries turn t of every block still running —, and its share is every block's 
 So the relay, the admission rules, blame of a pair that fails and a site's saved session are the exact
 graph's, per round instead of once.
 
-The seam for output packing (many small blocks sharing one protocol run, crypto/'s concern): a packed
-run replaces `SiteSession.blocks_party` and `CoordinatorSession.receive_blocks`, which are the only
-callers of this module's multiplexing; nothing else of the job's order sees how a round is run.
+A protocol that packs blocks (traits().packs_blocks: lattice, crypto.lattice_blocks) runs a round's
+blocks of a pair as ONE packed run instead: `SiteSession.blocks_party` makes the packed party and
+`CoordinatorSession.receive_blocks` combines it; nothing else of the job's order sees how a round is run.
 
-Also here: the coordinator's message that hands a site its blocks of a round (`encode_plan` /
-`decode_plan`), the same list of blocks in the same order for both sites of a pair.
+Also here: the coordinator's message that hands a site its part of a round (`plans`, `encode_plan` /
+`decode_plan`). What a site is given of a pair is what the per-block runs show it and no more:
+- one run per block (Paillier, OT, plaintext): its own rows of each block, both sites the same blocks
+  in the same order;
+- a packed run: its VIEW of the pair (crypto.lattice_blocks.BlockView) — A: per group of its points,
+  how many rows of B and, for each anonymous row, which of A's points are its candidates; B: per
+  group, its own rows. Neither gets a row index of its peer. The coordinator rebuilds the pair's
+  candidate entries from the two views it sent (`pair_blocks`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing
+from crypto.lattice_blocks import BlockLayout, BlockView, blocks_from_views
 from crypto.state import Nested, State, pack
+from xclp import blocking
 from xclp.wire import dump_bundle, load_bundle
 
 MAX_BLOCKS = 30_000  # blocks of one pair in one round (a saved round: 2 of crypto.state's 65,536 fields a block)
@@ -110,24 +118,68 @@ def split_shares(data: bytes, count: int, who: str) -> list[bytes]:
 
 
 # --- the coordinator's plan of a round, as each site receives it ------------------------------------------
-def encode_plan(blocks_by_peer: dict[str, list[np.ndarray]]) -> bytes:
-    """A site's blocks of a round: per peer, its own rows of each block (CSR: indptr and indices)."""
+def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None
+          ) -> dict[str, dict[str, list[np.ndarray] | BlockView]]:
+    """Each site's part of a round, per peer: its own rows of each block (ring_n None: one run per
+    block), or its view of the pair's packed run (ring_n: the lattice ring's degree N)."""
+    out: dict[str, dict] = {}
+    for (a, b), bl in blocks.items():
+        if ring_n is None:
+            out.setdefault(a, {})[b] = [x.rows_a for x in bl]
+            out.setdefault(b, {})[a] = [x.rows_b for x in bl]
+        else:
+            layout = BlockLayout([(x.rows_a, x.rows_b) for x in bl], sizes[a], sizes[b], ring_n)
+            out.setdefault(a, {})[b] = layout.view_a()
+            out.setdefault(b, {})[a] = layout.view_b()
+    return out
+
+
+def pair_blocks(a: str, b: str, mine_a, mine_b) -> list[blocking.Block] | None:
+    """The pair's blocks of a round again, from the parts the coordinator sent a and b (None: neither
+    has one): the blocks themselves, or, for a packed run, its candidate entries as one-row blocks."""
+    if mine_a is None and mine_b is None:
+        return None
+    if isinstance(mine_a, BlockView) and isinstance(mine_b, BlockView):
+        if mine_a.side != "a" or mine_b.side != "b":
+            raise ProtocolError(f"the plans of ({a}, {b}) disagree")
+        return [blocking.Block(a, b, x, y) for x, y in blocks_from_views(mine_a, mine_b)]
+    if not isinstance(mine_a, list) or not isinstance(mine_b, list) or len(mine_a) != len(mine_b):
+        raise ProtocolError(f"the plans of ({a}, {b}) disagree")
+    return [blocking.Block(a, b, x, y) for x, y in zip(mine_a, mine_b)]
+
+
+def encode_plan(blocks_by_peer: dict[str, list[np.ndarray] | BlockView]) -> bytes:
+    """A site's part of a round: per peer, its own rows of each block (CSR: indptr and indices), or
+    its view of the pair's packed run."""
     out: dict[str, np.ndarray] = {"peers": np.array(sorted(blocks_by_peer), dtype=str)}
     for i, peer in enumerate(sorted(blocks_by_peer)):
         rows = blocks_by_peer[peer]
+        if isinstance(rows, BlockView):
+            out.update({f"view_{i}_{k}": v for k, v in rows.arrays().items()})
+            continue
         out[f"indptr_{i}"] = np.cumsum([0] + [r.size for r in rows]).astype(np.int64)
         out[f"rows_{i}"] = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
     return dump_bundle(out)
 
 
-def decode_plan(data: bytes, n: int, peers: list[str], max_bytes: int = 1 << 31) -> dict[str, list[np.ndarray]]:
-    """`encode_plan`'s message, checked: blocks of known peers, rows in [0, n), none empty."""
+def decode_plan(data: bytes, n: int, peers: list[str], max_bytes: int = 1 << 31
+                ) -> dict[str, list[np.ndarray] | BlockView]:
+    """`encode_plan`'s message, checked: blocks of known peers, rows in [0, n), none empty; a view well
+    formed (whose side it is, and that its sizes are the sites', the session checks)."""
     b = load_bundle(data, ("peers",), max_bytes, what="blocks")
     names = [str(p) for p in np.atleast_1d(b["peers"])] if b["peers"].size else []
     out = {}
     for i, peer in enumerate(names):
         if peer not in peers:
             raise ProtocolError(f"blocks with {peer!r}, not a peer of this job")
+        if f"view_{i}_meta" in b:
+            def get(k, i=i, peer=peer):
+                x = b.get(f"view_{i}_{k}")
+                if x is not None and (x.dtype != np.int64 or x.ndim != 1):
+                    raise ProtocolError(f"blocks with {peer}: a malformed view")
+                return x
+            out[peer] = BlockView.from_arrays(get)
+            continue
         indptr, rows = b.get(f"indptr_{i}"), b.get(f"rows_{i}")
         if indptr is None or rows is None or indptr.dtype != np.int64 or rows.dtype != np.int64 or indptr.ndim != 1:
             raise ProtocolError(f"blocks with {peer}: malformed")

@@ -56,7 +56,7 @@ from typing import Protocol
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
 from xclp import blocking
-from xclp.block_protocol import decode_plan, encode_plan
+from xclp.block_protocol import decode_plan, encode_plan, pair_blocks, plans
 from xclp.propagation import Prediction
 from xclp.protocol import (
     BLOCKED_GRAPH_TOPICS,
@@ -578,12 +578,9 @@ class PredictCoordinator:
         out = {}
         for i, a in enumerate(order):
             for b in order[i + 1:]:
-                rows_a, rows_b = plans[a].get(b), plans[b].get(a)
-                if rows_a is None or rows_b is None or len(rows_a) != len(rows_b):
-                    if rows_a or rows_b:
-                        raise ProtocolError(f"round {r}: the plans of ({a}, {b}) disagree")  # our own messages
-                    continue
-                out[(a, b)] = [blocking.Block(a, b, x, y) for x, y in zip(rows_a, rows_b)]
+                blocks = pair_blocks(a, b, plans[a].get(b), plans[b].get(a))  # our own messages: they agree
+                if blocks is not None:
+                    out[(a, b)] = blocks
         return out
 
     def _blocked_session(self, mail: Mailbox, order: list[str]) -> tuple[CoordinatorSession, set[str]]:
@@ -650,10 +647,12 @@ class PredictCoordinator:
         if not blocks:
             self._graph(coord, order, out)
             return
+        # each site its part of each pair: its own rows of each block, or (lattice) its view of the
+        # pair's one packed run — never a row of its peer's (xclp.block_protocol)
+        packed = coord.packs_blocks_ring()
+        parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed)
         for s in order:
-            mine = {(b if a == s else a): [bl.rows_a if a == s else bl.rows_b for bl in blocks[(a, b)]]
-                    for (a, b) in blocks if s in (a, b)}
-            out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(mine)))
+            out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
         st.attempt = r + 1
 
     def _row_sums(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:

@@ -57,6 +57,7 @@ from crypto.hamming_api import (
 )
 from crypto.identity import Identity, Pins, announce_digest, verify
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
+from crypto.lattice_blocks import BlockView
 from crypto.secure_sum import (
     mask_rows,
     prg_uint64,
@@ -939,10 +940,29 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: a block names rows outside [0, {self.X.shape[0]})")
         return self.hamming_party(peer, rows=rows)
 
-    def blocks_party(self, peer: str, blocks: list[np.ndarray]) -> BlockParty:
-        """Our side of one round's blocks with `peer` as one pair protocol (xclp.block_protocol: the seam
-        where output packing replaces one run per block)."""
-        return BlockParty([self.block_party(peer, rows) for rows in blocks], blocks)
+    def blocks_party(self, peer: str, blocks: list[np.ndarray] | BlockView) -> BlockParty | ChannelParty:
+        """Our side of one round's blocks with `peer` as one pair protocol (xclp.block_protocol): a
+        protocol that packs blocks (lattice) runs ONE packed run from our view of the pair (`blocks`, a
+        BlockView: no row of the peer's in it); the others one run per block of our own rows."""
+        if not traits(self.params.crypto).packs_blocks:
+            if isinstance(blocks, BlockView):
+                raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs one protocol per block, "
+                                    "not a packed view")
+            return BlockParty([self.block_party(peer, rows) for rows in blocks], blocks)
+        if not isinstance(blocks, BlockView):
+            raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs a pair's blocks packed: its plan "
+                                "is a view of the pair, not a list of blocks")
+        first = self.order.index(self.site) < self.order.index(peer)
+        n_a, n_b = (self.X.shape[0], self.roster[peer].n) if first else (self.roster[peer].n, self.X.shape[0])
+        if blocks.side != ("a" if first else "b") or (blocks.n_a, blocks.n_b) != (n_a, n_b) or not blocks.private:
+            raise ProtocolError(f"{self.site}: the view of the pair with {peer} is not ours (side {blocks.side}, "
+                                f"{blocks.n_a} × {blocks.n_b} points)")
+        proto = self._hamming = self._hamming or hamming_protocol(self.params)
+        if blocks.n != proto.n:
+            raise ProtocolError(f"{self.site}: a view for ring degree {blocks.n}, the protocol's is {proto.n}")
+        party = (proto.party_a_view(self.hash(), self.params.bits, blocks) if first
+                 else proto.party_b_view(self.hash(), self.params.bits, blocks))
+        return ChannelParty(party, self.channels[peer], "hamming")
 
     def block_driver(self, key: str, peer: str, blocks: list[np.ndarray]) -> PairDriver:
         """The turn-taking of a round's blocks with `peer` (`key`: the round and the peer), made once and
@@ -956,13 +976,18 @@ class SiteSession:
 
     def _restore_block_driver(self, peer: str, data: bytes) -> PairDriver:
         proto = self._hamming = self._hamming or hamming_protocol(self.params)
+        if traits(self.params.crypto).packs_blocks:  # one packed party over all our points
+            return PairDriver.restore(data, lambda b: ChannelParty(proto.restore_party(self.bits, self.params.bits, b),
+                                                                   self.channels[peer], "hamming"))
         return PairDriver.restore(data, lambda b: BlockParty.restore(
             b, lambda rows, d: ChannelParty(proto.restore_party(self.bits[rows], self.params.bits, d),
                                             self.channels[peer], "hamming")))
 
     def packed_blocks_party(self, peer: str, blocks: list[blocking.Block]) -> ChannelParty:
         """Our side of ONE pair protocol run over ALL the candidate blocks of our pair with `peer`
-        (a protocol whose traits say packs_blocks: crypto.lattice_blocks); block_party otherwise."""
+        (a protocol whose traits say packs_blocks: crypto.lattice_blocks); block_party otherwise. Given
+        the whole list (in process, tests), it runs our view of it only; a job's sites get the view
+        itself (`blocks_party`)."""
         if not traits(self.params.crypto).packs_blocks:
             raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs one protocol per block (block_party)")
         if peer not in self.order or peer == self.site:
@@ -1107,11 +1132,20 @@ class CoordinatorSession:
         self._blocked_state().add_pairs(a, b, i, j, h.ravel())
 
     def receive_blocks(self, blocks: list[blocking.Block], share_a: bytes, share_b: bytes) -> None:
-        """One round's blocks of a pair, run as one protocol (`SiteSession.blocks_party`): each block's
-        shares to `receive_block` (xclp.block_protocol: the seam where output packing goes)."""
+        """One round's blocks of a pair, run as one protocol (`SiteSession.blocks_party`): a packed run's
+        two shares, each checked against the view its site was given (`receive_packed_blocks`), or each
+        block's shares to `receive_block`."""
+        if traits(self.params.crypto).packs_blocks:
+            self.receive_packed_blocks(blocks, share_a, share_b)
+            return
         a, b = blocks[0].a, blocks[0].b
         for block, sa, sb in zip(blocks, split_shares(share_a, len(blocks), a), split_shares(share_b, len(blocks), b)):
             self.receive_block(block, sa, sb)
+
+    def packs_blocks_ring(self) -> int | None:
+        """The ring degree N of the job's packed block runs (xclp.block_protocol.plans); None where the
+        protocol runs one protocol per block."""
+        return hamming_protocol(self.params).n if traits(self.params.crypto).packs_blocks else None
 
     def receive_packed_blocks(self, blocks: list[blocking.Block], share_a: bytes, share_b: bytes) -> None:
         """The two shares of ONE packed run over all of a pair's blocks (SiteSession.packed_blocks_party)."""

@@ -9,6 +9,7 @@ from crypto.errors import ProtocolError
 from crypto.hamming_api import PairTranscript, exchange, plaintext_hamming, run_blocks, run_pair
 from crypto.lattice_blocks import BlockLayout, combine_values
 from crypto.lattice_blocks import PackedLatticeHamming as LatticeHamming
+from crypto.lattice_hamming import lattice_params
 
 
 def codes(rng, n, L):
@@ -106,15 +107,25 @@ def test_bad_block_lists_are_refused():
 
 
 def test_sides_with_different_block_lists_refuse():
+    # the sites share only the run's shape (groups, rows of B per group): they refuse another shape in
+    # A's HELLO; a list that differs where one site cannot see it (B's rows, A's positions) is refused by
+    # the coordinator, which checks each share against the view it computed for that site
     rng = np.random.default_rng(4)
     L, A, B = 16, codes(rng, 10, 16), codes(rng, 8, 16)
     proto = LatticeHamming()
-    mine, theirs = [(np.array([0, 1]), np.array([2]))], [(np.array([0, 1]), np.array([3]))]
+    mine, theirs = [(np.array([0, 1]), np.array([2]))], [(np.array([0, 1]), np.array([2, 3]))]
     with pytest.raises(ProtocolError, match="another list of blocks"):
         exchange(proto.party_a_blocks(A, L, mine, 8), proto.party_b_blocks(B, L, theirs, 10))
     sa, sb, _ = packed(proto, A, B, L, mine)
-    with pytest.raises(ProtocolError, match="another list of blocks"):
+    with pytest.raises(ProtocolError, match="B's share is for another list of blocks"):
         proto.combine_blocks(sa, sb, [(np.array([0, 1]), np.array([4]))], 10, 8, L)
+    with pytest.raises(ProtocolError, match="A's share is for another list of blocks"):
+        proto.combine_blocks(sa, sb, [(np.array([0, 2]), np.array([2]))], 10, 8, L)
+    # a site that ran another view of the same shape: A with positions {0, 2}, B as planned
+    sa2, sb2 = exchange(proto.party_a_blocks(A, L, [(np.array([0, 2]), np.array([2]))], 8),
+                        proto.party_b_blocks(B, L, mine, 10))
+    with pytest.raises(ProtocolError, match="A's share is for another list of blocks"):
+        proto.combine_blocks(sa2, sb2, mine, 10, 8, L)
 
 
 def test_a_packed_run_saved_and_restored_after_every_message_gives_the_same_distances():
@@ -150,3 +161,62 @@ def test_combine_pairs_gives_each_candidate_entry_once():
     i, j, h = proto.combine_pairs(sa, sb, blocks, 20, 15, L)
     assert sorted(zip(i.tolist(), j.tolist())) == [(0, 2), (0, 3), (1, 2), (1, 3), (5, 3)]
     np.testing.assert_array_equal(h, plaintext_hamming(A, B, L)[i, j])
+
+
+def test_each_site_is_given_its_view_and_no_row_of_its_peer():
+    # A's view: per group the count of B's rows and each anonymous row's positions P(k, c); B's view:
+    # its own rows per group. A's is the same whichever rows of B they are (an order-keeping relabelling
+    # of B's rows), B's the same whichever of A's points in a group are the candidates (A's rows permuted
+    # within their group of N): neither carries a row index of the peer
+    from crypto.lattice_blocks import blocks_from_views
+
+    rng = np.random.default_rng(13)
+    L, n_a, n_b = 64, 4150, 60
+    A, B = codes(rng, n_a, L), codes(rng, n_b, L)
+    blocks = random_blocks(rng, n_a, n_b // 2, 40) + [(np.array([4100, 4149]), np.array([1, 2]))]
+    layout = BlockLayout(blocks, n_a, n_b)
+    va, vb = layout.view_a(), layout.view_b()
+    assert set(va.arrays()) == {"meta", "ks", "counts", "keys", "key_ptr"} and set(vb.arrays()) == {"meta", "ks",
+                                                                                                    "counts", "rows"}
+    assert all(g.b_rows is None for g in va.groups) and all(g.keys is None for g in vb.groups)
+    relabel_b = [(ra, 2 * rb + 1) for ra, rb in blocks]  # B's rows j → 2j + 1: other rows, the same order
+    perm = np.r_[rng.permutation(4096), 4096 + rng.permutation(n_a - 4096)]  # A's rows, within each group
+    relabel_a = [(perm[ra], rb) for ra, rb in blocks]
+    same_a, same_b = BlockLayout(relabel_b, n_a, n_b).view_a(), BlockLayout(relabel_a, n_a, n_b).view_b()
+    assert same_a.digest == va.digest and same_b.digest == vb.digest
+    assert BlockLayout(relabel_b, n_a, n_b).view_b().digest != vb.digest  # (the views do see their own rows)
+    # the run from the two views alone, exact; the coordinator rebuilds the entries from the views it sent
+    proto = LatticeHamming()
+    sa, sb = exchange(proto.party_a_view(A, L, va), proto.party_b_view(B, L, vb))
+    rebuilt = blocks_from_views(va, vb)
+    again = BlockLayout(rebuilt, n_a, n_b)
+    assert (again.view_a().digest, again.view_b().digest) == (va.digest, vb.digest)
+    i, j, h = proto.combine_pairs(sa, sb, rebuilt, n_a, n_b, L)
+    assert set(zip(i.tolist(), j.tolist())) == set(zip(*(x.tolist() for x in layout.pairs())))
+    np.testing.assert_array_equal(h, plaintext_hamming(A, B, L)[i, j])
+    with pytest.raises(ProtocolError, match="A's party needs A's view"):
+        proto.party_a_view(A, L, vb)
+    with pytest.raises(ProtocolError, match="not of one run"):
+        blocks_from_views(va, BlockLayout(blocks[:-1], n_a, n_b).view_b())
+
+
+def test_the_first_packed_layout_is_kept_for_comparison_and_sends_less():
+    # private=False: B is given P(k, c) and returns b at the candidates only (what the benchmark compares)
+    rng = np.random.default_rng(17)
+    L, A, B = 64, codes(rng, 300, 64), codes(rng, 50, 64)
+    blocks = random_blocks(rng, 300, 50, 20)
+    H = plaintext_hamming(A, B, L)
+    sent = {}
+    for private in (True, False):
+        proto, t = LatticeHamming(), PairTranscript()
+        sa, sb = exchange(proto.party_a_blocks(A, L, blocks, 50, private=private),
+                          proto.party_b_blocks(B, L, blocks, 300, private=private), t)
+        for m, (ra, rb) in zip(proto.combine_blocks(sa, sb, blocks, 300, 50, L, private=private), blocks):
+            np.testing.assert_array_equal(m, H[np.ix_(ra, rb)])
+        sent[private] = t.b_to_a
+        if private:
+            with pytest.raises(ProtocolError, match="another list of blocks"):  # a share of the other mode
+                proto.combine_blocks(sa, sb, blocks, 300, 50, L, private=False)
+    layout = BlockLayout(blocks, 300, 50)
+    extra = layout.ciphertexts * 300 - layout.candidates  # b words at every coefficient, not the candidates'
+    assert sent[True] - sent[False] == extra * lattice_params(L).log_q_out // 8

@@ -147,3 +147,66 @@ def test_admit_the_blocked_topics():
         assert exc.value.conflict == conflict, topic
     with pytest.raises(Inadmissible):
         admit(st, "a", COORDINATOR, "tags", blocked=False)
+
+
+def test_each_site_is_planned_its_view_of_each_pair_and_no_row_of_its_peer(ds):
+    # lattice: the coordinator's blocks/1 message gives each site, per peer, its view of the pair's ONE
+    # packed run — A (earlier in the order): per group the count of B's rows and each anonymous row's
+    # positions among A's points; B: its own rows — and a site refuses a view that is not its own
+    from crypto.errors import ProtocolError
+    from crypto.lattice_blocks import BlockLayout, BlockView
+    from xclp.block_protocol import decode_plan
+    from xclp.prediction_job import Topic
+
+    params = JobParams(job_id="views", crypto="lattice", **BLOCKED)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
+    order = coord.state.order
+    n = {s: int((ds.site == s).sum()) for s in order}
+    plan = {s: decode_plan(mail.inbox(s).get(Topic.blocks(1)), n[s], order) for s in order}
+    pairs = 0
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            va, vb = plan[a].get(b), plan[b].get(a)
+            if va is None:
+                continue
+            pairs += 1
+            assert isinstance(va, BlockView) and isinstance(vb, BlockView) and (va.side, vb.side) == ("a", "b")
+            assert set(va.arrays()) == {"meta", "ks", "counts", "keys", "key_ptr"}  # no row of b's
+            assert set(vb.arrays()) == {"meta", "ks", "counts", "rows"}  # its own rows only
+            assert (va.n_a, va.n_b) == (vb.n_a, vb.n_b) == (n[a], n[b])
+            # the same views as the coordinator's pair blocks give (it rebuilt them from these messages)
+            blocks = coord._plan(mail, 1, order)[(a, b)]
+            layout = BlockLayout([(x.rows_a, x.rows_b) for x in blocks], n[a], n[b])
+            assert (layout.view_a().digest, layout.view_b().digest) == (va.digest, vb.digest)
+            with pytest.raises(ProtocolError, match="not ours"):
+                sites[a].session.blocks_party(b, vb)
+            with pytest.raises(ProtocolError, match="not ours"):
+                sites[b].session.blocks_party(a, va)
+    assert pairs >= 2
+    labels = finish(coord, sites, mail)
+    ref = run_xclp(ds, JobParams(job_id="views", **BLOCKED),
+                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s, got in labels.items():
+        assert np.array_equal(got, ref.predictions[s].labels), s
+
+
+def test_a_protocol_that_does_not_pack_runs_one_run_per_block_in_the_machines(ds):
+    # OT: each site is planned its own rows of each block (the per-block BlockParty); the labels are the
+    # plaintext job's
+    from xclp.block_protocol import decode_plan
+    from xclp.prediction_job import Topic
+
+    params = JobParams(job_id="ot", crypto="ot", **BLOCKED)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
+    s = coord.state.order[0]
+    plan = decode_plan(mail.inbox(s).get(Topic.blocks(1)), int((ds.site == s).sum()), coord.state.order)
+    assert plan and all(isinstance(v, list) for v in plan.values())
+    labels = finish(coord, sites, mail)
+    ref = run_xclp(ds, JobParams(job_id="ot", **BLOCKED),
+                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s, got in labels.items():
+        assert np.array_equal(got, ref.predictions[s].labels), s
