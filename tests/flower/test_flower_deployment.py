@@ -135,10 +135,11 @@ def test_a_failed_run_is_finished_failed_at_the_superlink_though_flwr_run_exits_
     try:
         code, run_id = flower.start("bits=64 k=6 crypto='lattice' classes=1")
         run = flower.finished(run_id)
-        waited = xclp("wait", str(run_id), "local")  # the run above, already finished
         t = time.monotonic()
+        waited = xclp("wait", str(run_id), "local")  # the run above, already finished
+        t2 = time.monotonic()
         ran = xclp("run", str(APP), "local", "--run-config", "bits=64 k=6 crypto='lattice' classes=1 nodes=2")
-        print(f"xclp flower run of a failing run: {time.monotonic() - t:.1f} s")
+        print(f"xclp flower wait: {t2 - t:.1f} s; xclp flower run of a failing run: {time.monotonic() - t2:.1f} s")
     finally:
         flower.close()
     assert code == 0
