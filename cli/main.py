@@ -790,6 +790,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tls_parser(sub)
     add_plan_parser(sub)
+    from cli.flower import add_flower_parser  # (imports no Flower: it runs Flower's own `flwr` CLI)
+
+    add_flower_parser(sub)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
     demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)

@@ -5,7 +5,10 @@ message, in a fresh ClientApp process). Each site's labels, written at the site,
 in-process simulation's with the same inputs and the same seed contributions (which each site
 writes beside its labels)."""
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +19,10 @@ from xclp.data import load_arrays  # noqa: E402
 from xclp.protocol import JobParams  # noqa: E402
 from xclp.simulation import run_xclp  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
-from xclp_flower.deployment import LocalFlower  # noqa: E402
+from xclp_flower.deployment import APP, LocalFlower  # noqa: E402
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path):
@@ -114,7 +118,8 @@ def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(tmp_pat
 
 def test_a_failed_run_is_finished_failed_at_the_superlink_though_flwr_run_exits_0(tmp_path):
     """The ServerApp's RunFailed reaches Flower as the run's failure, with the reason; `flwr run` (1.41)
-    has exited 0 by then, as soon as the run was accepted: a script reads the status (README)."""
+    has exited 0 by then, as soon as the run was accepted; `xclp flower run` and `xclp flower wait` exit 1
+    with the reason (README)."""
     X, y = load_arrays("digits", limit=120, seed=5)
     ds = simulate_sites(X, y, 2, "iid", 0.2, seed=5)
     files = {}
@@ -122,11 +127,28 @@ def test_a_failed_run_is_finished_failed_at_the_superlink_though_flwr_run_exits_
         files[s] = tmp_path / f"{s}.npz"
         np.savez(files[s], X=ds.X[ds.site == s], y=ds.y[ds.site == s])
     flower = LocalFlower(tmp_path, files)
+
+    def xclp(*args):  # `xclp flower …` (cli/flower.py) against this SuperLink ($FLWR_HOME's `local`)
+        return subprocess.run([sys.executable, "-m", "cli", "flower", *args, "--poll", "1", "--timeout", "300"],
+                              env=flower.env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+
     try:
         code, run_id = flower.start("bits=64 k=6 crypto='lattice' classes=1")
         run = flower.finished(run_id)
+        t = time.monotonic()
+        waited = xclp("wait", str(run_id), "local")  # the run above, already finished
+        t2 = time.monotonic()
+        ran = xclp("run", str(APP), "local", "--run-config", "bits=64 k=6 crypto='lattice' classes=1 nodes=2")
+        print(f"xclp flower wait: {t2 - t:.1f} s; xclp flower run of a failing run: {time.monotonic() - t2:.1f} s")
     finally:
         flower.close()
     assert code == 0
     assert run["status"] == "finished:failed", (run, flower.logs())
     assert "xclp: the run failed: n_classes must be at least 2" in run["status-details"], run
+    # `xclp flower run` / `wait` instead of `flwr run`: exit 1, the reason in their last line
+    reason = "ServerApp failed with exception: xclp: the run failed: n_classes must be at least 2"
+    for r in (waited, ran):
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 1 and "finished:failed: " + reason in last and "Traceback" not in r.stderr, r
+    assert waited.stderr.strip().splitlines()[-1].startswith(f"xclp: run {run_id} ")
+    assert "submitted to local" in ran.stderr and ": finished:failed (" in ran.stderr, ran.stderr  # progress

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from svc import ADMIN
 
-from cli.demo import LocalCluster, _repo_root
+from cli.demo import LocalCluster, _repo_root, free_port
 from cli.main import main
 
 pytestmark = pytest.mark.slow
@@ -103,6 +103,10 @@ CASES = {
                                  "--out /proc/xclp-out: cannot make this folder"),
     "tls-out-cannot-be-made": (["tls", "make-dev-ca", "--out", "/proc/xclp-tls", "--name", "x"],
                                "--out /proc/xclp-tls: cannot make this folder"),
+    # Flower's CLI behind `xclp flower` ($FLWR_HOME: a `local` connection to a port nobody listens on)
+    "flower-wait-unknown-connection": (["flower", "wait", "5", "nope"], "SuperLink connection 'nope' not found"),
+    "flower-wait-superlink-unreachable": (["flower", "wait", "5", "local"],
+                                          "flwr ls: Connection to the SuperLink is unavailable"),
     "agent-ctrl-c": (["agent", "run", "--site", "p", "--token", "{tok:p}"], "interrupted"),
     "job-wait-ctrl-c": (["job", "wait", "{job}", "--coordinator", "{url}"], "interrupted"),
 }
@@ -124,6 +128,13 @@ def test_a_mistake_is_one_clear_line_and_a_nonzero_exit(case, coord, tmp_path):
         fill["{job}"] = coord.admin.submit_job(kind="predict", sites=["p", "q"], crypto="plaintext", classes=2)
     argv = [_fill(a, fill) for a in argv]
     phrase = _fill(phrase, fill)
+    env = None
+    if argv[0] == "flower":
+        pytest.importorskip("flwr", reason="Flower is the optional extra")
+        (tmp_path / "flwr").mkdir()
+        (tmp_path / "flwr" / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+                                                       f'address = "127.0.0.1:{free_port()}"\ninsecure = true\n')
+        env = {"FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0"}
     err = tmp_path / "stderr"
     other = None
     try:
@@ -132,7 +143,7 @@ def test_a_mistake_is_one_clear_line_and_a_nonzero_exit(case, coord, tmp_path):
                                     *AGENT], fill), stderr=subprocess.DEVNULL)
             _wait_for(tmp_path / "out" / ".agent.lock", str(other.pid), other)
         with open(err, "w") as f:
-            proc = xclp(argv, stderr=f)
+            proc = xclp(argv, env=env, stderr=f)
         if case.endswith("ctrl-c"):
             _wait_for(err, "starting" if argv[0] == "agent" else "phase setup", proc)
             time.sleep(0.3)
