@@ -5,6 +5,7 @@ message, in a fresh ClientApp process). Each site's labels, written at the site,
 in-process simulation's with the same inputs and the same seed contributions (which each site
 writes beside its labels)."""
 
+import re
 import subprocess
 import sys
 import time
@@ -116,10 +117,10 @@ def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(tmp_pat
         assert all(torch.equal(got[k], want[k]) for k in want), s
 
 
-def test_a_failed_run_is_finished_failed_at_the_superlink_though_flwr_run_exits_0(tmp_path):
-    """The ServerApp's RunFailed reaches Flower as the run's failure, with the reason; `flwr run` (1.41)
-    has exited 0 by then, as soon as the run was accepted; `xclp flower run` and `xclp flower wait` exit 1
-    with the reason (README)."""
+def test_a_failed_run_is_finished_failed_at_the_superlink_and_xclp_flower_run_exits_1(tmp_path):
+    """The ServerApp's RunFailed reaches Flower as the run's failure, with the reason. `flwr run` (1.41)
+    exits 0 as soon as the run is accepted (README); `xclp flower run` submits through it and follows the
+    run to its end: exit 1 with the reason, and `xclp flower wait` on the finished run says the same."""
     X, y = load_arrays("digits", limit=120, seed=5)
     ds = simulate_sites(X, y, 2, "iid", 0.2, seed=5)
     files = {}
@@ -133,22 +134,21 @@ def test_a_failed_run_is_finished_failed_at_the_superlink_though_flwr_run_exits_
                               env=flower.env, cwd=ROOT, capture_output=True, text=True, timeout=400)
 
     try:
-        code, run_id = flower.start("bits=64 k=6 crypto='lattice' classes=1")
-        run = flower.finished(run_id)
-        t = time.monotonic()
-        waited = xclp("wait", str(run_id), "local")  # the run above, already finished
-        t2 = time.monotonic()
+        flower.wait_ready()
         ran = xclp("run", str(APP), "local", "--run-config", "bits=64 k=6 crypto='lattice' classes=1 nodes=2")
-        print(f"xclp flower wait: {t2 - t:.1f} s; xclp flower run of a failing run: {time.monotonic() - t2:.1f} s")
+        submitted = re.search(r"xclp: run (\d+) submitted to local", ran.stderr)
+        assert submitted, ran.stderr
+        run_id = int(submitted.group(1))
+        run = flower.finished(run_id)
+        waited = xclp("wait", str(run_id), "local")  # the run above, already finished
     finally:
         flower.close()
-    assert code == 0
     assert run["status"] == "finished:failed", (run, flower.logs())
     assert "xclp: the run failed: n_classes must be at least 2" in run["status-details"], run
-    # `xclp flower run` / `wait` instead of `flwr run`: exit 1, the reason in their last line
+    # exit 1, the reason in the last line
     reason = "ServerApp failed with exception: xclp: the run failed: n_classes must be at least 2"
     for r in (waited, ran):
         last = r.stderr.strip().splitlines()[-1]
         assert r.returncode == 1 and "finished:failed: " + reason in last and "Traceback" not in r.stderr, r
     assert waited.stderr.strip().splitlines()[-1].startswith(f"xclp: run {run_id} ")
-    assert "submitted to local" in ran.stderr and ": finished:failed (" in ran.stderr, ran.stderr  # progress
+    assert ": finished:failed (" in ran.stderr, ran.stderr  # progress
