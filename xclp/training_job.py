@@ -135,6 +135,11 @@ class RunSpec:
     public_sha256: str | None = None
     public_size: int | None = None
     max_missed: int = 3
+    child_sep: str = ""  # between the run's id and a round's XCLP job's ("flower-7" → "flower-7-r1" in Flower)
+
+    def xclp_job(self, t: int) -> str:
+        """The id of round t's XCLP job."""
+        return f"{self.job_id}{self.child_sep}r{t}"
 
     def strategy(self, n_sites: int, n_features: int | None) -> Strategy:
         return strategy_for(self.algorithm, self.config, self.classes, n_sites, n_features=n_features,
@@ -355,7 +360,7 @@ class TrainCoordinator:
         plan = s.configure_round(t, roster)
         plan["xclp_job"] = None
         if plan["xclp"]:
-            child = f"{self.spec.job_id}r{t}"
+            child = self.spec.xclp_job(t)
             params = s.xclp_params(child)
             if params.label_flip > 0:  # the run's randomized labels: spent once, before the first XCLP job
                 ledger = self._ledger(s)
@@ -411,8 +416,11 @@ class TrainCoordinator:
                 return False
             arrived = [x for x in participants if x in got]
             if len(arrived) < secagg.MIN_CONTRIBUTORS or len(in_sum) < 2:
-                # a masked sum of one site would be that site's weights: the round keeps the previous model
-                st.participants, st.round_left_out = [], sorted({*st.round_left_out, *participants})
+                # a masked sum of one site would be that site's weights: the round keeps the previous model.
+                # A round planned over one site asked no one for an upload: no one missed it (as in the
+                # simulation); else the planned sites are left out of the sum that did not happen.
+                asked = len(participants) >= secagg.MIN_CONTRIBUTORS
+                st.participants, st.round_left_out = [], sorted({*st.round_left_out, *(participants if asked else [])})
                 return True
             from xclp.training.fedavg import open_masked_round
 
@@ -464,8 +472,10 @@ class TrainCoordinator:
         fresh = [x for x, m in metrics.items()
                  if m.get("pseudo") == "fresh" or ("pseudo" not in m and x in plan.get("adopt", []))]
         st.cached = sorted(set(st.cached) | set(fresh))
+        # masked uploads asked of each planned site: one, or none where the plan had a single site
+        asked = int(not s.secure_sum or len(plan["sites"]) >= secagg.MIN_CONTRIBUTORS)
         row = {"round": t, "sites": plan["sites"], "left_out": left_out, "xclp_job": plan.get("xclp_job"), **extra,
-               "attempts": 1, **s.summarize(plan, metrics, shared),
+               "attempts": asked, **s.summarize(plan, metrics, shared),
                "bytes": {"up": up, "down": len(body) * len(plan["sites"])}, "site_metrics": metrics}
         if st.privacy is not None:
             row["epsilon"] = PrivacyLedger.from_json(st.privacy).epsilon()
@@ -632,6 +642,9 @@ class TrainSite:
         topic = s.upload_topic(t)
         if self.sent(topic):
             return False
+        total = self.spec.strategy(len(view.sites), self.n_features).job_rounds()
+        if not 1 <= t <= total:  # each upload is a release of the site's data, counted for the run's rounds only
+            raise ProtocolError(f"{self.me}: round {t} is not one of this run's rounds 1..{total}")
         body = inbox.shared(f"plan/{t}")
         plan = None if body is None else load_json(body, what="plan")
         if plan is None or self.me not in plan["sites"]:

@@ -64,7 +64,7 @@ STATE = "xclp"  # the node's record for an XCLP job J, "xclp:J": its parameters,
 RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret: one draw per run)
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 ENDED = "xclp-ended"  # a prediction run's job is over here: no other job of the run is taken
-TRAINING = "training"  # this site's state between training rounds (xclp_flower.training)
+TRAINING = "training"  # a training run's settings and site machine ("training-*": its stores; xclp_flower.training_site)
 
 app = ClientApp()
 
@@ -221,16 +221,17 @@ class FlowerSite:
             raise ProtocolError(f"{self.name}: the announce of job {self.job} carries the parameters of {params.job_id}")
         self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
         training = self.state.get(TRAINING)
-        if training is not None and "run" in training:  # an XCLP job of this training run: its own settings
+        if training is not None and "spec" in training:  # an XCLP job of this training run: its own settings
             from dataclasses import asdict
 
-            from xclp_flower.training import run_xclp_params
+            from xclp_flower.training_site import run_xclp_params
 
-            want = asdict(run_xclp_params(str(training["run"]), params.job_id))
+            sites = json.loads(str(training["sites"]))
+            want = asdict(run_xclp_params(str(training["spec"]), params.job_id, len(sites)))
             odd = sorted(k for k, v in asdict(params).items() if want[k] != v)
-            if odd or not set(step["sites"]) <= set(json.loads(str(training["run"]))[2]):
+            if odd or not set(step["sites"]) <= set(sites):
                 raise PolicyError(f"job {params.job_id} is not an XCLP job of this training run as it was accepted "
-                                  f"at hello (its {odd or 'sites'} differ)")
+                                  f"at its start (its {odd or 'sites'} differ)")
         self._admit_noise(params)
         if training is None:  # a training run's XCLP jobs are inside the budget it stated at hello
             self.admit_to_ledger(params.job_id, {"kind": "predict", "params": vars(params)})
@@ -271,7 +272,7 @@ class FlowerSite:
         the CSPRNG), else restored from the record over the data file reloaded."""
         X = self.X
         if "features-model" in secrets:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
-            from xclp_flower.training import embeddings
+            from xclp_flower.training_site import embeddings
 
             X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]))
         if "session" in secrets:
@@ -321,20 +322,20 @@ class FlowerSite:
         return (np.frombuffer(bytes(r["labels"]), dtype=np.int64).copy(),
                 np.frombuffer(bytes(r["confidence"]), dtype=np.float64).copy())
 
-    def train(self, step: ConfigRecord, family: str) -> ConfigRecord:
-        from xclp_flower import training
+    def train(self, step: ConfigRecord) -> ConfigRecord:
+        """One message of a training run: the core's site machine, its records in Context.state
+        (xclp_flower.training_site)."""
+        from xclp_flower.training_site import train_step
 
-        self.classes = int(step.get("classes", 10))
-        kept = self.state.get(TRAINING)
-        work = training.fedct_site_round if family == "fedct" else training.fedavg_site_round
-        out, record = work(self, step, kept)
-        if str(step["step"]) == "finish":  # the run is over here: its key, model, caches and secrets go
-            for name in (TRAINING, RUN, RESULT):
+        out, records = train_step(self, step)
+        if records is None:  # the run is over here: its key, model, caches and secrets go
+            for name in [n for n in self.state.config_records if n.startswith(TRAINING)] + [RUN, RESULT]:
                 if name in self.state:
                     del self.state[name]
             self._wipe_jobs()
         else:
-            self.state[TRAINING] = record
+            for name, record in records.items():
+                self.state[name] = record
         return out
 
 
@@ -377,13 +378,8 @@ def xclp_step(message: Message, context: Context) -> Message:
     return _answer(message, context, lambda site, step: site.handle(step))
 
 
-@app.train("fedct")
-def fedct_step(message: Message, context: Context) -> Message:
-    """One FedCT step at this site: hello (its U's digest checked), a round, or the finish."""
-    return _answer(message, context, lambda site, step: site.train(step, "fedct"))
-
-
-@app.train("fedavg")
-def fedavg_step(message: Message, context: Context) -> Message:
-    """One FedAvg step at this site: hello (its key for the masked sums), a round, or the finish."""
-    return _answer(message, context, lambda site, step: site.train(step, "fedavg"))
+@app.train("xclp")
+def train_step(message: Message, context: Context) -> Message:
+    """One message of a training run at this site (xclp_flower.training_site): its start (the run's
+    settings, checked by the site's policy), a round's upload or unmask answer, the evaluation, the end."""
+    return _answer(message, context, lambda site, step: site.train(step))

@@ -13,7 +13,7 @@ lattice), bits, k, alpha, classes, nodes (how many SuperNodes to wait for before
 default 2) and timeout (seconds a round, or that wait, may take); for training runs
 (xclp_flower/training.py) `algorithm`, TRAIN_KEYS below and max-missed-rounds. A site that does
 not answer, or answers with an error, leaves an XCLP job as it leaves the coordinator's
-(FlowerXCLP.run), and a training run leaves it out of the round and goes on (FlowerTraining).
+(FlowerXCLP.run); a training run follows the core's machine (FlowerTraining).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ lattice), bits, k, alpha, classes, graph (exact, blocked or auto; with blocking-
 descent-rounds, influence-rank), nodes (how many SuperNodes to wait for before the job starts,
 default 2) and timeout (seconds a round, or that wait, may take); for training runs
 `algorithm`, TRAIN_KEYS below and max-missed-rounds. A site that does not answer, or answers with
-an error, leaves an XCLP job as it leaves the coordinator's (FlowerXCLP.run), and a training run
-leaves it out of the round and goes on (FlowerTraining).
+an error, leaves an XCLP job as it leaves the coordinator's (FlowerXCLP.run); in a training run a
+site that answers with an error refuses the run, and one that does not answer is left out of the
+round and struck, by the core's machine (FlowerTraining).
 
 A run that fails (fewer than two sites left, a bad run config, a protocol error) prints
 "xclp: the run failed: REASON" and raises RunFailed, an ordinary Exception: Flower 1.41 records a

@@ -21,6 +21,13 @@ from xclp_flower.training import FlowerTraining  # noqa: E402
 OPTIONS = {"rounds": 3, "model": "tree", "seed": 4, "crypto": "lattice", "bits": 128, "k": 6}
 
 
+def uploads(grid, kind: str) -> list[bytes]:
+    """Every `kind` upload (votes, update) the sites' replies carried to the ServerApp's coordinator
+    ("out:coordinator:KIND/…", xclp_flower/training_site.py)."""
+    return [bytes(v) for way, _, fields in grid.seen if way == "from" for k, v in fields.items()
+            if k.startswith(f"out:coordinator:{kind}/")]
+
+
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("flower-fedct")
@@ -74,12 +81,12 @@ def test_under_a_dp_budget_a_flower_site_reports_no_statistics_of_its_data(feder
     assert all(r["local_accuracy"] is None for r in out["history"])
     config = asdict(STRATEGIES["fedct"].config_from_options("fedct", {**OPTIONS, "dp_epsilon": 8.0}, 3))
     s = strategy_for("fedct", config, 10, 3, n_public=len(U))
-    uploads = [bytes(f["votes"]) for way, _, f in grid.seen if way == "from" and "votes" in f]
-    assert len(uploads) == 9 and all(s.load_upload(b)[1] == {} for b in uploads)
+    votes = uploads(grid, "votes")
+    assert len(votes) == 9 and all(s.load_upload(b)[1] == {} for b in votes)
     # without a budget the same upload carries the site's statistics
     plain = InProcessGrid(client_app, configs)
     FlowerTraining(plain, "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
-    meta = [s.load_upload(bytes(f["votes"]))[1] for way, _, f in plain.seen if way == "from" and "votes" in f]
+    meta = [s.load_upload(b)[1] for b in uploads(plain, "votes")]
     assert all("eval_correct" in m for m in meta)
 
 
@@ -148,10 +155,10 @@ def test_flower_fedavg_gives_every_site_the_simulations_model(federation, secure
     if secure:  # every upload the ServerApp saw was masked: decoded alone, it is far from any weights
         from xclp.training.messages import load_masked
 
-        masked = [fields for way, _, fields in grid.seen if way == "from" and "update" in fields]
+        masked = uploads(grid, "update")
         assert len(masked) == 9
-        for fields in masked:
-            v, _ = load_masked(bytes(fields["update"]), sum(t.numel() for t in want.values()))
+        for body in masked:
+            v, _ = load_masked(body, sum(t.numel() for t in want.values()))
             assert float(np.abs(decode(v, FRAC_BITS)).max()) > MAX_ABS_WEIGHT
 
 
@@ -257,15 +264,38 @@ def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
 
 # --- what a ServerApp cannot make a site do --------------------------------------------------------------
 
+def start_the_run(link, sites, algorithm, config):
+    """A training run's start sent by hand to every site, as FlowerTraining's coordinator machine sends
+    it (xclp_flower/training_site.py): (the run's settings, the run's machine, its mailbox, the replies)."""
+    from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
+    from xclp.training_job import RunSpec, TrainCoordinator, TrainState
+    from xclp_flower.training_site import MESSAGE_TYPE, step_fields
+
+    spec = RunSpec("flower-1", algorithm, config, 10, child_sep="-")
+    coord, mail = TrainCoordinator(spec, TrainState.new(sites)), MemoryMailbox()
+    back = link.round_to_sites("setup", {x: step_fields(spec, coord.state, {}) for x in sites},
+                               message_type=MESSAGE_TYPE, tolerate=True)
+    for x, r in back.items():
+        for k, v in r.items():
+            if k.startswith("out:"):
+                mail.put(Send(x, COORDINATOR, k.split(":", 2)[2], bytes(v)))
+    for _ in range(4):
+        for m in coord.step(mail):
+            if isinstance(m, Send):  # (a round's XCLP job, StartXCLP: not run here)
+                mail.put(m)
+    return spec, coord, mail
+
+
 def test_a_serverapp_cannot_repeat_rounds_add_rounds_or_change_the_runs_settings(federation):
     # Every round's upload is a release (under DP-FedAvg, a noisy one calibrated to the run's rounds):
-    # a site answers each of the run's rounds once, with the settings it accepted at hello.
-    import json as _json
-    from dataclasses import asdict
+    # a site answers each of the run's rounds once, with the settings it accepted at the run's start.
+    from dataclasses import asdict, replace
 
     from xclp.training.algorithms import STRATEGIES
+    from xclp.training.messages import dump_json
     from xclp.training.strategy import Roster
     from xclp_flower.server_app import FlowerLink
+    from xclp_flower.training_site import MESSAGE_TYPE, step_fields
 
     ds, _, configs, _ = federation
     grid = InProcessGrid(client_app, configs)
@@ -273,32 +303,40 @@ def test_a_serverapp_cannot_repeat_rounds_add_rounds_or_change_the_runs_settings
     sites = link.connect()
     opts = {**FEDAVG, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 8.0, "rounds": 2}
     config = asdict(STRATEGIES["fedavg"].config_from_options("fedavg", opts, 3))
-    common = {"algorithm": "fedavg", "config": _json.dumps(config), "sites": sites, "classes": 10}
-    hello = link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg")
-    keys = _json.dumps({x: bytes(hello[x]["public_key"]).hex() for x in sites})
-    s = STRATEGIES["fedavg"].from_config(config, 10, 3, n_features=64)
-    plan = s.configure_round(1, Roster(sites, sites, []))
-    ids = _json.dumps({x: {"identity": bytes(hello[x]["identity"]).hex(), "signature": bytes(hello[x]["signature"]).hex()}
-                       for x in sites})
-    step = {**common, "round": 1, "plan": _json.dumps({**plan, "xclp_job": None}), "keys": keys, "identities": ids,
-            "model": s.dump_broadcast(s.network().state_dict()), "participants": sites, "attempt": 0}
+    spec, coord, mail = start_the_run(link, sites, "fedavg", config)
+    view = coord.state
+    assert view.phase == "round" and view.round == 1
+    shared = {(to, topic): b for (_, to, topic), b in mail.messages.items() if to == "*"}  # keys, model/0, plan/1
 
-    def ask(**change):
-        link.round_to_sites("round", {x: {**step, **change} for x in sites}, message_type="train.fedavg",
-                            tolerate=True)
-        return link.failed
+    def ask(view, start=None, messages=None):
+        """One Grid round to every site: (each site's uploads, each refusing site's reason)."""
+        back = link.round_to_sites(view.phase, {x: step_fields(start, view, messages or {}) for x in sites},
+                                   message_type=MESSAGE_TYPE, tolerate=True)
+        return {x: [k for k in r if str(k).startswith("out:")] for x, r in back.items()}, dict(link.failed)
 
-    assert ask() == {}  # round 1, once
-    assert all("answered already" in why for why in ask().values())  # the same round again
-    assert all("not one of this run's rounds 1..2" in why for why in ask(round=99).values())
-    fewer = _json.dumps({**config, "rounds": 1})  # each release calibrated to spend the whole budget
-    assert all("differ from those accepted" in why for why in ask(round=2, config=fewer).values())
+    def uploads(got):
+        return sum(len(v) for v in got[0].values())
+
+    first = ask(view, messages=shared)
+    assert first[1] == {} and uploads(first) == 3  # round 1, once
+    assert ask(view) == ({x: [] for x in sites}, {})  # the same round again: nothing more is sent
+    def refused(got, why: str) -> bool:
+        return len(got[1]) == 3 and all(why in reason for reason in got[1].values())
+
+    assert refused(ask(replace(view, round=99)), "not one of this run's rounds 1..2")
+    fewer = {**config, "rounds": 1}  # each release calibrated to spend the whole budget
+    assert refused(ask(view, start=replace(spec, config=fewer)), "differ from those accepted")
     # what the old restart rule allowed, round 1 masked again over fewer sites (the subtraction
-    # attack), or over the same ones (fresh noise to average): refused, a site masks a round once
-    assert all("answered already" in why for why in ask(round=1, attempt=1, participants=sites[:2]).values())
-    assert all("answered already" in why for why in ask(round=1, attempt=1).values())
-    assert ask(round=2) == {}
-    assert len(ask(round=2)) == 3 and len(ask(step="hello")) == 3
+    # attack), or over the same ones (fresh noise to average): nothing is sent, a site masks a round once
+    assert uploads(ask(replace(view, participants=sites[:2]))) == 0
+    assert uploads(ask(view)) == 0
+    s = STRATEGIES["fedavg"].from_config(config, 10, 3, n_features=64)
+    plan2 = {**s.configure_round(2, Roster(sites, sites, [])), "xclp_job": None}
+    round2 = {("*", "plan/2"): dump_json(plan2), ("*", "model/1"): shared[("*", "model/0")]}
+    view2 = replace(view, round=2, participants=list(plan2["sites"]))
+    second = ask(view2, messages=round2)
+    assert second[1] == {} and uploads(second) == 3
+    assert uploads(ask(view2)) == 0 and refused(ask(view2, start=spec), "a second start")  # nor a second start
 
 
 def test_the_xclp_jobs_of_a_run_share_one_label_randomization(federation):
@@ -351,7 +389,6 @@ def test_a_secure_round_planned_over_one_site_keeps_the_model_as_the_simulation_
 def test_a_training_runs_xclp_jobs_are_the_ones_its_settings_make(federation):
     # fedavg-xclp under a budget: half of it for the randomized labels of its XCLP jobs. A ServerApp
     # cannot start one that randomizes less (or before hello, so that the budget is spent twice).
-    import json as _json
     from dataclasses import asdict, replace
 
     from xclp.training.algorithms import STRATEGIES
@@ -363,8 +400,7 @@ def test_a_training_runs_xclp_jobs_are_the_ones_its_settings_make(federation):
     sites = link.connect()
     opts = {**FEDAVG, "secure_aggregation": True, "clip": 1.0, "dp_epsilon": 8.0}
     config = asdict(STRATEGIES["fedavg-xclp"].config_from_options("fedavg-xclp", opts, 3))
-    common = {"algorithm": "fedavg-xclp", "config": _json.dumps(config), "sites": sites, "classes": 10}
-    link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg")
+    start_the_run(link, sites, "fedavg-xclp", config)
     s = STRATEGIES["fedavg-xclp"].from_config(config, 10, 3, n_features=64)
     right = s.xclp_params("flower-1-r1")
     assert right.label_flip > 0
@@ -376,25 +412,30 @@ def test_a_training_runs_xclp_jobs_are_the_ones_its_settings_make(federation):
     link = FlowerLink(grid)
     link.connect()
     FlowerXCLP(grid, replace(right, job_id="early", label_flip=0.01), link=link).run(sites=sites)
-    link.round_to_sites("hello", {x: common for x in sites}, message_type="train.fedavg", tolerate=True)
+    start_the_run(link, sites, "fedavg-xclp", config)
     assert all("randomized the labels otherwise" in why for why in link.failed.values()) and len(link.failed) == 3
 
 
 def test_a_serverapp_that_swaps_a_sites_masking_key_is_refused(federation):
     # The masked sums' X25519 keys travel through the ServerApp: one that puts its own key in place of
     # site2's could compute site2's pairwise masks with everyone. Each key is signed by its site's
-    # identity (crypto.identity), which the ServerApp does not hold: the sites refuse the round.
+    # identity (crypto.identity), which the ServerApp does not hold: the sites refuse the round (and with
+    # it the run, as an agent refuses the coordinator's job: two of three refusing, the run fails).
+    from dataclasses import replace
+
     from crypto.keys import SiteKeyPair
+    from xclp.training.messages import dump_json, load_json
 
     ds, _, configs, _ = federation
 
     class Swapping(FlowerTraining):
-        def _fedavg_rounds(self, s, labelled, common, keys, shared):
-            return super()._fedavg_rounds(s, labelled, common, {**keys, "site2": SiteKeyPair.generate().public_bytes().hex()},
-                                          shared)
+        def deliver(self, m):  # the keys the coordinator's machine sends, site2's swapped on their way
+            if m.topic == "keys":
+                m = replace(m, body=dump_json({**load_json(m.body), "site2": SiteKeyPair.generate().public_bytes().hex()}))
+            return super().deliver(m)
 
     said = []
-    out = Swapping(InProcessGrid(client_app, configs), "fedavg", {**FEDAVG, "secure_aggregation": True, "rounds": 1},
-                   10, say=said.append).run()
-    assert out["history"][0]["left_out"] == ["site0", "site1"]  # each refused the swapped key
-    assert sum("site2" in m and "does not verify" in m for m in said) == 2, said
+    with pytest.raises(SiteFailed, match=r"fewer than 2 sites.*site0.*site2.*does not verify.*site1.*site2.*does not"):
+        Swapping(InProcessGrid(client_app, configs), "fedavg", {**FEDAVG, "secure_aggregation": True, "rounds": 1},
+                 10, say=said.append).run()
+    assert sum("site2" in m and "does not verify" in m and "refused" in m for m in said) == 2, said
