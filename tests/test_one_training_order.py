@@ -107,7 +107,7 @@ def through_the_service(tmp_path):
             agents[s] = Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), s,
                               tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
         job = admin.submit_train(algorithm="fedavg", sites=SITES, classes=2, max_missed_rounds=MAX_MISSED,
-                                 holdout=0.0, **OPTIONS)  # every label trains, as in memory
+                                 **OPTIONS)
         last, still, end = None, 0, time.monotonic() + 120
         while time.monotonic() < end:
             st = admin.job(job)
