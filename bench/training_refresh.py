@@ -44,9 +44,10 @@ from xclp.data import make_dataset
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.training import fedavg as fedavg_mod
-from xclp.training.fedavg import FedAvgConfig, run_fedavg, sample_sites
+from xclp.training.fedavg import FedAvgConfig, sample_sites
 from xclp.training.models import embed_array
 from xclp.training.runner import TrainConfig, prepare, run_training
+from xclp.training.simulation import run_fedavg
 
 RESULTS = Path(__file__).resolve().parent / "results" / "training_refresh.json"
 

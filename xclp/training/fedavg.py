@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -51,7 +51,7 @@ from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
-from xclp.training.strategy import Federation, Roster, Strategy, Weights, pooled_rate, run_rounds, scored_accuracy
+from xclp.training.strategy import Federation, Roster, Strategy, Weights, pooled_rate, scored_accuracy
 
 MAX_LABELLED_BATCH = 50
 
@@ -384,14 +384,6 @@ def accuracy(model: torch.nn.Module, X: np.ndarray, y: np.ndarray) -> float:
 
 def n_parameters(model: torch.nn.Module) -> int:
     return int(sum(p.numel() for p in model.parameters()))
-
-
-def run_fedavg(sites: list[Site], test: tuple[np.ndarray, np.ndarray], n_classes: int, config: FedAvgConfig,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """FedAvg (+ pseudo-labels) over the sites; accuracy of the global model on `test` per round."""
-    cfg = config.validate()
-    with torch_threads(cfg.threads):
-        return run_rounds(FedAvgFederation(FedAvgStrategy(cfg, n_classes, sites[0].X.shape[1]), sites, test), progress)
 
 
 # --- the strategy: the hooks the simulation and the service call -----------------------------------
