@@ -55,7 +55,8 @@ def test_flower_deployment_runs_fedct_rounds_like_the_simulation(tmp_path):
     import pickle
 
     from xclp.training.fedavg import Site
-    from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
+    from xclp.training.fedct import FedCTConfig, public_digest
+    from xclp.training.simulation import run_fedct
 
     X, y = load_arrays("digits", limit=600, seed=3)
     X = (X / 16.0).astype(np.float32)

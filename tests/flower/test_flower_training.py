@@ -12,7 +12,8 @@ pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e
 from xclp.data import load_arrays  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
 from xclp.training.fedavg import Site  # noqa: E402
-from xclp.training.fedct import FedCTConfig, public_digest, run_fedct  # noqa: E402
+from xclp.training.fedct import FedCTConfig, public_digest  # noqa: E402
+from xclp.training.simulation import run_fedct  # noqa: E402
 from xclp_flower.client_app import app as client_app  # noqa: E402
 from xclp_flower.grid import InProcessGrid  # noqa: E402
 from xclp_flower.server_app import SiteFailed  # noqa: E402

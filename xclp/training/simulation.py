@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from xclp.data import make_dataset
+from xclp.data import UNLABELLED, make_dataset
 from xclp.prediction_job import COORDINATOR, MemoryMailbox
 from xclp.protocol import simulation_noise_seed
 from xclp.simulation import run_xclp
@@ -67,8 +67,8 @@ class SimEnv:
     site trained on last (`pseudo`): the simulation scores them against the truth even where a site
     under a DP budget reports nothing."""
 
-    def __init__(self, site, sites: list[str], public, mail: MemoryMailbox, xclp: dict):
-        self.site, self.sites, self.public, self.mail, self.xclp = site, sites, public, mail, xclp
+    def __init__(self, site, sites: list[str], public, mail: MemoryMailbox, xclp: dict, seed: int = 0):
+        self.site, self.sites, self.public, self.mail, self.xclp, self.seed = site, sites, public, mail, xclp, seed
         self.store: dict[str, bytes] = {}
         self.pseudo = None
 
@@ -79,6 +79,11 @@ class SimEnv:
         if job is None or (job, self.site.name) not in self.xclp:
             return "none", None  # no job, or the job went on without this site
         return "ready", self.xclp[(job, self.site.name)]
+
+    def noise_key(self, t: int) -> bytes:
+        """The key of the site's DP noise in round t (FedCT's randomized response): from the run's seed,
+        as every random draw of a simulated site."""
+        return hashlib.sha256(f"xclp/simulation/randomized-response/{self.seed}/{t}/{self.site.name}".encode()).digest()
 
     def check_public(self) -> None:
         pass  # the simulation's sites share the one public set it drew
@@ -159,7 +164,7 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
     coord = TrainCoordinator(spec, TrainState.new(names))
     xclp: dict = {}
     n_features = int(sites[0].X.shape[1])
-    envs = {x.name: SimEnv(x, names, public, mail, xclp) for x in sites}
+    envs = {x.name: SimEnv(x, names, public, mail, xclp, seed) for x in sites}
     machines = {x: TrainSite(x, spec, SimWork(envs[x], spec.public_sha256), draw=SeededDraw(seed, x),
                              n_features=n_features) for x in names}
     run = SimulatedRun(coord, mail, envs)
@@ -219,11 +224,23 @@ def _run_child(run: SimulatedRun, job: StartXCLP, seed: int) -> None:
         net = s.network()
         net.load_state_dict(run.shared(job.round - 1, s))
         rows = [embed_array(net, X) for X in rows]
-    ds = make_dataset(np.concatenate(rows), np.concatenate([envs[x].site.y for x in job.sites]),
-                      np.concatenate([np.full(envs[x].site.n, x) for x in job.sites]), n_classes=job.params.n_classes)
+    labels = [envs[x].site.y for x in job.sites]
+    parties = [np.full(envs[x].site.n, x) for x in job.sites]
+    cfg = run.coordinator.spec.config
+    if cfg.get("public_in_graph"):
+        # FedCT's option of the simulation alone: U, with the last consensus as its labels, joins the
+        # graph as one more party (every site knows U, so a stand-in party holds it)
+        public = next(iter(envs.values())).public
+        s = run.coordinator.strategy()
+        last = run.shared(job.round - 1, s) if job.round > 1 else None
+        rows.append(public.X)
+        labels.append(np.full(len(public.X), UNLABELLED) if last is None else np.asarray(last))
+        parties.append(np.full(len(public.X), "public"))
+    ds = make_dataset(np.concatenate(rows), np.concatenate(labels), np.concatenate(parties),
+                      n_classes=job.params.n_classes)
     # One noise secret per site for the whole run: the same randomized labels in every round.
     res = run_xclp(ds, job.params, seed=seed * 100_003 + job.round,
-                   noise_seeds={x: simulation_noise_seed(seed, x) for x in job.sites})
+                   noise_seeds={x: simulation_noise_seed(seed, x) for x in np.unique(ds.site)})
     from xclp.training.fedavg import PseudoLabels
 
     for x in job.sites:
@@ -314,3 +331,76 @@ def _pseudo_accuracy(envs: list[SimEnv]) -> float:
         hit += int((labels[m] == site.y_true[m]).sum())
         tot += int(m.sum())
     return hit / tot if tot else float("nan")
+
+
+# --- FedCT (+ XCLP) ----------------------------------------------------------------------------------
+
+def run_fedct(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int, config,
+              public_y: np.ndarray | None = None, progress: Callable[[str], None] | None = None, *,
+              silent: dict[str, str] | None = None, max_missed: int = 3) -> dict:
+    """FedCT (or FedCT+XCLP with config.xclp) through the core's machines; the m local models' test
+    accuracy after each exchange, and the consensus's accuracy on U where `public_y` is known."""
+    import time
+
+    from xclp.privacy.ledger import no_privacy
+    from xclp.training.fedct import FedCTStrategy, PublicSet, label_bytes
+    from xclp.training.models import torch_threads
+
+    cfg = config.validate(len(sites))
+    s = FedCTStrategy(cfg, n_classes, len(public_X))
+    public = PublicSet.create(public_X)
+    say = progress or (lambda _m: None)
+    abstain_possible = cfg.tie == "abstain" or cfg.quorum is not None
+    up = label_bytes(len(public.X), n_classes, cfg.bitpack)
+    down = label_bytes(len(public.X), n_classes + 1 if abstain_possible else n_classes, cfg.bitpack)
+    comm = {"labels_up": 0, "labels_down": 0, "xclp_bytes": 0}
+    history: list[dict] = []
+    clock = [time.perf_counter()]
+
+    def on_round(run: SimulatedRun, rec: dict) -> None:
+        t = rec["round"]
+        comm["labels_up"] += up * len(rec["voted"])
+        comm["labels_down"] += down * len(rec["sites"])
+        learners = [s.site_state(env)[0].learner for env in run.envs.values()]
+        accs = np.array([float(np.mean(np.asarray(h.predict(test[0])) == test[1])) for h in learners])
+        P = run.shared(t, s)
+        kept = P >= 0
+        mixes = [m["mix"] for m in rec["site_metrics"].values() if m.get("mix") is not None]
+        row = {"round": t, "left_out": rec["left_out"], "accuracy": float(accs.mean()),
+               "accuracy_std": float(accs.std()), "site_accuracy": accs.tolist(),
+               "pseudo_label_accuracy": float(np.mean(P[kept] == public_y[kept]))
+               if public_y is not None and kept.any() else float("nan"),
+               "public_coverage": float(kept.mean()),
+               "xclp_pseudo_label_accuracy": _pseudo_accuracy([run.envs[x] for x in rec["sites"]]),
+               "mix": float(np.mean(mixes)) if mixes else float("nan"),
+               "epsilon": rec.get("epsilon")}
+        now = time.perf_counter()
+        row["seconds"], clock[0] = now - clock[0], now
+        history.append(row)
+        say(f"exchange {t}/{cfg.rounds}: acc {row['accuracy']:.4f} ± {row['accuracy_std']:.4f}  consensus acc "
+            f"{row['pseudo_label_accuracy']:.4f} on {row['public_coverage']:.0%} of U  {row['seconds']:.1f}s")
+
+    spec = spec_for(s, job_id=s.algorithm, public_sha256=public.digest, public_size=len(public.X),
+                    max_missed=max_missed)
+    with torch_threads(cfg.threads):
+        run = simulate(spec, sites, public=public, seed=cfg.seed, silent=silent, on_round=on_round)
+    st = run.state
+    if st.status == "failed":
+        raise ValueError(st.failure)
+    comm["xclp_bytes"] = run.xclp_bytes
+    n = len(sites)
+    shared = run.shared(len(st.history), s)
+    return {
+        "algorithm": s.algorithm,
+        "final_accuracy": history[-1]["accuracy"],
+        "history": history,
+        "communication_bytes": {"total": comm["labels_up"] + comm["labels_down"] + comm["xclp_bytes"], **comm,
+                                "per_round_label_bytes": (up + down) * n,
+                                "public_size": len(public.X), "public_sha256": public.digest},
+        "privacy": st.privacy or no_privacy(),
+        "learners": cfg.learner_names(n),
+        "models": [s.site_state(env)[0].learner for env in run.envs.values()],
+        "dropped": st.dropped,
+        # the last consensus every site received: U's points and their labels (−1: no consensus)
+        "released_labels": (public.X, np.asarray(shared)),
+    }
