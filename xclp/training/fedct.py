@@ -44,7 +44,7 @@ from xclp.privacy import randomized_response
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import LEARNERS, TIE_RULES
-from xclp.training.strategy import Roster, VotingStrategy, pooled_rate, scored_sites
+from xclp.training.strategy import Roster, VotingStrategy, pooled_rate, scored_sites, seeded_key
 
 # --- the public set ------------------------------------------------------------------------------
 
@@ -425,10 +425,8 @@ class FedCTStrategy(VotingStrategy):
                     if body is None:
                         return None
                     P = self.load_broadcast(body)
-                # a simulated site's randomized response is keyed by its seeded source (SimEnv.noise_key);
-                # an agent's env has none: its key comes from os.urandom
-                noise_key = getattr(env, "noise_key", None)
-                votes, mix = self.update(state, env.public, P, t, noise_key=noise_key(t) if noise_key else None)
+                key = seeded_key(env, f"randomized-response/{cfg.seed}/{t}/{env.site.name}")
+                votes, mix = self.update(state, env.public, P, t, noise_key=key)
                 self.keep_site_state(env, state, t)
             metrics = self.site_statistics({"mix": mix, **env.scores(lambda X: np.asarray(state.learner.predict(X))),
                                             **env.pseudo_scores(state.xclp_labels, state.xclp_weights)})

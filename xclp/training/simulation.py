@@ -80,10 +80,11 @@ class SimEnv:
             return "none", None  # no job, or the job went on without this site
         return "ready", self.xclp[(job, self.site.name)]
 
-    def noise_key(self, t: int) -> bytes:
-        """The key of the site's DP noise in round t (FedCT's randomized response): from the run's seed,
-        as every random draw of a simulated site."""
-        return hashlib.sha256(f"xclp/simulation/randomized-response/{self.seed}/{t}/{self.site.name}".encode()).digest()
+    def noise_key(self, name: str) -> bytes:
+        """The key of one of the site's DP noise draws (FedCT's randomized response, FedKT's teachers'
+        counts), named by its strategy: from the run's seed, as every random draw of a simulated site.
+        (An agent's env has none: its noise is drawn from os.urandom.)"""
+        return hashlib.sha256(f"xclp/simulation/{name}".encode()).digest()
 
     def check_public(self) -> None:
         pass  # the simulation's sites share the one public set it drew
@@ -161,7 +162,8 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
     row)` is called as each round closes, with the machine's record of it."""
     names = [x.name for x in sites]
     mail = MemoryMailbox()
-    coord = TrainCoordinator(spec, TrainState.new(names))
+    coord = _SimCoordinator(spec, TrainState.new(names))
+    coord.noise_key = hashlib.sha256(f"xclp/simulation/server-noise/{seed}".encode()).digest()
     xclp: dict = {}
     n_features = int(sites[0].X.shape[1])
     envs = {x.name: SimEnv(x, names, public, mail, xclp, seed) for x in sites}
@@ -210,6 +212,20 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
     else:
         raise RuntimeError("the run did not end")
     return run
+
+
+class _SimCoordinator(TrainCoordinator):
+    """The coordinator's machine with its strategy's server-side noise (FedKT's L1 counts) drawn from the
+    run's seed, where a coordinator draws it from os.urandom: a simulation repeats exactly."""
+
+    noise_key: bytes | None = None
+
+    @property
+    def whole(self) -> Strategy:
+        s = super().whole
+        if hasattr(s, "noise_key"):
+            s.noise_key = self.noise_key
+        return s
 
 
 def _run_child(run: SimulatedRun, job: StartXCLP, seed: int) -> None:
@@ -404,3 +420,61 @@ def run_fedct(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
         # the last consensus every site received: U's points and their labels (−1: no consensus)
         "released_labels": (public.X, np.asarray(shared)),
     }
+
+
+# --- FedKT ------------------------------------------------------------------------------------------
+
+def run_fedkt(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int, config,
+              public_y: np.ndarray | None = None, baselines: bool = False,
+              progress: Callable[[str], None] | None = None, *, silent: dict[str, str] | None = None) -> dict:
+    """FedKT's one shot through the core's machines; the final model (the student on the server's labels
+    of U2, as every site trains it) scored on `test`; with `baselines`, SOLO and centralized PATE."""
+    from xclp.privacy.ledger import no_privacy
+    from xclp.training.fedct import PublicSet, label_bytes
+    from xclp.training.fedkt import FedKTStrategy, fedkt_baselines
+    from xclp.training.models import torch_threads
+
+    cfg = config.validate()
+    s = FedKTStrategy(cfg, n_classes, len(public_X))
+    public = PublicSet.create(public_X)
+    say = progress or (lambda _m: None)
+    history: list[dict] = []
+    comm = {"votes_up": 0, "labels_down": 0}
+    final = [None]
+
+    def on_round(run: SimulatedRun, rec: dict) -> None:
+        t, u2 = rec["round"], s.u2
+        labels = run.shared(t, s)
+        uploads = [s.load_upload(run.mail.body(x, COORDINATOR, s.upload_topic(t)))[0] for x in rec["voted"]]
+        comm["votes_up"] += label_bytes(len(u2), n_classes + 1) * len(uploads)
+        comm["labels_down"] += label_bytes(len(u2), n_classes + 1) * len(sites)
+        keep = labels >= 0
+        final[0] = s.final_model(public.X, labels)
+        acc = float(np.mean(final[0].predict(test[0]) == test[1])) if final[0] is not None else float("nan")
+        y = public_y[u2] if public_y is not None else None
+        row = {"round": t, "accuracy": acc, "parties_voted": len(uploads), "labelled_queries": float(keep.mean()),
+               "pseudo_label_accuracy": float(np.mean(labels[keep] == y[keep])) if y is not None and keep.any()
+               else float("nan"),
+               "consistent_vote_rate": float(np.mean([np.mean(v >= 0) for v in uploads])) if uploads else 0.0,
+               "epsilon": rec.get("epsilon")}
+        history.append(row)
+        say(f"one shot: final model acc {row['accuracy']:.4f}, {row['labelled_queries']:.0%} of "
+            f"{len(u2)} queries labelled (label acc {row['pseudo_label_accuracy']:.4f})")
+
+    spec = spec_for(s, job_id="fedkt", public_sha256=public.digest, public_size=len(public.X))
+    with torch_threads(cfg.threads):
+        run = simulate(spec, sites, public=public, seed=cfg.seed, silent=silent, on_round=on_round)
+        st = run.state
+        if st.status == "failed":
+            raise ValueError(st.failure)
+        out = {"algorithm": "fedkt", "final_accuracy": history[-1]["accuracy"], "history": history,
+               "communication_bytes": {"total": sum(comm.values()), **comm,
+                                       "public_size": len(public.X), "queries": len(s.u2)},
+               "privacy": st.privacy or no_privacy(),
+               "gamma": s.gamma, "learners": {"teacher": cfg.teacher, "student": cfg.student_name},
+               "dropped": st.dropped}
+        if baselines:
+            out["baselines"] = fedkt_baselines(list(sites), public.X, s, test)
+    out["model"] = final[0]
+    out["released_labels"] = (np.asarray(public_X)[s.u2], np.asarray(run.shared(1, s)))  # the server's labels of U2
+    return out

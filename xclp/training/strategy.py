@@ -89,6 +89,13 @@ class SiteEnv(Protocol):
         """How many pseudo-labels the site trains on, and how many are right where it knows."""
 
 
+def seeded_key(env: SiteEnv, name: str) -> bytes | None:
+    """The key of a site's DP noise draw `name` where its driver seeds them (the simulation's
+    `SimEnv.noise_key`: a run that repeats exactly); None elsewhere: the site draws from os.urandom."""
+    key = getattr(env, "noise_key", None)
+    return None if key is None else key(name)
+
+
 class Strategy(ABC):
     """One training algorithm's hooks. `cfg` is the algorithm's validated config."""
 
