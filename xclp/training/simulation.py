@@ -273,10 +273,8 @@ def run_fedavg(sites: list, test: tuple[np.ndarray, np.ndarray], n_classes: int,
                max_missed: int = 3) -> dict:
     """FedAvg (+ pseudo-labels) over the sites through the core's machines; the global model's accuracy
     on `test` after each round (every `eval_every` rounds, and the last)."""
-    import time
-
     from xclp.privacy.ledger import no_privacy
-    from xclp.training.fedavg import FedAvgStrategy, accuracy, n_parameters
+    from xclp.training.fedavg import FedAvgStrategy, n_parameters
     from xclp.training.models import torch_threads
 
     cfg = config.validate()
@@ -284,41 +282,18 @@ def run_fedavg(sites: list, test: tuple[np.ndarray, np.ndarray], n_classes: int,
     say = progress or (lambda _m: None)
     net = s.network()
     n_params = n_parameters(net)
-    history: list[dict] = []
-    clock = [time.perf_counter()]
-
-    def on_round(run: SimulatedRun, rec: dict) -> None:
-        t = rec["round"]
-        truth = [run.envs[x] for x in rec["sites"]]
-        row = {"round": t, "stage": rec["stage"], "sites": rec["sites"], "lr": rec["lr"],
-               "left_out": rec["left_out"], "pseudo_label_accuracy": _pseudo_accuracy(truth),
-               "bytes": rec["bytes"]}
-        if "decoded" in rec:
-            row["decoded"] = rec["decoded"]
-        if "epsilon" in rec:  # spent by the coordinator's machine as it decoded the round's sum
-            row["epsilon"] = rec["epsilon"]
-        if t % cfg.eval_every == 0 or t == s.total_rounds():
-            net.load_state_dict(run.shared(t, s))
-            row["accuracy"] = accuracy(net, *test)
-        for env in truth:
-            env.pseudo = None
-        now = time.perf_counter()
-        row["seconds"], clock[0] = now - clock[0], now
-        history.append(row)
-        say(f"round {t}/{s.total_rounds()}{' (stage 1)' if row['stage'] == 1 else ''}: "
-            f"acc {row.get('accuracy', float('nan')):.4f} pseudo {row['pseudo_label_accuracy']:.4f}  "
-            f"{row['seconds']:.1f}s")
+    rows = FedAvgRows(s, test, say)
 
     if cfg.dp:
         s.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
     spec = spec_for(s, job_id=cfg.algorithm, max_missed=max_missed)
     with torch_threads(cfg.threads):
-        run = simulate(spec, sites, seed=cfg.seed, silent=silent, on_round=on_round)
-    st = run.state
+        run = simulate(spec, sites, seed=cfg.seed, silent=silent, on_round=rows)
+    st, history = run.state, rows.history
     if st.status == "failed":
         raise ValueError(st.failure)
     net.load_state_dict(run.shared(len(st.history), s))
-    model_bytes = sum(r["bytes"]["up"] + r["bytes"]["down"] for r in history)
+    model_bytes = rows.bytes
     return {
         "algorithm": cfg.algorithm,
         "final_accuracy": history[-1]["accuracy"],
@@ -331,6 +306,50 @@ def run_fedavg(sites: list, test: tuple[np.ndarray, np.ndarray], n_classes: int,
         "dropped": st.dropped,
         "model": net,
     }
+
+
+class FedAvgRows:
+    """The simulation's record of FedAvg's rounds (`on_round`): the machine's, with the global model's
+    accuracy on the test set (every `eval_every` rounds, and the last) and the pseudo-labels' accuracy."""
+
+    def __init__(self, s, test, say):
+        import time
+
+        self.s, self.test, self.say, self.net = s, test, say, s.network()
+        self.history: list[dict] = []
+        self.clock, self.time = time.perf_counter(), time.perf_counter
+
+    @property
+    def bytes(self) -> int:
+        return sum(r["bytes"]["up"] + r["bytes"]["down"] for r in self.history)
+
+    def __call__(self, run: SimulatedRun, rec: dict) -> bool:
+        """The row of a FedAvg round (False: the round is not FedAvg's)."""
+        from xclp.training.fedavg import accuracy
+
+        s, t = self.s, rec["round"]
+        if t > s.total_rounds():
+            return False
+        truth = [run.envs[x] for x in rec["sites"]]
+        row = {"round": t, "stage": rec["stage"], "sites": rec["sites"], "lr": rec["lr"],
+               "left_out": rec["left_out"], "pseudo_label_accuracy": _pseudo_accuracy(truth),
+               "bytes": rec["bytes"]}
+        if "decoded" in rec:
+            row["decoded"] = rec["decoded"]
+        if "epsilon" in rec:  # spent by the coordinator's machine as it decoded the round's sum
+            row["epsilon"] = rec["epsilon"]
+        if t % s.cfg.eval_every == 0 or t == s.total_rounds():
+            self.net.load_state_dict(run.shared(t, s))
+            row["accuracy"] = accuracy(self.net, *self.test)
+        for env in truth:
+            env.pseudo = None
+        now = self.time()
+        row["seconds"], self.clock = now - self.clock, now
+        self.history.append(row)
+        self.say(f"round {t}/{s.total_rounds()}{' (stage 1)' if row['stage'] == 1 else ''}: "
+                 f"acc {row.get('accuracy', float('nan')):.4f} pseudo {row['pseudo_label_accuracy']:.4f}  "
+                 f"{row['seconds']:.1f}s")
+        return True
 
 
 def _pseudo_accuracy(envs: list[SimEnv]) -> float:
@@ -478,3 +497,63 @@ def run_fedkt(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
     out["model"] = final[0]
     out["released_labels"] = (np.asarray(public_X)[s.u2], np.asarray(run.shared(1, s)))  # the server's labels of U2
     return out
+
+
+# --- FREDY ------------------------------------------------------------------------------------------
+
+def run_fredy(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int, config,
+              public_y: np.ndarray | None = None, progress: Callable[[str], None] | None = None, *,
+              silent: dict[str, str] | None = None) -> dict:
+    """FedAvg for `rounds` rounds, then the voting round, through the core's machines (one run, as a
+    training job: FREDYStrategy.at_round); the released student's test accuracy."""
+    from xclp.privacy.ledger import no_privacy
+    from xclp.training.fedct import PublicSet, label_bytes
+    from xclp.training.fredy import FREDYStrategy
+    from xclp.training.models import torch_threads
+
+    cfg = config.validate()
+    say = progress or (lambda _m: None)
+    # refuses a γ past the budget first
+    s = FREDYStrategy(cfg, n_classes, len(public_X), len(sites), n_features=sites[0].X.shape[1])
+    public = PublicSet.create(public_X)
+    fedavg = FedAvgRows(s.fedavg, test, say)
+    queries_y = None if public_y is None else public_y[: s.n_queries]
+    comm = {"votes_up": 0, "labels_down": 0}
+    vote: dict = {}
+
+    def on_round(run: SimulatedRun, rec: dict) -> None:
+        if fedavg(run, rec):
+            return
+        labels = run.shared(rec["round"], s)
+        keep = labels >= 0
+        n_bytes = label_bytes(len(labels), n_classes + 1)
+        comm["votes_up"] += n_bytes * len(rec["voted"])
+        comm["labels_down"] += n_bytes * len(sites)
+        vote["labels"], vote["student"] = labels, s.final_model(public.X, labels)
+        student = vote["student"]
+        acc = float(np.mean(student.predict(test[0]) == test[1])) if student is not None else float("nan")
+        row = {"round": rec["round"], "stage": "vote", "accuracy": acc, "teachers": len(rec["voted"]),
+               "left_out": rec["left_out"], "labelled_queries": float(keep.mean()),
+               "pseudo_label_accuracy": float(np.mean(labels[keep] == queries_y[keep]))
+               if queries_y is not None and keep.any() else float("nan"),
+               "epsilon": rec.get("epsilon")}
+        fedavg.history.append(row)
+        say(f"vote: student acc {row['accuracy']:.4f}, {row['labelled_queries']:.0%} of "
+            f"{s.n_queries} queries labelled (label acc {row['pseudo_label_accuracy']:.4f})")
+
+    spec = spec_for(s, job_id="fredy", public_sha256=public.digest, public_size=len(public.X))
+    with torch_threads(cfg.threads):
+        run = simulate(spec, sites, public=public, seed=cfg.seed, silent=silent, on_round=on_round)
+    st, history = run.state, fedavg.history
+    if st.status == "failed":
+        raise ValueError(st.failure)
+    model_bytes = sum(r["bytes"]["up"] + r["bytes"]["down"] for r in history if "bytes" in r)
+    return {"algorithm": "fredy", "final_accuracy": history[-1]["accuracy"],
+            "fedavg_accuracy": history[-2]["accuracy"] if len(history) > 1 else None,
+            "history": history,
+            "communication_bytes": {"total": model_bytes + sum(comm.values()), "fedavg_model_bytes": model_bytes,
+                                    **comm, "queries": s.n_queries},
+            "privacy": st.privacy or no_privacy(), "gamma": s.gamma, "student": cfg.student_name,
+            "model": vote.get("student"), "dropped": st.dropped,
+            # the noisy-vote labels of the queries
+            "released_labels": (public.X[: s.n_queries], np.asarray(vote.get("labels")))}
