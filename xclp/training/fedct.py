@@ -1,7 +1,7 @@
 """Federated co-training (FedCT, Abourayya et al. AAAI 2025) and FedCT+XCLP.
 
-(About 510 lines: the public set, the consensus, the local update, the strategy with its DP release
-and the simulation's sites: one algorithm, read together.)
+(The public set, the consensus, the local update and the strategy with its DP release: one algorithm,
+read together. The simulation runs it through the core's machines: xclp/training/simulation.py.)
 
 ```
 P ← ∅                                         pseudo-labelled public set

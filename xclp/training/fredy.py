@@ -10,8 +10,8 @@ round n + 1    every site fine-tunes the global model on its own labels (its fin
                model released outside the federation
 ```
 
-Two loops of the same kind, one after the other: FedAvg's strategy and federation, then this
-module's one voting round (FREDYStrategy, FREDYFederation), both through `run_rounds`.
+One run of the core's machines (xclp/training_job.py): FedAvg's rounds by FedAvg's strategy
+(`FREDYStrategy.at_round`), then this module's one voting round, in every driver alike.
 
 Privacy. The paper gives no accountant; this one does, and says what it covers. The noise is the
 discrete Laplace mechanism (xclp.privacy.discrete_laplace, "Laplace(1/γ)" on integer counts, from a
@@ -148,7 +148,7 @@ class FREDYStrategy(VotingStrategy):
         return "fredy"
 
     def total_rounds(self) -> int:
-        return 1  # the vote (the simulation runs FedAvg's rounds as a loop of their own)
+        return 1  # the vote (FedAvg's rounds before it: at_round, job_rounds)
 
     def at_round(self, t: int) -> Strategy:
         return self.fedavg if t <= self.fedavg.total_rounds() else self

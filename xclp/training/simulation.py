@@ -1,5 +1,8 @@
 """The simulation's training driver: a run's two machines (xclp.training_job) in one process.
 
+(About 560 lines: the driver, and for each of the four algorithms what only a simulation reports of a
+round — a test set's accuracy, the truth about pseudo-labels — read with the driver they hook into.)
+
 `simulate` runs a training run through `TrainCoordinator` and one `TrainSite` per site over an
 in-memory mailbox, as xclp/simulation.py runs a prediction job's machines: the sites step, the
 coordinator decides, and when nothing can move the step's deadline has passed. It decides nothing
