@@ -3,8 +3,8 @@
     .venv/bin/python -m bench.fredy [--quick] [--json bench/results/fredy.json]
 
 Fashion-MNIST, a seeded pool of 12,000 points dealt iid to 10 sites (9,000 of them labelled), test
-on a seeded 5,000 of t10k; FedAvg (MLP) 10 rounds with 5 sites a round, 2 local epochs — once, the
-teachers' common start — then, for every (Q, ε), the voting round: every site's teacher (the global
+on a seeded 5,000 of t10k; FedAvg (MLP) 10 rounds with 5 sites a round, 2 local epochs — the
+teachers' common start, the same model in every run (same seed) — then, for every (Q, ε), the voting round: every site's teacher (the global
 model fine-tuned on its own labels) labels Q public queries, the server adds discrete Laplace
 noise to the counts, and the student (an MLP) is trained on the labelled queries. ε at δ = 1e-5,
 example level, with every teacher as the sensitivity (one example reaches all of them through
@@ -20,11 +20,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from xclp.training.fedavg import FedAvgFederation, FedAvgStrategy, round_lr
-from xclp.training.fredy import FREDYConfig, FREDYFederation, FREDYStrategy
-from xclp.training.models import torch_threads
+from xclp.training.fredy import FREDYConfig
 from xclp.training.runner import TrainConfig, prepare
-from xclp.training.strategy import run_rounds
+from xclp.training.simulation import run_fredy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fredy.json"
 DATA = {"algorithm": "fredy", "dataset": "fashion-mnist", "sites": 10, "split": "iid", "train_size": 12_000,
@@ -48,25 +46,21 @@ def main(argv=None) -> int:
     queries = [100, 500] if args.quick else QUERIES
     sites, public, test, n_classes = prepare(TrainConfig(**data, **fed))
     base = FREDYConfig(**fed).validate()
-    with torch_threads(1):
-        fedavg = FedAvgFederation(FedAvgStrategy(base.fedavg_config(), n_classes, sites[0].X.shape[1]), sites, test)
-        teachers_from = run_rounds(fedavg)
-        lr = round_lr(fedavg.strategy.cfg, fedavg.strategy.total_rounds())
-        say(f"FedAvg, {fed['rounds']} rounds: {teachers_from['final_accuracy']:.4f}")
-        rows = []
-        for q in queries:
-            for eps in EPSILONS:
-                cfg = replace(base, queries=q, dp_epsilon=None if eps is None else float(eps)).validate()
-                strategy = FREDYStrategy(cfg, n_classes, len(public[1]), len(sites))
-                vote = run_rounds(FREDYFederation(strategy, sites, public[0], fedavg.shared, fedavg.model, lr, test,
-                                                  public[1]))
-                last = vote["history"][-1]
-                rows.append({"queries": q, "epsilon_budget": eps, "epsilon_spent": vote["privacy"]["epsilon"],
-                             "gamma": vote["gamma"], "student_accuracy": last["accuracy"],
-                             "labelled_queries": last["labelled_queries"], "label_accuracy": last["pseudo_label_accuracy"]})
-                say(str(rows[-1]))
+    rows, fedavg_accuracy = [], None
+    # each cell is one run through the core's machines (xclp.training.simulation.run_fredy): FedAvg's
+    # rounds repeat in every run, to the same model (the same seed), then the vote
+    for q in queries:
+        for eps in EPSILONS:
+            cfg = replace(base, queries=q, dp_epsilon=None if eps is None else float(eps)).validate()
+            vote = run_fredy(sites, public[0], test, n_classes, cfg, public_y=public[1])
+            fedavg_accuracy = vote["fedavg_accuracy"]
+            last = vote["history"][-1]
+            rows.append({"queries": q, "epsilon_budget": eps, "epsilon_spent": vote["privacy"]["epsilon"],
+                         "gamma": vote["gamma"], "student_accuracy": last["accuracy"],
+                         "labelled_queries": last["labelled_queries"], "label_accuracy": last["pseudo_label_accuracy"]})
+            say(str(rows[-1]))
     out = {"command": "python -m bench.fredy" + (" --quick" if args.quick else ""), "data": data, "fedavg": fed,
-           "fedavg_accuracy": teachers_from["final_accuracy"], "rows": rows}
+           "fedavg_accuracy": fedavg_accuracy, "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))
     print("| queries | " + " | ".join("no noise" if e is None else f"ε = {e}" for e in EPSILONS) + " |")

@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from xclp.baselines import label_spreading
-from xclp.training.fedavg import FedAvgConfig, run_fedavg
+from xclp.training.fedavg import FedAvgConfig
 from xclp.training.models import embed_array, predict_proba_array
 from xclp.training.runner import TrainConfig, prepare
+from xclp.training.simulation import run_fedavg
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -68,9 +68,10 @@ def _run(cluster, ds, knobs: dict, algorithm: str) -> tuple[float, bytes]:
 def main(argv: list[str] | None = None) -> int:
     from cli.demo import LocalCluster
     from xclp.splits import simulate_sites
-    from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
+    from xclp.training.fedavg import FedAvgConfig, Site
     from xclp.training.messages import load_state
     from xclp.training.models import build_network
+    from xclp.training.simulation import run_fedavg
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="digits,fashion-mnist")

@@ -43,10 +43,11 @@ import numpy as np
 from xclp.data import make_dataset
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
-from xclp.training import fedavg as fedavg_mod
-from xclp.training.fedavg import FedAvgConfig, run_fedavg, sample_sites
+from xclp.training import simulation as sim_mod
+from xclp.training.fedavg import FedAvgConfig, sample_sites
 from xclp.training.models import embed_array
 from xclp.training.runner import TrainConfig, prepare, run_training
+from xclp.training.simulation import run_fedavg
 
 RESULTS = Path(__file__).resolve().parent / "results" / "training_refresh.json"
 
@@ -183,28 +184,28 @@ def part1(quick: bool, bits: int, key_bits: int, sizes: list[int], protocols: li
 # --- part 2 ----------------------------------------------------------------------------------------
 
 class _Counter:
-    """Wraps XCLPLabeller.__call__ to count the XCLP runs and their seconds."""
+    """Wraps the simulation's XCLP child-job runner to count the XCLP runs and their seconds."""
 
     def __init__(self):
         self.calls, self.seconds, self.rounds = 0, 0.0, []
-        self._orig = fedavg_mod.XCLPLabeller.__call__
+        self._orig = sim_mod._run_child
 
     def __enter__(self):
         counter = self
 
-        def wrapped(labeller, model, sites, rnd):
+        def wrapped(run, job, seed):
             t = time.perf_counter()
-            out = counter._orig(labeller, model, sites, rnd)
+            out = counter._orig(run, job, seed)
             counter.seconds += time.perf_counter() - t
             counter.calls += 1
-            counter.rounds.append(int(rnd))
+            counter.rounds.append(int(job.round))
             return out
 
-        fedavg_mod.XCLPLabeller.__call__ = wrapped
+        sim_mod._run_child = wrapped
         return self
 
     def __exit__(self, *exc):
-        fedavg_mod.XCLPLabeller.__call__ = self._orig
+        sim_mod._run_child = self._orig
 
 
 def timed_training(cfg: TrainConfig) -> tuple[dict, _Counter, float, list, list]:

@@ -238,9 +238,10 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     from cli.progress import wait_for_job
     from xclp.data import load_arrays
     from xclp.splits import simulate_sites
-    from xclp.training.fedavg import FedAvgConfig, Site, accuracy, run_fedavg
+    from xclp.training.fedavg import FedAvgConfig, Site, accuracy
     from xclp.training.messages import load_state
     from xclp.training.models import build_network
+    from xclp.training.simulation import run_fedavg
 
     t0 = time.perf_counter()
     work = _workdir(workdir)

@@ -60,7 +60,8 @@ def test_flower_deployment_runs_fedct_rounds_like_the_simulation(tmp_path):
     import pickle
 
     from xclp.training.fedavg import Site
-    from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
+    from xclp.training.fedct import FedCTConfig, public_digest
+    from xclp.training.simulation import run_fedct
 
     X, y = load_arrays("digits", limit=600, seed=3)
     X = (X / 16.0).astype(np.float32)
@@ -90,9 +91,10 @@ def test_flower_deployment_runs_fedct_rounds_like_the_simulation(tmp_path):
 def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(tmp_path):
     import torch
 
-    from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
+    from xclp.training.fedavg import FedAvgConfig, Site
     from xclp.training.messages import load_state
     from xclp.training.models import build_network
+    from xclp.training.simulation import run_fedavg
 
     X, y = load_arrays("digits", limit=600, seed=3)
     ds = simulate_sites((X / 16.0).astype(np.float32), y, 3, "iid", 0.1, seed=3)

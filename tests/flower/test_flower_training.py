@@ -12,7 +12,8 @@ pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e
 from xclp.data import load_arrays  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
 from xclp.training.fedavg import Site  # noqa: E402
-from xclp.training.fedct import FedCTConfig, public_digest, run_fedct  # noqa: E402
+from xclp.training.fedct import FedCTConfig, public_digest  # noqa: E402
+from xclp.training.simulation import run_fedct  # noqa: E402
 from xclp_flower.client_app import app as client_app  # noqa: E402
 from xclp_flower.grid import InProcessGrid  # noqa: E402
 from xclp_flower.server_app import SiteFailed  # noqa: E402
@@ -115,7 +116,8 @@ FEDAVG = {"rounds": 3, "sites_per_round": 3, "local_epochs": 3, "lr": 0.1, "seed
 
 
 def _sim_fedavg(ds, algorithm: str, **kw) -> dict:
-    from xclp.training.fedavg import FedAvgConfig, run_fedavg
+    from xclp.training.fedavg import FedAvgConfig
+    from xclp.training.simulation import run_fedavg
 
     sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
              for s in ds.sites]
@@ -378,7 +380,8 @@ def test_a_secure_round_planned_over_one_site_keeps_the_model_as_the_simulation_
     assert all(r["sites"] == ["site0"] and r["attempts"] == 0 and r["trained"] == [] for r in out["history"])
     sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s] if s == "site0" else
                   np.full((ds.site == s).sum(), -1), ds.y_true[ds.site == s]) for s in ds.sites]
-    from xclp.training.fedavg import FedAvgConfig, run_fedavg
+    from xclp.training.fedavg import FedAvgConfig
+    from xclp.training.simulation import run_fedavg
 
     cfg = FedAvgConfig(algorithm="fedavg", secure_aggregation=True, **{k: v for k, v in FEDAVG.items() if k != "crypto"})
     want = run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10, cfg)["model"].state_dict()

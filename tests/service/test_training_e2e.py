@@ -15,12 +15,13 @@ from svc import ProcessCluster, cluster_fixture
 
 from xclp.data import load_arrays
 from xclp.splits import simulate_sites
-from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
-from xclp.training.fedct import FedCTConfig, public_digest, run_fedct
-from xclp.training.fedkt import FedKTConfig, run_fedkt
-from xclp.training.fredy import FREDYConfig, run_fredy
+from xclp.training.fedavg import FedAvgConfig, Site
+from xclp.training.fedct import FedCTConfig, public_digest
+from xclp.training.fedkt import FedKTConfig
+from xclp.training.fredy import FREDYConfig
 from xclp.training.messages import load_state
 from xclp.training.models import build_network
+from xclp.training.simulation import run_fedavg, run_fedct, run_fedkt, run_fredy
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ from xclp.training.fedavg import (
     average_states,
     client_update,
     plan_round,
-    run_fedavg,
     sample_sites,
 )
 from xclp.training.models import build_network, weighted_cross_entropy
+from xclp.training.simulation import run_fedavg
 
 
 def test_weighted_loss_equals_hand_computation():
@@ -109,7 +109,7 @@ def _toy_sites(rng, n_sites=3, n=40, d=8):
 
 
 def test_refresh_reuses_pseudo_labels_between_graph_rounds(monkeypatch):
-    import xclp.training.fedavg as fa
+    import xclp.training.simulation as fa  # the simulation's driver runs the run's XCLP jobs
 
     calls = []
     real = fa.run_xclp
@@ -124,10 +124,10 @@ def test_refresh_reuses_pseudo_labels_between_graph_rounds(monkeypatch):
     test = (centres.astype(np.float32), np.arange(3))
     cfg = FedAvgConfig(algorithm="fedavg-xclp", rounds=3, sites_per_round=3, local_epochs=1, refresh=2, bits=256, k=3)
     run_fedavg(sites, test, 3, cfg)
-    assert calls == ["fedavg-round1", "fedavg-round3"]
+    assert calls == ["fedavg-xclpr1", "fedavg-xclpr3"]  # the machine's child jobs: "<run>r<round>"
     calls.clear()
     run_fedavg(sites, test, 3, FedAvgConfig(**{**cfg.__dict__, "refresh": 1, "rounds": 2, "warmup_rounds": 1}))
-    assert calls == ["fedavg-round2", "fedavg-round3"]  # stage 1 (round 1, labelled only) runs no XCLP
+    assert calls == ["fedavg-xclpr2", "fedavg-xclpr3"]  # stage 1 (round 1, labelled only) runs no XCLP
 
 
 def test_bad_config_is_refused():

@@ -5,7 +5,8 @@ import pytest
 
 import xclp.training.fedct as fedct
 from xclp.training.fedavg import Site
-from xclp.training.fedct import FedCTConfig, PublicSet, local_training_set, run_fedct
+from xclp.training.fedct import FedCTConfig, PublicSet, local_training_set
+from xclp.training.simulation import run_fedct
 
 
 class SpyLearner:
@@ -41,7 +42,8 @@ def test_public_pseudo_labels_replace_the_previous_ones(monkeypatch):
     test = (rng.normal(size=(5, 4)), np.zeros(5, dtype=np.int64))
     out = run_fedct(sites, U, test, 3, FedCTConfig(rounds=4, tie="abstain"), public_y=np.zeros(100, dtype=np.int64))
     # fit t sees its 3 labels plus exactly the 10·(t−1) points labelled at the previous exchange
-    assert spies[0].sizes == [3, 13, 23, 33]
+    # (site0's learner as the site kept it: the simulated site stores it between exchanges, as an agent does)
+    assert out["models"][0].sizes == [3, 13, 23, 33]
     assert [h["public_coverage"] for h in out["history"]] == [0.1, 0.2, 0.3, 0.4]
     assert out["communication_bytes"]["labels_up"] == 4 * 3 * 25  # 100 labels × 2 bits (3 classes), 3 sites, 4 exchanges
 

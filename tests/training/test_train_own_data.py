@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from xclp.data import DataError, load_arrays
-from xclp.training.fedavg import FedAvgConfig, Site, run_fedavg
+from xclp.training.fedavg import FedAvgConfig, Site
 from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp.training.runner import run_training
+from xclp.training.simulation import run_fedavg
 
 
 def _write_csv(path, X, labels, sites=None):

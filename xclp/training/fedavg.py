@@ -20,20 +20,19 @@ Algorithms: "fedavg" (labelled only; samples labelled sites only), "fedavg-xclp"
 "fedavg-per-site-lp" (label spreading on each site's own embeddings), "fedavg-network" (the model's
 own argmax, confidence = 1 − entropy / log C, scaled by its maximum).
 
-(About 500 lines: the algorithm's config, its server side, its pseudo-labellers, its client update
-and its strategy for both drivers.)
+(About 640 lines: the algorithm's config, its server side, its pseudo-labellers, its client update,
+its strategy and its masked round's upload and decoding, for every driver.)
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import io
 import logging
 import math
 import os
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -41,17 +40,14 @@ import torch
 
 from crypto.errors import ProtocolError
 from xclp.baselines import label_spreading
-from xclp.data import UNLABELLED, make_dataset
 from xclp.privacy import gaussian_shares
-from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of, no_privacy
+from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of
 from xclp.propagation import class_weights, predict_from_scores
-from xclp.protocol import JobParams, simulation_noise_seed
-from xclp.simulation import run_xclp
 from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
-from xclp.training.strategy import Federation, Roster, Strategy, Weights, pooled_rate, run_rounds, scored_accuracy
+from xclp.training.strategy import Roster, Strategy, Weights, pooled_rate, scored_accuracy
 
 MAX_LABELLED_BATCH = 50
 
@@ -89,8 +85,8 @@ class FedAvgConfig:
     warmup_rounds: int = 0  # stage 1: labelled-only FedAvg rounds before the main loop
     refresh: int = 1  # recompute pseudo-labels every R rounds (1 = the paper); else reuse a site's last
     aggregate: str = "mean"  # "mean" (the paper) or "weighted" (by site size)
-    # the mean as secure aggregation computes it (fixed point; xclp.training.secure_aggregation): a
-    # service job masks the updates, the simulation averages the same way without masks
+    # the updates double-masked, so the server decodes only their sum (xclp.training.double_masking), in
+    # every driver alike
     secure_aggregation: bool = False
     max_labelled_batch: int = MAX_LABELLED_BATCH
     # XCLP / label spreading
@@ -271,34 +267,6 @@ def round_pseudo_labels(cfg: FedAvgConfig, plan: dict, site: Site, model, n_clas
     return labeller(model, [site], plan["round"])[site.name], "fresh"
 
 
-class XCLPLabeller:
-    """XCLP over the sampled sites' embeddings: run_xclp on a Dataset of φ(X^(j)), j ∈ P."""
-
-    def __init__(self, n_classes: int, bits: int, k: int, alpha: float, crypto: str, key_bits: int, seed: int,
-                 label_flip: float = 0.0, dp_delta: float = 1e-5, standardize: bool = True):
-        self.n_classes, self.bits, self.k, self.alpha = n_classes, bits, k, alpha
-        self.crypto, self.key_bits, self.seed, self.standardize = crypto, key_bits, seed, standardize
-        self.label_flip, self.dp_delta = label_flip, dp_delta
-        self.last_bytes = 0
-
-    def __call__(self, model, sites: list[Site], rnd: int) -> dict[str, PseudoLabels]:
-        V = [embed_array(model, s.X) for s in sites]
-        ds = make_dataset(np.concatenate(V), np.concatenate([s.y for s in sites]),
-                          np.concatenate([np.full(s.n, s.name) for s in sites]), n_classes=self.n_classes)
-        params = JobParams(job_id=f"fedavg-round{rnd}", n_classes=self.n_classes, bits=self.bits, k=self.k,
-                           alpha=self.alpha, crypto=self.crypto, key_bits=self.key_bits, label_flip=self.label_flip,
-                           dp_delta=self.dp_delta, standardize=self.standardize).validate()
-        # One noise secret per site for the whole run: the same randomized labels in every round.
-        res = run_xclp(ds, params, seed=self.seed * 100_003 + rnd,
-                       noise_seeds={s.name: simulation_noise_seed(self.seed, s.name) for s in sites})
-        self.last_bytes = int(res.bytes["total"])
-        out = {}
-        for s in sites:
-            m = ds.site == s.name
-            out[s.name] = PseudoLabels(res.labels[m], res.confidence[m])
-        return out
-
-
 class PerSiteLPLabeller:
     """Each sampled site propagates alone on a graph of its own embeddings (exact cosine)."""
 
@@ -386,14 +354,6 @@ def n_parameters(model: torch.nn.Module) -> int:
     return int(sum(p.numel() for p in model.parameters()))
 
 
-def run_fedavg(sites: list[Site], test: tuple[np.ndarray, np.ndarray], n_classes: int, config: FedAvgConfig,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """FedAvg (+ pseudo-labels) over the sites; accuracy of the global model on `test` per round."""
-    cfg = config.validate()
-    with torch_threads(cfg.threads):
-        return run_rounds(FedAvgFederation(FedAvgStrategy(cfg, n_classes, sites[0].X.shape[1]), sites, test), progress)
-
-
 # --- the strategy: the hooks the simulation and the service call -----------------------------------
 
 class FedAvgStrategy(Strategy):
@@ -449,20 +409,11 @@ class FedAvgStrategy(Strategy):
         return plan
 
     def aggregate(self, t: int, plan: dict, uploads: list[tuple[dict, int]], previous: dict) -> dict:
-        # Under secure aggregation a round with fewer than two trained sites keeps the previous model:
-        # its "average" would be one site's own weights (the service refuses to decode such a sum).
-        enough = len(uploads) >= (MIN_CONTRIBUTORS if self.secure_sum else 1)
-        if not enough:
-            return previous
-        noise = None
-        if self.cfg.dp:
-            planned = len(plan["sites"])
-            if not self.release(t, len(uploads), planned):
-                return previous  # past the budget: nothing decoded, nothing released
-            # the simulation draws each site's share here, as the site would before masking
-            n = secagg_n_values(uploads[0][0])
-            noise = [self.noise_share(n, planned, key=_share_key(self.cfg.seed, t, i)) for i in range(len(uploads))]
-        return aggregate(uploads, self.cfg.aggregate, self.secure_sum, noise)
+        """The average of a round in the clear; a masked round's is `aggregate_masked`'s, from its decoded
+        sum (and so is every round under DP, which needs the masked sum: its noise shares are in it)."""
+        if self.cfg.dp or self.secure_sum:
+            raise ProtocolError("a masked round is averaged from its decoded sum (aggregate_masked)")
+        return aggregate(uploads, self.cfg.aggregate) if uploads else previous
 
     @functools.cached_property
     def noise_multiplier(self) -> float | None:
@@ -682,104 +633,3 @@ def clip_update(state: dict, start: dict, clip: float) -> dict:
     norm = math.sqrt(sum(float((d * d).sum()) for d in delta.values()))
     scale = min(1.0, clip * (1 - 1e-6) / norm) if norm > 0 else 1.0  # the margin: float32 rounding after
     return {k: (start[k].double() + scale * delta[k]).to(state[k].dtype) for k in state}
-
-
-def _share_key(seed: int, t: int, i: int) -> bytes:
-    import hashlib
-
-    return hashlib.sha256(f"xclp/simulation/dp-fedavg/{seed}/{t}/{i}".encode()).digest()
-
-
-def secagg_n_values(state: dict) -> int:
-    return int(sum(v.numel() for v in state.values()))
-
-
-class FedAvgFederation(Federation):
-    """The simulation's sites for FedAvg: one network whose weights are the global model between
-    updates, the pseudo-labeller of the algorithm, and each site's last adopted pseudo-labels."""
-
-    def __init__(self, strategy: FedAvgStrategy, sites: list[Site], test: tuple[np.ndarray, np.ndarray]):
-        cfg, n_classes = strategy.cfg, strategy.n_classes
-        self.strategy, self.sites, self.test = strategy, {s.name: s for s in sites}, test
-        torch.manual_seed(cfg.seed)
-        self.model = strategy.network()
-        self.shared = copy.deepcopy(self.model.state_dict())
-        self.labeller = {
-            "fedavg": None,
-            "fedavg-xclp": XCLPLabeller(n_classes, cfg.bits, cfg.k, cfg.alpha, cfg.crypto, cfg.key_bits, cfg.seed,
-                                        strategy.xclp_label_flip, cfg.dp_delta, cfg.standardize),
-            "fedavg-per-site-lp": PerSiteLPLabeller(n_classes, cfg.k, cfg.alpha),
-            "fedavg-network": NetworkLabeller(),
-        }[cfg.algorithm]
-        self.n_params = n_parameters(self.model)
-        if cfg.dp:
-            strategy.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
-            strategy.ledger = strategy.new_ledger()
-        self.cache: dict[str, PseudoLabels] = {}
-        self.pls: dict[str, PseudoLabels] = {}
-        self.comm = {"model_bytes": 0, "xclp_bytes": 0}
-
-    def roster(self) -> Roster:
-        return Roster.of(self.sites.values(), self.cache)
-
-    def relabel(self, t: int, plan: dict) -> None:
-        chosen = plan["sites"]
-        if plan["relabel"]:
-            self.model.load_state_dict(self.shared)
-            if self.strategy.ledger is not None and self.strategy.xclp_label_flip > 0:
-                self.strategy.spend_xclp_labels(self.strategy.ledger)
-            fresh = self.labeller(self.model, [self.sites[s] for s in chosen], t)
-            self.comm["xclp_bytes"] += self.labeller.last_bytes
-            self.cache.update({s: fresh[s] for s in plan["adopt"]})
-        if plan["stage"] == 1 or self.labeller is None:
-            self.pls = {s: labelled_only(self.sites[s]) for s in chosen}
-        else:
-            self.pls = {s: self.cache[s] for s in chosen}
-
-    def update(self, site: str, t: int, plan: dict):
-        self.model.load_state_dict(self.shared)
-        r = self.strategy.update(self.model, self.sites[site], self.pls[site], t, plan)
-        self.comm["model_bytes"] += 4 * self.n_params * (2 if r is not None else 1)
-        return r
-
-    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
-        self.model.load_state_dict(self.shared)
-        row = {"round": t, "stage": plan["stage"], "sites": plan["sites"], "lr": plan["lr"],
-               "pseudo_label_accuracy": _pseudo_accuracy([self.sites[s] for s in plan["sites"]], self.pls)}
-        if self.strategy.ledger is not None:  # spent by the strategy as it decoded the round's sum
-            row["epsilon"] = self.strategy.ledger.epsilon()
-        if t % self.strategy.cfg.eval_every == 0 or t == self.strategy.total_rounds():
-            row["accuracy"] = accuracy(self.model, *self.test)
-        return row
-
-    def describe(self, row: dict) -> str:
-        return (f"round {row['round']}/{self.strategy.total_rounds()}{' (stage 1)' if row['stage'] == 1 else ''}: "
-                f"acc {row.get('accuracy', float('nan')):.4f} pseudo {row['pseudo_label_accuracy']:.4f}  "
-                f"{row['seconds']:.1f}s")
-
-    def result(self, history: list[dict]) -> dict:
-        comm = self.comm
-        return {
-            "algorithm": self.strategy.algorithm,
-            "final_accuracy": history[-1]["accuracy"],
-            "history": history,
-            "communication_bytes": {"total": comm["model_bytes"] + comm["xclp_bytes"], **comm,
-                                    "per_round_model_bytes": 8 * self.n_params * self.strategy.cfg.sites_per_round,
-                                    "n_parameters": self.n_params},
-            "privacy": no_privacy() if self.strategy.ledger is None else self.strategy.ledger.to_json(),
-            "noise_multiplier": self.strategy.noise_multiplier,
-            "model": self.model,
-        }
-
-
-def _pseudo_accuracy(sites: list[Site], pls: dict[str, PseudoLabels]) -> float:
-    """Accuracy of the pseudo-labels used for training (unlabelled points with ω > 0 and known truth)."""
-    hit = tot = 0
-    for s in sites:
-        if s.y_true is None or s.name not in pls:
-            continue
-        pl = pls[s.name]
-        m = (s.y == UNLABELLED) & (pl.labels >= 0) & (pl.weights > 0) & (s.y_true >= 0)
-        hit += int((pl.labels[m] == s.y_true[m]).sum())
-        tot += int(m.sum())
-    return hit / tot if tot else float("nan")

@@ -1,7 +1,7 @@
 """Federated co-training (FedCT, Abourayya et al. AAAI 2025) and FedCT+XCLP.
 
-(About 510 lines: the public set, the consensus, the local update, the strategy with its DP release
-and the simulation's sites: one algorithm, read together.)
+(The public set, the consensus, the local update and the strategy with its DP release: one algorithm,
+read together. The simulation runs it through the core's machines: xclp/training/simulation.py.)
 
 ```
 P ← ∅                                         pseudo-labelled public set
@@ -35,20 +35,16 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from xclp.data import UNLABELLED, make_dataset
+from xclp.data import UNLABELLED
 from xclp.privacy import randomized_response
-from xclp.privacy.ledger import no_privacy
-from xclp.protocol import JobParams, simulation_noise_seed
-from xclp.simulation import run_xclp
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import LEARNERS, TIE_RULES
-from xclp.training.strategy import Federation, Roster, VotingStrategy, pooled_rate, run_rounds, scored_sites
+from xclp.training.strategy import Roster, VotingStrategy, pooled_rate, scored_sites, seeded_key
 
 # --- the public set ------------------------------------------------------------------------------
 
@@ -292,16 +288,6 @@ def server_consensus(votes: np.ndarray, n_classes: int, cfg: FedCTConfig, t: int
     return consensus(votes, n_classes, cfg.tie, cfg.quorum, round_rng(cfg.seed, t))
 
 
-def run_fedct(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int,
-              config: FedCTConfig, public_y: np.ndarray | None = None,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """FedCT (or FedCT+XCLP with config.xclp); the m local models' test accuracy per exchange."""
-    cfg = config.validate(len(sites))
-    with torch_threads(cfg.threads):
-        strategy = FedCTStrategy(cfg, n_classes, len(public_X))
-        return run_rounds(FedCTFederation(strategy, sites, public_X, test, public_y), progress)
-
-
 # --- the strategy: the hooks the simulation and the service call -----------------------------------
 
 class FedCTStrategy(VotingStrategy):
@@ -417,7 +403,10 @@ class FedCTStrategy(VotingStrategy):
         cfg = self.cfg
         env.check_public()
         state, done = self.site_state(env)
-        if cfg.xclp and state.xclp_labels is None:
+        # XCLP's labels: taken once, or again from each later job of the round's plan (U in the graph:
+        # the simulation's public_in_graph relabels every `refresh` exchanges)
+        fresh = plan.get("xclp_job") is not None and env.store.get("xclp_job") != plan["xclp_job"].encode()
+        if cfg.xclp and (state.xclp_labels is None or fresh):
             if plan.get("xclp_job"):
                 env.store["xclp_job"] = plan["xclp_job"].encode()
             job = env.store.get("xclp_job")
@@ -436,7 +425,8 @@ class FedCTStrategy(VotingStrategy):
                     if body is None:
                         return None
                     P = self.load_broadcast(body)
-                votes, mix = self.update(state, env.public, P, t)
+                key = seeded_key(env, f"randomized-response/{cfg.seed}/{t}/{env.site.name}")
+                votes, mix = self.update(state, env.public, P, t, noise_key=key)
                 self.keep_site_state(env, state, t)
             metrics = self.site_statistics({"mix": mix, **env.scores(lambda X: np.asarray(state.learner.predict(X))),
                                             **env.pseudo_scores(state.xclp_labels, state.xclp_weights)})
@@ -450,116 +440,3 @@ class FedCTStrategy(VotingStrategy):
     @property
     def voted_points(self) -> int:
         return self.n_public
-
-
-class FedCTFederation(Federation):
-    """The simulation's sites for FedCT: each site's learner and XCLP labels, the public set U."""
-
-    def __init__(self, strategy: FedCTStrategy, sites: list[Site], public_X: np.ndarray,
-                 test: tuple[np.ndarray, np.ndarray], public_y: np.ndarray | None = None):
-        cfg, n_classes = strategy.cfg, strategy.n_classes
-        self.strategy, self.test, self.public_y = strategy, test, public_y
-        self.public = PublicSet.create(public_X)
-        self.names = cfg.learner_names(len(sites))
-        self.states = {s.name: new_site_state(s, name, i, n_classes, self.public.digest, cfg)
-                       for i, (s, name) in enumerate(zip(sites, self.names))}
-        self.shared = None  # consensus on U: None before the first exchange
-        abstain_possible = cfg.tie == "abstain" or cfg.quorum is not None
-        self.up = label_bytes(len(self.public.X), n_classes, cfg.bitpack)
-        self.down = label_bytes(len(self.public.X), n_classes + 1 if abstain_possible else n_classes, cfg.bitpack)
-        self.comm = {"labels_up": 0, "labels_down": 0, "xclp_bytes": 0}
-        self.xclp_pseudo_acc = float("nan")
-        self.mixes: list[float] = []
-        self.ledger = None if cfg.dp_epsilon is None else strategy.new_ledger()
-
-    def roster(self) -> Roster:
-        return Roster.of(st.site for st in self.states.values())
-
-    def relabel(self, t: int, plan: dict) -> None:
-        if plan["xclp"]:
-            if self.ledger is not None:
-                self.strategy.spend_xclp_labels(self.ledger)
-            self.xclp_pseudo_acc, nbytes = _xclp_labels(list(self.states.values()), self.public, self.shared,
-                                                        self.strategy.n_classes, self.strategy.cfg, t,
-                                                        self.strategy.xclp_label_flip)
-            self.comm["xclp_bytes"] += nbytes
-
-    def update(self, site: str, t: int, plan: dict) -> np.ndarray:
-        key = hashlib.sha256(f"xclp/simulation/randomized-response/{self.strategy.cfg.seed}/{t}/{site}".encode()).digest()
-        votes, mix = self.strategy.update(self.states[site], self.public, self.shared, t, noise_key=key)
-        self.mixes.append(mix)
-        return votes
-
-    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
-        n = len(self.states)
-        self.comm["labels_up"] += self.up * n
-        self.comm["labels_down"] += self.down * n
-        if self.ledger is not None:  # every site released its labels on U once more
-            event, count = self.strategy.releases()
-            self.ledger.spend(f"exchange {t}: each site's labels on U, randomized response", event, count)
-        accs = np.array([float(np.mean(st.learner.predict(self.test[0]) == self.test[1])) for st in self.states.values()])
-        P, y = self.shared, self.public_y
-        kept = P >= 0
-        row = {
-            "round": t,
-            "accuracy": float(accs.mean()),
-            "accuracy_std": float(accs.std()),
-            "site_accuracy": accs.tolist(),
-            "pseudo_label_accuracy": float(np.mean(P[kept] == y[kept])) if y is not None and kept.any() else float("nan"),
-            "public_coverage": float(kept.mean()),
-            "xclp_pseudo_label_accuracy": self.xclp_pseudo_acc,
-            "mix": float(np.mean(self.mixes)),
-            "epsilon": None if self.ledger is None else self.ledger.epsilon(),
-        }
-        self.mixes = []
-        return row
-
-    def describe(self, row: dict) -> str:
-        return (f"exchange {row['round']}/{self.strategy.cfg.rounds}: acc {row['accuracy']:.4f} ± "
-                f"{row['accuracy_std']:.4f}  consensus acc {row['pseudo_label_accuracy']:.4f} on "
-                f"{row['public_coverage']:.0%} of U  {row['seconds']:.1f}s")
-
-    def result(self, history: list[dict]) -> dict:
-        comm, n = self.comm, len(self.states)
-        return {
-            "algorithm": self.strategy.algorithm,
-            "final_accuracy": history[-1]["accuracy"],
-            "history": history,
-            "communication_bytes": {"total": comm["labels_up"] + comm["labels_down"] + comm["xclp_bytes"], **comm,
-                                    "per_round_label_bytes": (self.up + self.down) * n,
-                                    "public_size": len(self.public.X), "public_sha256": self.public.digest},
-            "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
-            "learners": self.names,
-            "models": [st.learner for st in self.states.values()],
-            # the last consensus every site received: U's points and their labels (−1: no consensus)
-            "released_labels": (self.public.X, np.asarray(self.shared if self.shared is not None
-                                                          else np.full(len(self.public.X), -1))),
-        }
-
-
-def _xclp_labels(states: list[SiteState], public: PublicSet, P_labels, n_classes: int, cfg: FedCTConfig,
-                 t: int, label_flip: float = 0.0) -> tuple[float, int]:
-    sites = [st.site for st in states]
-    X = [s.X for s in sites]
-    y = [s.y for s in sites]
-    names = [np.full(s.n, s.name) for s in sites]
-    if cfg.public_in_graph:
-        X.append(public.X)
-        y.append(P_labels if P_labels is not None else np.full(len(public.X), UNLABELLED))
-        names.append(np.full(len(public.X), "public"))
-    ds = make_dataset(np.concatenate(X), np.concatenate(y), np.concatenate(names), n_classes=n_classes)
-    params = JobParams(job_id=f"fedct-exchange{t}", n_classes=n_classes, bits=cfg.bits, k=cfg.k, alpha=cfg.alpha,
-                       crypto=cfg.crypto, key_bits=cfg.key_bits, label_flip=label_flip, dp_delta=cfg.dp_delta,
-                       standardize=cfg.standardize).validate()
-    # One noise secret per site for the whole run: the same randomized labels in every exchange.
-    res = run_xclp(ds, params, seed=cfg.seed * 100_003 + t,
-                   noise_seeds={s: simulation_noise_seed(cfg.seed, s) for s in np.unique(ds.site)})
-    hit = tot = 0
-    for st in states:
-        m = ds.site == st.site.name
-        st.xclp_labels, st.xclp_weights = res.labels[m], res.confidence[m]
-        if st.site.y_true is not None:
-            sel = (st.site.y < 0) & (st.xclp_labels >= 0) & (st.xclp_weights > 0)
-            hit += int((st.xclp_labels[sel] == st.site.y_true[sel]).sum())
-            tot += int(sel.sum())
-    return (hit / tot if tot else float("nan")), int(res.bytes["total"])

@@ -39,18 +39,17 @@ the budget; with `gamma` it uses that γ and reports ε (and refuses a γ past a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
-from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL, no_privacy
+from xclp.privacy.ledger import NEIGHBOURING, SITE_LEVEL
 from xclp.training.fedavg import Site, site_rng
-from xclp.training.fedct import PublicSet, label_bytes, vote_counts
-from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, torch_threads
-from xclp.training.strategy import Federation, Roster, VotingStrategy, run_rounds
+from xclp.training.fedct import vote_counts
+from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner
+from xclp.training.strategy import Roster, VotingStrategy, seeded_key
 
 LEVELS = ("L1", "L2")
 
@@ -222,7 +221,8 @@ class FedKTStrategy(VotingStrategy):
     def site_round(self, env, t: int, plan: dict) -> bytes:
         """FedKT's one round at a site: teachers, students and the consistent votes on U2 (once)."""
         env.check_public()
-        return self.votes_once(env, lambda: self.update(env.site, env.public.X))
+        key = seeded_key(env, f"fedkt/{self.cfg.seed}/{env.site.name}")
+        return self.votes_once(env, lambda: self.update(env.site, env.public.X, noise_key=key))
 
     def update(self, site: Site, public_X: np.ndarray, noise_key: bytes | None = None) -> np.ndarray:
         party_gamma = self.gamma if self.cfg.levels == "L2" else None
@@ -266,68 +266,6 @@ class FedKTStrategy(VotingStrategy):
         return len(self.u2)
 
 
-# --- the simulation --------------------------------------------------------------------------------
-
-class FedKTFederation(Federation):
-    """The parties in process; after the round, the final model on the labelled points of U2, scored on
-    the test set, and (with `baselines`) SOLO and centralized PATE in the same run."""
-
-    def __init__(self, strategy: FedKTStrategy, sites: list[Site], public_X: np.ndarray,
-                 test: tuple[np.ndarray, np.ndarray], public_y: np.ndarray | None = None, baselines: bool = False):
-        self.strategy, self.sites, self.test, self.public_y = strategy, {s.name: s for s in sites}, test, public_y
-        self.public = PublicSet.create(public_X)
-        self.baselines = baselines
-        self.shared = None
-        self.ledger = None if strategy.gamma is None else strategy.new_ledger()
-        self.final = None
-        seed = strategy.cfg.seed
-        strategy.noise_key = hashlib.sha256(f"xclp/simulation/fedkt/server/{seed}".encode()).digest()
-        self.comm = {"votes_up": 0, "labels_down": 0}
-
-    def roster(self) -> Roster:
-        return Roster.of(self.sites.values())
-
-    def relabel(self, t: int, plan: dict) -> None:
-        if self.ledger is not None:  # spent before the noisy counts are released, refused past the budget
-            event, count = self.strategy.releases()
-            self.ledger.spend(f"{self.strategy.cfg.levels}: noisy vote counts", event, count)
-
-    def update(self, site: str, t: int, plan: dict) -> np.ndarray:
-        key = hashlib.sha256(f"xclp/simulation/fedkt/{self.strategy.cfg.seed}/{site}".encode()).digest()
-        return self.strategy.update(self.sites[site], self.public.X, noise_key=key)
-
-    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
-        s, labels = self.strategy, self.shared
-        n_classes, u2 = s.n_classes, s.u2
-        self.comm["votes_up"] += label_bytes(len(u2), n_classes + 1) * len(uploads)
-        self.comm["labels_down"] += label_bytes(len(u2), n_classes + 1) * len(self.sites)
-        keep = labels >= 0
-        self.final = s.final_model(self.public.X, labels)
-        acc = float(np.mean(self.final.predict(self.test[0]) == self.test[1])) if self.final is not None else float("nan")
-        y = self.public_y[u2] if self.public_y is not None else None
-        row = {"round": t, "accuracy": acc, "parties_voted": len(uploads), "labelled_queries": float(keep.mean()),
-               "pseudo_label_accuracy": float(np.mean(labels[keep] == y[keep])) if y is not None and keep.any()
-               else float("nan"),
-               "consistent_vote_rate": float(np.mean([np.mean(v >= 0) for v in uploads])) if uploads else 0.0,
-               "epsilon": None if self.ledger is None else self.ledger.epsilon()}
-        return row
-
-    def describe(self, row: dict) -> str:
-        return (f"one shot: final model acc {row['accuracy']:.4f}, {row['labelled_queries']:.0%} of "
-                f"{len(self.strategy.u2)} queries labelled (label acc {row['pseudo_label_accuracy']:.4f})")
-
-    def result(self, history: list[dict]) -> dict:
-        out = {"algorithm": "fedkt", "final_accuracy": history[-1]["accuracy"], "history": history,
-               "communication_bytes": {"total": sum(self.comm.values()), **self.comm,
-                                       "public_size": len(self.public.X), "queries": len(self.strategy.u2)},
-               "privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
-               "gamma": self.strategy.gamma, "learners": {"teacher": self.strategy.cfg.teacher,
-                                                          "student": self.strategy.cfg.student_name}}
-        if self.baselines:
-            out["baselines"] = fedkt_baselines(list(self.sites.values()), self.public.X, self.strategy, self.test)
-        return out
-
-
 def fedkt_baselines(sites: list[Site], public_X: np.ndarray, strategy: FedKTStrategy,
                     test: tuple[np.ndarray, np.ndarray]) -> dict:
     """SOLO (each party's own model, of the student learner, on its labelled data: the mean test
@@ -351,16 +289,3 @@ def fedkt_baselines(sites: list[Site], public_X: np.ndarray, strategy: FedKTStra
     return {"solo_mean_accuracy": float(np.mean(solo)) if solo else None, "solo_accuracy": solo,
             "pate_central_accuracy": float(np.mean(pate.predict(test[0]) == test[1])),
             "pate_central_teachers": len(parts)}
-
-
-def run_fedkt(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int,
-              config: FedKTConfig, public_y: np.ndarray | None = None, baselines: bool = False,
-              progress: Callable[[str], None] | None = None) -> dict:
-    cfg = config.validate()
-    with torch_threads(cfg.threads):
-        strategy = FedKTStrategy(cfg, n_classes, len(public_X))
-        federation = FedKTFederation(strategy, sites, public_X, test, public_y, baselines)
-        out = run_rounds(federation, progress)
-    out["model"] = federation.final
-    out["released_labels"] = (np.asarray(public_X)[strategy.u2], np.asarray(federation.shared))  # the server's labels of U2
-    return out

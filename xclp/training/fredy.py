@@ -10,8 +10,8 @@ round n + 1    every site fine-tunes the global model on its own labels (its fin
                model released outside the federation
 ```
 
-Two loops of the same kind, one after the other: FedAvg's strategy and federation, then this
-module's one voting round (FREDYStrategy, FREDYFederation), both through `run_rounds`.
+One run of the core's machines (xclp/training_job.py): FedAvg's rounds by FedAvg's strategy
+(`FREDYStrategy.at_round`), then this module's one voting round, in every driver alike.
 
 Privacy. The paper gives no accountant; this one does, and says what it covers. The noise is the
 discrete Laplace mechanism (xclp.privacy.discrete_laplace, "Laplace(1/γ)" on integer counts, from a
@@ -28,8 +28,6 @@ average); that part is trusted, as in the paper.
 from __future__ import annotations
 
 import copy
-import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -38,10 +36,8 @@ import torch
 from crypto.errors import ProtocolError
 from xclp.data import UNLABELLED
 from xclp.privacy import discrete_laplace
-from xclp.privacy.ledger import no_privacy
 from xclp.training.fedavg import (
     FedAvgConfig,
-    FedAvgFederation,
     FedAvgStrategy,
     Site,
     client_update,
@@ -49,9 +45,9 @@ from xclp.training.fedavg import (
     round_lr,
     site_rng,
 )
-from xclp.training.fedct import PublicSet, label_bytes, vote_counts
-from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, predict_proba_array, torch_threads
-from xclp.training.strategy import Federation, Roster, Strategy, VotingStrategy, run_rounds
+from xclp.training.fedct import vote_counts
+from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, predict_proba_array
+from xclp.training.strategy import Roster, Strategy, VotingStrategy
 
 
 @dataclass
@@ -152,7 +148,7 @@ class FREDYStrategy(VotingStrategy):
         return "fredy"
 
     def total_rounds(self) -> int:
-        return 1  # the vote (the simulation runs FedAvg's rounds as a loop of their own)
+        return 1  # the vote (FedAvg's rounds before it: at_round, job_rounds)
 
     def at_round(self, t: int) -> Strategy:
         return self.fedavg if t <= self.fedavg.total_rounds() else self
@@ -214,83 +210,3 @@ class FREDYStrategy(VotingStrategy):
     @property
     def voted_points(self) -> int:
         return self.n_queries
-
-
-class FREDYFederation(Federation):
-    """The voting round in process: each site's teacher from FedAvg's global model, then the student
-    on the labelled queries, scored on the test set."""
-
-    def __init__(self, strategy: FREDYStrategy, sites: list[Site], public_X: np.ndarray, global_state: dict,
-                 network: torch.nn.Module, lr: float, test: tuple[np.ndarray, np.ndarray],
-                 public_y: np.ndarray | None = None):
-        self.strategy, self.sites, self.test = strategy, {s.name: s for s in sites}, test
-        self.public = PublicSet.create(public_X)
-        self.queries = self.public.X[: strategy.n_queries]
-        self.queries_y = None if public_y is None else public_y[: strategy.n_queries]
-        self.global_state, self.network, self.lr = global_state, network, lr
-        self.ledger = None if strategy.gamma is None else strategy.new_ledger()
-        strategy.noise_key = hashlib.sha256(f"xclp/simulation/fredy/server/{strategy.cfg.seed}".encode()).digest()
-        self.shared = None
-        self.student = None
-        self.comm = {"votes_up": 0, "labels_down": 0}
-
-    def roster(self) -> Roster:
-        return Roster.of(self.sites.values())
-
-    def relabel(self, t: int, plan: dict) -> None:
-        if self.ledger is not None:  # spent before the noisy counts are released, refused past the budget
-            event, count = self.strategy.releases()
-            self.ledger.spend("the teachers' noisy vote counts on the queries", event, count)
-
-    def update(self, site: str, t: int, plan: dict) -> np.ndarray:
-        s = self.strategy
-        return teacher_votes(self.global_state, self.network, self.sites[site], self.queries, s.n_classes, s.cfg,
-                             self.lr)
-
-    def round_row(self, t: int, plan: dict, uploads: list) -> dict:
-        s, labels = self.strategy, self.shared
-        keep = labels >= 0
-        n_bytes = label_bytes(len(labels), s.n_classes + 1)
-        self.comm["votes_up"] += n_bytes * len(uploads)
-        self.comm["labels_down"] += n_bytes * len(self.sites)
-        self.student = s.final_model(self.public.X, labels)
-        acc = float(np.mean(self.student.predict(self.test[0]) == self.test[1])) if self.student is not None else float("nan")
-        y = self.queries_y
-        return {"round": s.cfg.rounds + 1, "stage": "vote", "accuracy": acc, "teachers": len(uploads),
-                "labelled_queries": float(keep.mean()),
-                "pseudo_label_accuracy": float(np.mean(labels[keep] == y[keep])) if y is not None and keep.any()
-                else float("nan"),
-                "epsilon": None if self.ledger is None else self.ledger.epsilon()}
-
-    def describe(self, row: dict) -> str:
-        return (f"vote: student acc {row['accuracy']:.4f}, {row['labelled_queries']:.0%} of "
-                f"{self.strategy.n_queries} queries labelled (label acc {row['pseudo_label_accuracy']:.4f})")
-
-    def result(self, history: list[dict]) -> dict:
-        return {"privacy": no_privacy() if self.ledger is None else self.ledger.to_json(),
-                "gamma": self.strategy.gamma, "student": self.strategy.cfg.student_name, "history": history,
-                "communication_bytes": dict(self.comm)}
-
-
-def run_fredy(sites: list[Site], public_X: np.ndarray, test: tuple[np.ndarray, np.ndarray], n_classes: int,
-              config: FREDYConfig, public_y: np.ndarray | None = None,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """FedAvg for `rounds` rounds, then the voting round; the released student's test accuracy."""
-    cfg = config.validate()
-    with torch_threads(cfg.threads):
-        # refuses a γ past the budget first
-        strategy = FREDYStrategy(cfg, n_classes, len(public_X), len(sites), n_features=sites[0].X.shape[1])
-        fedavg = FedAvgFederation(strategy.fedavg, sites, test)
-        teachers_from = run_rounds(fedavg, progress)
-        lr = strategy.teacher_lr()
-        voting = FREDYFederation(strategy, sites, public_X, fedavg.shared, fedavg.model, lr, test, public_y)
-        vote = run_rounds(voting, progress)
-    fa = teachers_from["communication_bytes"]
-    return {"algorithm": "fredy", "final_accuracy": vote["history"][-1]["accuracy"],
-            "fedavg_accuracy": teachers_from["final_accuracy"],
-            "history": teachers_from["history"] + vote["history"],
-            "communication_bytes": {"total": fa["total"] + sum(vote["communication_bytes"].values()),
-                                    "fedavg_model_bytes": fa["model_bytes"], **vote["communication_bytes"],
-                                    "queries": strategy.n_queries},
-            "privacy": vote["privacy"], "gamma": vote["gamma"], "student": vote["student"], "model": voting.student,
-            "released_labels": (voting.queries, np.asarray(voting.shared))}  # the noisy-vote labels of the queries

@@ -37,13 +37,12 @@ import numpy as np
 from xclp.data import UNLABELLED, DataError, load_arrays, load_fashion_mnist_arrays
 from xclp.splits import assign_sites, site_names
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
-from xclp.training.fedavg import Site, run_fedavg
-from xclp.training.fedct import TIE_RULES, run_fedct
-from xclp.training.fedkt import run_fedkt
-from xclp.training.fredy import run_fredy
+from xclp.training.fedavg import Site
+from xclp.training.fedct import TIE_RULES
 from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp.training.models import LEARNERS
 from xclp.training.options import ALGORITHMS, FEDAVG_ALGORITHMS, FEDCT_ALGORITHMS, PUBLIC_SET_ALGORITHMS
+from xclp.training.simulation import run_fedavg, run_fedct, run_fedkt, run_fredy
 
 
 @dataclass

@@ -12,8 +12,9 @@ round's deadline is recovered by the survivors revealing their pairwise keys wit
 anyone to mask the same weights again (which would let the server subtract two sums). The mean is dec(Σ_j enc(w_j)) / m over the m
 participants that trained (a site with nothing to learn sends zeros and n = 0 in the clear).
 
-The simulation averages with `quantized_mean`, the same arithmetic without the masks (they cancel
-exactly mod 2^64), so a secure service job and the simulation give the same model bit for bit.
+`quantized_mean` is the same arithmetic without the masks (they cancel exactly mod 2^64): the
+reference a masked sum is checked against, bit for bit. (Every driver, the simulation's included,
+now runs the masked sum itself: xclp/training_job.py.)
 """
 
 from __future__ import annotations

@@ -1,27 +1,24 @@
-"""Training algorithms as strategies, and the one round loop of the simulation.
+"""Training algorithms as strategies.
 
 A strategy is one algorithm's decisions, as a few hooks (Flower's strategies are the model): the
 server's — `configure_round` (who takes part in round t, with what settings, and whether XCLP
 relabels before it), `aggregate` (the uploads → what the server sends back) — and each site's —
 `site_round` (the round's inputs, through a driver's `SiteEnv` → its upload; built on `update`, its
-local work, which the simulation's Federations call directly). It also names its messages (`upload`,
-`broadcast`) and how they travel (`dump_*` / `load_*`, checked on receipt). Both drivers call the
-same hooks:
+local work). It also names its messages (`upload`, `broadcast`) and how they travel (`dump_*` /
+`load_*`, checked on receipt). The run's order is the core's machines (xclp/training_job.py):
+`TrainCoordinator` calls the server's hooks and each `TrainSite` the site's hook, whichever driver
+moves their messages:
 
-- the simulation: `run_rounds` below, with a `Federation` that plays every site in process;
-- the service: the run's order is the core's machines (xclp/training_job.py): `TrainCoordinator`
-  calls the server's hooks (run by the coordinator's engine, service/training_engine.py, from the
-  database, one step at a time), and each site agent (clients/trainer.py) gives `TrainSite` its local
-  work, which calls `update` at home.
+- the simulation (xclp/training/simulation.py): every site in process, over an in-memory mailbox;
+- the service: the coordinator's engine (service/training_engine.py) from the database, one step at a
+  time, and each site agent (clients/trainer.py) at home.
 
-A new algorithm is a new Strategy (and Federation, for the simulation) registered in
-xclp/training/algorithms.py, not an edit of the drivers.
+A new algorithm is a new Strategy registered in xclp/training/algorithms.py, not an edit of the drivers.
 """
 
 from __future__ import annotations
 
 import io
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -87,6 +84,13 @@ class SiteEnv(Protocol):
 
     def pseudo_scores(self, labels, weights) -> dict:
         """How many pseudo-labels the site trains on, and how many are right where it knows."""
+
+
+def seeded_key(env: SiteEnv, name: str) -> bytes | None:
+    """The key of a site's DP noise draw `name` where its driver seeds them (the simulation's
+    `SimEnv.noise_key`: a run that repeats exactly); None elsewhere: the site draws from os.urandom."""
+    key = getattr(env, "noise_key", None)
+    return None if key is None else key(name)
 
 
 class Strategy(ABC):
@@ -321,49 +325,3 @@ def pooled_rate(metrics: dict[str, dict], hits: str, count: str) -> float | None
     the sites on their own scoring points, each site counting its points."""
     total = sum(int(m.get(count, 0)) for m in metrics.values())
     return round(sum(int(m.get(hits, 0)) for m in metrics.values()) / total, 6) if total else None
-
-
-class Federation(ABC):
-    """The simulation's sites, in process: their data, their local state and the run's metrics."""
-
-    strategy: Strategy
-    shared: object = None  # what the server sent last
-
-    @abstractmethod
-    def roster(self) -> Roster: ...
-
-    @abstractmethod
-    def relabel(self, t: int, plan: dict) -> None:
-        """Pseudo-labels before the round's updates (XCLP in process, or a local labeller)."""
-
-    @abstractmethod
-    def update(self, site: str, t: int, plan: dict):
-        """The site's upload for round t (None: it has nothing to send)."""
-
-    @abstractmethod
-    def round_row(self, t: int, plan: dict, uploads: list) -> dict: ...
-
-    @abstractmethod
-    def describe(self, row: dict) -> str: ...
-
-    @abstractmethod
-    def result(self, history: list[dict]) -> dict: ...
-
-
-def run_rounds(federation: Federation, progress: Callable[[str], None] | None = None) -> dict:
-    """The simulation's round loop, for every algorithm: plan, relabel, update at each planned site,
-    aggregate, record."""
-    say = progress or (lambda _m: None)
-    strategy = federation.strategy
-    history = []
-    for t in range(1, strategy.total_rounds() + 1):
-        t0 = time.perf_counter()
-        plan = strategy.configure_round(t, federation.roster())
-        federation.relabel(t, plan)
-        uploads = [u for u in (federation.update(s, t, plan) for s in plan["sites"]) if u is not None]
-        federation.shared = strategy.aggregate(t, plan, uploads, federation.shared)
-        row = federation.round_row(t, plan, uploads)
-        row["seconds"] = time.perf_counter() - t0
-        history.append(row)
-        say(federation.describe(row))
-    return federation.result(history)
