@@ -109,10 +109,8 @@ def through_the_service(tmp_path):
             np.savez(tmp_path / f"{s}.npz", X=d.X, y=d.y)
             agents[s] = Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), s,
                               tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
-        # holdout=0: the sites train on all their labels, as the machines' and the simulation's sites do
-        # (an agent without a truth column holds out a share of them by default: xclp.training.holdout)
         job = admin.submit_train(algorithm="fedavg", sites=SITES, classes=2, max_missed_rounds=MAX_MISSED,
-                                 holdout=0.0, **OPTIONS)
+                                 **OPTIONS)  # holdout=0 among them
         last, still, end = None, 0, time.monotonic() + 120
         while time.monotonic() < end:
             st = admin.job(job)
