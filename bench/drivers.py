@@ -244,14 +244,17 @@ def old_tree(spec: str, new: Path, tmp: Path) -> tuple[Path, str]:
     return dest, rev
 
 
-def run_child(tree: Path, driver: str, tmp: Path, tag: str, check: bool, timeout: float) -> dict:
+def run_child(tree: Path, driver: str, tmp: Path, tag: str, check: bool, timeout: float, *, script: Path = HERE,
+              cfg: dict | None = None) -> dict:
+    """One timed job in a fresh `python -P script --child driver` with PYTHONPATH = tree (bench/train_drivers.py
+    runs its own children through this too)."""
     work = tmp / tag
     work.mkdir()
     result = work / "result.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, "-P", str(HERE), "--child", driver, "--work", str(work), "--result", str(result),
-           "--cfg", json.dumps(CFG)] + (["--check"] if check else [])
+    cmd = [sys.executable, "-P", str(script), "--child", driver, "--work", str(work), "--result", str(result),
+           "--cfg", json.dumps(CFG if cfg is None else cfg)] + (["--check"] if check else [])
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, cwd=str(work), capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -411,11 +414,11 @@ def markdown(out: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(md_path: Path, section: str) -> None:
+def write_section(md_path: Path, section: str, heading: str = HEADING) -> None:
     text = md_path.read_text() if md_path.exists() else "# Benchmarks\n"
-    start = text.find(HEADING)
+    start = text.find(heading)
     if start >= 0:
-        end = text.find("\n## ", start + len(HEADING))
+        end = text.find("\n## ", start + len(heading))
         text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
