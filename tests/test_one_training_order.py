@@ -25,7 +25,7 @@ from xclp.prediction_job import COORDINATOR, MemoryMailbox
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.fedavg import Site, labelled_only
 from xclp.training.models import torch_threads
-from xclp.training_job import BROADCAST, RunSpec, TrainCoordinator, TrainSite, TrainState, Weights
+from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState, Weights
 
 SITES = ["site0", "site1", "site2"]
 GONE = "site2"
@@ -63,16 +63,6 @@ class Work:
         return {"eval_n": 0, "eval_correct": 0}
 
 
-class Inbox:
-    def __init__(self, mail, me):
-        self.mail, self.me = mail, me
-
-    def get(self, topic):
-        return self.mail.body(COORDINATOR, self.me, topic)
-
-    def shared(self, topic):
-        return self.mail.body(COORDINATOR, BROADCAST, topic)
-
 
 def in_memory():
     config = asdict(STRATEGIES["fedavg"].config_from_options("fedavg", OPTIONS, len(SITES)))
@@ -87,7 +77,7 @@ def in_memory():
         moved = False
         for x, site in sites.items():
             if x != GONE or st.phase == "setup":  # silent after its hello
-                moved |= site.step(st, Inbox(mail, x), mail.put)
+                moved |= site.step(st, MailboxInbox(mail, x), mail.put)
         for m in coord.run(mail):
             mail.put(m)
         if not moved and coord.state.to_bytes() == before:

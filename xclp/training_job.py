@@ -558,6 +558,19 @@ class TrainInbox(Protocol):
     def shared(self, topic: str) -> bytes | None: ...
 
 
+class MailboxInbox:
+    """A site's TrainInbox over a mailbox the driver holds in memory (the simulation's MemoryMailbox)."""
+
+    def __init__(self, mail: Mailbox, me: str):
+        self.mail, self.me = mail, me
+
+    def get(self, topic: str) -> bytes | None:
+        return self.mail.body(COORDINATOR, self.me, topic)
+
+    def shared(self, topic: str) -> bytes | None:
+        return self.mail.body(COORDINATOR, BROADCAST, topic)
+
+
 class SiteWork(Protocol):
     """A site's local work, the driver's (its data, its learners, its files)."""
 

@@ -14,7 +14,7 @@ from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
 from xclp.protocol import REFUSE, refusal
 from xclp.training.fedavg import Site, labelled_only
 from xclp.training.messages import load_json
-from xclp.training_job import BROADCAST, RunSpec, TrainCoordinator, TrainSite, TrainState, Weights
+from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState, Weights
 
 SITES = ["a", "b", "c"]
 CONFIG = {"algorithm": "fedavg", "rounds": 3, "sites_per_round": 3, "local_epochs": 1, "secure_aggregation": True,
@@ -57,16 +57,6 @@ class Work:
         return {"eval_n": 0, "eval_correct": 0}
 
 
-class Inbox:
-    def __init__(self, mail, me):
-        self.mail, self.me = mail, me
-
-    def get(self, topic):
-        return self.mail.body(COORDINATOR, self.me, topic)
-
-    def shared(self, topic):
-        return self.mail.body(COORDINATOR, BROADCAST, topic)
-
 
 def draws(site: str):
     """The site's injected CSPRNG: SHA-256 in counter mode over a fixed seed (a test's; a site uses os.urandom)."""
@@ -94,7 +84,7 @@ class Run:
         moved = False
         for x, site in self.sites.items():
             if x not in self.silent:
-                moved |= site.step(self.coord.state, Inbox(self.mail, x), self.mail.put)
+                moved |= site.step(self.coord.state, MailboxInbox(self.mail, x), self.mail.put)
         return moved
 
     def coord_step(self, expired=False):
@@ -185,17 +175,17 @@ def test_a_site_masks_a_round_and_answers_its_unmask_once_whatever_the_server_as
     again.survivors, again.participants = [], ["a", "b"]
     site.record.pop("sent:coordinator:update/1/0")
     sent = []
-    site.step(again, Inbox(r.mail, "a"), sent.append)
+    site.step(again, MailboxInbox(r.mail, "a"), sent.append)
     assert [m.body for m in sent] == [r.mail.body("a", COORDINATOR, "update/1/0")]
     site.keep.pop("update/1/0")
     site.record.pop("sent:coordinator:update/1/0")
     with pytest.raises(ProtocolError, match="masked update was made already"):
-        site.step(again, Inbox(r.mail, "a"), sent.append)
+        site.step(again, MailboxInbox(r.mail, "a"), sent.append)
     # and an unmask step asked again (say, naming c dropped): refused
     site.record.pop("sent:coordinator:reveal/1")
     site.keep.pop("reveal/1")
     with pytest.raises(ProtocolError, match="unmask step was answered already"):
-        site.step(st, Inbox(r.mail, "a"), sent.append)
+        site.step(st, MailboxInbox(r.mail, "a"), sent.append)
 
 
 def test_fewer_than_two_sites_left_fail_the_run_at_once_with_the_reason():
@@ -226,8 +216,8 @@ def test_a_run_that_cannot_learn_fails_at_setup_with_the_reason():
 
 def test_a_round_where_one_masked_update_arrived_is_never_summed():
     r = Run(config={"rounds": 2}, silent={"b", "c"})
-    r.sites["b"].step(r.coord.state, Inbox(r.mail, "b"), r.mail.put)
-    r.sites["c"].step(r.coord.state, Inbox(r.mail, "c"), r.mail.put)
+    r.sites["b"].step(r.coord.state, MailboxInbox(r.mail, "b"), r.mail.put)
+    r.sites["c"].step(r.coord.state, MailboxInbox(r.mail, "c"), r.mail.put)
     r.sites_step()
     r.coord_step()  # setup done, round 1 planned
     r.sites_step()  # only a uploads

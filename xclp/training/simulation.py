@@ -34,7 +34,16 @@ from xclp.protocol import simulation_noise_seed
 from xclp.simulation import run_xclp
 from xclp.training.site_metrics import eval_metrics, pseudo_metrics
 from xclp.training.strategy import Strategy
-from xclp.training_job import BROADCAST, MAX_STEPS, RunSpec, StartXCLP, TrainCoordinator, TrainSite, TrainState
+from xclp.training_job import (
+    BROADCAST,
+    MAX_STEPS,
+    MailboxInbox,
+    RunSpec,
+    StartXCLP,
+    TrainCoordinator,
+    TrainSite,
+    TrainState,
+)
 
 MAX_ITERATIONS = 100_000  # far past any run's steps: a bound that turns a bug of the machines into an error
 
@@ -51,17 +60,6 @@ class SeededDraw:
             self.n += 1
             out += hashlib.sha256(self.key + b"/" + str(self.n).encode()).digest()
         return out[:k]
-
-
-class _Inbox:
-    def __init__(self, mail: MemoryMailbox, me: str):
-        self.mail, self.me = mail, me
-
-    def get(self, topic: str) -> bytes | None:
-        return self.mail.body(COORDINATOR, self.me, topic)
-
-    def shared(self, topic: str) -> bytes | None:
-        return self.mail.body(COORDINATOR, BROADCAST, topic)
 
 
 class SimEnv:
@@ -203,7 +201,7 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
         moved = False
         for x in list(st.order):
             if not quiet(x):
-                moved |= machines[x].step(coord.state, _Inbox(mail, x), mail.put)
+                moved |= machines[x].step(coord.state, MailboxInbox(mail, x), mail.put)
         decide(False)
         if not moved and coord.state.to_bytes() == before:
             decide(True)  # nothing can move but the clock: the step's deadline has passed
