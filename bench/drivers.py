@@ -425,23 +425,30 @@ def write_section(md_path: Path, section: str, heading: str = HEADING) -> None:
     md_path.write_text(text)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(doc: str, *, old: str, results: str, drivers) -> argparse.ArgumentParser:
+    """The flags of a before/after drivers benchmark (this one and bench/train_drivers.py), the parent's
+    and the child's (a timed job re-runs the script with --child)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--tree", type=Path, default=REPO, help="the new code tree (default: this repository)")
-    ap.add_argument("--old", default="ccc91e6", help="the old tree: a folder, or a revision (git archive)")
+    ap.add_argument("--old", default=old, help="the old tree: a folder, or a revision (git archive)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--n", type=int, default=CFG["n"], help=f"points (default {CFG['n']})")
-    ap.add_argument("--dataset", default=CFG["dataset"], help=f"xclp.data.load_arrays' name (default {CFG['dataset']})")
-    ap.add_argument("--drivers", default=",".join(DRIVERS))
+    ap.add_argument("--drivers", default=",".join(drivers))
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one job's process may take")
-    ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "drivers.json")
+    ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / results)
     ap.add_argument("--md", default=str(REPO / "docs" / "benchmarks.md"),
                     help="the page whose section this run writes ('' for none)")
-    ap.add_argument("--child", choices=DRIVERS, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=drivers, help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__, old="ccc91e6", results="drivers.json", drivers=DRIVERS)
+    ap.add_argument("--n", type=int, default=CFG["n"], help=f"points (default {CFG['n']})")
+    ap.add_argument("--dataset", default=CFG["dataset"], help=f"xclp.data.load_arrays' name (default {CFG['dataset']})")
     args = ap.parse_args(argv)
     if args.child:
         return child(args)

@@ -27,7 +27,6 @@ seed, so all must be equal bit for bit; the masks cancel exactly in the ring).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -264,21 +263,7 @@ PROFILE = (
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", type=Path, default=REPO, help="the new code tree (default: this repository)")
-    ap.add_argument("--old", default="b5108c7", help="the old tree: a folder, or a revision (git archive)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--drivers", default=",".join(DRIVERS))
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one job's process may take")
-    ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "train_drivers.json")
-    ap.add_argument("--md", default=str(REPO / "docs" / "benchmarks.md"),
-                    help="the page whose section this run writes ('' for none)")
-    ap.add_argument("--child", choices=DRIVERS, help=argparse.SUPPRESS)
-    ap.add_argument("--work", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
-    ap.add_argument("--cfg", help=argparse.SUPPRESS)
-    ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args = common.parser(__doc__, old="b5108c7", results="train_drivers.json", drivers=DRIVERS).parse_args(argv)
     if args.child:
         return child(args)
 
