@@ -199,20 +199,9 @@ class FlowerXCLP:
             moved = False
             for s, why in self.link.failed.items():  # a site that failed or went silent refuses, with why
                 moved |= mail.put(Send(s, COORDINATOR, REFUSE, refusal(why)))
-            for s, rec in replies.items():
-                for key in rec:
-                    kind, _, rest = str(key).partition(":")
-                    if kind != "out":
-                        continue
-                    to, _, topic = rest.partition(":")
-                    try:  # who may send what, when: the rule the coordinator's upload checks apply too
-                        admit(state, s, to, topic)
-                    except Inadmissible as exc:  # a site that breaks the job's order leaves it, named
-                        moved |= mail.put(Send(s, COORDINATOR, REFUSE, refusal(f"{s} sent {topic!r} to {to}: {exc}")))
-                        break
-                    moved |= mail.put(Send(s, to, topic, bytes(rec[key])))
-                if "written" in rec:
-                    done[s] = rec
+            # who may send what, when: the rule the coordinator's upload checks apply too
+            moved |= take_replies(replies, mail, lambda x, to, topic, body: admit(state, x, to, topic))
+            done.update({x: rec for x, rec in replies.items() if "written" in rec})
             if state.status != "running":
                 break
             machine.settle(mail, moved)  # (a round in which nothing moved: the phase's deadline passed)
@@ -263,6 +252,32 @@ class FlowerXCLP:
         if sites:
             self.link.round_to_sites("abort", {s: {"job": self.params.job_id, "end-run": end_run} for s in sites},
                                      group=self.params.job_id, tolerate=True)
+
+
+def take_replies(replies: dict, mail: MemoryMailbox, check: Callable[[str, str, str, bytes], None],
+                 say: Callable[[str], None] | None = None) -> bool:
+    """A Grid round's replies into the mailbox (prediction jobs and training runs alike): each site's
+    `out:TO:TOPIC` fields, each admitted first by `check(site, to, topic, body)` (the machine's rule,
+    raising Inadmissible); a site that breaks it refuses, named, and nothing more of its reply is taken.
+    Whether anything was put."""
+    moved = False
+    for x, rec in replies.items():
+        for key in rec:
+            kind, _, rest = str(key).partition(":")
+            if kind != "out":
+                continue
+            to, _, topic = rest.partition(":")
+            body = bytes(rec[key])
+            try:
+                check(x, to, topic, body)
+            except Inadmissible as exc:  # a site that breaks the order leaves it, named
+                why = f"{x} sent {topic!r} to {to}: {exc}"
+                if say is not None:
+                    say(why)
+                moved |= mail.put(Send(x, COORDINATOR, REFUSE, refusal(why)))
+                break
+            moved |= mail.put(Send(x, to, topic, body))
+    return moved
 
 
 def _record_bytes(fields: dict) -> int:

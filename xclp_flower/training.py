@@ -28,12 +28,12 @@ from dataclasses import asdict
 from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
-from xclp.prediction_job import COORDINATOR, Inadmissible, MemoryMailbox, Send
+from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
 from xclp.privacy.ledger import no_privacy
 from xclp.protocol import REFUSE, refusal
 from xclp.training.algorithms import STRATEGIES
 from xclp.training_job import BROADCAST, MAX_STEPS, RunSpec, StartXCLP, TrainCoordinator, TrainState
-from xclp_flower.prediction import FlowerLink, FlowerXCLP, SiteFailed
+from xclp_flower.prediction import FlowerLink, FlowerXCLP, SiteFailed, take_replies
 from xclp_flower.training_site import MESSAGE_TYPE, embeddings, run_xclp_params, step_fields  # noqa: F401
 
 ALGORITHMS = ("fedct", "fedct-xclp", "fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
@@ -129,22 +129,8 @@ class FlowerTraining:
             else:
                 self.say(f"{phase}: {x} refused: {why}")
                 moved |= mail.put(Send(x, COORDINATOR, REFUSE, refusal(why)))
-        for x, rec in replies.items():
-            for key in rec:
-                kind, _, rest = str(key).partition(":")
-                if kind != "out":
-                    continue
-                to, _, topic = rest.partition(":")
-                body = bytes(rec[key])
-                try:  # who may send what, when: the machine's rule, as the engine checks an upload
-                    machine.admit(x, to, topic, body)
-                except Inadmissible as exc:  # a site that breaks the run's order leaves it, named
-                    why = f"{x} sent {topic!r} to {to}: {exc}"
-                    self.say(f"{phase}: {why}")
-                    moved |= mail.put(Send(x, COORDINATOR, REFUSE, refusal(why)))
-                    break
-                moved |= mail.put(Send(x, to, topic, body))
-        return moved
+        # who may send what, when: the machine's rule, as the engine checks an upload
+        return moved | take_replies(replies, mail, machine.admit, lambda why: self.say(f"{phase}: {why}"))
 
     def _decide(self, machine: TrainCoordinator, mail: MemoryMailbox, moved: bool) -> None:
         """Every decision the mailbox allows, each one's messages put into the mailbox before the next (with
