@@ -20,6 +20,7 @@ if not (shutil.which(CHROMIUM) and shutil.which(DRIVER)):
     pytest.skip(f"no browser: {CHROMIUM} and {DRIVER} come from Debian's chromium and chromium-driver "
                 "(.ci/run installs them)", allow_module_level=True)
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -59,7 +60,10 @@ def cluster(tmp_path):
 
 
 def wait(driver, what, pred):
-    return WebDriverWait(driver, WAIT, poll_frequency=0.2).until(lambda d: pred(d), message=what)
+    # The pages re-render their parts (and the cancel button reloads the page): an element found a moment
+    # ago may be gone when its text is read. That is a reason to look again, not a failure.
+    return WebDriverWait(driver, WAIT, poll_frequency=0.2,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(lambda d: pred(d), message=what)
 
 
 def text(driver, css: str) -> str:
