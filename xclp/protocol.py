@@ -72,7 +72,6 @@ from xclp import blocked_graph, blocking, lsh, push
 from xclp import graph as graphs
 from xclp.block_protocol import BlockParty, split_shares
 from xclp.data import validate_features, validate_labels
-from xclp.influence import SolveInfo, influence_columns
 from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
 from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
@@ -1308,6 +1307,10 @@ class CoordinatorSession:
 
     def compute_influence(self, W) -> None:
         """S_L^(j) for every site in the layout: one solve for all labelled columns."""
+        # Imported here, the coordinator's one use: xclp.influence loads torch (~1.2 s), and a site's process
+        # (a Flower deployment starts a fresh ClientApp per message) never solves a graph.
+        from xclp.influence import SolveInfo, influence_columns
+
         assert self.layout is not None
         cols = [self.layout.offsets[s] + self.roster[s].labelled for s in self.layout.sites]
         all_cols = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
