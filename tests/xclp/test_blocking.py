@@ -210,3 +210,36 @@ def test_equal_substrings_equal_tags_only_in_the_same_table():
     # code a: the same (all-zero) substring in every table, yet 16 different tags (t is in the message)
     assert np.unique(tags[0]).size == 16
     assert not np.isin(blocking.substring_tags(a, L, blocking.tag_key(SEED, "job-2"), tables=16), tags).any()
+
+
+def _plain_chunks(tags, max_bucket):
+    """The chunking rule written as a loop over buckets (what `table_chunks` vectorises)."""
+    n, m = tags.shape
+    out = []
+    for t in range(m):
+        order = np.lexsort((np.arange(n), tags[:, (t + 1) % m], tags[:, t]))
+        s = 0
+        while s < n:
+            e = s
+            while e < n and tags[order[e], t] == tags[order[s], t]:
+                e += 1
+            for c in range(s, e, max_bucket):
+                chunk = order[c : min(e, c + max_bucket)]
+                if chunk.size >= 2:
+                    out.append((t, sorted(chunk.tolist())))
+            s = e
+    return out
+
+
+def test_bucket_chunks_and_pairs_are_those_of_a_plain_loop(rng, monkeypatch):
+    # few tag values: buckets of every size, many above the cap, cut into chunks
+    tags = rng.integers(0, 6, (300, 4)).astype(np.uint64)
+    site_of = rng.integers(0, 3, 300)
+    expected = _plain_chunks(tags, 7)
+    assert [(b.table, b.members.tolist()) for b in blocking.buckets(tags, 7)] == expected
+    want = sorted({(i, j) for _, mem in expected for x, i in enumerate(mem) for j in mem[x + 1 :]
+                   if site_of[i] != site_of[j]})
+    for dedupe in (10**9, 50):  # deduplicated once at the end, and many times as the keys come
+        monkeypatch.setattr(blocking, "DEDUPE_KEYS", dedupe)
+        i, j = blocking.bucket_pairs(tags, 7, site_of, cross_only=True)
+        assert list(zip(i.tolist(), j.tolist())) == want
