@@ -77,12 +77,14 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
     )
 
     timings: dict[str, float] = {}
-    clock = [time.perf_counter()]
+    cpu_timings: dict[str, float] = {}  # CPU seconds per step: on shared cores wall time says how loaded they were
+    clock = [time.perf_counter(), cpu()]
 
     def lap(name: str) -> None:
-        now = time.perf_counter()
+        now, c = time.perf_counter(), cpu()
         timings[name] = timings.get(name, 0.0) + now - clock[0]
-        clock[0] = now
+        cpu_timings[name] = cpu_timings.get(name, 0.0) + c - clock[1]
+        clock[0], clock[1] = now, c
         say(f"{name} done: {timings[name]:.1f} s, peak {peak() / 2**30:.2f} GB, cpu {cpu():.0f} s, "
             f"load {Path('/proc/loadavg').read_text().split()[0]}")
 
@@ -162,7 +164,8 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
         labels[rows[s]] = predict_from_scores(Z[coord.layout.rows(s)], sessions[s].y).labels
     lap("scores")
     timings["total"] = sum(timings.values())
-    return {"labels": labels, "timings": timings, "coordinator": coord, "sizes": sizes}
+    cpu_timings["total"] = sum(cpu_timings.values())
+    return {"labels": labels, "timings": timings, "cpu_timings": cpu_timings, "coordinator": coord, "sizes": sizes}
 
 
 def sampled_recall(ds, coord, p, samples: int = 500, seed: int = 1) -> float:
@@ -220,6 +223,7 @@ def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int) -> di
     p = params("blocked", rank=rank)
     out = blocked_pipeline(ds, p, seed, say)
     row = {"n": n, "mode": mode, "seconds": time.perf_counter() - t0, "phases": out["timings"],
+           "cpu_phases": out["cpu_timings"],
            "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, out["labels"]),
            "pairs_measured": out["coordinator"].blocked.pair_count(), "influence_rank": p.influence_rank,
            "load": load0, "load_end": Path("/proc/loadavg").read_text().split()[:3],
@@ -361,7 +365,7 @@ def main(argv=None) -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         result["rows"] = [r for r in result["rows"] if (r["n"], r["mode"]) != (n, mode)] + [row]
         finish(result, a)  # written after every row: a long run keeps what it measured
-        print(json.dumps({k: v for k, v in row.items() if k not in ("phases", "plaintext_phases")}), file=sys.stderr,
+        print(json.dumps({k: v for k, v in row.items() if k not in ("phases", "cpu_phases", "plaintext_phases")}), file=sys.stderr,
               flush=True)
     result["rows"].sort(key=lambda r: (r["mode"], r["n"]))
     finish(result, a)

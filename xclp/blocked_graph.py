@@ -132,8 +132,10 @@ class BlockedGraph:
     def _add_global(self, gi: np.ndarray, gj: np.ndarray, d: np.ndarray, count: bool = True) -> None:
         if not gi.size:
             return
-        self._in_lists.update(np.unique(self.site_of[gi]).tolist())
-        self._in_lists.update(np.unique(self.site_of[gj]).tolist())
+        # which sites have pairs in the lists: a count per site, linear (np.unique sorted all the pairs)
+        present = np.bincount(self.site_of[gi], minlength=len(self.sites)) + np.bincount(
+            self.site_of[gj], minlength=len(self.sites))
+        self._in_lists.update(np.flatnonzero(present).tolist())
         # compact while buffered (10 bytes a pair, not 24)
         self._buf.append((gi.astype(np.int32), gj.astype(np.int32), d.astype(np.uint16)))
         self._buffered += gi.size

@@ -10,13 +10,30 @@ table with probability ≈ 7·10⁻⁵.
 
 What the coordinator sees: not the substrings but keyed tags,
 
-    tag(i, t) = HMAC-SHA256(K, t ‖ s ‖ substring_t(b_i))  truncated to 8 bytes,
+    tag(i, t) = first 8 bytes of CBC-MAC_AES-256(K, L ‖ m ‖ t ‖ s ‖ substring_t(b_i)),
     K = HKDF-SHA256(seed, salt = job id, info = "xclp blocking tags"),
 
-K derived by each site from the agreed LSH seed, which the coordinator does not know. Equal tags
-mean equal substrings (up to a 2^-64 collision); the coordinator learns which points share a
-substring in which table (a partition of the points per table: docs/security.md), not the bits.
-Tags under another seed or another job never match (different K).
+K derived by each site from the agreed LSH seed, which the coordinator does not know. The message is
+an 8-byte header (L, m, t and the substring's length s in bits, 2 bytes each, big-endian) and the
+substring's bytes, zero-padded to whole 16-byte AES blocks. With s ≤ 64 bits (the default: L = 1024,
+m = 64, s = 16) it is ONE block and the tag is AES_K of it: a pseudo-random permutation used as a
+pseudo-random function. By the PRP/PRF switching lemma (Bellare & Rogaway, "The security of triple
+encryption and a framework for code-based game-playing proofs", EUROCRYPT 2006, Lemma 1; Impagliazzo
+& Rudich 1989), for any adversary making q queries
+
+    |Adv^prf_AES(A) − Adv^prp_AES(A)| ≤ q(q − 1) / 2^129,
+
+and a site tags at most m · 2^s distinct blocks under one key (64 · 2^16 = 2^22 by default), so the
+switching costs at most 2^44 / 2^129 = 2^-85; truncating a PRF's output to 64 bits keeps it a PRF. Longer
+substrings (few tables) chain further blocks, CBC-MAC: every message of one (L, m) has the same length
+and the first block fixes (L, m), so the message set is prefix-free, where CBC-MAC is a PRF
+(Bellare, Kilian & Rogaway, JCSS 2000; Petrank & Rackoff, J. Cryptology 2000), advantage
+≤ O(ℓ²q²/2^128) for ℓ blocks. Why AES and not HMAC-SHA256 (what this was): AES runs as ONE
+`cryptography` Cipher.update over the whole array of blocks (OpenSSL, AES-NI), where HMAC was one
+Python call per distinct substring value (docs/scale.md: the tags phase before and after).
+Equal tags mean equal substrings (up to a 2^-64 collision); the coordinator learns which points share a
+substring in which table (a partition of the points per table: docs/security.md), not the bits. Tags
+under another seed or another job never match (different K).
 
 The coordinator groups equal tags per table into buckets. A bucket larger than `max_bucket`
 (a very common substring: blank images, a dominant class) would cost O(bucket²) pairs, so it is
@@ -34,11 +51,11 @@ neighbours become new candidates (`neighbour_pairs`); each round costs at most n
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 TAG_BYTES = 8  # 64-bit tags: accidental collisions ≈ n²·m / 2^65, far below one at n = 10^6
@@ -77,27 +94,51 @@ def substring_bounds(n_bits: int, tables: int) -> np.ndarray:
     return np.linspace(0, n_bits, tables + 1).round().astype(np.int64)
 
 
-def substring_tags(bits: np.ndarray, n_bits: int, key: bytes, tables: int = DEFAULT_TABLES) -> np.ndarray:
-    """tag(i, t) for every point i and table t: a uint64 array (n, m).
+TAG_HEADER = 8  # bytes of L, m, t, s before the substring (2 bytes each, big-endian)
+AES_BLOCK = 16
 
-    Each distinct substring value is tagged once per table (HMAC is the cost: a table's values
-    repeat a lot). HMAC-SHA256 from the standard library's `hmac.digest` (OpenSSL underneath): the
-    one-shot call is several times faster than building a `cryptography` HMAC object per tag, and
-    this runs n·m times.
-    """
+
+def tag_messages(bits: np.ndarray, n_bits: int, tables: int = DEFAULT_TABLES) -> np.ndarray:
+    """The messages the tags MAC, (n, m, 16·ℓ) uint8: row (i, t) is L ‖ m ‖ t ‖ s ‖ substring_t(b_i),
+    the substring packed big-endian (np.packbits), zero-padded to ℓ whole AES blocks (the same ℓ for
+    every table of one (L, m): the header fixes the length, so the messages are prefix-free)."""
+    if not 1 <= n_bits < 1 << 16 or not 1 <= tables <= n_bits:
+        raise ValueError(f"tags need 1 ≤ m ≤ L < 65536, got L = {n_bits}, m = {tables}")
     unpacked = np.unpackbits(np.asarray(bits, dtype=np.uint8), axis=1, count=n_bits)
     bounds = substring_bounds(n_bits, tables)
-    out = np.empty((unpacked.shape[0], tables), dtype=np.uint64)
+    width = int(-(-np.diff(bounds).max() // 8))  # bytes of the longest substring
+    size = -(-(TAG_HEADER + width) // AES_BLOCK) * AES_BLOCK
+    msg = np.zeros((unpacked.shape[0], tables, size), dtype=np.uint8)
+    header = np.zeros((tables, 4), dtype=">u2")
+    header[:, 0], header[:, 1], header[:, 2] = n_bits, tables, np.arange(tables)
+    header[:, 3] = np.diff(bounds)
+    msg[:, :, :TAG_HEADER] = header.view(np.uint8).reshape(tables, TAG_HEADER)[None]
     for t in range(tables):
-        lo, hi = int(bounds[t]), int(bounds[t + 1])
-        sub = np.packbits(unpacked[:, lo:hi], axis=1)
-        values, inverse = np.unique(sub, axis=0, return_inverse=True)
-        prefix = t.to_bytes(4, "big") + (hi - lo).to_bytes(4, "big")
-        tags = np.fromiter(
-            (int.from_bytes(hmac.digest(key, prefix + v.tobytes(), "sha256")[:TAG_BYTES], "big") for v in values),
-            dtype=np.uint64, count=values.shape[0])
-        out[:, t] = tags[inverse.ravel()]
-    return out
+        sub = np.packbits(unpacked[:, bounds[t] : bounds[t + 1]], axis=1)
+        msg[:, t, TAG_HEADER : TAG_HEADER + sub.shape[1]] = sub
+    return msg
+
+
+def substring_tags(bits: np.ndarray, n_bits: int, key: bytes, tables: int = DEFAULT_TABLES) -> np.ndarray:
+    """tag(i, t) for every point i and table t: a uint64 array (n, m), the first 8 bytes (big-endian)
+    of the CBC-MAC under AES-256 with key K of `tag_messages` (the module docstring: why it is a PRF).
+
+    CBC-MAC of equal-length messages, vectorised over all n·m of them: the state of every message is
+    encrypted together, one `Cipher.update` (ECB over the whole array: OpenSSL, AES-NI) per 16-byte
+    block position — one call in all with s ≤ 64 bits. ECB here is not encryption of data but n·m
+    independent evaluations of the block cipher, which is what CBC-MAC's chain needs at each step.
+    """
+    if len(key) != 32:
+        raise ValueError("the tag key is 32 bytes (tag_key)")
+    msg = tag_messages(bits, n_bits, tables)
+    n, m, size = msg.shape
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    blocks = msg.reshape(n * m, size // AES_BLOCK, AES_BLOCK)
+    state = np.zeros((n * m, AES_BLOCK), dtype=np.uint8)
+    for c in range(blocks.shape[1]):
+        state = np.frombuffer(enc.update((state ^ blocks[:, c]).tobytes()), dtype=np.uint8).reshape(n * m, AES_BLOCK)
+    enc.finalize()
+    return state[:, :TAG_BYTES].copy().view(">u8").astype(np.uint64).reshape(n, m)
 
 
 @dataclass
@@ -108,49 +149,72 @@ class Bucket:
     members: np.ndarray
 
 
+def table_chunks(tags: np.ndarray, t: int, max_bucket: int = DEFAULT_MAX_BUCKET,
+                 min_size: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Table t's buckets of equal tags cut into chunks of at most `max_bucket`, found without a Python
+    loop over buckets (10^6 of them at 10^5 points): (order, starts, sizes), chunk c being
+    order[starts[c] : starts[c] + sizes[c]], each of at least `min_size` points, in tag order."""
+    n, m = tags.shape
+    # Sort by (tag, next table's tag, index): equal tags are contiguous, and within a bucket the
+    # points that also agree in the next table sit together, so a cut keeps them in one chunk.
+    order = np.lexsort((np.arange(n), tags[:, (t + 1) % m], tags[:, t]))
+    sorted_tags = tags[order, t]
+    first = np.flatnonzero(np.r_[True, sorted_tags[1:] != sorted_tags[:-1]])
+    last = np.r_[first[1:], n]
+    big = last - first >= min_size
+    first, last = first[big], last[big]
+    # a bucket's chunks start at its first point and every max_bucket points after it
+    per = -(-(last - first) // max_bucket)
+    bucket = np.repeat(np.arange(first.size), per)
+    starts = first[bucket] + (np.arange(bucket.size) - np.repeat(np.cumsum(per) - per, per)) * max_bucket
+    sizes = np.minimum(last[bucket] - starts, max_bucket)
+    keep = sizes >= min_size
+    return order, starts[keep], sizes[keep]
+
+
 def buckets(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, min_size: int = 2, tables=None):
     """Yield the buckets of equal tags, table by table (`tables`: only these), cut into chunks of at
-    most `max_bucket`."""
-    n, m = tags.shape
-    for t in range(m) if tables is None else tables:
-        nxt = tags[:, (t + 1) % m]
-        # Sort by (tag, next table's tag, index): equal tags are contiguous, and within a bucket the
-        # points that also agree in the next table sit together, so a cut keeps them in one chunk.
-        order = np.lexsort((np.arange(n), nxt, tags[:, t]))
-        sorted_tags = tags[order, t]
-        starts = np.flatnonzero(np.r_[True, sorted_tags[1:] != sorted_tags[:-1]])
-        ends = np.r_[starts[1:], n]
-        for s, e in zip(starts[ends - starts >= min_size], ends[ends - starts >= min_size]):
-            for c in range(s, e, max_bucket):
-                chunk = order[c : min(e, c + max_bucket)]
-                if chunk.size >= min_size:
-                    yield Bucket(t, np.sort(chunk))
+    most `max_bucket` (`table_chunks`)."""
+    for t in range(tags.shape[1]) if tables is None else tables:
+        order, starts, sizes = table_chunks(tags, t, max_bucket, min_size)
+        for s, z in zip(starts.tolist(), sizes.tolist()):
+            yield Bucket(t, np.sort(order[s : s + z]))
+
+
+DEDUPE_KEYS = 16_000_000  # candidate keys held before they are deduplicated (bucket_pairs)
 
 
 def bucket_pairs(tags: np.ndarray, max_bucket: int = DEFAULT_MAX_BUCKET, site_of: np.ndarray | None = None,
                  cross_only: bool = False, tables=None) -> tuple[np.ndarray, np.ndarray]:
     """Every distinct candidate pair (i < j) from the buckets (`tables`: of these tables only; the
     chunks are those of all tables together); with `cross_only`, pairs of points of different sites
-    (`site_of[i]` ≠ `site_of[j]`). Vectorised per bucket size: buckets of equal size share one index
-    pattern, so the Python loop runs over sizes, not buckets."""
+    (`site_of[i]` ≠ `site_of[j]`). Vectorised per chunk size: chunks of equal size share one index
+    pattern, so the Python loop runs over sizes (≤ max_bucket), not over chunks."""
     n = tags.shape[0]
-    keys = []
     by_size: dict[int, list[np.ndarray]] = {}
-    for b in buckets(tags, max_bucket, tables=tables):
-        by_size.setdefault(b.members.size, []).append(b.members)
-    for size, members in by_size.items():
-        M = np.stack(members)  # (buckets, size)
+    for t in range(tags.shape[1]) if tables is None else tables:
+        order, starts, sizes = table_chunks(tags, t, max_bucket)
+        for size in np.unique(sizes).tolist():
+            by_size.setdefault(size, []).append(order[starts[sizes == size][:, None] + np.arange(size)[None, :]])
+    done = np.zeros(0, np.int64)
+    pending: list[np.ndarray] = []
+    held = 0
+    for size, parts in by_size.items():
+        M = np.sort(np.concatenate(parts), axis=1)  # (chunks, size): members in index order, so i < j
         iu, ju = np.triu_indices(size, 1)
         i, j = M[:, iu].ravel(), M[:, ju].ravel()
         if cross_only:
             keep = site_of[i] != site_of[j]
             i, j = i[keep], j[keep]
-        keys.append(i * n + j)
-        if sum(k.size for k in keys) > 16_000_000:  # keep the working set bounded: dedupe as we go
-            keys = [sorted_unique(np.concatenate(keys))]
-    if not keys:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    k = sorted_unique(np.concatenate(keys))
+        pending.append(i * n + j)
+        held += i.size
+        # Dedupe as we go to bound the working set, but only once the new keys outnumber the deduped
+        # ones: re-sorting all of them after every size once they passed a fixed bound made this
+        # quadratic (at 100,000 points: 175 sorts of up to 4·10^7 keys, 376 of the profile's 1,150 s).
+        if held > max(DEDUPE_KEYS, done.size):
+            done = sorted_unique(np.concatenate([done, *pending]))
+            pending, held = [], 0
+    k = sorted_unique(np.concatenate([done, *pending]))
     return k // n, k % n
 
 

@@ -179,11 +179,15 @@ def merge_knn(lists: KnnLists, i: np.ndarray, j: np.ndarray, d: np.ndarray) -> K
     src, dst, dd = src[keep], dst[keep], dd[keep]
     if not src.size:
         return lists
-    rows = np.sort(src)
-    rows = rows[np.r_[True, rows[1:] != rows[:-1]]]
+    # the rows that receive a candidate, sorted, and each candidate's position among them: by a count
+    # and a lookup table over the n rows, linear (sort + searchsorted over 3.6·10^7 candidates was
+    # 5 of a 10^6-point table group's 17 s of merges)
+    rows = np.flatnonzero(np.bincount(src, minlength=n))
+    pos = np.empty(n, dtype=np.int64)
+    pos[rows] = np.arange(rows.size)
     old_idx, old_dist = lists.idx[rows], lists.dist[rows]
     ok = old_idx >= 0
-    li = np.concatenate([np.repeat(np.arange(rows.size), k)[ok.ravel()], np.searchsorted(rows, src)])
+    li = np.concatenate([np.repeat(np.arange(rows.size), k)[ok.ravel()], pos[src]])
     lj = np.concatenate([old_idx[ok], dst])
     ld = np.concatenate([old_dist[ok].astype(np.int64), dd])
     dist, idx = lists.dist.copy(), lists.idx.copy()

@@ -170,3 +170,76 @@ def test_packed_blocks_party_and_receive_packed_blocks_refuse_what_is_not_one_pa
                            rng.normal(size=(12, 5)), np.r_[0, 1, np.full(10, -1)])
     with pytest.raises(ProtocolError, match="one protocol per block"):
         paillier.packed_blocks_party("b", ab)
+
+
+def _reference_tag(key: bytes, code: np.ndarray, n_bits: int, tables: int, t: int) -> int:
+    """One tag by hand, block by block (the module docstring's definition, not its vectorised code)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    bounds = blocking.substring_bounds(n_bits, tables)
+    bit_list = np.unpackbits(code, count=n_bits)[bounds[t] : bounds[t + 1]]
+    s = int(bit_list.size)
+    width = max(-(-(int(bounds[u + 1] - bounds[u])) // 8) for u in range(tables))
+    sub = int("".join(map(str, bit_list)), 2) << (8 * width - s)  # big-endian, zero bits after
+    msg = b"".join(v.to_bytes(2, "big") for v in (n_bits, tables, t, s)) + sub.to_bytes(width, "big")
+    msg += bytes(-len(msg) % 16)
+    state = bytes(16)
+    for c in range(0, len(msg), 16):
+        enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+        state = enc.update(bytes(a ^ b for a, b in zip(state, msg[c : c + 16]))) + enc.finalize()
+    return int.from_bytes(state[:8], "big")
+
+
+@pytest.mark.parametrize("n_bits,tables", [(L, 16), (L, 3), (250, 7)])  # one block; CBC chains; unequal s
+def test_tags_are_the_keyed_prf_of_table_and_substring(codes, n_bits, tables):
+    key = blocking.tag_key(SEED, "job-1")
+    tags = blocking.substring_tags(codes[:40], n_bits, key, tables=tables)
+    for i in (0, 17, 39):
+        for t in (0, tables // 2, tables - 1):
+            assert int(tags[i, t]) == _reference_tag(key, codes[i], n_bits, tables, t), (i, t)
+
+
+def test_equal_substrings_equal_tags_only_in_the_same_table():
+    key = blocking.tag_key(SEED, "job-1")
+    # two codes that agree on the first half of their bits only; and a code whose every substring is equal
+    a = np.zeros((1, L // 8), np.uint8)
+    b = a.copy()
+    b[0, L // 16 :] = 0xFF
+    tags = blocking.substring_tags(np.r_[a, b], L, key, tables=16)
+    assert np.array_equal(tags[0, :8], tags[1, :8]) and not np.isin(tags[0, 8:], tags[1, 8:]).any()
+    # code a: the same (all-zero) substring in every table, yet 16 different tags (t is in the message)
+    assert np.unique(tags[0]).size == 16
+    assert not np.isin(blocking.substring_tags(a, L, blocking.tag_key(SEED, "job-2"), tables=16), tags).any()
+
+
+def _plain_chunks(tags, max_bucket):
+    """The chunking rule written as a loop over buckets (what `table_chunks` vectorises)."""
+    n, m = tags.shape
+    out = []
+    for t in range(m):
+        order = np.lexsort((np.arange(n), tags[:, (t + 1) % m], tags[:, t]))
+        s = 0
+        while s < n:
+            e = s
+            while e < n and tags[order[e], t] == tags[order[s], t]:
+                e += 1
+            for c in range(s, e, max_bucket):
+                chunk = order[c : min(e, c + max_bucket)]
+                if chunk.size >= 2:
+                    out.append((t, sorted(chunk.tolist())))
+            s = e
+    return out
+
+
+def test_bucket_chunks_and_pairs_are_those_of_a_plain_loop(rng, monkeypatch):
+    # few tag values: buckets of every size, many above the cap, cut into chunks
+    tags = rng.integers(0, 6, (300, 4)).astype(np.uint64)
+    site_of = rng.integers(0, 3, 300)
+    expected = _plain_chunks(tags, 7)
+    assert [(b.table, b.members.tolist()) for b in blocking.buckets(tags, 7)] == expected
+    want = sorted({(i, j) for _, mem in expected for x, i in enumerate(mem) for j in mem[x + 1 :]
+                   if site_of[i] != site_of[j]})
+    for dedupe in (10**9, 50):  # deduplicated once at the end, and many times as the keys come
+        monkeypatch.setattr(blocking, "DEDUPE_KEYS", dedupe)
+        i, j = blocking.bucket_pairs(tags, 7, site_of, cross_only=True)
+        assert list(zip(i.tolist(), j.tolist())) == want
