@@ -40,8 +40,9 @@ class JobEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.wakeup = threading.Event()
-        # Bumped whenever jobs may have changed for the sites (a job submitted, a step taken): the
-        # sites' long polls for work (GET /work?wait=) look at the database again when it moves.
+        # Bumped whenever jobs may have changed for the sites (a job submitted, a step taken, a message
+        # of the coordinator's written): the sites' long polls (GET /work?wait=, and for a message of the
+        # coordinator's) look at the database again when it moves.
         self.changes = 0
 
     def notify(self) -> None:
@@ -89,6 +90,7 @@ class JobEngine:
                     changed |= step
                     if not step or job.status != "running":
                         break
+                changed |= bool(db.info.pop("messages_put", False))  # (committed, or rolled back: a look costs little)
             if changed:
                 self.notify()
                 self._prune(job_id)

@@ -23,6 +23,7 @@ assert tuple(DEFAULT_DEADLINES) == JOB_PHASES[:-1], "a deadline for every phase 
 
 def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:
     db.add(new_message(db, job_id, sender, recipient, topic, body))
+    db.info["messages_put"] = True  # the engine wakes the long polls once its step has committed (JobEngine.tick)
 
 
 def fail(job: Job, reason: str) -> None:

@@ -42,11 +42,15 @@ class _BlobResponse(FileResponse):
     chunk_size = 1 << 20  # fewer thread hops than the default 64 KiB for bodies of tens of MB
 
 
+RECHECK_SECONDS = 1.0  # a waiting poll for a message reads the database at least this often
+
+
 def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registry) -> APIRouter:
     """A router of its own per app: it keeps the app's long-poll counts and its blob store at hand."""
     r = APIRouter(tags=["messages"])
     waiting_gauge = Gauge("xclp_long_polls_waiting", "long polls waiting for their message", registry=registry)
     waiting: dict[str, int] = {}  # site -> its long polls waiting now (touched only on the event loop)
+    uploads = [0]  # messages stored by uploads (bumped on the event loop): a waiting poll looks again when it moves
 
     @r.put("/jobs/{job_id}/messages/{topic:path}", responses=errors(401, 403, 404, 409, 413, 422),
            openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
@@ -89,6 +93,7 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
                 spill.abort()  # (nothing left to remove once finished)
         if result["stored"]:
             bytes_in.inc(size)
+            uploads[0] += 1
             job_engine.wakeup.set()
         return result
 
@@ -151,17 +156,25 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
         """A message addressed to the caller (and only to the caller). wait: seconds (≤ 10) to wait
         for it if it is not there yet (a long poll: one request instead of many; at most
         `max_waits_per_site` of a site's wait at once, the others are answered at once)."""
+        seen = (job_engine.changes, uploads[0])
         ref = await run_in_threadpool(find_message, job_id, site, sender, topic)
         wait = min(max(wait, 0.0), 10.0)
         # A waiting poll sleeps on the event loop, not in a worker thread, and looks again with a
-        # short database read: waiting polls cannot take the threads every other request needs.
+        # short database read: waiting polls cannot take the threads every other request needs. It
+        # reads only when a message may have come — the engine wrote (its `changes`), or an upload was
+        # stored — or every RECHECK_SECONDS: ten sites waiting out the coordinator's graph would
+        # otherwise read the database 200 times a second on the cores that compute it.
         if ref is None and wait > 0 and waiting.get(site, 0) < settings.max_waits_per_site:
             waiting[site] = waiting.get(site, 0) + 1
             waiting_gauge.inc()
             try:
-                end = time.monotonic() + wait
+                read_at = time.monotonic()
+                end = read_at + wait
                 while ref is None and time.monotonic() < end:
                     await asyncio.sleep(0.05)
+                    if (job_engine.changes, uploads[0]) == seen and time.monotonic() - read_at < RECHECK_SECONDS:
+                        continue
+                    seen, read_at = (job_engine.changes, uploads[0]), time.monotonic()
                     ref = await run_in_threadpool(find_message, job_id, site, sender, topic)
             finally:
                 waiting[site] -= 1

@@ -688,18 +688,41 @@ class PredictSite:
         self.result: Prediction | None = None
         self.waiting = False  # the last step found nothing to do but wait for a peer's pair message
         self.lost_pairs = False
+        self._held: dict[str, bytes] = {}  # the coordinator's messages a long poll fetched, until taken (`_await`)
 
     @property
     def name(self) -> str:
         return self.session.site
 
-    def _once(self, send: Callable[[Send], None], topic: str, body: bytes, to: str = COORDINATOR) -> bool:
+    def _once(self, send: Callable[[Send], None], topic: str, body: bytes | Callable[[], bytes],
+              to: str = COORDINATOR) -> bool:
+        """Send `body` (or what `body()` makes: made only if not sent yet) unless the record says it was."""
         key = f"sent:{to}:{topic}"
         if self.record.get(key):
             return False
-        send(Send(self.name, to, topic, body))
+        send(Send(self.name, to, topic, body() if callable(body) else body))
         self.record[key] = True
         return True
+
+    # Once the site has sent its part of a phase, nothing but the coordinator's next message can move it
+    # on: it asks for that message with `wait` (a driver may long-poll for it, one request instead of one
+    # per poll interval from every site while the slowest site, or the coordinator, computes), and keeps
+    # the body for the step that takes it (`_take`), so that a large body (the influence columns) is not
+    # fetched twice.
+    def _await(self, inbox: Inbox, topic: str) -> bool:
+        """True if the coordinator's message `topic` has just come (held for `_take`)."""
+        if topic in self._held:
+            return False
+        body = inbox.get(topic, wait=True)
+        if body is None:
+            return False
+        self._held[topic] = body
+        return True
+
+    def _take(self, inbox: Inbox, topic: str) -> bytes | None:
+        """The coordinator's message `topic`: the one `_await` holds, else from the inbox."""
+        body = self._held.pop(topic, None)
+        return body if body is not None else inbox.get(topic)
 
     def step(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
         sess, me = self.session, self.name
@@ -708,9 +731,9 @@ class PredictSite:
             return False
         phase = "done" if view.status == "done" else view.phase
         if phase == "setup":
-            return self._once(send, "announce", sess.announce())
+            return self._once(send, "announce", sess.announce) or self._await(inbox, "roster")
         if sess.phase == "setup":
-            roster = inbox.get("roster")
+            roster = self._take(inbox, "roster")
             if roster is None:
                 return False
             sess.set_roster(decode_roster(roster))
@@ -729,22 +752,23 @@ class PredictSite:
             incoming = {p: inbox.get("seed", sender=p) for p in view.seed_sites if p != me}
             sess.receive_seed(incoming, view.seed_sites)
         if phase == "counts":
-            return self._once(send, Topic.counts(view.attempt), sess.counts_message(view.live, view.attempt))
+            return (self._once(send, Topic.counts(view.attempt), lambda: sess.counts_message(view.live, view.attempt))
+                    or self._await(inbox, Topic.counts_total(view.attempt)))
         if sess.phase == "counts":
             a = view.attempts["counts"]
-            sess.receive_counts(inbox.get(Topic.counts_total(a)), a)
+            sess.receive_counts(self._take(inbox, Topic.counts_total(a)), a)
         if phase == "hamming":
             return self._hamming(view, inbox, send)
         if sess.phase == "hamming":
-            sess.receive_influence(inbox.get("influence"))
+            sess.receive_influence(self._take(inbox, "influence"))
         attempt = view.attempt if phase == "row_sums" else view.attempts["row_sums"]
         if self.rows is None or self.rows[0] != attempt:
             # Masks the site's contribution and keeps its own masked rows in the session; deterministic,
             # so after a restart the repeat is byte-identical to what was sent.
             self.rows = (attempt, sess.row_sums_message(view.live, attempt))
         if phase == "row_sums":
-            return self._once(send, Topic.rows(attempt), self.rows[1])
-        body = inbox.get(Topic.sums(attempt))
+            return self._once(send, Topic.rows(attempt), self.rows[1]) or self._await(inbox, Topic.sums(attempt))
+        body = self._take(inbox, Topic.sums(attempt))
         if body is None:
             return False
         self.result = sess.receive_row_sums(body)
@@ -768,7 +792,7 @@ class PredictSite:
         if not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
             # All its pairs are through: the phase ends when the coordinator has every share and has
             # built the graph; a driver may wait for that in one long poll.
-            progressed = inbox.get("influence", wait=True) is not None
+            progressed = self._await(inbox, "influence")
         return progressed
 
     def _step_pairs(self, pairs, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
@@ -824,8 +848,7 @@ class PredictSite:
         if sess.params.crypto == "plaintext":
             inputs["codes"] = sess.codes_message
         for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
-            if not self.record.get(f"sent:{COORDINATOR}:{topic}"):
-                progressed |= self._once(send, topic, make())
+            progressed |= self._once(send, topic, make)
         if self.pairs is None:
             if self.record.get("block_rounds_started") and not sess.block_drivers:
                 self.lost_pairs = True  # a session rebuilt from its keys: its rounds' protocol state is gone
@@ -836,7 +859,7 @@ class PredictSite:
                                                          key=lambda kv: int(kv[0].split("/")[0]))}
         r = view.attempt
         if r >= 1 and self.record.get(f"blocks:{r}") is None:
-            body = inbox.get(Topic.blocks(r))
+            body = self._take(inbox, Topic.blocks(r))
             if body is None:
                 return progressed
             plan = decode_plan(body, sess.X.shape[0], sess.order, max_bytes=sess.params.max_message_bytes)
@@ -848,12 +871,12 @@ class PredictSite:
                 self.record["block_rounds_started"] = True
             progressed = True
         progressed |= self._step_pairs(self.pairs.values(), view, inbox, send)
-        if r >= 1 and not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
-            # Its blocks are through: next come the next round's blocks or, after the last round, the
-            # influence columns (a driver may wait in one long poll for the likelier). Not in round 0:
-            # the plan waits for the slowest site's inputs, and the driver's own poll is soon enough.
+        if not progressed and all(d["side"].done for d in self.pairs.values() if d["peer"] in view.live):
+            # Its inputs (round 0) or its blocks are through: next come the next round's blocks or, after
+            # the last round, the influence columns (a driver may wait in one long poll for the likelier).
+            # (crypto="plaintext": round 0 is the last, the coordinator measures every round itself.)
             last = sess.params.crypto == "plaintext" or r > sess.params.descent_rounds
-            progressed = inbox.get("influence" if last else Topic.blocks(r + 1), wait=True) is not None
+            progressed = self._await(inbox, "influence" if last else Topic.blocks(r + 1))
         return progressed
 
     @staticmethod

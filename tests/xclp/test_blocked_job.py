@@ -210,3 +210,51 @@ def test_a_protocol_that_does_not_pack_runs_one_run_per_block_in_the_machines(ds
                    contributions={s: sites[s].session.my_contribution() for s in ds.sites})
     for s, got in labels.items():
         assert np.array_equal(got, ref.predictions[s].labels), s
+
+
+@pytest.mark.parametrize("crypto", ["plaintext", "lattice"])
+def test_a_site_that_has_sent_its_part_long_polls_for_the_coordinators_next_message_and_fetches_it_once(ds, crypto):
+    # A driver's view of the job lags the coordinator (an agent reads the job's status, then its messages):
+    # a site that has sent its part asks for the coordinator's next message with wait (one long poll, not
+    # one poll per interval from every site while the slowest site or the coordinator computes), and the
+    # body it got is the one it takes once the view moves on: each of the coordinator's messages (the
+    # influence columns among them) is fetched once. The labels are the simulation's.
+    params = JobParams(job_id="lp", crypto=crypto, **BLOCKED)
+    coord, sites = machines(ds, params)
+    mail, got = MemoryMailbox(), []
+
+    class Recording:
+        def __init__(self, site):
+            self.inbox, self.site = mail.inbox(site), site
+
+        def get(self, topic, sender=COORDINATOR, wait=False):
+            body = self.inbox.get(topic, sender, wait)
+            if sender == COORDINATOR:
+                got.append((self.site, topic, wait, body is not None))
+            return body
+
+    st = coord.state
+    view = PredictState.from_bytes(st.to_bytes())
+    for _ in range(400):
+        if view.status != "running":
+            break
+        for s in list(view.live):
+            sites[s].step(view, Recording(s), mail.put)
+        view = PredictState.from_bytes(st.to_bytes())  # what the sites read before the coordinator's decision
+        coord.settle(mail, True)  # (no deadline: a lagging view is no silent site)
+    assert st.status == "done", st.failure
+    for s in st.live:
+        sites[s].step(st, Recording(s), mail.put)
+    topics = {t for (_, t, _, _) in got}
+    assert {"roster", "influence", "counts-total/0", "sums/0"} <= topics
+    assert crypto == "plaintext" or "blocks/1" in topics
+    for s in ds.sites:
+        for t in topics - {"blocks/" + str(st.attempts["hamming"] + 1)}:  # (the blocks that never came)
+            fetched = [w for (site, topic, w, ok) in got if site == s and topic == t and ok]
+            # once, by the long poll; (lattice) but the influence columns, which come where the site waited
+            # for the likelier next round's blocks, and which it then takes once the view moves on
+            assert fetched == ([False] if crypto == "lattice" and t == "influence" else [True]), (s, t, fetched)
+    ref = run_xclp(ds, JobParams(job_id="lp", **BLOCKED),
+                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s in ds.sites:
+        assert np.array_equal(sites[s].result.labels, ref.predictions[s].labels), s

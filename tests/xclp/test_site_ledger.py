@@ -128,3 +128,21 @@ def test_one_label_secret_per_file_gives_the_same_randomized_labels(tmp_path):
     other = SiteSession(JobParams(job_id="j3", n_classes=3, crypto="ot", bits=64, k=4, label_flip=0.3), "a", X, y,
                         noise_seed=os.urandom(32)).y_released  # without the site's seed: a fresh draw
     assert not np.array_equal(other, released[0])
+
+
+def test_a_job_without_dp_is_recorded_without_loading_the_accountant(tmp_path):
+    # A job that releases without DP is unbounded: ten agents opening it on a shared host must not each
+    # load dp_accounting (and scipy.signal with it, ~2 s of CPU apiece) to learn that ε is infinite.
+    import subprocess
+    import sys
+
+    code = ("import sys; from clients.policy import SitePolicy; from xclp.privacy.site_ledger import SiteLedger\n"
+            "from xclp.protocol import JobParams\n"
+            "st = {'kind': 'predict', 'sites': ['a', 'b'], 'params': vars(JobParams(job_id='j1', n_classes=3, "
+            "crypto='plaintext', bits=64, k=4))}\n"
+            f"led = SiteLedger({str(tmp_path)!r})\n"
+            "for j in ('j1', 'j2'): got = SitePolicy(allow_plaintext=True).admit(led, 'f' * 64, j, {**st, 'params': "
+            "{**st['params'], 'job_id': j}})\n"
+            "print(got['epsilon'], got['jobs'], 'dp_accounting' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["inf", "2", "False"]
