@@ -16,9 +16,10 @@ import threading
 
 from sqlalchemy import delete, or_, select
 
-from service.db import Job, Message, PrunedBytes, message_phase, utcnow
+from service.db import Job, Message, PrunedBytes, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
 from service.training_engine import obsolete_round_messages, train_step
+from xclp.job_kinds import job_kind
 from xclp.prediction_job import PredictCoordinator, PredictState
 from xclp.prediction_job import refusals as job_refusals
 from xclp.protocol import JobParams
@@ -107,7 +108,7 @@ class JobEngine:
                 return
             keys = set(db.scalars(select(Message.blob).where(Message.id.in_(ids), Message.blob.is_not(None))))
             for topic, size in db.execute(select(Message.topic, Message.size).where(Message.id.in_(ids))).all():
-                phase = message_phase(job.kind, topic)  # the operator still counts the bytes they carried
+                phase = job_kind(job.kind).topic_phase(topic)  # the operator still counts the bytes they carried
                 row = db.get(PrunedBytes, (job.id, phase))
                 if row is None:
                     row = PrunedBytes(job_id=job.id, phase=phase, bytes=0)

@@ -35,6 +35,7 @@ from xclp.protocol import (
     decode_announce,
     read_refusal,
 )
+from xclp.training_topics import max_body as train_max_body
 from xclp.wire import load_array, load_bundle
 
 
@@ -200,7 +201,8 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
             raise HTTPException(422, "a refusal goes to the coordinator")
         return 4 * MAX_REASON_CHARS + 64
     if job.kind == "train":
-        return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
+        limit = train_max_body(topic)  # the run's rule; None: the service's own limit
+        return (1 << 62) if limit is None else limit
     state = PredictState.of(job)
     blocked = None  # which graph's hamming topics the job takes (known once the roster is)
     if state.reached("seed"):

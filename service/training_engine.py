@@ -48,6 +48,7 @@ from xclp.training.algorithms import strategy_for
 from xclp.training.strategy import Strategy
 from xclp.training_job import BROADCAST as BROADCAST  # the recipient "*", as the API and its tests name it
 from xclp.training_job import RunSpec, StartXCLP, TrainCoordinator, TrainState
+from xclp.training_topics import obsolete
 
 log = logging.getLogger("xclp.engine")
 
@@ -130,18 +131,11 @@ def _spawn_xclp(db, job: Job, start: StartXCLP) -> None:
 
 
 def obsolete_round_messages(db, job: Job) -> list[int]:
-    """Once round t's checkpoint model/t is written, the site updates of rounds ≤ t and the models
-    before t − 1 are read by no later step (agents and child jobs of round t + 1 read model/t, a
-    restarted agent too). Votes and consensus labels are small and stay as the job's record."""
+    """Ids of the job's messages no later step reads, by the run's rule (xclp.training_topics.obsolete,
+    given the rounds closed); this only selects them (service.engine deletes them)."""
     done = len(job.training.history)
-    rows = db.execute(select(Message.id, Message.topic).where(
-        Message.job_id == job.id, Message.topic.startswith("update/") | Message.topic.startswith("model/"))).all()
-    out = []
-    for mid, topic in rows:
-        kind, r = (topic.split("/") + [""])[:2]  # update/t, update/t/attempt, model/t
-        if r.isdigit() and ((kind == "update" and int(r) <= done) or (kind == "model" and int(r) < done - 1)):
-            out.append(mid)
-    return out
+    rows = db.execute(select(Message.id, Message.topic).where(Message.job_id == job.id)).all()
+    return [mid for mid, topic in rows if obsolete(topic, done)]
 
 
 # --- uploads -------------------------------------------------------------------------------------

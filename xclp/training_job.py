@@ -82,7 +82,7 @@ class TrainState:
 
     sites: list[str]  # the roster order as submitted
     live: list[str]
-    phase: str = "setup"  # setup | round | evaluate | done
+    phase: str = "setup"  # one of xclp.training_topics.TRAIN_PHASES
     round: int = 0
     status: str = "running"  # running | done | failed
     failure: str | None = None

@@ -44,6 +44,7 @@ from xclp.training_job import (
     TrainSite,
     TrainState,
 )
+from xclp.training_topics import TRAIN_PHASES
 
 MAX_ITERATIONS = 100_000  # far past any run's steps: a bound that turns a bug of the machines into an error
 
@@ -172,10 +173,9 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
                              n_features=n_features) for x in names}
     run = SimulatedRun(coord, mail, envs)
     silent = dict(silent or {})
-    order = ("setup", "round", "evaluate", "done")
 
     def quiet(x: str) -> bool:
-        return x in silent and order.index(coord.state.phase) >= order.index(silent[x])
+        return x in silent and TRAIN_PHASES.index(coord.state.phase) >= TRAIN_PHASES.index(silent[x])
 
     def decide(expired: bool) -> None:
         # one decision at a time, its messages in the mail before the next (TrainCoordinator.run hands
