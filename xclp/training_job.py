@@ -193,6 +193,28 @@ class TrainCoordinator:
                 expired = False
         return out
 
+    def settle(self, mail: Mailbox, moved: bool, handle: Callable[[object], None]) -> None:
+        """Every decision the mailbox allows, for a driver with no clock of its own (the simulation's
+        step, a Flower Grid round): each decision's output goes to `handle` (into the mailbox, or a
+        round's XCLP job run in place) before the next decision is taken. `moved`: whether the driver's
+        exchange with the sites brought anything. The rule written once here: when neither the sites
+        nor a decision moved anything, nothing but the clock can, so the step's deadline has passed
+        (`expired`, until a new step begins)."""
+        expired = False
+        for _ in range(2 * MAX_STEPS):
+            before = self.state.to_bytes()
+            for m in self.step(mail, expired):
+                handle(m)
+            if self.state.status != "running":
+                return
+            if self.state.to_bytes() == before:
+                if moved or expired:
+                    return
+                expired = True  # nothing moved, there nor here: the deadline has passed
+            else:  # a decision moved the run: with the deadline afresh if a new step began
+                moved = True
+                expired = expired and self.state.clock == TrainState.from_bytes(before).clock
+
     def _key(self) -> tuple:
         st = self.state
         return st.clock, st.phase, st.round, tuple(st.live), st.status, tuple(st.survivors)

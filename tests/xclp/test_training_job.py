@@ -107,6 +107,20 @@ class Run:
         return s.load_broadcast(self.mail.body(COORDINATOR, BROADCAST, f"model/{self.coord.state.history[-1]['round']}"))
 
 
+def test_settle_lets_a_steps_deadline_pass_only_when_nothing_moved():
+    """A driver with no clock (the simulation, a Flower Grid round) settles the machine: the silent
+    site is dropped only once neither the sites nor a decision moved anything."""
+    run = Run(silent={"c"})
+    run.sites_step()  # a's and b's hellos
+    run.coord.settle(run.mail, True, run.mail.put)
+    assert run.coord.state.phase == "setup" and run.coord.state.live == SITES  # c may still come
+    run.coord.settle(run.mail, False, run.mail.put)
+    st = run.coord.state
+    assert st.dropped == {"c": "setup"} and (st.phase, st.round, st.history) == ("round", 1, [])  # a new step: its deadline afresh
+    run.coord.settle(run.mail, False, run.mail.put)  # round 1's deadline passes only now: nobody uploaded
+    assert run.coord.state.history[0]["round"] == 1 and run.coord.state.history[0]["left_out"] == ["a", "b"]
+
+
 def test_a_run_goes_through_setup_rounds_evaluate_and_done():
     r = Run()
     r.until_done()
