@@ -41,14 +41,13 @@ import time
 
 from sqlalchemy import select
 
-from service.db import Job, Message, RoundXCLPState, TrainingState, utcnow
+from service.db import Job, RoundXCLPState, TrainingState, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
 from xclp.prediction_job import Inadmissible
 from xclp.training.algorithms import strategy_for
 from xclp.training.strategy import Strategy
 from xclp.training_job import BROADCAST as BROADCAST  # the recipient "*", as the API and its tests name it
 from xclp.training_job import RunSpec, StartXCLP, TrainCoordinator, TrainState
-from xclp.training_topics import obsolete
 
 log = logging.getLogger("xclp.engine")
 
@@ -128,14 +127,6 @@ def _spawn_xclp(db, job: Job, start: StartXCLP) -> None:
                deadlines={**CHILD_DEADLINES, **job.params.get("xclp_deadlines", {})}))
     log.info(json.dumps({"event": "xclp_child", "job": job.id, "round": start.round, "child": start.job_id,
                          "sites": start.sites}))
-
-
-def obsolete_round_messages(db, job: Job) -> list[int]:
-    """Ids of the job's messages no later step reads, by the run's rule (xclp.training_topics.obsolete,
-    given the rounds closed); this only selects them (service.engine deletes them)."""
-    done = len(job.training.history)
-    rows = db.execute(select(Message.id, Message.topic).where(Message.job_id == job.id)).all()
-    return [mid for mid, topic in rows if obsolete(topic, done)]
 
 
 # --- uploads -------------------------------------------------------------------------------------
