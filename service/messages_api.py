@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
@@ -17,9 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
-from crypto.identity import announce_digest, fingerprint, verify
 from service.blobs import blob_key
-from service.db import COORDINATOR, Job, Message, Site, message_body, message_ref, new_message
+from service.db import COORDINATOR, Job, Message, Site, message_ref, new_message
 from service.deps import bearer, load_job, require_site
 from service.engine import DbMailbox, job_params, job_state
 from service.schemas import errors
@@ -27,16 +25,12 @@ from service.training_engine import check_train_upload
 from xclp.job_kinds import job_kind
 from xclp.prediction_job import Inadmissible, graph_mode
 from xclp.prediction_job import admit as admit_upload
+from xclp.prediction_topics import check_body
 from xclp.protocol import (
     MAX_REFUSAL_BODY,
     REFUSE,
-    CoordinatorSession,
-    columns_digest,
-    counts_length,
-    decode_announce,
     read_refusal,
 )
-from xclp.wire import load_array, load_bundle
 
 
 class _BlobResponse(FileResponse):
@@ -232,58 +226,10 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
         if refused:
             raise HTTPException(*refused)
         return
-    kind = topic.split("/")[0]
-    params = job_params(job)
+    # The job's rule of each topic's form (xclp.prediction_topics), run now so that a bad upload is
+    # refused here instead of failing the job later.
     try:
-        if kind == "announce":
-            e = decode_announce(body)
-            if e.site != site:
-                raise HTTPException(422, f"announce from {site} names {e.site}")
-            registered = db.get(Site, site).fingerprint
-            if registered and (not e.identity or fingerprint(e.identity) != registered):
-                # a stolen token alone does not make its holder the site: its identity must sign too
-                raise HTTPException(422, f"announce from {site}: not signed by the identity registered for it "
-                                         f"({registered}), but by {fingerprint(e.identity) if e.identity else 'none'}")
-            if e.identity:
-                verify(e.identity, e.signature, announce_digest(job.id, e.site, e.public_key, e.commitment, e.n,
-                                                                e.features, columns_digest(e.columns)), what=site)
-        elif kind == "counts":
-            features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
-            load_array(body, dtype="uint64", shape=(counts_length(params, features),), what="counts")
-        elif kind == "intra":
-            # The engine's own check (shape, range ≤ L, symmetry, zero diagonal), run now so that a
-            # bad upload is refused here instead of failing the job later.
-            coord = CoordinatorSession(params)
-            coord.register(site, message_body(db, job.id, site, COORDINATOR, "announce"))
-            coord.receive_intra(site, body)
-        elif kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: its form, as the engine reads it
-            n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
-            _check_blocked_input(kind, body, n, params)
-        elif kind == "rows":
-            n = _graph_size(db, job)
-            load_array(body, dtype="uint64", shape=(n, params.n_classes), what="masked rows")
-        elif len(body) == 0:
-            raise HTTPException(422, f"{topic!r}: empty body")
+        check_body(topic, body, site, job.id, job_params(job), job_state(job), DbMailbox(db, job.id),
+                   registered=lambda: db.get(Site, site).fingerprint)
     except ProtocolError as exc:
         raise HTTPException(422, str(exc)) from None
-
-
-def _check_blocked_input(kind: str, body: bytes, n: int, params) -> None:
-    """A blocked graph's round-0 upload of a site with n points: ProtocolError if malformed."""
-    if kind == "tags":
-        load_array(body, dtype="uint64", shape=(n, params.blocking_tables), what="tags")
-    elif kind == "codes":
-        if len(body) != n * ((params.bits + 7) // 8):
-            raise ProtocolError(f"codes: {len(body)} bytes, expected {n * ((params.bits + 7) // 8)}")
-    else:
-        b = load_bundle(body, ("idx", "dist"), what="within-site neighbours")
-        idx, dist = b["idx"], b["dist"]
-        if idx.dtype != np.int64 or dist.dtype != np.uint16 or idx.ndim != 2 or idx.shape[0] != n \
-                or dist.shape != idx.shape or idx.shape[1] > params.k \
-                or (idx.size and (idx.min() < -1 or idx.max() >= n or dist.max() > params.bits)):
-            raise ProtocolError(f"within-site neighbours: int64 indices in [-1, {n}) and uint16 distances ≤ L, "
-                                f"({n}, ≤ {params.k})")
-
-
-def _graph_size(db, job: Job) -> int:
-    return sum(decode_announce(message_body(db, job.id, s, COORDINATOR, "announce")).n for s in job.graph_sites)
