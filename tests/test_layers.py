@@ -141,6 +141,57 @@ def test_the_order_check_sees_a_lazy_import_of_a_phase_list(tmp_path):
                                  "xclp.protocol.JOB_PHASES", "xclp.training_topics.TRAIN_PHASES"}
 
 
+def _topic_rules(path: Path, kinds: set[str]) -> list[str]:
+    """Where a module decides by a topic it names itself: a string that is a job's topic kind (or a
+    topic path under one, "pair/…") compared with something (==, !=, in — alone or in a tuple, list,
+    set or dict literal) or passed to startswith/endswith. A driver asks the registry of job kinds
+    instead; naming a topic to send or fetch one (an argument, a key) is transport, not a rule."""
+    def topic(v) -> bool:
+        return isinstance(v, str) and (v in kinds or ("/" in v and v.split("/")[0] in kinds))
+
+    def constants(node) -> list:
+        if isinstance(node, ast.Constant):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        if isinstance(node, ast.Dict):
+            return [k.value for k in node.keys if isinstance(k, ast.Constant)]
+        return []
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            values = [v for side in (node.left, *node.comparators) for v in constants(side)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "endswith"):
+            values = [v for a in node.args for v in constants(a)]
+        else:
+            continue
+        found += [f"line {node.lineno}: {ast.unparse(node)}" for v in values if topic(v)][:1]
+    return found
+
+
+def _all_topic_kinds() -> set[str]:
+    from xclp.job_kinds import JOB_KINDS
+
+    return {k for kind in JOB_KINDS.values() for k in kind.topic_kinds}
+
+
+def test_no_driver_decides_by_a_topic_it_names():
+    """The size limits, the opaque bodies, the pruning and the form of each topic are the job's rules
+    (xclp.prediction_topics, xclp.training_topics), read through the registry of job kinds (issue 24)."""
+    kinds = _all_topic_kinds()
+    wrong = [f"{m} {w}" for m, p in _modules().items() if m.split(".")[0] in DRIVERS for w in _topic_rules(p, kinds)]
+    assert not wrong, "drivers that decide by a topic they name:\n" + "\n".join(wrong)
+
+
+def test_the_topic_check_sees_a_rule_written_by_a_driver(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(kind, topic, db):\n    if kind in ('tags', 'knn'):\n        return 1\n"
+                   "    ok = topic.startswith('pair/')\n    send(db, 'announce')\n    return kind == 'update', ok\n")
+    assert [w.split(":")[0] for w in _topic_rules(bad, _all_topic_kinds())] == ["line 2", "line 4", "line 6"]
+
+
 def test_the_layer_check_sees_a_wrong_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from service.app import create_app\n")

@@ -31,6 +31,7 @@ class JobKind:
     opaque: Callable[[str], bool]
     prunes: Callable[[Any], bool]
     obsolete: Callable[[str, Any], bool]
+    topic_kinds: tuple[str, ...]  # the first segment of each of its topics
 
     @property
     def steps(self) -> tuple[str, ...]:
@@ -49,9 +50,10 @@ def _train_obsolete(topic: str, state: Any) -> bool:
 
 JOB_KINDS = {
     "predict": JobKind(protocol.JOB_PHASES, protocol.topic_phase, prediction_topics.max_body,
-                       prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete),
+                       prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete,
+                       prediction_topics.TOPIC_KINDS),
     "train": JobKind(training_topics.TRAIN_PHASES, training_topics.topic_phase, _train_max_body,
-                     lambda topic: False, lambda state: True, _train_obsolete),
+                     lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS),
 }
 
 

@@ -11,6 +11,9 @@ broadcast (`model/t`, `consensus/t`, `labels/t`), `eval`.
 
 from __future__ import annotations
 
+# The first segment of each topic of a run (its kind).
+TOPIC_KINDS = ("hello", "keys", "model", "plan", "update", "votes", "unmask", "reveal", "consensus", "labels", "eval")
+
 # The phases of a run, in order; "done" is where it ends (TrainState.phase takes these values).
 TRAIN_PHASES = ("setup", "round", "evaluate", "done")
 
