@@ -1,6 +1,7 @@
 """A prediction job's messages as the drivers store them: how many bytes a site may send under each
-topic, which bodies the coordinator only relays (opaque: never parsed at upload), and which topics
-no later step reads. Who may send what, when, is the machine's rule (xclp.prediction_job.admit);
+topic, whether an upload's body is well formed (check_body: refused at upload instead of failing the
+job later), which bodies the coordinator only relays (opaque: never parsed at upload), and which
+topics no later step reads. Who may send what, when, is the machine's rule (xclp.prediction_job.admit);
 these rules sit apart from it, as a training run's do (xclp.training_topics), so that a driver asks
 the registry of job kinds (xclp.job_kinds) instead of naming topics. Light: no torch.
 
