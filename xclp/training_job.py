@@ -165,6 +165,12 @@ class TrainCoordinator:
     def broadcast_topic(self, t: int, s: Strategy | None = None) -> str:
         return f"{(s or self.strategy()).broadcast}/{t}"
 
+    def model_topic(self) -> str | None:
+        """The broadcast that holds the run's global model after its last closed round (a driver serves
+        it as the run's model); None: the algorithm keeps no global model (FedCT's stay at the sites)."""
+        cls = STRATEGIES[self.spec.algorithm]
+        return f"{cls.broadcast}/{len(self.state.history)}" if cls.global_model else None
+
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False, running: frozenset[str] | set[str] = frozenset()) -> list:
         """One decision: what to send (`Send`) and which XCLP jobs to start (`StartXCLP`)."""

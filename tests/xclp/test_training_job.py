@@ -215,3 +215,10 @@ def test_a_round_where_one_masked_update_arrived_is_never_summed():
     m0 = r.coord.strategy().load_broadcast(r.mail.body(COORDINATOR, BROADCAST, "model/0"))
     m1 = r.model()
     assert all(torch.equal(m0[k], m1[k]) for k in m0)
+
+
+def test_the_runs_model_is_the_broadcast_of_its_last_closed_round():
+    state = TrainState.new(["a", "b"])
+    state.history = [{}, {}]
+    assert TrainCoordinator(RunSpec("job", "fedavg", {}, 2), state).model_topic() == "model/2"
+    assert TrainCoordinator(RunSpec("job", "fedct", {}, 2), state).model_topic() is None  # models stay at the sites
