@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from xclp.protocol import JOB_PHASES
+from xclp.job_kinds import job_kind
 
 
 def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, interval: float = 0.25):
@@ -41,8 +41,9 @@ def _steps(st: dict) -> tuple[int, int, str]:
     if st.get("kind") == "train":
         p = st["progress"]
         return int(p.get("rounds_done", 0)), int(p.get("rounds") or 1), "rounds"
-    done = JOB_PHASES.index(st["phase"]) if st["status"] != "done" else len(JOB_PHASES) - 1
-    return done, len(JOB_PHASES) - 1, "phases"
+    phases = job_kind(st.get("kind") or "predict").phases
+    done = phases.index(st["phase"]) if st["status"] != "done" else len(phases) - 1
+    return done, len(phases) - 1, "phases"
 
 
 def _wait_plain(client, job_id: str, timeout: float, interval: float):

@@ -170,18 +170,6 @@ class UISession(Base):
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
 
 
-def message_phase(job_kind: str, topic: str) -> str:
-    """The phase a job's message belongs to, from its topic."""
-    from xclp.protocol import topic_phase
-
-    kind = topic.split("/")[0]
-    if job_kind == "predict":
-        return topic_phase(topic)
-    if kind in ("hello", "keys") or topic == "model/0":
-        return "setup"
-    return "evaluate" if kind == "eval" else "round"  # plan/t, update/t, votes/t, model/t, consensus/t, labels/t
-
-
 COORDINATOR = "coordinator"
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, select
 
-from service.db import Job, Message, PrunedBytes, message_phase, utcnow
+from service.db import Job, Message, PrunedBytes, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
-from service.training_engine import obsolete_round_messages, train_step
+from service.training_engine import train_state, train_step
+from xclp.job_kinds import job_kind
 from xclp.prediction_job import PredictCoordinator, PredictState
 from xclp.prediction_job import refusals as job_refusals
 from xclp.protocol import JobParams
@@ -109,7 +110,7 @@ class JobEngine:
                 return
             keys = set(db.scalars(select(Message.blob).where(Message.id.in_(ids), Message.blob.is_not(None))))
             for topic, size in db.execute(select(Message.topic, Message.size).where(Message.id.in_(ids))).all():
-                phase = message_phase(job.kind, topic)  # the operator still counts the bytes they carried
+                phase = job_kind(job.kind).topic_phase(topic)  # the operator still counts the bytes they carried
                 row = db.get(PrunedBytes, (job.id, phase))
                 if row is None:
                     row = PrunedBytes(job_id=job.id, phase=phase, bytes=0)
@@ -124,17 +125,20 @@ class JobEngine:
                     store.delete(key)
 
 
+def job_state(job: Job):
+    """The job's machine state, from its row: a training run's (TrainState) or a prediction job's."""
+    return train_state(job) if job.kind == "train" else PredictState.of(job)
+
+
 def obsolete_messages(db, job: Job) -> list[int]:
-    """Ids of the messages a job no longer needs. A finished predict job's relayed pair traffic (a blocked
-    graph's too)
-    (sealed; for OT n_a·n_b·L values per pair) has served its purpose once the shares and results
-    are in; a training job's are listed by its own engine, round by round."""
-    if job.kind == "train":
-        return obsolete_round_messages(db, job)
-    if job.status == "running":
+    """Ids of the messages no later step of the job reads, by its kind's rule (xclp.job_kinds: a finished
+    prediction job's relayed pair traffic, a training run's updates and models of closed rounds); this
+    only selects them (JobEngine._prune deletes them)."""
+    rules, state = job_kind(job.kind), job_state(job)
+    if not rules.prunes(state):
         return []
-    return list(db.scalars(select(Message.id).where(Message.job_id == job.id, or_(
-        Message.topic.startswith("pair/"), Message.topic.startswith("bpair/")))))  # (a blocked graph's rounds)
+    rows = db.execute(select(Message.id, Message.topic).where(Message.job_id == job.id)).all()
+    return [mid for mid, topic in rows if rules.obsolete(topic, state)]
 
 
 def advance(db, job: Job) -> bool:

@@ -12,13 +12,13 @@ import logging
 from sqlalchemy import select
 
 from service.db import Job, Message, has_messages, message_body, new_message, utcnow
-from xclp.protocol import JOB_PHASES
+from xclp.job_kinds import job_kind
 
 log = logging.getLogger("xclp.engine")
 
 # A predict job's phase deadlines, in seconds (a job stores its own, whole, at submission).
 DEFAULT_DEADLINES = {"setup": 600.0, "seed": 120.0, "counts": 120.0, "hamming": 3600.0, "row_sums": 600.0}
-assert tuple(DEFAULT_DEADLINES) == JOB_PHASES[:-1], "a deadline for every phase of a job"
+assert tuple(DEFAULT_DEADLINES) == job_kind("predict").steps, "a deadline for every phase of a job"
 
 
 def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:

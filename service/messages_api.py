@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
@@ -17,25 +16,21 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
-from crypto.identity import announce_digest, fingerprint, verify
 from service.blobs import blob_key
-from service.db import COORDINATOR, Job, Message, Site, message_body, message_ref, new_message
+from service.db import COORDINATOR, Job, Message, Site, message_ref, new_message
 from service.deps import bearer, load_job, require_site
-from service.engine import DbMailbox, job_params
+from service.engine import DbMailbox, job_params, job_state
 from service.schemas import errors
 from service.training_engine import check_train_upload
-from xclp.prediction_job import Inadmissible, PredictState, graph_mode
+from xclp.job_kinds import job_kind
+from xclp.prediction_job import Inadmissible, graph_mode
 from xclp.prediction_job import admit as admit_upload
+from xclp.prediction_topics import check_body
 from xclp.protocol import (
-    MAX_REASON_CHARS,
+    MAX_REFUSAL_BODY,
     REFUSE,
-    CoordinatorSession,
-    columns_digest,
-    counts_length,
-    decode_announce,
     read_refusal,
 )
-from xclp.wire import load_array, load_bundle
 
 
 class _BlobResponse(FileResponse):
@@ -103,7 +98,7 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
         with Session() as db:
             job = load_job(db, job_id)
             limit = _check_topic(db, job, site, to, topic)
-            return limit, job.kind == "predict" and topic.split("/")[0] in OPAQUE
+            return limit, job_kind(job.kind).opaque(topic)
 
     def store(job_id: str, site: str, to: str, topic: str, body: bytes | None, key: str | None = None,
               size: int | None = None) -> dict:
@@ -194,11 +189,6 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
     return r
 
 
-SLACK = 1 << 16  # container overhead of an .npz body (names, headers) above its array bytes
-SMALL = {"seed": 1 << 12}  # a sealed 32-byte contribution
-MAX_ANNOUNCE = 1 << 26  # the labelled rows, 8 bytes each: 8 M labelled points
-
-
 def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
     """Who may send what, when (everything but the body). Returns the topic's byte limit; raises the
     4xx that says why not."""
@@ -211,36 +201,20 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
     if topic == REFUSE:  # in any phase: the site leaves the job now, and the operator reads why
         if to != COORDINATOR:
             raise HTTPException(422, "a refusal goes to the coordinator")
-        return 4 * MAX_REASON_CHARS + 64
-    if job.kind == "train":
-        return MAX_ANNOUNCE if topic in ("hello", "eval") else 1 << 62  # (then the service's own limit)
-    state = PredictState.of(job)
-    blocked = None  # which graph's hamming topics the job takes (known once the roster is)
-    if state.reached("seed"):
-        blocked = graph_mode(job_params(job), DbMailbox(db, job.id), state) == "blocked"
-    try:  # the job's order says who may send what, when (the rule every driver checks)
-        kind = admit_upload(state, site, to, topic, blocked=blocked)
-    except Inadmissible as exc:
-        raise HTTPException(409 if exc.conflict else 422, str(exc)) from None
-    if kind in SMALL:
-        return SMALL[kind]
-    if kind == "counts":  # the class counts (and, standardising, the limbs of the feature sums)
-        features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
-        return SLACK + 8 * counts_length(job_params(job), features)
-    if kind == "announce":
-        return MAX_ANNOUNCE
-    if kind == "intra":  # n × n uint16 distances (or n × d float64 vectors, `similarity="exact"`)
-        n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
-        return SLACK + n * max(2 * n, 8 << 16)
-    if kind == "rows":
-        return SLACK + 8 * _graph_size(db, job) * job_params(job).n_classes
-    if kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: n × m tags, n × k lists, n packed codes
-        n, p = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n, job_params(job)
-        return SLACK + n * {"tags": 8 * p.blocking_tables, "knn": 10 * p.k, "codes": (p.bits + 7) // 8}[kind]
-    return 1 << 62  # pair messages and shares: the service's own limit
-
-
-OPAQUE = ("pair", "share", "bpair", "bshare")  # bodies of a predict job's topics checked only for being there
+        return MAX_REFUSAL_BODY
+    state = job_state(job)
+    if job.kind == "predict":
+        blocked = None  # which graph's hamming topics the job takes (known once the roster is)
+        if state.reached("seed"):
+            blocked = graph_mode(job_params(job), DbMailbox(db, job.id), state) == "blocked"
+        try:  # the job's order says who may send what, when (the rule every driver checks)
+            admit_upload(state, site, to, topic, blocked=blocked)
+        except Inadmissible as exc:
+            raise HTTPException(409 if exc.conflict else 422, str(exc)) from None
+    # (a training run's upload is admitted with its body: TrainCoordinator.admit, in _check_upload)
+    params = job_params(job) if job.kind == "predict" else None
+    limit = job_kind(job.kind).max_body(topic, site, params, state, DbMailbox(db, job.id))  # the job's rule
+    return (1 << 62) if limit is None else limit  # None: the service's own limit
 
 
 def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | None, size: int) -> None:
@@ -249,7 +223,7 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
     if size > _check_topic(db, job, site, to, topic):
         raise HTTPException(413, f"{topic!r}: the body exceeds its limit")
     if body is None:
-        if job.kind != "predict" or topic.split("/")[0] not in OPAQUE:
+        if not job_kind(job.kind).opaque(topic):
             raise HTTPException(422, f"{topic!r}: its body is checked at upload and cannot come as a file")
         if size == 0:
             raise HTTPException(422, f"{topic!r}: empty body")
@@ -265,58 +239,10 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
         if refused:
             raise HTTPException(*refused)
         return
-    kind = topic.split("/")[0]
-    params = job_params(job)
+    # The job's rule of each topic's form (xclp.prediction_topics), run now so that a bad upload is
+    # refused here instead of failing the job later.
     try:
-        if kind == "announce":
-            e = decode_announce(body)
-            if e.site != site:
-                raise HTTPException(422, f"announce from {site} names {e.site}")
-            registered = db.get(Site, site).fingerprint
-            if registered and (not e.identity or fingerprint(e.identity) != registered):
-                # a stolen token alone does not make its holder the site: its identity must sign too
-                raise HTTPException(422, f"announce from {site}: not signed by the identity registered for it "
-                                         f"({registered}), but by {fingerprint(e.identity) if e.identity else 'none'}")
-            if e.identity:
-                verify(e.identity, e.signature, announce_digest(job.id, e.site, e.public_key, e.commitment, e.n,
-                                                                e.features, columns_digest(e.columns)), what=site)
-        elif kind == "counts":
-            features = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).features
-            load_array(body, dtype="uint64", shape=(counts_length(params, features),), what="counts")
-        elif kind == "intra":
-            # The engine's own check (shape, range ≤ L, symmetry, zero diagonal), run now so that a
-            # bad upload is refused here instead of failing the job later.
-            coord = CoordinatorSession(params)
-            coord.register(site, message_body(db, job.id, site, COORDINATOR, "announce"))
-            coord.receive_intra(site, body)
-        elif kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: its form, as the engine reads it
-            n = decode_announce(message_body(db, job.id, site, COORDINATOR, "announce")).n
-            _check_blocked_input(kind, body, n, params)
-        elif kind == "rows":
-            n = _graph_size(db, job)
-            load_array(body, dtype="uint64", shape=(n, params.n_classes), what="masked rows")
-        elif len(body) == 0:
-            raise HTTPException(422, f"{topic!r}: empty body")
+        check_body(topic, body, site, job.id, job_params(job), job_state(job), DbMailbox(db, job.id),
+                   registered=lambda: db.get(Site, site).fingerprint)
     except ProtocolError as exc:
         raise HTTPException(422, str(exc)) from None
-
-
-def _check_blocked_input(kind: str, body: bytes, n: int, params) -> None:
-    """A blocked graph's round-0 upload of a site with n points: ProtocolError if malformed."""
-    if kind == "tags":
-        load_array(body, dtype="uint64", shape=(n, params.blocking_tables), what="tags")
-    elif kind == "codes":
-        if len(body) != n * ((params.bits + 7) // 8):
-            raise ProtocolError(f"codes: {len(body)} bytes, expected {n * ((params.bits + 7) // 8)}")
-    else:
-        b = load_bundle(body, ("idx", "dist"), what="within-site neighbours")
-        idx, dist = b["idx"], b["dist"]
-        if idx.dtype != np.int64 or dist.dtype != np.uint16 or idx.ndim != 2 or idx.shape[0] != n \
-                or dist.shape != idx.shape or idx.shape[1] > params.k \
-                or (idx.size and (idx.min() < -1 or idx.max() >= n or dist.max() > params.bits)):
-            raise ProtocolError(f"within-site neighbours: int64 indices in [-1, {n}) and uint16 distances ≤ L, "
-                                f"({n}, ≤ {params.k})")
-
-
-def _graph_size(db, job: Job) -> int:
-    return sum(decode_announce(message_body(db, job.id, s, COORDINATOR, "announce")).n for s in job.graph_sites)

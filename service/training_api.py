@@ -19,10 +19,11 @@ from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.lifecycle import DEFAULT_DEADLINES
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
-from service.training_engine import BROADCAST, TRAIN_DEADLINES
+from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec, train_state
 from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TRAINING_OPTIONS, Option
+from xclp.training_job import TrainCoordinator
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -144,10 +145,11 @@ def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    if job.kind != "train" or not STRATEGIES[job.params["algorithm"]].global_model:
+    topic = TrainCoordinator(run_spec(job), train_state(job)).model_topic() if job.kind == "train" else None
+    if topic is None:
         raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
     done = len(job.training.history)
-    body = message_body(db, job_id, COORDINATOR, BROADCAST, f"{STRATEGIES[job.params['algorithm']].broadcast}/{done}")
+    body = message_body(db, job_id, COORDINATOR, BROADCAST, topic)
     if body is None:
         raise HTTPException(404, f"job {job_id} has no model yet")
     return Response(content=body, media_type="application/octet-stream", headers={"X-XCLP-Round": str(done)})

@@ -41,7 +41,7 @@ import time
 
 from sqlalchemy import select
 
-from service.db import Job, Message, RoundXCLPState, TrainingState, utcnow
+from service.db import Job, RoundXCLPState, TrainingState, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
 from xclp.prediction_job import Inadmissible
 from xclp.training.algorithms import strategy_for
@@ -127,21 +127,6 @@ def _spawn_xclp(db, job: Job, start: StartXCLP) -> None:
                deadlines={**CHILD_DEADLINES, **job.params.get("xclp_deadlines", {})}))
     log.info(json.dumps({"event": "xclp_child", "job": job.id, "round": start.round, "child": start.job_id,
                          "sites": start.sites}))
-
-
-def obsolete_round_messages(db, job: Job) -> list[int]:
-    """Once round t's checkpoint model/t is written, the site updates of rounds ≤ t and the models
-    before t − 1 are read by no later step (agents and child jobs of round t + 1 read model/t, a
-    restarted agent too). Votes and consensus labels are small and stay as the job's record."""
-    done = len(job.training.history)
-    rows = db.execute(select(Message.id, Message.topic).where(
-        Message.job_id == job.id, Message.topic.startswith("update/") | Message.topic.startswith("model/"))).all()
-    out = []
-    for mid, topic in rows:
-        kind, r = (topic.split("/") + [""])[:2]  # update/t, update/t/attempt, model/t
-        if r.isdigit() and ((kind == "update" and int(r) <= done) or (kind == "model" and int(r) < done - 1)):
-            out.append(mid)
-    return out
 
 
 # --- uploads -------------------------------------------------------------------------------------

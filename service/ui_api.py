@@ -39,18 +39,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import delete, func, select
 
-from service.db import Job, Message, PrunedBytes, Site, UISession, message_phase, utcnow
+from service.db import Job, Message, PrunedBytes, Site, UISession, utcnow
 from service.deps import get_db, hash_token, is_admin, load_job
 from service.engine import cancel, refusals
 from service.guard import LOGIN_BYTES
-from xclp.protocol import JOB_PHASES
+from xclp.job_kinds import JOB_KINDS, job_kind
 
 UI = Path(__file__).resolve().parent / "ui"
 templates = Jinja2Templates(directory=str(UI / "templates"))
 COOKIE = "xclp_session"
 SESSION_SECONDS = 8 * 3600
 MAX_LOGIN_BYTES = LOGIN_BYTES  # a token is 43 characters; the form is refused long before it could hurt
-TRAIN_PHASES = ("setup", "round", "evaluate", "done")
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -209,8 +208,9 @@ def _phase_bytes(db, job: Job) -> dict[str, int]:
     rows = db.execute(select(Message.topic, func.sum(Message.size)).where(Message.job_id == job.id)
                       .group_by(Message.topic)).all()
     out: dict[str, int] = {}
+    topic_phase = job_kind(job.kind).topic_phase
     for topic, size in rows:
-        phase = message_phase(job.kind, topic)
+        phase = topic_phase(topic)
         out[phase] = out.get(phase, 0) + int(size or 0)
     for row in db.scalars(select(PrunedBytes).where(PrunedBytes.job_id == job.id)):
         out[row.phase] = out.get(row.phase, 0) + int(row.bytes)
@@ -232,7 +232,7 @@ def failure_sentence(job: Job) -> str | None:
         except (ValueError, SyntaxError):
             return m.group(0)
         if isinstance(value, dict):
-            return ", ".join(f"{k} (in {v})" if isinstance(v, str) and v in JOB_PHASES + TRAIN_PHASES
+            return ", ".join(f"{k} (in {v})" if isinstance(v, str) and any(v in k.phases for k in JOB_KINDS.values())
                              else f"{k} ({v})" for k, v in value.items()) or "none"
         if isinstance(value, (list, tuple, set)):
             return ", ".join(str(x) for x in value) or "none"
@@ -259,7 +259,7 @@ def progress_bar(job: Job, progress: dict) -> dict:
         part = (float(progress["received"]) / progress["expected"]) if running and progress.get("expected") else 0.0
         fraction = (done + part) / (total + 1)
     else:
-        steps = JOB_PHASES[:-1]
+        steps = job_kind(job.kind).steps
         reached = steps.index(job.phase) if job.phase in steps else len(steps)
         fraction = (reached + (float(progress.get("fraction") or 0) if running else 0.0)) / len(steps)
     return {"fraction": round(min(fraction, 1.0), 3), "state": job.status}
@@ -268,7 +268,7 @@ def progress_bar(job: Job, progress: dict) -> dict:
 def job_detail(db, job: Job, v: Viewer) -> dict:
     from service.jobs_api import _progress, _training_view
 
-    phases = JOB_PHASES if job.kind == "predict" else TRAIN_PHASES
+    phases = job_kind(job.kind).phases
     reached = phases.index(job.phase) if job.phase in phases else len(phases) - 1
     nbytes = _phase_bytes(db, job)
     timeline = []

@@ -92,6 +92,106 @@ def test_no_import_cycle_between_modules():
             raise AssertionError("import cycle: " + " -> ".join(cycle))
 
 
+DRIVERS = ("service", "clients", "xclp_flower")
+
+
+def _order_names(path: Path) -> set[str]:
+    """The names of a job's order a module imports from the core (xclp): the topics (`Topic`), the
+    masked sum's restart rule (`restart_without`), a phase or step list (a name ending in PHASES or
+    STEPS). At module level or inside a function: a lazy import is still a driver writing the order."""
+    def order(name: str) -> bool:
+        return name in ("Topic", "restart_without") or name.endswith(("PHASES", "STEPS"))
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names, modules = set(), {}  # modules: a local name bound to a core module → the module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "xclp":
+            names |= {f"{node.module}.{a.name}" for a in node.names if order(a.name)}
+            modules |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            # `import xclp.a.b` binds `xclp`; `import xclp.a.b as m` binds `m` to xclp.a.b
+            modules |= {a.asname or "xclp": a.name if a.asname else "xclp"
+                        for a in node.names if a.name.split(".")[0] == "xclp"}
+    for node in ast.walk(tree):  # `protocol.JOB_PHASES` through a module imported whole
+        if isinstance(node, ast.Attribute) and order(node.attr):
+            root, parts = node.value, []
+            while isinstance(root, ast.Attribute):
+                parts.insert(0, root.attr)
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                names.add(".".join([modules[root.id], *parts, node.attr]))
+    return names
+
+
+def test_no_driver_imports_a_jobs_order():
+    """The drivers (the coordinator's engine and API, the agents, Flower) move messages and keep
+    snapshots: no driver names a topic, a phase list or a restart rule (issue 24). They ask the core's
+    machines, and the registry of job kinds (xclp.job_kinds) for a kind's phases."""
+    wrong = [f"{m} imports {n}" for m, p in _modules().items() if m.split(".")[0] in DRIVERS
+             for n in sorted(_order_names(p))]
+    assert not wrong, "drivers that write a job's order themselves:\n" + "\n".join(wrong)
+
+
+def test_the_order_check_sees_a_lazy_import_of_a_phase_list(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from xclp.training.simulation import MAX_STEPS\n    from xclp.protocol import Topic\n"
+                   "    from xclp import protocol as p\n    import xclp.training_topics\n"
+                   "    return p.JOB_PHASES, xclp.training_topics.TRAIN_PHASES\n")
+    assert _order_names(bad) == {"xclp.training.simulation.MAX_STEPS", "xclp.protocol.Topic",
+                                 "xclp.protocol.JOB_PHASES", "xclp.training_topics.TRAIN_PHASES"}
+
+
+def _topic_rules(path: Path, kinds: set[str]) -> list[str]:
+    """Where a module decides by a topic it names itself: a string that is a job's topic kind (or a
+    topic path under one, "pair/…") compared with something (==, !=, in — alone or in a tuple, list,
+    set or dict literal) or passed to startswith/endswith. A driver asks the registry of job kinds
+    instead; naming a topic to send or fetch one (an argument, a key) is transport, not a rule."""
+    def topic(v) -> bool:
+        return isinstance(v, str) and (v in kinds or ("/" in v and v.split("/")[0] in kinds))
+
+    def constants(node) -> list:
+        if isinstance(node, ast.Constant):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        if isinstance(node, ast.Dict):
+            return [k.value for k in node.keys if isinstance(k, ast.Constant)]
+        return []
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            values = [v for side in (node.left, *node.comparators) for v in constants(side)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "endswith"):
+            values = [v for a in node.args for v in constants(a)]
+        else:
+            continue
+        found += [f"line {node.lineno}: {ast.unparse(node)}" for v in values if topic(v)][:1]
+    return found
+
+
+def _all_topic_kinds() -> set[str]:
+    from xclp.job_kinds import JOB_KINDS
+
+    return {k for kind in JOB_KINDS.values() for k in kind.topic_kinds}
+
+
+def test_no_driver_decides_by_a_topic_it_names():
+    """The size limits, the opaque bodies, the pruning and the form of each topic are the job's rules
+    (xclp.prediction_topics, xclp.training_topics), read through the registry of job kinds (issue 24)."""
+    kinds = _all_topic_kinds()
+    wrong = [f"{m} {w}" for m, p in _modules().items() if m.split(".")[0] in DRIVERS for w in _topic_rules(p, kinds)]
+    assert not wrong, "drivers that decide by a topic they name:\n" + "\n".join(wrong)
+
+
+def test_the_topic_check_sees_a_rule_written_by_a_driver(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(kind, topic, db):\n    if kind in ('tags', 'knn'):\n        return 1\n"
+                   "    ok = topic.startswith('pair/')\n    send(db, 'announce')\n    return kind == 'update', ok\n")
+    assert [w.split(":")[0] for w in _topic_rules(bad, _all_topic_kinds())] == ["line 2", "line 4", "line 6"]
+
+
 def test_the_layer_check_sees_a_wrong_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from service.app import create_app\n")

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 from fastapi.testclient import TestClient
 from svc import ADMIN, expire_deadline
+from training_helpers import FedAvgWork
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
 from service.app import Settings, create_app
 from xclp.prediction_job import COORDINATOR, MemoryMailbox
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.fedavg import Site, labelled_only
-from xclp.training.models import torch_threads
-from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState, Weights
+from xclp.training.fedavg import Site
+from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState
 
 SITES = ["site0", "site1", "site2"]
 GONE = "site2"
@@ -42,33 +42,11 @@ def data(i: int) -> Site:
     return Site(SITES[i], X, y)
 
 
-class Work:
-    """A site's FedAvg work, as the agent does it for plain FedAvg: the round's model on its labels."""
-
-    def __init__(self, site: Site):
-        self.site = site
-
-    def hello(self, s):
-        return {"n": self.site.n, "features": int(self.site.X.shape[1]), "labelled": self.site.n_labelled}
-
-    def round(self, s, t, plan, inbox):
-        net = s.network()
-        net.load_state_dict(s.load_broadcast(inbox.shared(f"{s.broadcast}/{t - 1}")))
-        template = {k: v.clone() for k, v in net.state_dict().items()}
-        with torch_threads(s.cfg.threads):  # as the agent trains: float sums depend on the thread count
-            state, n = s.update(net, self.site, labelled_only(self.site), t, plan) or (None, 0)
-        return Weights(state, template, {"n": int(n)})
-
-    def evaluate(self, s, t, inbox):
-        return {"eval_n": 0, "eval_correct": 0}
-
-
-
 def in_memory():
     config = asdict(STRATEGIES["fedavg"].config_from_options("fedavg", OPTIONS, len(SITES)))
     spec = RunSpec("mem", "fedavg", config, 2, max_missed=MAX_MISSED)
     mail, coord = MemoryMailbox(), TrainCoordinator(spec, TrainState.new(SITES))
-    sites = {x: TrainSite(x, spec, Work(data(i)), n_features=5) for i, x in enumerate(SITES)}
+    sites = {x: TrainSite(x, spec, FedAvgWork(data(i)), n_features=5) for i, x in enumerate(SITES)}
     for _ in range(100):
         st = coord.state
         if st.status != "running":

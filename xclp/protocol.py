@@ -108,6 +108,7 @@ def topic_phase(topic: str) -> str:
 REFUSE = "refuse"  # a site's word that it will not, or cannot, go on with a job: any phase, any kind of job
 LEFT_OUT = "left-out"  # the coordinator's word to a site it left out of a job by the job's rules, and why
 MAX_REASON_CHARS = 2000
+MAX_REFUSAL_BODY = 4 * MAX_REASON_CHARS + 64  # the JSON of a reason of MAX_REASON_CHARS characters, each escaped
 
 
 def refusal(reason: str) -> bytes:

@@ -82,7 +82,7 @@ class TrainState:
 
     sites: list[str]  # the roster order as submitted
     live: list[str]
-    phase: str = "setup"  # setup | round | evaluate | done
+    phase: str = "setup"  # one of xclp.training_topics.TRAIN_PHASES
     round: int = 0
     status: str = "running"  # running | done | failed
     failure: str | None = None
@@ -165,6 +165,12 @@ class TrainCoordinator:
     def broadcast_topic(self, t: int, s: Strategy | None = None) -> str:
         return f"{(s or self.strategy()).broadcast}/{t}"
 
+    def model_topic(self) -> str | None:
+        """The broadcast that holds the run's global model after its last closed round (a driver serves
+        it as the run's model); None: the algorithm keeps no global model (FedCT's stay at the sites)."""
+        cls = STRATEGIES[self.spec.algorithm]
+        return f"{cls.broadcast}/{len(self.state.history)}" if cls.global_model else None
+
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False, running: frozenset[str] | set[str] = frozenset()) -> list:
         """One decision: what to send (`Send`) and which XCLP jobs to start (`StartXCLP`)."""
@@ -192,6 +198,28 @@ class TrainCoordinator:
             if self.state.clock != before[0]:
                 expired = False
         return out
+
+    def settle(self, mail: Mailbox, moved: bool, handle: Callable[[object], None]) -> None:
+        """Every decision the mailbox allows, for a driver with no clock of its own (the simulation's
+        step, a Flower Grid round): each decision's output goes to `handle` (into the mailbox, or a
+        round's XCLP job run in place) before the next decision is taken. `moved`: whether the driver's
+        exchange with the sites brought anything. The rule written once here: when neither the sites
+        nor a decision moved anything, nothing but the clock can, so the step's deadline has passed
+        (`expired`, until a new step begins)."""
+        expired = False
+        for _ in range(2 * MAX_STEPS):
+            before = self.state.to_bytes()
+            for m in self.step(mail, expired):
+                handle(m)
+            if self.state.status != "running":
+                return
+            if self.state.to_bytes() == before:
+                if moved or expired:
+                    return
+                expired = True  # nothing moved, there nor here: the deadline has passed
+            else:  # a decision moved the run: with the deadline afresh if a new step began
+                moved = True
+                expired = expired and self.state.clock == TrainState.from_bytes(before).clock
 
     def _key(self) -> tuple:
         st = self.state

@@ -32,7 +32,7 @@ from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
 from xclp.privacy.ledger import no_privacy
 from xclp.protocol import REFUSE, refusal
 from xclp.training.algorithms import STRATEGIES
-from xclp.training_job import BROADCAST, MAX_STEPS, RunSpec, StartXCLP, TrainCoordinator, TrainState
+from xclp.training_job import BROADCAST, RunSpec, StartXCLP, TrainCoordinator, TrainState
 from xclp_flower.prediction import FlowerLink, FlowerXCLP, SiteFailed, take_replies
 from xclp_flower.training_site import MESSAGE_TYPE, embeddings, run_xclp_params, step_fields  # noqa: F401
 
@@ -133,28 +133,17 @@ class FlowerTraining:
         return moved | take_replies(replies, mail, machine.admit, lambda why: self.say(f"{phase}: {why}"))
 
     def _decide(self, machine: TrainCoordinator, mail: MemoryMailbox, moved: bool) -> None:
-        """Every decision the mailbox allows, each one's messages put into the mailbox before the next (with
-        nothing moved, the step's deadline has passed); a round's XCLP job, when the machine asks for
-        one, run in place before the round is sent."""
+        """Every decision the mailbox allows (TrainCoordinator.settle: with nothing moved in the Grid
+        round, the step's deadline has passed), each one's messages put into the mailbox before the
+        next; a round's XCLP job, when the machine asks for one, run in place before the round is sent."""
+        def handle(m) -> None:
+            if isinstance(m, StartXCLP):
+                self._xclp(machine, mail, m)  # the job ends here: the round waits for nothing
+            else:
+                mail.put(self.deliver(m))
+
+        machine.settle(mail, moved, handle)
         st = machine.state
-        expired = False
-        for _ in range(2 * MAX_STEPS):
-            before = st.to_bytes()
-            for m in machine.step(mail, expired):
-                if isinstance(m, StartXCLP):
-                    self._xclp(machine, mail, m)  # the job ends here: the round waits for nothing
-                else:
-                    mail.put(self.deliver(m))
-            if st.status != "running":
-                break
-            if st.to_bytes() == before:
-                if moved or expired:
-                    break
-                expired = True  # nothing moved in the Grid round nor here: the step's deadline has passed
-            else:  # a decision moved the run: the next Grid round first
-                moved = True
-                if st.clock != TrainState.from_bytes(before).clock:
-                    expired = False  # a new step: its deadline afresh
         for x in sorted(set(st.dropped) - self.said_dropped):
             self.said_dropped.add(x)
             self.say(f"{x} left the run ({st.dropped[x]}): {st.reasons.get(x, '')}")

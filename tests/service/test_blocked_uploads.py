@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from crypto.errors import ProtocolError
-from service.messages_api import _check_blocked_input
+from xclp.prediction_topics import _check_blocked_input
 from xclp.protocol import JobParams
 from xclp.wire import dump_array, dump_bundle
 

@@ -5,23 +5,20 @@ again, learns nothing about any site's weights."""
 import numpy as np
 import pytest
 import torch
+from training_helpers import masked_federation
 
 from crypto.errors import IntegrityError, ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.training import double_masking as dm
 from xclp.training import secure_aggregation as secagg
 from xclp.training.fedavg import FedAvgConfig, FedAvgStrategy, aggregate
-from xclp.training.models import build_network
 
 SITES = ["a", "b", "c", "d"]
 
 
 @pytest.fixture
 def fed():
-    torch.manual_seed(0)
-    template = build_network("mlp", 12, 3, seed=1).state_dict()
-    states = {s: {k: v + torch.randn_like(v) * (i + 1) for k, v in template.items()} for i, s in enumerate(SITES)}
-    keys = {s: SiteKeyPair.generate() for s in SITES}
+    template, states, keys = masked_federation(SITES)
     public = {s: k.public_bytes() for s, k in keys.items()}
     s = FedAvgStrategy(FedAvgConfig(algorithm="fedavg", secure_aggregation=True).validate(), 3, 12)
     records = {x: dm.SiteRecord() for x in SITES}

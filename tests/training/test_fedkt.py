@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy.stats import chisquare
+from training_helpers import count_noise_draws
 
 from cli.main import main
 from xclp.privacy import discrete_laplace as dl
@@ -77,14 +78,7 @@ def test_gamma_from_a_budget_is_the_least_noise_within_it():
 
 @pytest.mark.parametrize("levels", ["L1", "L2"])
 def test_noise_is_drawn_once_per_count_at_its_level(levels, monkeypatch):
-    calls = []
-    real = dl.sample
-
-    def counted(shape, gamma, key=None):
-        calls.append(tuple(shape))
-        return real(shape, gamma, key)
-
-    monkeypatch.setattr(dl, "sample", counted)
+    calls = count_noise_draws(monkeypatch)
     out = run_training({"algorithm": "fedkt", "dataset": "digits", "sites": 3, "labels": 600, "public_size": 120,
                         "levels": levels, "gamma": 0.5, "partitions": 2, "teachers": 3, "quiet": True})
     n_u1, n_u2, C = 60, 60, 10

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from training_helpers import count_noise_draws
 
 from cli.main import main
 from xclp.privacy import discrete_laplace as dl
@@ -24,14 +25,7 @@ def test_fedavg_teachers_then_one_vote_and_a_student():
 
 
 def test_noise_once_at_the_server_accounted_with_every_teacher_as_sensitivity(monkeypatch):
-    calls = []
-    real = dl.sample
-
-    def counted(shape, gamma, key=None):
-        calls.append(tuple(shape))
-        return real(shape, gamma, key)
-
-    monkeypatch.setattr(dl, "sample", counted)
+    calls = count_noise_draws(monkeypatch)
     out = run_training({**SMALL, "gamma": 2.0})
     assert calls == [(120, 10)]  # one draw for every count of every query, at the server
     (event,) = out["privacy"]["events"]

@@ -4,24 +4,19 @@ simulation averages, each part alone looks nothing like the weights, and a resta
 import numpy as np
 import pytest
 import torch
+from training_helpers import masked_federation
 
 from crypto.errors import ProtocolError
-from crypto.keys import SiteKeyPair
 from crypto.secure_sum import server_sum
 from xclp.training import secure_aggregation as secagg
 from xclp.training.fedavg import aggregate, average_states
-from xclp.training.models import build_network
 
 SITES = ["a", "b", "c"]
 
 
 @pytest.fixture
 def setup():
-    torch.manual_seed(0)
-    template = build_network("mlp", 12, 3, seed=1).state_dict()
-    states = {s: {k: v + torch.randn_like(v) * (i + 1) for k, v in template.items()} for i, s in enumerate(SITES)}
-    keys = {s: SiteKeyPair.generate() for s in SITES}
-    return template, states, keys
+    return masked_federation(SITES)
 
 
 def masked(setup, me, participants, attempt=0, t=1, state=...):

@@ -8,13 +8,14 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from training_helpers import FedAvgWork
 
 from crypto.errors import ProtocolError
 from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
 from xclp.protocol import REFUSE, refusal
-from xclp.training.fedavg import Site, labelled_only
+from xclp.training.fedavg import Site
 from xclp.training.messages import load_json
-from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState, Weights
+from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState
 
 SITES = ["a", "b", "c"]
 CONFIG = {"algorithm": "fedavg", "rounds": 3, "sites_per_round": 3, "local_epochs": 1, "secure_aggregation": True,
@@ -27,35 +28,6 @@ def data(i: int) -> Site:
     y = (X[:, 0] > 0).astype(np.int64)
     y[10:] = -1
     return Site(SITES[i], X, y)
-
-
-class Work:
-    """Plain FedAvg at a site: the round's model trained on its labels."""
-
-    def __init__(self, site: Site):
-        self.site = site
-
-    def hello(self, s):
-        return {"n": self.site.n, "features": int(self.site.X.shape[1]), "labelled": self.site.n_labelled}
-
-    def _model(self, s, inbox, t):
-        body = inbox.shared(f"{s.broadcast}/{t}")
-        if body is None:
-            return None
-        net = s.network()
-        net.load_state_dict(s.load_broadcast(body))
-        return net
-
-    def round(self, s, t, plan, inbox):
-        model = self._model(s, inbox, t - 1)
-        template = {k: v.clone() for k, v in model.state_dict().items()}
-        r = s.update(model, self.site, labelled_only(self.site), t, plan)
-        state, n = r if r is not None else (None, 0)
-        return Weights(state, template, {"n": int(n)})
-
-    def evaluate(self, s, t, inbox):
-        return {"eval_n": 0, "eval_correct": 0}
-
 
 
 def draws(site: str):
@@ -76,7 +48,7 @@ class Run:
         self.spec = RunSpec("job", "fedavg", {**CONFIG, **(config or {})}, 2, max_missed=max_missed)
         self.mail = MemoryMailbox()
         self.coord = TrainCoordinator(self.spec, TrainState.new(SITES))
-        self.sites = {x: TrainSite(x, self.spec, Work(data(i)), draw=draws(x), n_features=4)
+        self.sites = {x: TrainSite(x, self.spec, FedAvgWork(data(i)), draw=draws(x), n_features=4)
                       for i, x in enumerate(SITES)}
         self.silent = set(silent)
 
@@ -105,6 +77,20 @@ class Run:
     def model(self):
         s = self.coord.strategy()
         return s.load_broadcast(self.mail.body(COORDINATOR, BROADCAST, f"model/{self.coord.state.history[-1]['round']}"))
+
+
+def test_settle_lets_a_steps_deadline_pass_only_when_nothing_moved():
+    """A driver with no clock (the simulation, a Flower Grid round) settles the machine: the silent
+    site is dropped only once neither the sites nor a decision moved anything."""
+    run = Run(silent={"c"})
+    run.sites_step()  # a's and b's hellos
+    run.coord.settle(run.mail, True, run.mail.put)
+    assert run.coord.state.phase == "setup" and run.coord.state.live == SITES  # c may still come
+    run.coord.settle(run.mail, False, run.mail.put)
+    st = run.coord.state
+    assert st.dropped == {"c": "setup"} and (st.phase, st.round, st.history) == ("round", 1, [])  # a new step: its deadline afresh
+    run.coord.settle(run.mail, False, run.mail.put)  # round 1's deadline passes only now: nobody uploaded
+    assert run.coord.state.history[0]["round"] == 1 and run.coord.state.history[0]["left_out"] == ["a", "b"]
 
 
 def test_a_run_goes_through_setup_rounds_evaluate_and_done():
@@ -208,7 +194,7 @@ def test_a_run_that_cannot_learn_fails_at_setup_with_the_reason():
     for i, x in enumerate(SITES):
         d = data(i)
         d.y[:] = -1
-        r.sites[x].work = Work(d)
+        r.sites[x].work = FedAvgWork(d)
     r.sites_step()
     r.coord_step()
     assert r.coord.state.status == "failed" and r.coord.state.failure == "no site holds labels: nothing to learn from"
@@ -229,3 +215,10 @@ def test_a_round_where_one_masked_update_arrived_is_never_summed():
     m0 = r.coord.strategy().load_broadcast(r.mail.body(COORDINATOR, BROADCAST, "model/0"))
     m1 = r.model()
     assert all(torch.equal(m0[k], m1[k]) for k in m0)
+
+
+def test_the_runs_model_is_the_broadcast_of_its_last_closed_round():
+    state = TrainState.new(["a", "b"])
+    state.history = [{}, {}]
+    assert TrainCoordinator(RunSpec("job", "fedavg", {}, 2), state).model_topic() == "model/2"
+    assert TrainCoordinator(RunSpec("job", "fedct", {}, 2), state).model_topic() is None  # models stay at the sites

@@ -36,7 +36,6 @@ from xclp.training.site_metrics import eval_metrics, pseudo_metrics
 from xclp.training.strategy import Strategy
 from xclp.training_job import (
     BROADCAST,
-    MAX_STEPS,
     MailboxInbox,
     RunSpec,
     StartXCLP,
@@ -44,6 +43,7 @@ from xclp.training_job import (
     TrainSite,
     TrainState,
 )
+from xclp.training_topics import TRAIN_PHASES
 
 MAX_ITERATIONS = 100_000  # far past any run's steps: a bound that turns a bug of the machines into an error
 
@@ -172,25 +172,15 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
                              n_features=n_features) for x in names}
     run = SimulatedRun(coord, mail, envs)
     silent = dict(silent or {})
-    order = ("setup", "round", "evaluate", "done")
 
     def quiet(x: str) -> bool:
-        return x in silent and order.index(coord.state.phase) >= order.index(silent[x])
+        return x in silent and TRAIN_PHASES.index(coord.state.phase) >= TRAIN_PHASES.index(silent[x])
 
-    def decide(expired: bool) -> None:
-        # one decision at a time, its messages in the mail before the next (TrainCoordinator.run hands
-        # them back only at its end); `expired` holds for the step it was given for
-        for _ in range(MAX_STEPS):
-            st = coord.state
-            before = st.clock, st.to_bytes()
-            for m in coord.step(mail, expired):  # the XCLP job runs here, to its end: none is ever running
-                if isinstance(m, StartXCLP):
-                    _run_child(run, m, seed)
-                else:
-                    mail.put(m)
-            if coord.state.to_bytes() == before[1] or coord.state.status != "running":
-                return
-            expired = expired and coord.state.clock == before[0]
+    def handle(m) -> None:  # the XCLP job runs here, to its end: none is ever running
+        if isinstance(m, StartXCLP):
+            _run_child(run, m, seed)
+        else:
+            mail.put(m)
 
     closed = 0
     for _ in range(MAX_ITERATIONS):
@@ -202,11 +192,9 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
         for x in list(st.order):
             if not quiet(x):
                 moved |= machines[x].step(coord.state, MailboxInbox(mail, x), mail.put)
-        decide(False)
-        if not moved and coord.state.to_bytes() == before:
-            decide(True)  # nothing can move but the clock: the step's deadline has passed
-            if coord.state.to_bytes() == before and coord.state.status == "running":
-                raise RuntimeError(f"the run is stuck in {coord.state.phase}: {coord.state}")  # a bug of the machines
+        coord.settle(mail, moved, handle)  # (with nothing moved, the step's deadline has passed)
+        if not moved and coord.state.to_bytes() == before and coord.state.status == "running":
+            raise RuntimeError(f"the run is stuck in {coord.state.phase}: {coord.state}")  # a bug of the machines
         while on_round is not None and closed < len(coord.state.history):
             on_round(run, coord.state.history[closed])
             closed += 1

@@ -1,0 +1,148 @@
+"""A prediction job's messages as the drivers store them: how many bytes a site may send under each
+topic, whether an upload's body is well formed (check_body: refused at upload instead of failing the
+job later), which bodies the coordinator only relays (opaque: never parsed at upload), and which
+topics no later step reads. Who may send what, when, is the machine's rule (xclp.prediction_job.admit);
+these rules sit apart from it, as a training run's do (xclp.training_topics), so that a driver asks
+the registry of job kinds (xclp.job_kinds) instead of naming topics. Light: no torch.
+
+Topics of a job (a an attempt): `announce`, `seed` (site to site), `counts/a`, `intra`, `pair/x/y/i`
+and `share/x/y` (an exact graph's hamming phase), `tags`, `knn`, `codes`, `bpair/…` and `bshare/…` (a
+blocked graph's), `rows/a`; the coordinator's own `counts-total`, `blocks`, `sums`, `influence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from crypto.errors import ProtocolError
+from crypto.identity import announce_digest, fingerprint, verify
+from xclp.prediction_job import COORDINATOR, Mailbox, PredictState
+from xclp.protocol import (
+    COORDINATOR_TOPIC_PHASE,
+    TOPIC_PHASE,
+    CoordinatorSession,
+    JobParams,
+    columns_digest,
+    counts_length,
+    decode_announce,
+)
+from xclp.wire import load_array, load_bundle
+
+# The first segment of each topic of a job (its kind): the sites' uploads, then the coordinator's own.
+TOPIC_KINDS = (*TOPIC_PHASE, *COORDINATOR_TOPIC_PHASE)
+
+SLACK = 1 << 16  # container overhead of an .npz body (names, headers) above its array bytes
+MAX_SEED_BODY = 1 << 12  # a sealed 32-byte contribution
+MAX_ANNOUNCE = 1 << 26  # the labelled rows, 8 bytes each: 8 M labelled points
+
+# Bodies the coordinator relays (pair messages) or combines later (shares): checked at upload only
+# for being there, so a driver may stream them to a file as they arrive.
+OPAQUE_KINDS = ("pair", "share", "bpair", "bshare")
+
+# What no later step reads once a job has ended: the relayed pair traffic (sealed; for OT
+# n_a·n_b·L values per pair), an exact graph's and a blocked graph's rounds; the shares and the
+# results are in by then.
+PRUNED_KINDS = ("pair", "bpair")
+
+
+def _kind(topic: str) -> str:
+    return topic.split("/")[0]
+
+
+def max_body(topic: str, site: str, params: JobParams, state: PredictState, mail: Mailbox) -> int | None:
+    """The most bytes `site`'s upload of `topic` may carry (a topic the machine has admitted), from the
+    job's params and what the site (and the graph's sites) announced; None: only the driver's own
+    limit (pair messages and shares)."""
+    kind = _kind(topic)
+    if kind == "seed":
+        return MAX_SEED_BODY
+    if kind == "announce":
+        return MAX_ANNOUNCE
+
+    def announced(s: str):
+        return decode_announce(mail.body(s, COORDINATOR, "announce"))
+
+    if kind == "counts":  # the class counts (and, standardising, the limbs of the feature sums)
+        return SLACK + 8 * counts_length(params, announced(site).features)
+    if kind == "intra":  # n × n uint16 distances (or n × d float64 vectors, `similarity="exact"`)
+        n = announced(site).n
+        return SLACK + n * max(2 * n, 8 << 16)
+    if kind == "rows":
+        return SLACK + 8 * graph_size(state, mail) * params.n_classes
+    if kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: n × m tags, n × k lists, n packed codes
+        per_point = {"tags": 8 * params.blocking_tables, "knn": 10 * params.k, "codes": (params.bits + 7) // 8}
+        return SLACK + announced(site).n * per_point[kind]
+    return None
+
+
+def graph_size(state: PredictState, mail: Mailbox) -> int:
+    """The points in the job's graph: those the graph's sites announced."""
+    return sum(decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in state.graph_sites)
+
+
+def opaque(topic: str) -> bool:
+    """Whether the coordinator only relays or later combines this topic's body (never parses it at upload)."""
+    return _kind(topic) in OPAQUE_KINDS
+
+
+def prunes(state: PredictState) -> bool:
+    """Whether any stored message may be obsolete now: only once the job has ended."""
+    return state.status != "running"
+
+
+def obsolete(topic: str, state: PredictState) -> bool:
+    """Whether no later step of the job reads `topic` (a driver may delete it)."""
+    return prunes(state) and _kind(topic) in PRUNED_KINDS
+
+
+def check_body(topic: str, body: bytes, site: str, job_id: str, params: JobParams, state: PredictState,
+               mail: Mailbox, registered: Callable[[], str | None]) -> None:
+    """ProtocolError if `site`'s upload of `topic` (admitted, not opaque) is not well formed, read as the
+    coordinator's machine will read it. `registered`: the fingerprint of the identity the driver
+    registered for the site (an announce must be signed by it), None or "": none."""
+    kind = _kind(topic)
+    if kind == "announce":
+        e = decode_announce(body)
+        if e.site != site:
+            raise ProtocolError(f"announce from {site} names {e.site}")
+        fp = registered()
+        if fp and (not e.identity or fingerprint(e.identity) != fp):
+            # a stolen token alone does not make its holder the site: its identity must sign too
+            raise ProtocolError(f"announce from {site}: not signed by the identity registered for it "
+                                f"({fp}), but by {fingerprint(e.identity) if e.identity else 'none'}")
+        if e.identity:
+            verify(e.identity, e.signature, announce_digest(job_id, e.site, e.public_key, e.commitment, e.n,
+                                                            e.features, columns_digest(e.columns)), what=site)
+    elif kind == "counts":
+        features = decode_announce(mail.body(site, COORDINATOR, "announce")).features
+        load_array(body, dtype="uint64", shape=(counts_length(params, features),), what="counts")
+    elif kind == "intra":
+        # The machine's own check (shape, range ≤ L, symmetry, zero diagonal).
+        coord = CoordinatorSession(params)
+        coord.register(site, mail.body(site, COORDINATOR, "announce"))
+        coord.receive_intra(site, body)
+    elif kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: its form, as the machine reads it
+        _check_blocked_input(kind, body, decode_announce(mail.body(site, COORDINATOR, "announce")).n, params)
+    elif kind == "rows":
+        load_array(body, dtype="uint64", shape=(graph_size(state, mail), params.n_classes), what="masked rows")
+    elif len(body) == 0:
+        raise ProtocolError(f"{topic!r}: empty body")
+
+
+def _check_blocked_input(kind: str, body: bytes, n: int, params: JobParams) -> None:
+    """A blocked graph's round-0 upload of a site with n points: ProtocolError if malformed."""
+    if kind == "tags":
+        load_array(body, dtype="uint64", shape=(n, params.blocking_tables), what="tags")
+    elif kind == "codes":
+        if len(body) != n * ((params.bits + 7) // 8):
+            raise ProtocolError(f"codes: {len(body)} bytes, expected {n * ((params.bits + 7) // 8)}")
+    else:
+        b = load_bundle(body, ("idx", "dist"), what="within-site neighbours")
+        idx, dist = b["idx"], b["dist"]
+        if idx.dtype != np.int64 or dist.dtype != np.uint16 or idx.ndim != 2 or idx.shape[0] != n \
+                or dist.shape != idx.shape or idx.shape[1] > params.k \
+                or (idx.size and (idx.min() < -1 or idx.max() >= n or dist.max() > params.bits)):
+            raise ProtocolError(f"within-site neighbours: int64 indices in [-1, {n}) and uint16 distances ≤ L, "
+                                f"({n}, ≤ {params.k})")
