@@ -5,16 +5,15 @@ fails. Each site's labels, written at the site, equal the in-process simulation'
 and the same seed contributions (which each site writes beside its labels); each model equals the
 simulation's.
 
-Every deployment of this file runs at once, each on its own SuperLink (the `deployments` fixture), and
-each test then checks its own: a Flower round costs about 9 s whatever the data — an idle SuperNode
-polls its SuperLink every 3 s, the ServerApp's grid polls every 3 s, each message starts a ClientApp
-process (Flower 1.41) — so one run after another spent most of the suite's time waiting."""
+Each run costs ~100 CPU-seconds whatever the data: Flower 1.41 starts a ClientApp process per message
+(~2.5 CPU-s each, mostly Flower's own imports), and a round waits on the SuperNodes' and the grid's 3-second
+polls. Runs at once on separate SuperLinks saved only ~10 % (the runs are CPU-bound on 2 cores) and came
+near the runs' timeout under load, so they run one after another."""
 
 import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -115,21 +114,9 @@ def _failed_run(work: Path) -> tuple:
     return ran, run_id, run, waited, logs
 
 
-@pytest.fixture(scope="module")
-def deployments(tmp_path_factory):
-    """Every deployment at once, each on its own SuperLink and SuperNodes; name → a future whose result()
-    is that deployment's outcome (or re-raises its failure in the one test that reads it)."""
-    tmp = tmp_path_factory.mktemp("flower-deployments")
-    cases = {**{c: (lambda w, c=c: _predict(w, c)) for c in PREDICTIONS},
-             "fedct": _fedct, "fedavg": _fedavg, "failed": _failed_run}
-    with ThreadPoolExecutor(len(cases)) as pool:
-        futures = {name: pool.submit(fn, tmp / name) for name, fn in cases.items()}
-    return futures
-
-
 @pytest.mark.parametrize("crypto", PREDICTIONS)
-def test_flower_deployment_gives_each_site_the_simulations_labels(deployments, crypto):
-    ds, summary = deployments[crypto].result()
+def test_flower_deployment_gives_each_site_the_simulations_labels(tmp_path, crypto):
+    ds, summary = _predict(tmp_path, crypto)
     print(f"flwr run {crypto}: {summary['_seconds']} s")
     assert summary["_all_ended"]  # every process ended
     assert summary["crypto"] == crypto and summary["sites"] == ds.sites
@@ -142,14 +129,14 @@ def test_flower_deployment_gives_each_site_the_simulations_labels(deployments, c
         assert np.array_equal(results[s]["confidence"], ref.predictions[s].confidence), (crypto, s)
 
 
-def test_flower_deployment_runs_fedct_rounds_like_the_simulation(deployments):
+def test_flower_deployment_runs_fedct_rounds_like_the_simulation(tmp_path):
     import pickle
 
     from xclp.training.fedavg import Site
     from xclp.training.fedct import FedCTConfig
     from xclp.training.simulation import run_fedct
 
-    ds, U, summary = deployments["fedct"].result()
+    ds, U, summary = _fedct(tmp_path)
     assert [r["round"] for r in summary["history"]] == [1, 2]
     sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
              for s in ds.sites]
@@ -159,7 +146,7 @@ def test_flower_deployment_runs_fedct_rounds_like_the_simulation(deployments):
             assert np.array_equal(pickle.load(f).predict(U), sim["models"][i].predict(U)), s
 
 
-def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(deployments):
+def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(tmp_path):
     import torch
 
     from xclp.training.fedavg import FedAvgConfig, Site
@@ -167,7 +154,7 @@ def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(deploym
     from xclp.training.models import build_network
     from xclp.training.simulation import run_fedavg
 
-    ds, summary = deployments["fedavg"].result()
+    ds, summary = _fedavg(tmp_path)
     assert [r["round"] for r in summary["history"]] == [1, 2]
     sites = [Site(s, ds.X[ds.site == s], ds.y[ds.site == s], ds.y_true[ds.site == s]) for s in ds.sites]
     cfg = FedAvgConfig(algorithm="fedavg", rounds=2, sites_per_round=3, local_epochs=1, seed=5, secure_aggregation=True)
@@ -178,11 +165,11 @@ def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(deploym
         assert all(torch.equal(got[k], want[k]) for k in want), s
 
 
-def test_a_failed_run_is_finished_failed_at_the_superlink_and_xclp_flower_run_exits_1(deployments):
+def test_a_failed_run_is_finished_failed_at_the_superlink_and_xclp_flower_run_exits_1(tmp_path):
     """The ServerApp's RunFailed reaches Flower as the run's failure, with the reason. `flwr run` (1.41)
     exits 0 as soon as the run is accepted (README); `xclp flower run` submits through it and follows the
     run to its end: exit 1 with the reason, and `xclp flower wait` on the finished run says the same."""
-    ran, run_id, run, waited, logs = deployments["failed"].result()
+    ran, run_id, run, waited, logs = _failed_run(tmp_path)
     assert run["status"] == "finished:failed", (run, logs)
     assert "xclp: the run failed: n_classes must be at least 2" in run["status-details"], run
     # exit 1, the reason in the last line
