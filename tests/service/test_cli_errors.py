@@ -37,8 +37,12 @@ def coord(tmp_path_factory):
 def xclp(args, env=None, **kw) -> subprocess.Popen:
     """`python -m cli ARGS` from this checkout (cwd: the repository root, as the demos start it)."""
     env = {**os.environ, "XCLP_ADMIN_TOKEN": ADMIN, **(env or {})}
+    # Ctrl-C's SIGINT as a terminal delivers it: a suite started in the background of a non-interactive
+    # shell (`pytest … &`) runs with SIGINT ignored, which its children inherit, and a Python started so
+    # installs no KeyboardInterrupt handler — the ctrl-c cases then waited out their 90 s.
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=_repo_root(), env=env, text=True,
-                            stdout=subprocess.PIPE, **kw)
+                            stdout=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            **kw)
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout=60) -> None:
@@ -150,6 +154,9 @@ def test_a_mistake_is_one_clear_line_and_a_nonzero_exit(case, coord, tmp_path):
             proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit 90 s after {'SIGINT' if case.endswith('ctrl-c') else 'starting'}; it wrote:\n"
+                        + err.read_text())
         finally:
             if proc.poll() is None:
                 proc.kill()

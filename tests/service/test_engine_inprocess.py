@@ -386,8 +386,14 @@ def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig,
         monkeypatch.setattr(machine, "encode_roster", swapped)
         job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
         end = time.monotonic() + 60
+        # The victim announces first, alone, and is not stepped again: had it read the forged roster too, its
+        # refusal and one honest site's would end the job (fewer than two left) before the other refused.
+        while admin.job(job)["progress"]["received"] < 1 and time.monotonic() < end:
+            step_all([agents[victim]], job)
+            time.sleep(0.01)
+        honest = [agents[s] for s in ds.sites if s != victim]
         while (st := admin.job(job))["status"] == "running" and time.monotonic() < end:
-            step_all(agents.values(), job)
+            step_all(honest, job)
             time.sleep(0.01)
         assert st["status"] == "failed", st  # both honest sites refused the roster: fewer than two left
         for s in ds.sites[:2]:
