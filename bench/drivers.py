@@ -363,15 +363,8 @@ def markdown(out: dict) -> str:
         f"in the same process, submit → last result file; *Flower* `FlowerXCLP(InProcessGrid(...), params).run()`. "
         f"Machine: {out['machine']['cpus']} cores, shared (load average {out['machine']['loadavg_start'][0]:.1f} "
         f"at start, {out['machine']['loadavg_end'][0]:.1f} at end).", "",
-        f"| driver | old `{o}`: seconds, median (min–max) | new `{n}`: seconds, median (min–max) | new / old "
-        f"| verdict | CPU seconds old → new (medians) | CPU new / old |",
-        "|---|---:|---:|---:|---|---:|---:|",
     ]
-    for d, r in out["drivers"].items():
-        lines.append(f"| {d} | {r['old']['median']:.2f} ({r['old']['min']:.2f}–{r['old']['max']:.2f}) | "
-                     f"{r['new']['median']:.2f} ({r['new']['min']:.2f}–{r['new']['max']:.2f}) | "
-                     f"**{r['ratio_new_over_old']:.2f}×** | {r['verdict']} | {r['cpu_old']['median']:.2f} → "
-                     f"{r['cpu_new']['median']:.2f} | {r['cpu_ratio_new_over_old']:.2f}× |")
+    lines += ratio_table(out, o, n)
     lines += ["", "Verdict: *slower* only where every new run was slower than every old run and the medians "
               "differ by more than 10 %; *faster* the same the other way; else *same within noise*. CPU seconds: "
               "`time.process_time()` of the job's process over the same interval (every thread: the service's engine "
@@ -536,3 +529,17 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def ratio_table(out: dict, o: str, n: str) -> list[str]:
+    """The Markdown table of each driver's old and new seconds, their ratio, verdict and CPU seconds
+    (this benchmark's and bench/train_drivers.py's results have the same form)."""
+    lines = [f"| driver | old `{o}`: seconds, median (min–max) | new `{n}`: seconds, median (min–max) | new / old "
+             f"| verdict | CPU seconds old → new (medians) | CPU new / old |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for d, r in out["drivers"].items():
+        lines.append(f"| {d} | {r['old']['median']:.2f} ({r['old']['min']:.2f}–{r['old']['max']:.2f}) | "
+                     f"{r['new']['median']:.2f} ({r['new']['min']:.2f}–{r['new']['max']:.2f}) | "
+                     f"**{r['ratio_new_over_old']:.2f}×** | {r['verdict']} | {r['cpu_old']['median']:.2f} → "
+                     f"{r['cpu_new']['median']:.2f} | {r['cpu_ratio_new_over_old']:.2f}× |")
+    return lines

@@ -230,15 +230,8 @@ def markdown(out: dict) -> str:
         f"`FlowerTraining(InProcessGrid(...), ...).run()`. Machine: {m['cpus']} cores, shared with a full test "
         f"suite and other jobs, run under `nice -n 10` (load average {m['loadavg_start'][0]:.1f} at start, "
         f"{m['loadavg_end'][0]:.1f} at end): read the ratios, measured alternately.", "",
-        f"| driver | old `{o}`: seconds, median (min–max) | new `{n}`: seconds, median (min–max) | new / old "
-        f"| verdict | CPU seconds old → new (medians) | CPU new / old |",
-        "|---|---:|---:|---:|---|---:|---:|",
     ]
-    for d, r in out["drivers"].items():
-        lines.append(f"| {d} | {r['old']['median']:.2f} ({r['old']['min']:.2f}–{r['old']['max']:.2f}) | "
-                     f"{r['new']['median']:.2f} ({r['new']['min']:.2f}–{r['new']['max']:.2f}) | "
-                     f"**{r['ratio_new_over_old']:.2f}×** | {r['verdict']} | {r['cpu_old']['median']:.2f} → "
-                     f"{r['cpu_new']['median']:.2f} | {r['cpu_ratio_new_over_old']:.2f}× |")
+    lines += common.ratio_table(out, o, n)
     lines += ["", "Verdict as in the prediction table above (bench/drivers.py). Per run (seconds, in the order "
               "run): " + "; ".join(
                   f"{d} old {', '.join(f'{v:.2f}' for v in r['old']['runs'])}, new "
