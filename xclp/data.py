@@ -178,6 +178,10 @@ def load_arrays(name: str, limit: int | None = None, seed: int = 0) -> tuple[np.
     if limit is not None:
         if limit < 2:
             raise DataError(f"--limit must be at least 2, got {limit}")
+        if limit > X.shape[0]:
+            # Refused rather than silently giving fewer points than asked: a run sized by --limit
+            # (a benchmark at "70,000" images) would otherwise report numbers for the data's size.
+            raise DataError(f"--limit {limit} is more than the {X.shape[0]:,} points of {name!r}")
         if limit < X.shape[0]:
             idx = np.sort(np.random.default_rng(seed).choice(X.shape[0], size=limit, replace=False))
             X, y = X[idx], y[idx]

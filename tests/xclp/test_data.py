@@ -73,6 +73,9 @@ def test_unknown_dataset_and_limit():
     X, y = load_arrays("digits", limit=100, seed=3)
     X2, y2 = load_arrays("digits", limit=100, seed=3)
     assert X.shape == (100, 64) and np.array_equal(y, y2) and np.array_equal(X, X2)
+    assert load_arrays("digits", limit=1797)[0].shape == (1797, 64)  # all of it: allowed
+    with pytest.raises(DataError, match="more than the 1,797 points of 'digits'"):
+        load_arrays("digits", limit=1798)
 
 
 def test_fashion_mnist_missing_says_how_to_install(monkeypatch, tmp_path):
