@@ -27,6 +27,9 @@ Phases (Algorithm 1 of the paper, with the numerics of the authors' code):
   graph     coordinator alone: kNN graph from H, influence columns S_L^(j) for each site
   row_sums  site → coordinator: Z̄^(j) = S_L^(j) Y_L^(j), fixed point, masked, own rows zeroed;
             coordinator → site: the sum of the others' rows for its own points; the site unmasks.
+            A blocked graph's columns are x_j + U c_j (xclp.push): the site has U on its own rows only
+            and appends its far field c_j Y_j (r × C) to the sum (`far_field_rows`); every site gets
+            Σ_k c_k Y_k back and adds U[R_j] Σ_k c_k Y_k to its rows.
 
 `crypto="plaintext"` swaps only the secure steps for their plaintext equivalents (bits sent to the
 coordinator, zero masks) and is named as such: it is the reference and the tool for experiments.
