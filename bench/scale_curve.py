@@ -157,11 +157,15 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
                                  + cols.coef.size * 8)
         sizes[s]["row_sums_up"] = (n + far) * C * 8
         sizes[s]["row_sums_down"] = (sess.X.shape[0] + far) * C * 8
+    # The secure sum adds fixed-point values on a 2^-frac_bits grid: the near field and the far field's
+    # r × C total each (protocol.far_field_rows), then each site puts U[R_j]·Σ c_j Y_j + near back on the
+    # grid; a score below it is 0 there (an unreached point, label −1).
+    def grid(a):
+        return np.round(a * 2.0**p.frac_bits) * 2.0**-p.frac_bits
+
+    Z = grid(Z)
     if U is not None and U.shape[1]:
-        Z += U @ cY
-    # The secure sum adds fixed-point values on a 2^-frac_bits grid: a score below it is 0 there
-    # (an unreached point, label −1), so round to the same grid.
-    Z = np.round(Z * 2.0**p.frac_bits) * 2.0**-p.frac_bits
+        Z = grid(Z + U @ grid(cY))
     labels = np.empty(n, dtype=np.int64)
     for s in coord.layout.sites:
         labels[rows[s]] = predict_from_scores(Z[coord.layout.rows(s)], sessions[s].y).labels

@@ -1130,6 +1130,9 @@ class SiteSession:
                 total = total - self._far_mask(self._sums["row_sums"][0], far)
             if isinstance(self._influence, push.SiteColumns):
                 Z = self._influence.scores(Z, decode(total, self.params.frac_bits))
+                # back on the sum's fixed-point grid, as the whole columns' sum is: a point no label
+                # reaches scores 0 (label −1), not the rounding noise of U[R_j]·Σ_k c_k Y_k
+                Z = np.ldexp(np.round(np.ldexp(Z, self.params.frac_bits)), -self.params.frac_bits)
         if self.params.dp and self.params.balanced:  # post-processing of two DP releases
             Z = Z / np.maximum(self.global_counts, 1.0)[None, :]
         self.result = predict_from_scores(Z, self.y)  # the site's own labelled points keep their true labels
