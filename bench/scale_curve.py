@@ -150,15 +150,22 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
         Z += np.asarray(cols.x @ Yj)
         cY = cY + cols.coef @ Yj
         U = cols.basis
-        sizes[s]["influence"] = (cols.x.nnz * 16 + (cols.x.shape[1] + 1) * 8 + cols.basis.size * 8
+        # the site's message (CoordinatorSession.influence_message): the basis on its own rows only; the
+        # row sums carry the far field's r rows after the n score rows (protocol.far_field_rows)
+        far = cols.coef.shape[0]
+        sizes[s]["influence"] = (cols.x.nnz * 16 + (cols.x.shape[1] + 1) * 8 + sess.X.shape[0] * far * 8
                                  + cols.coef.size * 8)
-        sizes[s]["row_sums_up"] = n * C * 8
-        sizes[s]["row_sums_down"] = sess.X.shape[0] * C * 8
+        sizes[s]["row_sums_up"] = (n + far) * C * 8
+        sizes[s]["row_sums_down"] = (sess.X.shape[0] + far) * C * 8
+    # The secure sum adds fixed-point values on a 2^-frac_bits grid: the near field and the far field's
+    # r × C total each (protocol.far_field_rows), then each site puts U[R_j]·Σ c_j Y_j + near back on the
+    # grid; a score below it is 0 there (an unreached point, label −1).
+    def grid(a):
+        return np.round(a * 2.0**p.frac_bits) * 2.0**-p.frac_bits
+
+    Z = grid(Z)
     if U is not None and U.shape[1]:
-        Z += U @ cY
-    # The secure sum adds fixed-point values on a 2^-frac_bits grid: a score below it is 0 there
-    # (an unreached point, label −1), so round to the same grid.
-    Z = np.round(Z * 2.0**p.frac_bits) * 2.0**-p.frac_bits
+        Z = grid(Z + U @ grid(cY))
     labels = np.empty(n, dtype=np.int64)
     for s in coord.layout.sites:
         labels[rows[s]] = predict_from_scores(Z[coord.layout.rows(s)], sessions[s].y).labels

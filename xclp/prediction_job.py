@@ -662,6 +662,7 @@ class PredictCoordinator:
             return
         coord = self._session(mail, st.graph_sites)
         coord.layout = Layout(sites=list(st.graph_sites), sizes=[coord.roster[s].n for s in st.graph_sites])
+        coord.mode = self.graph_mode(mail)  # the roster's, as the sites' (a blocked graph's far-field rows)
         coord.start_row_sums()
         for s in st.live:
             coord.receive_row_sums(s, mail.body(s, COORDINATOR, topic))

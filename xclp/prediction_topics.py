@@ -18,7 +18,7 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 from crypto.identity import announce_digest, fingerprint, verify
-from xclp.prediction_job import COORDINATOR, Mailbox, PredictState
+from xclp.prediction_job import COORDINATOR, Mailbox, PredictState, graph_mode
 from xclp.protocol import (
     COORDINATOR_TOPIC_PHASE,
     TOPIC_PHASE,
@@ -27,6 +27,7 @@ from xclp.protocol import (
     columns_digest,
     counts_length,
     decode_announce,
+    far_field_rows,
 )
 from xclp.wire import load_array, load_bundle
 
@@ -70,7 +71,7 @@ def max_body(topic: str, site: str, params: JobParams, state: PredictState, mail
         n = announced(site).n
         return SLACK + n * max(2 * n, 8 << 16)
     if kind == "rows":
-        return SLACK + 8 * graph_size(state, mail) * params.n_classes
+        return SLACK + 8 * rows_length(params, state, mail) * params.n_classes
     if kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: n × m tags, n × k lists, n packed codes
         per_point = {"tags": 8 * params.blocking_tables, "knn": 10 * params.k, "codes": (params.bits + 7) // 8}
         return SLACK + announced(site).n * per_point[kind]
@@ -80,6 +81,12 @@ def max_body(topic: str, site: str, params: JobParams, state: PredictState, mail
 def graph_size(state: PredictState, mail: Mailbox) -> int:
     """The points in the job's graph: those the graph's sites announced."""
     return sum(decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in state.graph_sites)
+
+
+def rows_length(params: JobParams, state: PredictState, mail: Mailbox) -> int:
+    """The rows of a site's masked row sums: the graph's points, then a blocked graph's far field."""
+    n = graph_size(state, mail)
+    return n + far_field_rows(params, graph_mode(params, mail, state), n)
 
 
 def opaque(topic: str) -> bool:
@@ -126,7 +133,9 @@ def check_body(topic: str, body: bytes, site: str, job_id: str, params: JobParam
     elif kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: its form, as the machine reads it
         _check_blocked_input(kind, body, decode_announce(mail.body(site, COORDINATOR, "announce")).n, params)
     elif kind == "rows":
-        load_array(body, dtype="uint64", shape=(graph_size(state, mail), params.n_classes), what="masked rows")
+        n, rows = graph_size(state, mail), rows_length(params, state, mail)
+        load_array(body, dtype="uint64", shape=(rows, params.n_classes),
+                   what="masked rows" + (f" ({n} score rows, then {rows - n} far-field rows)" if rows > n else ""))
     elif len(body) == 0:
         raise ProtocolError(f"{topic!r}: empty body")
 

@@ -27,6 +27,9 @@ Phases (Algorithm 1 of the paper, with the numerics of the authors' code):
   graph     coordinator alone: kNN graph from H, influence columns S_L^(j) for each site
   row_sums  site → coordinator: Z̄^(j) = S_L^(j) Y_L^(j), fixed point, masked, own rows zeroed;
             coordinator → site: the sum of the others' rows for its own points; the site unmasks.
+            A blocked graph's columns are x_j + U c_j (xclp.push): the site has U on its own rows only
+            and appends its far field c_j Y_j (r × C) to the sum (`far_field_rows`); every site gets
+            Σ_k c_k Y_k back and adds U[R_j] Σ_k c_k Y_k to its rows.
 
 `crypto="plaintext"` swaps only the secure steps for their plaintext equivalents (bits sent to the
 coordinator, zero masks) and is named as such: it is the reference and the tool for experiments.
@@ -74,7 +77,7 @@ from xclp.block_protocol import BlockParty, split_shares
 from xclp.data import validate_features, validate_labels
 from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
-from xclp.propagation import Prediction, class_counts, contribution, predict_from_scores
+from xclp.propagation import Prediction, class_counts, contribution, label_matrix, predict_from_scores
 from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
 
 CRYPTO_CHOICES = PROTOCOLS
@@ -523,8 +526,25 @@ def simulation_noise_seed(seed: int, site: str) -> bytes:
     return hashlib.sha256(f"xclp/simulation-noise/{seed}/{site}".encode()).digest()
 
 
-def encode_sparse_columns(cols: push.SparseColumns) -> dict:
-    """A site's influence columns of a blocked graph: CSC entries, the shared basis, its coefficients."""
+def far_field_rows(params: JobParams, mode: str, n: int) -> int:
+    """The far field's rows that a blocked graph's row sums carry after the graph's n score rows: r,
+    the basis's rank (push.basis_rank). Each site adds its c_j Y_j (r × C) there; the sum Σ_j c_j Y_j
+    comes back to every site under a mask the sites share and the coordinator cannot compute, so each
+    site needs the basis U only on its own rows (push.SiteColumns). 0 for an exact graph (its row sums
+    are as they always were) and for label-DP jobs (clipping a column needs it on every row: they get
+    the whole basis, and no far field). `mode`: the job's graph mode (every party computes it from the
+    roster)."""
+    if mode != "blocked" or params.dp:
+        return 0
+    return push.basis_rank(params.influence_rank, n)
+
+
+FAR_FIELD_PURPOSE = "row-sums-far"  # the shared mask over the far field's rows (SiteSession._far_mask)
+
+
+def encode_sparse_columns(cols: push.SparseColumns | push.SiteColumns) -> dict:
+    """A site's influence columns of a blocked graph: CSC entries, the basis (on its own rows, or with
+    label-DP on every row), its coefficients."""
     x = cols.x.tocsc()
     x.sort_indices()
     return {"x_indptr": x.indptr.astype(np.int64), "x_indices": x.indices.astype(np.int64),
@@ -532,9 +552,13 @@ def encode_sparse_columns(cols: push.SparseColumns) -> dict:
             "coef": np.ascontiguousarray(cols.coef, dtype=np.float64)}
 
 
-def decode_sparse_columns(b: dict, n: int, l: int) -> push.SparseColumns:
+def decode_sparse_columns(b: dict, n: int, l: int, basis_rows: int | None = None,
+                          rank: int | None = None) -> push.SparseColumns | push.SiteColumns:
+    """The columns `encode_sparse_columns` wrote, for n points and l labelled: with `basis_rows` < n the
+    basis on the site's own rows (push.SiteColumns, of `rank` columns), else on all n (SparseColumns)."""
     import scipy.sparse as sp
 
+    basis_rows = n if basis_rows is None else basis_rows
     need = ("x_indptr", "x_indices", "x_data", "basis", "coef")
     if any(k not in b for k in need):
         raise ProtocolError("influence: neither dense columns nor sparse ones")
@@ -545,11 +569,18 @@ def decode_sparse_columns(b: dict, n: int, l: int) -> push.SparseColumns:
     if indptr.shape != (l + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != indices.size \
             or data.shape != indices.shape or (indices.size and (indices.min() < 0 or indices.max() >= n)):
         raise ProtocolError(f"influence: malformed sparse columns for {n} points and {l} labelled")
-    if basis.dtype != np.float64 or basis.ndim != 2 or basis.shape[0] != n or coef.shape != (basis.shape[1], l):
-        raise ProtocolError("influence: basis and coefficients do not fit the columns")
+    if basis.dtype != np.float64 or coef.dtype != np.float64 or basis.ndim != 2 or basis.shape[0] != basis_rows \
+            or coef.shape != (basis.shape[1], l):
+        raise ProtocolError(f"influence: a basis of shape {basis.shape} and coefficients of shape {coef.shape} do not "
+                            f"fit {l} columns over {basis_rows} rows")
+    if rank is not None and basis.shape[1] != rank:
+        raise ProtocolError(f"influence: a basis of rank {basis.shape[1]}, the job's far field has {rank} rows")
     if not (np.all(np.isfinite(data)) and np.all(np.isfinite(basis)) and np.all(np.isfinite(coef))):
         raise ProtocolError("influence: contains NaN or infinity")
-    return push.SparseColumns(sp.csc_matrix((data, indices, indptr), shape=(n, l)), basis, coef)
+    x = sp.csc_matrix((data, indices, indptr), shape=(n, l))
+    if basis_rows == n:
+        return push.SparseColumns(x, basis, coef)
+    return push.SiteColumns(x, basis, coef)
 
 
 class SiteSession:
@@ -1016,8 +1047,26 @@ class SiteSession:
             self._influence = load_array(b["columns"].tobytes(), dtype=np.float64, shape=(n, l),
                                          what="influence columns", max_bytes=self.params.max_message_bytes)
         else:
-            self._influence = decode_sparse_columns(b, n, l)
+            self._influence = self._decode_sparse(b)
         self._advance("row_sums")
+
+    def _decode_sparse(self, b: dict) -> push.SparseColumns | push.SiteColumns:
+        """A blocked graph's columns: the basis on this site's own rows (the far field is summed), or
+        with label-DP on every row."""
+        assert self.layout is not None
+        n, far = self.layout.n, self._far_rows()
+        own = n if self.params.dp else self.X.shape[0]
+        return decode_sparse_columns(b, n, self.labelled_rows.size, own, None if self.params.dp else far)
+
+    def _far_rows(self) -> int:
+        assert self.layout is not None
+        return far_field_rows(self.params, "blocked" if self._blocked() else "exact", self.layout.n)
+
+    def _far_mask(self, attempt: int, far: int) -> np.ndarray:
+        """The mask over the far field's rows that the first participant adds and every site removes:
+        the coordinator's sum of them stays uniform to it (as the label counts' total)."""
+        return self._shared_mask(FAR_FIELD_PURPOSE, attempt, far * self.params.n_classes).reshape(
+            far, self.params.n_classes)
 
     def row_sums_message(self, participants: list[str], attempt: int) -> bytes:
         """Z̄^(j) in fixed point + mask; own rows and rows of non-participants zeroed."""
@@ -1036,8 +1085,18 @@ class SiteSession:
                                 label_dp.rows_sensitivity(self.params.dp_clip), participants)
         else:
             noise = None
-            zbar = contribution(self._influence, self.y_released[self.labelled_rows], self.global_counts,
-                                self.params.balanced)
+            if isinstance(self._influence, push.SiteColumns):
+                # the near field on every row, then this site's part of the far field's aggregate
+                Y = label_matrix(self.y_released[self.labelled_rows], self.global_counts, self.params.balanced)
+                zbar = np.vstack([self._influence.near(Y), self._influence.far(Y)])
+            else:
+                zbar = contribution(self._influence, self.y_released[self.labelled_rows], self.global_counts,
+                                    self.params.balanced)
+        far = self._far_rows()
+        if far and not isinstance(self._influence, push.SiteColumns):
+            # dense columns in a blocked job (the coordinator's fallback for negative edge weights): the
+            # sum's shape is the job's rule, so this site's far-field part is zero
+            zbar = np.vstack([zbar, np.zeros((far, self.params.n_classes))])
         # No wrap-around: every participant's |Z̄| stays below 2^(63−f) / (number of participants).
         limit = 2.0 ** (63 - self.params.frac_bits) / max(1, len(participants))
         spread = 0.0 if noise is None else float(np.abs(noise).max(initial=0)) * 2.0**-self.params.frac_bits
@@ -1046,6 +1105,13 @@ class SiteSession:
         mask = self._mask("row_sums", attempt, participants, zbar.shape)
         if noise is not None:
             mask[others] += noise.view(np.uint64)  # the share rides with the mask, on the exact grid
+        if far:
+            # every participant sends its far-field rows (under its pairwise masks, which cancel in the
+            # sum); the first also adds the shared mask, so the coordinator's total Σ_j c_j Y_j is masked
+            n = self.layout.n
+            if self.params.secure and self.site == [s for s in self.order if s in participants][0]:
+                mask[n:] += self._far_mask(attempt, far)
+            others = np.concatenate([others, np.arange(n, n + far)])
         out, self._kept = mask_rows(zbar, self.layout.rows(self.site), mask, self.params.frac_bits, send_rows=others)
         return dump_array(out)
 
@@ -1054,8 +1120,19 @@ class SiteSession:
         if self._kept is None:
             raise ProtocolError(f"{self.site}: row sums arrived before this site sent its contribution")
         C = self.params.n_classes
-        summed = load_array(rows, dtype=np.uint64, shape=(self.X.shape[0], C), what="row sums")
-        Z = unmask_rows(summed, self._kept, self.params.frac_bits)
+        n_j, far = self.X.shape[0], self._far_rows()
+        summed = load_array(rows, dtype=np.uint64, shape=(n_j + far, C),
+                            what=f"row sums ({n_j} own rows, then {far} far-field rows)")
+        Z = unmask_rows(summed[:n_j], self._kept, self.params.frac_bits)
+        if far:  # Σ_j c_j Y_j, under the shared mask of the attempt this site sent
+            total = summed[n_j:]
+            if self.params.secure:
+                total = total - self._far_mask(self._sums["row_sums"][0], far)
+            if isinstance(self._influence, push.SiteColumns):
+                Z = self._influence.scores(Z, decode(total, self.params.frac_bits))
+                # back on the sum's fixed-point grid, as the whole columns' sum is: a point no label
+                # reaches scores 0 (label −1), not the rounding noise of U[R_j]·Σ_k c_k Y_k
+                Z = np.ldexp(np.round(np.ldexp(Z, self.params.frac_bits)), -self.params.frac_bits)
         if self.params.dp and self.params.balanced:  # post-processing of two DP releases
             Z = Z / np.maximum(self.global_counts, 1.0)[None, :]
         self.result = predict_from_scores(Z, self.y)  # the site's own labelled points keep their true labels
@@ -1082,12 +1159,20 @@ class CoordinatorSession:
     executor: object = None
     blocked: blocked_graph.BlockedGraph | None = None
     degrees: np.ndarray | None = None
+    # The job's graph mode where this session's roster is not the job's (the row sums: the graph's sites
+    # only; xclp.prediction_job.graph_mode); None: from the roster here.
+    mode: str | None = None
 
     def __post_init__(self):
         self.params.validate()
 
     def graph_mode(self) -> str:
-        return self.params.graph_mode(sum(e.n for e in self.roster.values()))
+        return self.mode or self.params.graph_mode(sum(e.n for e in self.roster.values()))
+
+    def far_rows(self) -> int:
+        """The far field's rows after the graph's n rows in every row-sums part (`far_field_rows`)."""
+        assert self.layout is not None
+        return far_field_rows(self.params, self.graph_mode(), self.layout.n)
 
     # --- hamming, blocked graph (the order: xclp.blocked_graph) ----------------------------------
     def _blocked_state(self) -> blocked_graph.BlockedGraph:
@@ -1337,6 +1422,8 @@ class CoordinatorSession:
         """One body: the graph's layout and the site's influence columns (`SiteSession.receive_influence`)."""
         cols = self.influence[site]
         if isinstance(cols, push.SparseColumns):
+            if not self.params.dp:  # the far field is summed (far_field_rows): the basis on the site's rows only
+                cols = cols.own_rows(self.layout.rows(site))
             return dump_bundle({"layout": self.layout.encode(), **encode_sparse_columns(cols)})
         return dump_bundle({"layout": self.layout.encode(), "columns": dump_array(cols)})
 
@@ -1347,8 +1434,11 @@ class CoordinatorSession:
 
     def receive_row_sums(self, site: str, data: bytes) -> None:
         assert self.layout is not None
-        self.row_parts[site] = load_array(data, dtype=np.uint64, shape=(self.layout.n, self.params.n_classes),
-                                          what=f"{site}: masked rows", max_bytes=self.params.max_message_bytes)
+        n, far = self.layout.n, self.far_rows()
+        self.row_parts[site] = load_array(data, dtype=np.uint64, shape=(n + far, self.params.n_classes),
+                                          what=f"{site}: masked rows" + (f" ({n} score rows, then {far} far-field rows)"
+                                                                         if far else ""),
+                                          max_bytes=self.params.max_message_bytes)
 
     def row_sums_for(self, participants: list[str]) -> dict[str, bytes]:
         """Ẑ[R_j] = Σ_k Ẑ^(k)[R_j] for every participant j (uint64 arithmetic wraps mod 2^64)."""
@@ -1358,7 +1448,11 @@ class CoordinatorSession:
         if not participants:
             return {}
         total = server_sum([self.row_parts[s] for s in participants])
-        return {s: dump_array(total[self.layout.rows(s)]) for s in participants}
+        n = self.layout.n
+        if total.shape[0] == n:
+            return {s: dump_array(total[self.layout.rows(s)]) for s in participants}
+        # a blocked graph's far field: every site gets its own rows and the (masked) Σ_j c_j Y_j
+        return {s: dump_array(np.concatenate([total[self.layout.rows(s)], total[n:]])) for s in participants}
 
 
 # --- saved sessions ----------------------------------------------------------------------------------
@@ -1411,7 +1505,7 @@ def _session_to_bytes(s: SiteSession) -> bytes:
         for i, peer in enumerate(got):
             f[f"seed_part/{i}"] = s._seed._contributions[peer]
     influence = s._influence
-    if isinstance(influence, push.SparseColumns):  # a blocked graph's columns: their entries, basis, coefficients
+    if isinstance(influence, push.SparseColumns | push.SiteColumns):  # a blocked graph's: entries, basis, coefficients
         f["influence_sparse"] = Nested(pack(encode_sparse_columns(influence)))
         influence = None
     arrays = {"global_counts": s.global_counts, "bits": s.bits, "influence": influence, "kept": s._kept,
@@ -1482,8 +1576,8 @@ def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hammi
         if sess.layout is None:
             raise ProtocolError(f"{sess.site}: saved influence columns without the graph's layout")
         cols = s.state("influence_sparse")
-        sess._influence = decode_sparse_columns({k: cols.array(k) for k in ("x_indptr", "x_indices", "x_data", "basis",
-                                                                             "coef")}, sess.layout.n, sess.labelled_rows.size)
+        sess._influence = sess._decode_sparse({k: cols.array(k) for k in ("x_indptr", "x_indices", "x_data", "basis",
+                                                                           "coef")})
     sess._kept = s.optional_array("kept")
     if "result/labels" in s:
         sess.result = Prediction(s.array("result/labels"), s.array("result/confidence"),

@@ -31,9 +31,12 @@ P = W D^{-1}, S = D^{-1/2} (I − αP)^{-1} D^{1/2}. We compute each labelled co
 Why push and not a truncated CG: CG's columns are dense (α = 0.99 reaches everywhere) and cost
 every iteration on all n rows; truncating them afterwards saves the message but not the work.
 
-A site receives its columns as (x, U, c): sparse entries, the shared basis U (n × r) and r × l_j
-coefficients (docs/security.md: U is a spectral embedding of the graph). Memory at the
-coordinator: O(nnz(x) + n·r), never n × |L|. Negative edge weights (possible with standardised
+A site receives its columns as (x, U[R_j], c): sparse entries over all n rows, the basis on its own
+rows R_j only (n_j × r) and r × l_j coefficients (`SiteColumns`). Its share of the scores is then
+the near field x Y (n × C) plus the far field's r × C aggregate c Y, which is summed across sites
+under the row sums' masks (xclp.protocol, `far_field_rows`); each site adds U[R_j] Σ_k c_k Y_k to its
+own rows. (Label-DP jobs still get the whole basis: clipping a column needs it on every row.) Memory
+at the coordinator: O(nnz(x) + n·r), never n × |L|; at a site O(nnz(x_j) + n_j·r). Negative edge weights (possible with standardised
 features) break the bound and the push's monotonicity: `sparse_influence` refuses them and the
 caller falls back to the exact solver.
 """
@@ -73,9 +76,51 @@ class SparseColumns:
     def columns(self, start: int, end: int) -> SparseColumns:
         return SparseColumns(self.x[:, start:end], self.basis, self.coef[:, start:end])
 
+    def own_rows(self, rows: np.ndarray) -> SiteColumns:
+        """What a site with the points `rows` receives: the same x and c, the basis on its rows only."""
+        return SiteColumns(self.x, np.ascontiguousarray(self.basis[rows]), self.coef)
+
     def toarray(self) -> np.ndarray:
         """Dense n × m (small problems and the label-DP clipping only)."""
         return self.x.toarray() + self.basis @ self.coef
+
+
+@dataclass
+class SiteColumns:
+    """One site's columns S[:, L_j] ≈ x + U c, with the basis on the site's own rows R_j only:
+    `x` sparse CSC (n × l_j), `basis` U[R_j] (n_j × r), `coef` c (r × l_j). The site never forms
+    S_L Y: it contributes the near field x Y (n × C) and the far field's aggregate c Y (r × C) to the
+    secure row sums, and its scores are near[R_j] + U[R_j] · Σ_k c_k Y_k (`scores`)."""
+
+    x: sp.csc_matrix
+    basis: np.ndarray
+    coef: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.x.shape
+
+    @property
+    def rank(self) -> int:
+        return self.coef.shape[0]
+
+    def near(self, Y: np.ndarray) -> np.ndarray:
+        """x Y: n × C, nonzero only on the rows the pushed columns reach."""
+        return np.asarray(self.x @ np.asarray(Y, dtype=np.float64))
+
+    def far(self, Y: np.ndarray) -> np.ndarray:
+        """c Y: r × C, this site's part of the far field's aggregate."""
+        return self.coef @ np.asarray(Y, dtype=np.float64)
+
+    def scores(self, near_own: np.ndarray, far_total: np.ndarray) -> np.ndarray:
+        """The site's rows of Σ_k S_Lk Y_k from the summed near field on its rows and Σ_k c_k Y_k."""
+        return near_own + self.basis @ far_total
+
+
+def basis_rank(rank: int, n: int) -> int:
+    """The columns `spectral_basis` gives for `rank` over n points (every party computes it: the far
+    field's rows in the row sums)."""
+    return max(0, min(int(rank), n - 2))
 
 
 def push_batch(W: sp.csr_matrix, sqrt_deg: np.ndarray, cols: np.ndarray, alpha: float,
@@ -119,7 +164,7 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
     from xclp.influence import _torch_csr
 
     n = W.shape[0]
-    rank = min(rank, n - 2)
+    rank = basis_rank(rank, n)
     if rank < 1:
         return np.zeros(0), np.zeros((n, 0))
     block = min(n - 1, rank + oversample)
@@ -154,7 +199,12 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
         lam, V = lam.flip(0), V.flip(1)
         Q = Q @ V
         X = Q.float()
-        cut = float(lam[-1])
+        # Not below 0: on a graph of many tiny components (a sparse blocked graph over few points:
+        # 93 components in 100 points, eigenvalues ±1) the block's smallest Ritz value reaches −1, the
+        # map's half-width (cut + 1)/2 goes to 0 and the float32 recurrence overflows to inf, then NaN
+        # (eigh "failed to converge"). With cut ≥ 0 the growth is at most T_degree(3) (≈ 7.6·10⁸ at 12,
+        # the first round's); a larger graph's cut is positive, and unchanged.
+        cut = max(float(lam[-1]), 0.0)
     return lam[:rank].numpy(), Q[:, :rank].numpy()
 
 

@@ -85,3 +85,22 @@ def test_process_pool_and_dask_give_identical_columns(small_graph):
     for other in (pooled, dasked):
         assert (other.x != serial.x).nnz == 0
         assert np.array_equal(other.basis, serial.basis) and np.array_equal(other.coef, serial.coef)
+
+
+def test_the_spectral_basis_of_a_graph_of_tiny_components_stays_finite():
+    # A blocked graph over 100 points (3 sites, one dropped; max_bucket 4, no descent) that had 93
+    # components: 3 pairs, 2 paths of 3, 88 points alone — eigenvalues ±1 (5 each) and 0, fewer near 1
+    # than the block of 24, so the block's smallest Ritz value reached −1 and the Chebyshev filter's
+    # float32 recurrence overflowed (eigh "failed to converge") before its lower edge was kept ≥ 0.
+    # Its 𝒲 exactly (normalised weights, as hex: the ±1 are exact only so).
+    import scipy.sparse as sp
+
+    from xclp.push import spectral_basis
+
+    edges = [(24, 83, "0x1.8dbc4f6383618p-1"), (29, 83, "0x1.4269d4debecf9p-1"), (31, 91, "0x1p+0"),
+             (36, 88, "0x1p+0"), (40, 42, "0x1.5343f1d33186ap-1"), (42, 67, "0x1.7f763b1f4b4ffp-1"), (51, 89, "0x1p+0")]
+    i, j = np.array([e[0] for e in edges]), np.array([e[1] for e in edges])
+    w = np.array([float.fromhex(e[2]) for e in edges])
+    W = sp.coo_matrix((np.r_[w, w], (np.r_[i, j], np.r_[j, i])), shape=(100, 100)).tocsr()
+    lam, U = spectral_basis(W, 8)
+    assert U.shape == (100, 8) and np.all(np.isfinite(U)) and np.allclose(lam[:5], 1.0, atol=1e-6)
