@@ -56,12 +56,12 @@ class _Inbox:
     """The messages the coordinator holds for this site, fetched as the site's machine asks for them;
     what the machine waits for and nothing else can move is long-polled."""
 
-    def __init__(self, api: CoordinatorClient, job_id: str):
-        self.api, self.job_id = api, job_id
+    def __init__(self, api: CoordinatorClient, job_id: str, long_poll: float = LONG_POLL):
+        self.api, self.job_id, self.long_poll = api, job_id, long_poll
 
     def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
         if sender == COORDINATOR:
-            return self.api.get(self.job_id, topic, **({"wait": LONG_POLL} if wait else {}))
+            return self.api.get(self.job_id, topic, **({"wait": self.long_poll} if wait and self.long_poll > 0 else {}))
         return self.api.get(self.job_id, topic, sender=sender)
 
 
@@ -69,11 +69,14 @@ class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
                  poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None,
                  columns: Columns | None = None, max_poll: float = MAX_IDLE_POLL, pins: dict[str, str] | None = None,
-                 identity_key: str | os.PathLike | None = None):
+                 identity_key: str | os.PathLike | None = None, long_poll: float = LONG_POLL):
         """`identity_key`: the site's Ed25519 key file (default <out>/.agent-state/identity.key, made on
         first start); `pins`: peers' identity fingerprints given by the operator (the others are trusted
-        on first use and kept in <out>/.agent-state/known_sites.json)."""
+        on first use and kept in <out>/.agent-state/known_sites.json). `long_poll`: the seconds a step may
+        wait on the coordinator for the message it needs next (0: ask once) — a driver that steps several
+        agents from one thread passes 0, since a peer it steps later cannot answer during that wait."""
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
+        self.long_poll = long_poll
         self.policy = policy or SitePolicy()
         self.X, self.y, self.y_true, self.ids, self.columns = load_site(data, columns)
         self.out = make_folder(out, "--out")
@@ -354,7 +357,7 @@ class Agent:
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
         machine = self.machine(job_id, status)
-        progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id),
+        progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id, self.long_poll),
                                   lambda m: self._send(job_id, m))
         if machine.lost_pairs and not self.state(job_id)["lost_hamming_logged"]:
             log.warning("job %s: restarted inside the Hamming phase; this site's half of the pair protocols "

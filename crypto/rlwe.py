@@ -69,7 +69,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import scipy.fft
 
 from crypto.errors import ProtocolError
 from crypto.secure_sum import prg_uint64
@@ -271,6 +270,9 @@ def _spectrum(x: np.ndarray) -> np.ndarray:
     folded.real = x[..., :h]
     folded.imag = x[..., h:]
     folded *= _twist(n)[0]
+    import scipy.fft  # here, not at the top: ~0.3 s of imports (scipy.special) that every Flower message's
+    # fresh ClientApp process paid, lattice job or not (xclp.prediction_job imports this module)
+
     return scipy.fft.ifft(folded, axis=-1, norm="forward", overwrite_x=True)
 
 
@@ -278,6 +280,8 @@ def _from_spectrum(spec: np.ndarray, n: int, natural: bool = True) -> np.ndarray
     """Inverse of :func:`_spectrum`, rounded to the exact integers (int64); refuses imprecise results.
     `spec` is overwritten. With natural=False the coefficients stay in the folded order
     (0, N/2, 1, N/2 + 1, …): element-wise work can run on them before :func:`unfold`."""
+    import scipy.fft  # (see _spectrum)
+
     folded = scipy.fft.fft(spec, axis=-1, norm="forward", overwrite_x=True)
     folded *= _twist(n)[1]
     pairs = folded.view(np.float64)  # (..., N): re_0, im_0, re_1, im_1, ...

@@ -30,6 +30,26 @@ def ds():
     return simulate_sites(X, y, 3, "iid", 0.2, seed=6)
 
 
+class _Vanished(Exception):
+    pass
+
+
+class _VanishingClient(CoordinatorClient):
+    """The silent site's client: once the job's status it is given has reached `phase`, the site is
+    gone (its step ends there, before it sends anything of that phase). Decided on the status the agent
+    itself fetches, not on an earlier look of the test's: the engine moves on in its own thread."""
+
+    def __init__(self, *args, phase: str, **kw):
+        super().__init__(*args, **kw)
+        self.phase = phase
+
+    def job(self, job_id: str) -> dict:
+        st = super().job(job_id)
+        if PredictState.of(st).reached(self.phase):
+            raise _Vanished
+        return st
+
+
 def through_the_service(ds, params, phase, tmp_path):
     settings = Settings(database=f"sqlite:///{tmp_path / 'o.db'}", admin_token=ADMIN, engine_interval=0.02)
     with TestClient(create_app(settings)) as tc:
@@ -38,8 +58,12 @@ def through_the_service(ds, params, phase, tmp_path):
         for s in ds.sites:
             token = admin.add_site(s)["token"]
             np.savez(tmp_path / f"{s}.npz", X=ds.X[ds.site == s], y=ds.y[ds.site == s])
-            agents[s] = Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), s,
-                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+            client = (_VanishingClient("http://testserver", token, transport=tc._transport, phase=phase) if s == GONE
+                      else CoordinatorClient("http://testserver", token, transport=tc._transport))
+            agents[s] = Agent(client, s,
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", long_poll=0)
+            # (long_poll=0: this loop steps the agents one after another; a site's wait on the coordinator
+            # would only run out, since the peers whose parts it waits for are stepped after it)
         graph = {} if params.graph == "exact" else {
             "graph": params.graph, "blocking_tables": params.blocking_tables, "max_bucket": params.max_bucket,
             "descent_rounds": params.descent_rounds, "influence_rank": params.influence_rank}
@@ -50,9 +74,11 @@ def through_the_service(ds, params, phase, tmp_path):
             st = admin.job(job)
             if st["status"] != "running":
                 break
-            for s, a in agents.items():
-                if s != GONE or not PredictState.of(st).reached(phase):  # silent from `phase` on
+            for a in agents.values():
+                try:
                     a.step(job)
+                except _Vanished:  # silent from `phase` on
+                    pass
             now = (st["phase"], st["attempt"], tuple(st["live"]), st["progress"]["received"])
             still = still + 1 if now == last else 0
             last = now

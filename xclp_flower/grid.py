@@ -20,6 +20,8 @@ SERVER_NODE = 1  # the SuperLink's node id in Flower
 
 
 class InProcessGrid(Grid):
+    replies_at_once = True  # a message is answered (or, vanished, never) when pushed: nothing to poll for
+
     def __init__(self, client_app: ClientApp, node_configs: list[dict], run_id: int = 1):
         self.client_app = client_app
         self._run_id = run_id
