@@ -52,7 +52,8 @@ def cpu() -> float:
     """CPU seconds of this process (user + system): on cores shared with other jobs, wall time says
     how loaded the machine was; this says what the work itself cost."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)  # an executor's pool workers, once they have ended
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
 
 
 def params(graph: str = "blocked", crypto: str = "plaintext", rank: int | None = None):
@@ -62,9 +63,10 @@ def params(graph: str = "blocked", crypto: str = "plaintext", rank: int | None =
     return JobParams(job_id="scale-curve", n_classes=10, bits=1024, graph=graph, crypto=crypto, **kw)
 
 
-def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
+def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) -> dict:
     """The plaintext blocked job's computation (see the module docstring); returns labels, timings
-    (seconds per step), the coordinator, and the message sizes per site."""
+    (seconds per step), the coordinator, and the message sizes per site. `executor`: the
+    coordinator's (xclp.executor; its candidate step runs its table groups there)."""
     from xclp.measured import split_by_site
     from xclp.propagation import label_matrix, predict_from_scores
     from xclp.protocol import (
@@ -92,7 +94,7 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
     sites = list(rows)
     sessions = {s: SiteSession(p, s, ds.X[idx], ds.y[idx], contribution=simulation_contribution(seed, s),
                                noise_seed=simulation_noise_seed(seed, s)) for s, idx in rows.items()}
-    coord = CoordinatorSession(p)
+    coord = CoordinatorSession(p, executor=executor)
     announces = {s: sess.announce() for s, sess in sessions.items()}
     for s, a in announces.items():
         coord.register(s, a)
@@ -188,7 +190,7 @@ def sampled_recall(ds, coord, p, samples: int = 500, seed: int = 1) -> float:
     return hits / (pts.size * p.k)
 
 
-def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int) -> dict:
+def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int, workers: int = 1) -> dict:
     from bench.synthetic import clustered
     from xclp.simulation import unlabelled_accuracy
 
@@ -221,8 +223,11 @@ def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int) -> di
                 "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, res.labels),
                 "load": load0}
     p = params("blocked", rank=rank)
-    out = blocked_pipeline(ds, p, seed, say)
-    row = {"n": n, "mode": mode, "seconds": time.perf_counter() - t0, "phases": out["timings"],
+    from xclp.executor import make_executor
+
+    with make_executor("serial" if workers < 2 else "process", workers) as ex:
+        out = blocked_pipeline(ds, p, seed, say, ex)
+    row = {"n": n, "mode": mode, "workers": workers, "seconds": time.perf_counter() - t0, "phases": out["timings"],
            "cpu_phases": out["cpu_timings"],
            "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, out["labels"]),
            "pairs_measured": out["coordinator"].blocked.pair_count(), "influence_rank": p.influence_rank,
@@ -331,6 +336,8 @@ def main(argv=None) -> None:
     ap.add_argument("--secure-sites", type=int, default=10)
     ap.add_argument("--rank", type=int, default=None, help="spectral rank (default: JobParams' default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="the coordinator's process pool for the candidate step (1: none, in this process)")
     ap.add_argument("--json", default="bench/results/scale_curve.json")
     ap.add_argument("--plot", default="docs/scale_curve.png")
     ap.add_argument("--append", action="store_true", help="add rows to the JSON instead of starting it again")
@@ -346,7 +353,7 @@ def main(argv=None) -> None:
         print(table(result))
         return
     if a.one:
-        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.rank, a.secure_sites)))
+        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.rank, a.secure_sites, a.workers)))
         return
     command = "python -m bench.scale_curve " + " ".join(argv if argv is not None else sys.argv[1:])
     result = json.loads(Path(a.json).read_text()) if a.append and Path(a.json).exists() else {"rows": []}
@@ -357,7 +364,7 @@ def main(argv=None) -> None:
     jobs += [(a.secure_n, "lattice")] if a.secure_n else []
     for n, mode in jobs:
         cmd = [sys.executable, "-m", "bench.scale_curve", "--one", str(n), mode, "--seed", str(a.seed),
-               "--secure-sites", str(a.secure_sites)] + ([] if a.rank is None else ["--rank", str(a.rank)])
+               "--secure-sites", str(a.secure_sites), "--workers", str(a.workers)] + ([] if a.rank is None else ["--rank", str(a.rank)])
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
             print(f"n={n} {mode}: failed (exit {done.returncode}); stopping", file=sys.stderr)
