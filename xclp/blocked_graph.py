@@ -70,13 +70,17 @@ def rows_to_blocks(a: str, b: str, i: np.ndarray, j: np.ndarray) -> list[blockin
     return [blocking.Block(a, b, i[s : s + 1], j[s:e]) for s, e in zip(cuts, np.r_[cuts[1:], i.size])]
 
 
-def _measure_groups_task(shared, groups: list[range]) -> tuple[graphs.KnnLists, int, np.ndarray]:
-    """An executor task of `BlockedGraph.measure_candidates`: these table groups' cross-site pairs
-    measured and merged into the lists given (the coordinator's when the step began), chunk by chunk
-    as the coordinator would. Returns the lists, the pairs measured and which sites had a pair."""
-    tags, site_of, codes, lists, max_bucket = shared
+def _measure_groups_task(shared, item) -> tuple[graphs.KnnLists, int, np.ndarray]:
+    """An executor task of `BlockedGraph.measure_candidates`: a run of tables' cross-site pairs
+    measured and merged, a group at a time, into the lists given (the coordinator's when the step
+    began), so pairs beyond a row's k-th are dropped before any sort as in the serial merge.
+    `item`: (the run's tag columns plus the next table's, which orders the chunk cuts of the last
+    one: `blocking.table_chunks`; the groups as ranges of those columns). Returns the lists, the
+    pairs measured and which sites had a pair."""
+    site_of, codes, lists, max_bucket = shared
+    tags, groups = item
     count = 0
-    present = np.zeros(int(site_of.max(initial=0)) + 1, dtype=bool)  # the sites with a pair measured
+    present = np.zeros(int(site_of.max(initial=0)) + 1, dtype=bool)
     for group in groups:
         i, j = blocking.bucket_pairs(tags, max_bucket, site_of, cross_only=True, tables=group)
         count += int(i.size)
@@ -216,10 +220,10 @@ class BlockedGraph:
         """crypto="plaintext": every candidate pair measured from the codes, a group of tables at a
         time (memory: one group's pairs, not all candidates: 4·10^8 distinct pairs at 10^6 points).
 
-        `executor` (xclp.executor) with more than one worker: the table groups split into one run of
-        groups per worker, each a task that starts from the lists as they are now (so it drops the
-        pairs that cannot enter, as the serial merge does) and returns its lists; those are merged
-        here. Exact: every list keeps its k best by (distance, index), a unique order, so the k best
+        `executor` (xclp.executor) with more than one worker: the tables split into one run per
+        worker, each a task that goes through its tables group by group from the lists as they are
+        now (so it drops the pairs that cannot enter, as the serial merge does) and returns its
+        lists; those are merged here. Exact: every list keeps its k best by (distance, index), a unique order, so the k best
         of the union are among the union of each task's k best — the same lists, entry for entry."""
         tags = self._live_tags(sites)
         groups = self.table_groups()
@@ -232,8 +236,15 @@ class BlockedGraph:
             return total
         self._check_codes(np.arange(self.n)[np.isin(self.site_of, [self.sites.index(s) for s in sites])])
         self._flush()
-        runs = [[groups[g] for g in part] for part in np.array_split(np.arange(len(groups)), min(workers, len(groups)))]
-        shared = (tags, self.site_of, self._all_codes, self._lists, self.max_bucket)
+        # one run of tables per worker, in groups of the serial size; a worker gets only its run's tags
+        # (at 10^6: 256 MB each of 2, not all 512 MB), the codes and the lists once (`shared`)
+        size = len(groups[0])
+        runs = []
+        for part in np.array_split(np.arange(self.tables), min(workers, self.tables)):
+            cols = np.r_[part, (part[-1] + 1) % self.tables]
+            runs.append((np.ascontiguousarray(tags[:, cols]),
+                         [range(t, min(part.size, t + size)) for t in range(0, part.size, size)]))
+        shared = (self.site_of, self._all_codes, self._lists, self.max_bucket)
         total = 0
         for lists, count, present in executor.map_shared(_measure_groups_task, shared, runs):
             ok = lists.idx >= 0
