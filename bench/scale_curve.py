@@ -32,7 +32,9 @@ JSON as soon as it is done (a long run leaves what it measured). Modes:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import pickle
 import resource
 import subprocess
 import sys
@@ -63,10 +65,28 @@ def params(graph: str = "blocked", crypto: str = "plaintext", rank: int | None =
     return JobParams(job_id="scale-curve", n_classes=10, bits=1024, graph=graph, crypto=crypto, **kw)
 
 
+def _picklable_copy(sess):
+    c = copy.copy(sess)
+    for name, value in vars(sess).items():
+        try:
+            pickle.dumps(value)
+        except (TypeError, pickle.PicklingError):
+            setattr(c, name, None)
+    return c
+
+
+def _site_graph_steps(_, sess) -> tuple:
+    """A site's graph steps before the coordinator's (an executor task): its codes, its tags message
+    and its within-site lists message."""
+    bits = sess.hash()
+    return bits, sess.tags_message(), sess.intra_knn_message()
+
+
 def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) -> dict:
     """The plaintext blocked job's computation (see the module docstring); returns labels, timings
     (seconds per step), the coordinator, and the message sizes per site. `executor`: the
-    coordinator's (xclp.executor; its candidate step runs its table groups there)."""
+    coordinator's (xclp.executor; its candidate step runs its table groups there), with more than
+    one worker also where the sites' LSH, tags and within-site lists run, all sites at once."""
     from xclp.measured import split_by_site
     from xclp.propagation import label_matrix, predict_from_scores
     from xclp.protocol import (
@@ -112,21 +132,36 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) 
         sess.receive_counts(total)
     lap("setup")
     sizes: dict[str, dict[str, int]] = {s: {} for s in sites}
-    for sess in sessions.values():
-        sess.hash()
-    lap("lsh")
-    for s, sess in sessions.items():
-        m = sess.tags_message()
-        sizes[s]["tags"] = len(m)
-        coord.receive_tags(s, m)
-        sess._tag_cache = None  # the coordinator holds the tags now (this process holds both sides)
-    lap("tags")
-    for s, sess in sessions.items():
-        m = sess.intra_knn_message()
-        sizes[s]["within_site_lists"] = len(m)
-        coord.receive_intra_knn(s, m)
-        sess._tag_cache = None
-    lap("within_site")
+    if executor is not None and executor.workers > 1:
+        # the sites' own steps at once, as on the sites' machines: each session's LSH, tags and
+        # within-site lists (its own methods, in their order) in a worker, on a copy of the session
+        # without what does not pickle (its key pair and AEAD ciphers, which these steps do not use:
+        # were one used, the step would fail on None, not differ); the codes come back
+        copies = [_picklable_copy(sess) for sess in sessions.values()]
+        for (s, sess), (bits, tags, intra) in zip(sessions.items(),
+                                                  executor.map_shared(_site_graph_steps, None, copies)):
+            sess.bits = bits
+            sizes[s]["tags"], sizes[s]["within_site_lists"] = len(tags), len(intra)
+            coord.receive_tags(s, tags)
+            coord.receive_intra_knn(s, intra)
+        del copies
+        lap("sites_lsh_tags_within_site_pool")
+    else:
+        for sess in sessions.values():
+            sess.hash()
+        lap("lsh")
+        for s, sess in sessions.items():
+            m = sess.tags_message()
+            sizes[s]["tags"] = len(m)
+            coord.receive_tags(s, m)
+            sess._tag_cache = None  # the coordinator holds the tags now (this process holds both sides)
+        lap("tags")
+        for s, sess in sessions.items():
+            m = sess.intra_knn_message()
+            sizes[s]["within_site_lists"] = len(m)
+            coord.receive_intra_knn(s, m)
+            sess._tag_cache = None
+        lap("within_site")
     for s, sess in sessions.items():
         m = sess.codes_message()
         sizes[s]["codes_plaintext"] = len(m)

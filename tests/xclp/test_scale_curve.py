@@ -100,6 +100,22 @@ def test_the_bench_pipeline_gives_the_labels_of_run_blocked():
     assert set(got["sizes"]["site0"]) >= {"tags", "influence", "row_sums_up"}
 
 
+def test_the_bench_pipeline_on_a_process_pool_gives_the_same_labels(monkeypatch):
+    """Sites' steps in pool workers, the coordinator's candidate step on the same pool."""
+    from xclp.executor import make_executor
+
+    ds = clustered(sites=4, per_site=150, labelled=0.05, seed=1)
+    p = JobParams(job_id="scale-test", n_classes=10, bits=L, graph="blocked", blocking_tables=16, max_bucket=16,
+                  influence_rank=16)
+    monkeypatch.setattr(blocked_graph, "GROUP_PAIRS", 3 * 600 * 15 // 2)  # groups of 3 tables: the step splits
+    ref = blocked_pipeline(ds, p, seed=0)
+    with make_executor("process", workers=2) as ex:
+        got = blocked_pipeline(ds, p, seed=0, executor=ex)
+    assert "sites_lsh_tags_within_site_pool" in got["timings"] and len(got["coordinator"].blocked.table_groups()) > 1
+    assert np.array_equal(got["labels"], ref["labels"])
+    assert got["sizes"] == ref["sizes"]
+
+
 def test_synthetic_sites_are_their_own_and_labelled_as_asked():
     a = clustered(sites=3, per_site=400, labelled=0.01, seed=5)
     b = clustered(sites=5, per_site=400, labelled=0.01, seed=5)
