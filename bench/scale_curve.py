@@ -265,6 +265,8 @@ def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int, worke
     row = {"n": n, "mode": mode, "workers": workers, "seconds": time.perf_counter() - t0, "phases": out["timings"],
            "cpu_phases": out["cpu_timings"],
            "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, out["labels"]),
+           # the largest pool worker's peak (the machine's peak is at most this process's + workers × it)
+           "peak_worker_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
            "pairs_measured": out["coordinator"].blocked.pair_count(), "influence_rank": p.influence_rank,
            "load": load0, "load_end": Path("/proc/loadavg").read_text().split()[:3],
            "bytes_per_site_max": {k: max(v[k] for v in out["sizes"].values()) for k in next(iter(out["sizes"].values()))}}
