@@ -244,6 +244,7 @@ class BlockedGraph:
             cols = np.r_[part, (part[-1] + 1) % self.tables]
             runs.append((np.ascontiguousarray(tags[:, cols]),
                          [range(t, min(part.size, t + size)) for t in range(0, part.size, size)]))
+        del tags  # the runs hold their columns; all of them would be another n·m·8 bytes during the map
         shared = (self.site_of, self._all_codes, self._lists, self.max_bucket)
         total = 0
         for lists, count, present in executor.map_shared(_measure_groups_task, shared, runs):
