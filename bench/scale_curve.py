@@ -32,7 +32,9 @@ JSON as soon as it is done (a long run leaves what it measured). Modes:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import pickle
 import resource
 import subprocess
 import sys
@@ -52,7 +54,8 @@ def cpu() -> float:
     """CPU seconds of this process (user + system): on cores shared with other jobs, wall time says
     how loaded the machine was; this says what the work itself cost."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)  # an executor's pool workers, once they have ended
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
 
 
 def params(graph: str = "blocked", crypto: str = "plaintext", rank: int | None = None):
@@ -62,9 +65,28 @@ def params(graph: str = "blocked", crypto: str = "plaintext", rank: int | None =
     return JobParams(job_id="scale-curve", n_classes=10, bits=1024, graph=graph, crypto=crypto, **kw)
 
 
-def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
+def _picklable_copy(sess):
+    c = copy.copy(sess)
+    for name, value in vars(sess).items():
+        try:
+            pickle.dumps(value)
+        except (TypeError, pickle.PicklingError):
+            setattr(c, name, None)
+    return c
+
+
+def _site_graph_steps(_, sess) -> tuple:
+    """A site's graph steps before the coordinator's (an executor task): its codes, its tags message
+    and its within-site lists message."""
+    bits = sess.hash()
+    return bits, sess.tags_message(), sess.intra_knn_message()
+
+
+def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) -> dict:
     """The plaintext blocked job's computation (see the module docstring); returns labels, timings
-    (seconds per step), the coordinator, and the message sizes per site."""
+    (seconds per step), the coordinator, and the message sizes per site. `executor`: the
+    coordinator's (xclp.executor; its candidate step runs its table groups there), with more than
+    one worker also where the sites' LSH, tags and within-site lists run, all sites at once."""
     from xclp.measured import split_by_site
     from xclp.propagation import label_matrix, predict_from_scores
     from xclp.protocol import (
@@ -92,7 +114,7 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
     sites = list(rows)
     sessions = {s: SiteSession(p, s, ds.X[idx], ds.y[idx], contribution=simulation_contribution(seed, s),
                                noise_seed=simulation_noise_seed(seed, s)) for s, idx in rows.items()}
-    coord = CoordinatorSession(p)
+    coord = CoordinatorSession(p, executor=executor)
     announces = {s: sess.announce() for s, sess in sessions.items()}
     for s, a in announces.items():
         coord.register(s, a)
@@ -110,21 +132,36 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None) -> dict:
         sess.receive_counts(total)
     lap("setup")
     sizes: dict[str, dict[str, int]] = {s: {} for s in sites}
-    for sess in sessions.values():
-        sess.hash()
-    lap("lsh")
-    for s, sess in sessions.items():
-        m = sess.tags_message()
-        sizes[s]["tags"] = len(m)
-        coord.receive_tags(s, m)
-        sess._tag_cache = None  # the coordinator holds the tags now (this process holds both sides)
-    lap("tags")
-    for s, sess in sessions.items():
-        m = sess.intra_knn_message()
-        sizes[s]["within_site_lists"] = len(m)
-        coord.receive_intra_knn(s, m)
-        sess._tag_cache = None
-    lap("within_site")
+    if executor is not None and executor.workers > 1:
+        # the sites' own steps at once, as on the sites' machines: each session's LSH, tags and
+        # within-site lists (its own methods, in their order) in a worker, on a copy of the session
+        # without what does not pickle (its key pair and AEAD ciphers, which these steps do not use:
+        # were one used, the step would fail on None, not differ); the codes come back
+        copies = [_picklable_copy(sess) for sess in sessions.values()]
+        for (s, sess), (bits, tags, intra) in zip(sessions.items(),
+                                                  executor.map_shared(_site_graph_steps, None, copies)):
+            sess.bits = bits
+            sizes[s]["tags"], sizes[s]["within_site_lists"] = len(tags), len(intra)
+            coord.receive_tags(s, tags)
+            coord.receive_intra_knn(s, intra)
+        del copies
+        lap("sites_lsh_tags_within_site_pool")
+    else:
+        for sess in sessions.values():
+            sess.hash()
+        lap("lsh")
+        for s, sess in sessions.items():
+            m = sess.tags_message()
+            sizes[s]["tags"] = len(m)
+            coord.receive_tags(s, m)
+            sess._tag_cache = None  # the coordinator holds the tags now (this process holds both sides)
+        lap("tags")
+        for s, sess in sessions.items():
+            m = sess.intra_knn_message()
+            sizes[s]["within_site_lists"] = len(m)
+            coord.receive_intra_knn(s, m)
+            sess._tag_cache = None
+        lap("within_site")
     for s, sess in sessions.items():
         m = sess.codes_message()
         sizes[s]["codes_plaintext"] = len(m)
@@ -195,7 +232,7 @@ def sampled_recall(ds, coord, p, samples: int = 500, seed: int = 1) -> float:
     return hits / (pts.size * p.k)
 
 
-def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int) -> dict:
+def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int, workers: int = 1) -> dict:
     from bench.synthetic import clustered
     from xclp.simulation import unlabelled_accuracy
 
@@ -228,10 +265,15 @@ def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int) -> di
                 "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, res.labels),
                 "load": load0}
     p = params("blocked", rank=rank)
-    out = blocked_pipeline(ds, p, seed, say)
-    row = {"n": n, "mode": mode, "seconds": time.perf_counter() - t0, "phases": out["timings"],
+    from xclp.executor import make_executor
+
+    with make_executor("serial" if workers < 2 else "process", workers) as ex:
+        out = blocked_pipeline(ds, p, seed, say, ex)
+    row = {"n": n, "mode": mode, "workers": workers, "seconds": time.perf_counter() - t0, "phases": out["timings"],
            "cpu_phases": out["cpu_timings"],
            "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, out["labels"]),
+           # the largest pool worker's peak (the machine's peak is at most this process's + workers × it)
+           "peak_worker_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
            "pairs_measured": out["coordinator"].blocked.pair_count(), "influence_rank": p.influence_rank,
            "load": load0, "load_end": Path("/proc/loadavg").read_text().split()[:3],
            "bytes_per_site_max": {k: max(v[k] for v in out["sizes"].values()) for k in next(iter(out["sizes"].values()))}}
@@ -338,6 +380,8 @@ def main(argv=None) -> None:
     ap.add_argument("--secure-sites", type=int, default=10)
     ap.add_argument("--rank", type=int, default=None, help="spectral rank (default: JobParams' default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="the coordinator's process pool for the candidate step (1: none, in this process)")
     ap.add_argument("--json", default="bench/results/scale_curve.json")
     ap.add_argument("--plot", default="docs/scale_curve.png")
     ap.add_argument("--append", action="store_true", help="add rows to the JSON instead of starting it again")
@@ -353,7 +397,7 @@ def main(argv=None) -> None:
         print(table(result))
         return
     if a.one:
-        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.rank, a.secure_sites)))
+        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.rank, a.secure_sites, a.workers)))
         return
     command = "python -m bench.scale_curve " + " ".join(argv if argv is not None else sys.argv[1:])
     result = json.loads(Path(a.json).read_text()) if a.append and Path(a.json).exists() else {"rows": []}
@@ -364,7 +408,7 @@ def main(argv=None) -> None:
     jobs += [(a.secure_n, "lattice")] if a.secure_n else []
     for n, mode in jobs:
         cmd = [sys.executable, "-m", "bench.scale_curve", "--one", str(n), mode, "--seed", str(a.seed),
-               "--secure-sites", str(a.secure_sites)] + ([] if a.rank is None else ["--rank", str(a.rank)])
+               "--secure-sites", str(a.secure_sites), "--workers", str(a.workers)] + ([] if a.rank is None else ["--rank", str(a.rank)])
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
             print(f"n={n} {mode}: failed (exit {done.returncode}); stopping", file=sys.stderr)

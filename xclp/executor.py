@@ -49,6 +49,7 @@ class Executor:
     """map_shared(fn, shared, items) → [fn(shared, item) for item in items], somewhere."""
 
     kind = "serial"
+    workers = 1  # tasks that run at once (a step splits its work into about this many when it can)
 
     def map_shared(self, fn, shared, items) -> list:
         return [fn(shared, item) for item in items]
@@ -97,6 +98,10 @@ class DaskExecutor(Executor):
         else:
             self._own = False
         self.client = client
+
+    @property
+    def workers(self) -> int:
+        return max(1, sum(self.client.nthreads().values()))
 
     def map_shared(self, fn, shared, items) -> list:
         items = list(items)

@@ -1259,7 +1259,7 @@ class CoordinatorSession:
     def measure_candidates(self, sites: list[str]) -> int:
         """crypto="plaintext": the candidate pairs of `candidate_blocks` measured from the codes in
         hand, without block objects (the fast path; the same pairs). Returns the pairs measured."""
-        return self._blocked_state().measure_candidates(sites)
+        return self._blocked_state().measure_candidates(sites, self.executor)
 
     def measure_descent(self, sites: list[str]) -> int:
         """crypto="plaintext": the next NN-Descent round measured from the codes; 0 once done."""

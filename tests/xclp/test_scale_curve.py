@@ -55,6 +55,41 @@ def test_candidates_by_table_group_and_descent_in_parts_give_the_lists_of_all_pa
         st.knn(sites[:3])  # the lists cannot forget a site whose pairs they merged
 
 
+def test_candidate_table_groups_on_a_pool_or_dask_give_the_serial_lists(small, monkeypatch):
+    """The candidate step's table groups as executor tasks, each starting from the lists as they
+    are (the within-site lists here): the same lists as one process, entry for entry."""
+    distributed = pytest.importorskip("distributed")
+    from xclp.executor import make_executor
+
+    ds, sites, codes, tags = small
+    n = codes.shape[0]
+    monkeypatch.setattr(blocked_graph, "GROUP_PAIRS", 3 * n * 7 // 2)  # groups of 3 tables; 8 tables a worker
+    site_of = np.repeat(np.arange(4), 150)
+
+    def run(live, executor=None):
+        st = state(sites, codes, tags)
+        for a, s in enumerate(live):  # each site's own lists first, by its own pairs
+            own = blocked_graph.local_knn(codes[a * 150 : (a + 1) * 150], L, tags[a * 150 : (a + 1) * 150], 6, 8, 0)
+            st.receive_intra_knn(s, own.idx, np.where(own.idx >= 0, own.dist, 0))
+        count = st.measure_candidates(live, executor)
+        return st.knn(live), count, st.pair_count()
+
+    serial, count, measured = run(sites)
+    assert count > 0 and np.isin(site_of[serial.idx[serial.idx >= 0]], [0]).mean() < 0.9  # pairs across sites
+    with make_executor("process", workers=2) as ex:
+        pool = run(sites, ex)
+        part_serial, part_pool = run(sites[:3]), run(sites[:3], ex)  # one site absent: its points join no pair
+    with distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client, make_executor("dask", client=client) as ex:
+        assert ex.workers == 2
+        dask = run(sites, ex)
+    for got, want in ((pool, (serial, count, measured)), (dask, (serial, count, measured)), (part_pool, part_serial)):
+        assert np.array_equal(got[0].idx, want[0].idx) and np.array_equal(got[0].dist, want[0].dist)
+        # measurements: a pair found in two groups counts twice, and a worker's groups are cut from its
+        # own run of tables, so the count differs from the serial grouping's while the lists do not
+        assert got[1] == got[2] > 0
+
+
 def test_the_bench_pipeline_gives_the_labels_of_run_blocked():
     ds = clustered(sites=4, per_site=150, labelled=0.05, seed=1)
     p = JobParams(job_id="scale-test", n_classes=10, bits=L, graph="blocked", blocking_tables=16, max_bucket=16,
@@ -63,6 +98,22 @@ def test_the_bench_pipeline_gives_the_labels_of_run_blocked():
     got = blocked_pipeline(ds, p, seed=0)
     assert np.array_equal(got["labels"], ref.labels)
     assert set(got["sizes"]["site0"]) >= {"tags", "influence", "row_sums_up"}
+
+
+def test_the_bench_pipeline_on_a_process_pool_gives_the_same_labels(monkeypatch):
+    """Sites' steps in pool workers, the coordinator's candidate step on the same pool."""
+    from xclp.executor import make_executor
+
+    ds = clustered(sites=4, per_site=150, labelled=0.05, seed=1)
+    p = JobParams(job_id="scale-test", n_classes=10, bits=L, graph="blocked", blocking_tables=16, max_bucket=16,
+                  influence_rank=16)
+    monkeypatch.setattr(blocked_graph, "GROUP_PAIRS", 3 * 600 * 15 // 2)  # groups of 3 tables: the step splits
+    ref = blocked_pipeline(ds, p, seed=0)
+    with make_executor("process", workers=2) as ex:
+        got = blocked_pipeline(ds, p, seed=0, executor=ex)
+    assert "sites_lsh_tags_within_site_pool" in got["timings"] and len(got["coordinator"].blocked.table_groups()) > 1
+    assert np.array_equal(got["labels"], ref["labels"])
+    assert got["sizes"] == ref["sizes"]
 
 
 def test_synthetic_sites_are_their_own_and_labelled_as_asked():
