@@ -331,7 +331,8 @@ def cmd_coordinator_serve(args) -> int:
 
     serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
           args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, public_url=args.public_url,
-          public_metrics=args.public_metrics, **serve_tls(args))
+          public_metrics=args.public_metrics, executor=args.executor, workers=args.workers,
+          dask_address=args.dask_address, **serve_tls(args))
     return 0
 
 
@@ -628,6 +629,15 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="default per-phase deadline of new jobs (setup, seed, counts, hamming, row_sums; repeatable; default: "
                          "setup 10 min, hamming 1 h, the others 2–10 min)")
+    cs.add_argument("--executor", choices=("process", "serial", "dask"), default="process",
+                    help="where a blocked graph's heavy steps (candidate tables, influence columns) run: a process "
+                         "pool on this machine (default; started only by a step with several tasks), in the "
+                         "coordinator's process (serial), or a Dask cluster (dask, with --dask-address)")
+    cs.add_argument("--workers", type=int, default=None,
+                    help="processes of the pool (default: min(4, this machine's cores))")
+    cs.add_argument("--dask-address", default=None,
+                    help="the Dask scheduler, e.g. tcp://10.0.0.5:8786 (with --executor dask; needs the scale "
+                         "extra: pip install \"xclp[scale]\")")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
     database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER:PW@HOST/DB "

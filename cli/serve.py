@@ -8,7 +8,8 @@ import os
 def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
           deadlines: dict | None = None, blob_dir: str | None = None, public_url: str | None = None,
           public_metrics: bool = False, tls_cert: str | None = None, tls_key: str | None = None,
-          insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1") -> None:
+          insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1", executor: str = "process",
+          workers: int | None = None, dask_address: str | None = None) -> None:
     import uvicorn
 
     from cli.logs import setup_logging
@@ -21,7 +22,8 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
     token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
     setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
     settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir,
-                        public_url=public_url, public_metrics=public_metrics)
+                        public_url=public_url, public_metrics=public_metrics, executor=executor, workers=workers,
+                        dask_address=dask_address)
     if deadlines:
         settings.default_deadlines.update(deadlines)
     app = create_app(settings)  # (a database that cannot be opened says so here)

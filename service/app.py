@@ -69,6 +69,12 @@ class Settings:
     # Failed dashboard logins a client may make in `login_window` seconds before it must wait.
     login_failures: int = 5
     login_window: float = 60.0
+    # Where a blocked graph's heavy tasks run (xclp.executor): "process" (a spawn-started pool of
+    # `workers`, default min(4, cores), started only by a step that has several tasks), "serial", or
+    # "dask" on the scheduler at `dask_address` (coordinator machines beyond this one).
+    executor: str = "process"
+    workers: int | None = None
+    dask_address: str | None = None
 
 
 @dataclass
@@ -99,6 +105,25 @@ class CountRequests:
         await self.app(scope, receive, counted)
 
 
+def open_executor(settings: Settings):
+    """The engine's executor (xclp.executor), or a clear ValueError: an unknown kind, a worker count
+    below 1, a Dask scheduler that is not named or cannot be reached."""
+    from xclp.executor import make_executor
+
+    if settings.executor not in ("serial", "process", "dask"):
+        raise ValueError(f"executor {settings.executor!r}: use serial, process or dask")
+    if settings.workers is not None and settings.workers < 1:
+        raise ValueError(f"workers must be at least 1, got {settings.workers}")
+    if (settings.executor == "dask") != (settings.dask_address is not None):
+        raise ValueError("a Dask scheduler address goes with the dask executor, and the dask executor needs one")
+    if settings.executor != "dask":
+        return make_executor(settings.executor, settings.workers)
+    try:
+        return make_executor("dask", address=settings.dask_address)
+    except (OSError, TimeoutError) as exc:  # distributed raises OSError when no scheduler answers in time
+        raise ValueError(f"cannot reach the Dask scheduler at {settings.dask_address}: {exc}") from None
+
+
 def create_app(settings: Settings) -> FastAPI:
     if len(settings.admin_token) < MIN_ADMIN_TOKEN:
         raise ValueError(f"the admin token must have at least {MIN_ADMIN_TOKEN} characters (it has "
@@ -110,7 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
     fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
     blobs = BlobStore(blob_dir, settings.blob_threshold, fsync) if blob_dir else None
     Session = make_sessionmaker(engine, blobs)
-    job_engine = JobEngine(Session, settings.engine_interval)
+    job_engine = JobEngine(Session, settings.engine_interval, executor=open_executor(settings))
     registry = CollectorRegistry()
     metrics = Metrics(registry, Counter("xclp_requests_total", "HTTP requests", ["method", "status"], registry=registry),
                       Counter("xclp_upload_bytes_total", "bytes of accepted uploads", registry=registry),
@@ -127,6 +152,7 @@ def create_app(settings: Settings) -> FastAPI:
         log.info("coordinator started on %s", settings.database.split("@")[-1])
         yield
         job_engine.stop()
+        job_engine.executor.close()
         engine.dispose()
 
     app = FastAPI(title="XCLP coordinator", version="0.1.0", lifespan=lifespan,

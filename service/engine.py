@@ -19,6 +19,7 @@ from sqlalchemy import delete, select
 from service.db import Job, Message, PrunedBytes, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
 from service.training_engine import train_state, train_step
+from xclp.executor import Executor
 from xclp.job_kinds import job_kind
 from xclp.prediction_job import PredictCoordinator, PredictState
 from xclp.prediction_job import refusals as job_refusals
@@ -35,9 +36,11 @@ def job_params(job: Job) -> JobParams:
 class JobEngine:
     """Polls running jobs and advances them; one engine per coordinator process."""
 
-    def __init__(self, sessionmaker, interval: float = 0.2):
+    def __init__(self, sessionmaker, interval: float = 0.2, executor=None):
         self.sessionmaker = sessionmaker
         self.interval = interval
+        # where a blocked graph's heavy tasks run (xclp.executor): the machine's, not the job's choice
+        self.executor = executor if executor is not None else Executor()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.wakeup = threading.Event()
@@ -79,7 +82,7 @@ class JobEngine:
                 for _ in range(8):  # a phase may complete right after the previous one
                     job = db.get(Job, job_id)
                     try:
-                        step = advance(db, job)
+                        step = advance(db, job, self.executor)
                         db.commit()  # each step commits: no write lock held across the next one
                     except Exception as exc:
                         db.rollback()
@@ -141,13 +144,14 @@ def obsolete_messages(db, job: Job) -> list[int]:
     return [mid for mid, topic in rows if rules.obsolete(topic, state)]
 
 
-def advance(db, job: Job) -> bool:
-    """Take the step the job's messages allow now, if any. Returns True if anything changed."""
+def advance(db, job: Job, executor=None) -> bool:
+    """Take the step the job's messages allow now, if any. Returns True if anything changed. `executor`:
+    where a prediction job's blocked-graph tasks run (xclp.executor; None: here)."""
     if job.status != "running":
         return False
     before = (job.phase, job.attempt, job.round, tuple(job.live))
     if job.kind != "train":
-        _predict_step(db, job)
+        _predict_step(db, job, executor)
     else:
         train_step(db, job)
     return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
@@ -159,12 +163,12 @@ def refusals(db, job: Job) -> dict[str, str]:
     return job_refusals(DbMailbox(db, job.id), job.sites)
 
 
-def _predict_step(db, job: Job) -> None:
+def _predict_step(db, job: Job, executor=None) -> None:
     """One decision of the core's machine (xclp.prediction_job) on what the database holds; the job's row
     keeps the machine's state, so a restarted coordinator goes on where it was. What is left here is the
     clock: a phase's deadline, and the seconds each phase took."""
     before = PredictState.of(job)
-    machine = PredictCoordinator(job_params(job), PredictState.of(job))
+    machine = PredictCoordinator(job_params(job), PredictState.of(job), executor=executor)
     for m in machine.step(DbMailbox(db, job.id), expired(job)):
         put_message(db, job.id, m.sender, m.recipient, m.topic, m.body)
     after = machine.state

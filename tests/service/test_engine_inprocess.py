@@ -28,6 +28,7 @@ def rig(tmp_path):
         ds = simulate_sites(X, y, 3, "iid", 0.2, seed=4)
         admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
         admin.expire = lambda job: expire_deadline(tc.app.state.sessionmaker, job)  # noqa: B023
+        admin.engine = tc.app.state.engine
         agents = {}
         for s in ds.sites:
             token = admin.add_site(s)["token"]
@@ -441,3 +442,32 @@ def test_a_site_with_labels_outside_the_jobs_classes_refuses_and_says_so(rig):
     for s in st["refused"]:
         top = int(ds.y[ds.site == s].max())
         assert f"{s}: label {top} is out of range for the job's 5 classes" in st["refused"][s]
+
+
+def test_a_blocked_jobs_heavy_steps_run_on_the_coordinators_executor(rig):
+    """`xclp coordinator serve --executor` reaches the core: the engine hands its executor to the machine,
+    whose blocked graph sends its influence columns through it (a spy that runs them here), and the
+    labels are the simulation's."""
+    import json
+
+    from xclp.executor import Executor
+
+    ds, admin, agents = rig
+    ran = []
+
+    class Spy(Executor):
+        def map_shared(self, fn, shared, items):
+            ran.append(fn.__name__)
+            return super().map_shared(fn, shared, items)
+
+    admin.engine.executor = Spy()
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10,
+                           graph="blocked")
+    st = drive(admin, job, agents.values(),
+               lambda st: st["status"] == "done" and all(a.result_path(job).exists() for a in agents.values()))
+    assert "_push_task" in ran, ran
+    contributions = {s: bytes.fromhex(json.loads((a.state_dir / f"{job}.json").read_text())["contribution"])
+                     for s, a in agents.items()}
+    ref = run_xclp(ds, JobParams(**st["params"]), contributions=contributions)
+    for s, a in agents.items():
+        assert np.array_equal(np.load(a.result_path(job))["labels"], ref.predictions[s].labels), s
