@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-import service.engine as engine_mod
 from service.app import Settings, create_app
 from xclp.executor import ProcessExecutor
 
