@@ -636,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--workers", type=int, default=None,
                     help="processes of the pool (default: min(4, this machine's cores))")
     cs.add_argument("--dask-address", default=None,
-                    help="the Dask scheduler, e.g. tcp://10.0.0.5:8786 (with --executor dask; needs the scale "
+                    help="the Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: none; with --executor dask; needs the scale "
                          "extra: pip install \"xclp[scale]\")")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
