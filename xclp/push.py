@@ -203,8 +203,10 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
     # (`_tall_qr`: one float64 n × block array, not LAPACK's copies of the whole block), H and Q V go
     # over row chunks. The 10^6 run peaked at 10.1 GB in this step before (five float32 blocks, a
     # whole-block float64 QR, U − α𝒲U whole); the same span and the same Rayleigh–Ritz, rounding aside.
-    cut = 0.0
+    cut, Q = 0.0, None
     for _ in range(iterations):
+        if Q is not None:  # the last round's Ritz vectors, in float32; the float64 Q is not needed again
+            X, Q = Q.float(), None
         half, mid = (cut + 1.0) / 2, (cut - 1.0) / 2  # map [−1, cut] onto [−1, 1]
         prev, cur = X, torch.sparse.mm(Wt, X).sub_(X, alpha=mid).div_(half)
         del X  # (prev holds it until the recurrence moves on)
@@ -225,7 +227,6 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
         lam, V = lam.flip(0), V.flip(1)
         for s in range(0, n, ROWS):  # Q ← Q V, a row chunk at a time (no second n × block float64 array)
             Q[s : s + ROWS] = Q[s : s + ROWS] @ V
-        X = Q.float()
         cut = max(float(lam[-1]), 0.0)
     return lam[:rank].numpy(), Q[:, :rank].numpy()
 
