@@ -147,6 +147,34 @@ def push_batch(W: sp.csr_matrix, sqrt_deg: np.ndarray, cols: np.ndarray, alpha: 
     return X.tocsc(), R.tocsc()
 
 
+ROWS = 1 << 17  # row chunk of the basis's dense steps (a 2^17 × 208 float64 chunk: 218 MB)
+
+
+def _tall_qr(A):
+    """Q of A = QR (n × b, n ≫ b) as float64, by tall-skinny QR (Demmel, Grigori, Hoemmen, Langou 2012:
+    Householder QR of each row chunk, then of the stacked R factors; Q = diag(Q_i) · Q₂): as stable as
+    one Householder QR, with one n × b float64 array (the Q_i, multiplied in place) instead of the
+    whole block's float64 copies. Its Q may differ from LAPACK's by the signs of columns: the span,
+    which is all subspace iteration uses, is the same."""
+    import torch
+
+    n, b = A.shape
+    Q = torch.empty(n, b, dtype=torch.float64)
+    Rs, ks = [], []
+    for s in range(0, n, ROWS):
+        q, r = torch.linalg.qr(A[s : s + ROWS].double())
+        Q[s : s + q.shape[0], : q.shape[1]] = q
+        Rs.append(r)
+        ks.append(q.shape[1])
+    Q2, _ = torch.linalg.qr(torch.cat(Rs))
+    at = 0
+    for s, k in zip(range(0, n, ROWS), ks):
+        rows = slice(s, min(n, s + ROWS))
+        Q[rows] = Q[rows, :k] @ Q2[at : at + k]
+        at += k
+    return Q
+
+
 def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: int = 6,
                    oversample: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """The top-`rank` eigenpairs of 𝒲 (largest algebraic), (λ, U), by Chebyshev-filtered subspace
@@ -170,40 +198,35 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
     block = min(n - 1, rank + oversample)
     Wt = _torch_csr(W).to(torch.float32)
     X = torch.randn(n, block, generator=torch.Generator().manual_seed(0))
-    # Memory (issue 23; at 10^6 points one n × block float32 array is 0.8 GB): the recurrence reuses
-    # one scratch array for mid·cur, the float32 blocks are dropped before the float64 QR, and H is
-    # summed over row chunks instead of converting all of 𝒲Q to float64 at once. Same operations,
-    # in the same order, except H's sum order (rounding-level).
-    cut = 0.0
+    # Memory (issue 23; at 10^6 points one n × block float32 array is 0.8 GB, float64 1.7 GB): the
+    # recurrence runs in place (three float32 blocks alive), the QR is tall-skinny over row chunks
+    # (`_tall_qr`: one float64 n × block array, not LAPACK's copies of the whole block), H and Q V go
+    # over row chunks. The 10^6 run peaked at 10.1 GB in this step before (five float32 blocks, a
+    # whole-block float64 QR, U − α𝒲U whole); the same span and the same Rayleigh–Ritz, rounding aside.
+    cut, Q = 0.0, None
     for _ in range(iterations):
+        if Q is not None:  # the last round's Ritz vectors, in float32; the float64 Q is not needed again
+            X, Q = Q.float(), None
         half, mid = (cut + 1.0) / 2, (cut - 1.0) / 2  # map [−1, cut] onto [−1, 1]
-        scratch = torch.mul(X, mid)
-        prev, cur = X, (torch.sparse.mm(Wt, X) - scratch) / half
+        prev, cur = X, torch.sparse.mm(Wt, X).sub_(X, alpha=mid).div_(half)
+        del X  # (prev holds it until the recurrence moves on)
         for _ in range(2, degree + 1):
-            nxt = torch.sparse.mm(Wt, cur)
-            nxt -= torch.mul(cur, mid, out=scratch)
-            nxt *= 2
-            nxt /= half
-            nxt -= prev
+            # T_{k+1} = 2·(𝒲 − mid)/half · T_k − T_{k−1}, in place: three n × block arrays alive, not five
+            nxt = torch.sparse.mm(Wt, cur).sub_(cur, alpha=mid).mul_(2.0 / half).sub_(prev)
             prev, cur = cur, nxt
             del nxt
-        del prev, scratch
-        Q, _ = torch.linalg.qr(cur.double())
+        del prev
+        Q = _tall_qr(cur)
         del cur
         WQ = torch.sparse.mm(Wt, Q.float())
         H = torch.zeros(Q.shape[1], Q.shape[1], dtype=torch.float64)
-        for s in range(0, n, 1 << 17):
-            H += Q[s : s + (1 << 17)].T @ WQ[s : s + (1 << 17)].double()
+        for s in range(0, n, ROWS):
+            H += Q[s : s + ROWS].T @ WQ[s : s + ROWS].double()
         del WQ
         lam, V = torch.linalg.eigh((H + H.T) / 2)
         lam, V = lam.flip(0), V.flip(1)
-        Q = Q @ V
-        X = Q.float()
-        # Not below 0: on a graph of many tiny components (a sparse blocked graph over few points:
-        # 93 components in 100 points, eigenvalues ±1) the block's smallest Ritz value reaches −1, the
-        # map's half-width (cut + 1)/2 goes to 0 and the float32 recurrence overflows to inf, then NaN
-        # (eigh "failed to converge"). With cut ≥ 0 the growth is at most T_degree(3) (≈ 7.6·10⁸ at 12,
-        # the first round's); a larger graph's cut is positive, and unchanged.
+        for s in range(0, n, ROWS):  # Q ← Q V, a row chunk at a time (no second n × block float64 array)
+            Q[s : s + ROWS] = Q[s : s + ROWS] @ V
         cut = max(float(lam[-1]), 0.0)
     return lam[:rank].numpy(), Q[:, :rank].numpy()
 
@@ -232,8 +255,12 @@ def sparse_influence(W: sp.csr_matrix, degrees: np.ndarray, cols: np.ndarray, al
         X = R = sp.csc_matrix((n, 0))
     lam, U = spectral_basis(W, rank)
     if U.shape[1]:
-        AU = U - alpha * (W @ U)
-        coef = np.linalg.solve(U.T @ AU, np.asarray((R.T @ U).T))
+        # Uᵀ(I − α𝒲)U over row chunks: U − α𝒲U whole would be three more n × r float64 arrays (4.6 GB at 10^6)
+        UtAU = np.zeros((U.shape[1], U.shape[1]))
+        for s in range(0, n, ROWS):
+            Us = U[s : s + ROWS]
+            UtAU += Us.T @ (Us - alpha * (W[s : s + ROWS] @ U))
+        coef = np.linalg.solve(UtAU, np.asarray((R.T @ U).T))
     else:
         coef = np.zeros((0, cols.size))
     return SparseColumns(X, U, coef)

@@ -104,3 +104,19 @@ def test_the_spectral_basis_of_a_graph_of_tiny_components_stays_finite():
     W = sp.coo_matrix((np.r_[w, w], (np.r_[i, j], np.r_[j, i])), shape=(100, 100)).tocsr()
     lam, U = spectral_basis(W, 8)
     assert U.shape == (100, 8) and np.all(np.isfinite(U)) and np.allclose(lam[:5], 1.0, atol=1e-6)
+
+
+def test_tall_skinny_qr_spans_the_block_over_chunks_of_any_size(monkeypatch):
+    """`_tall_qr` (the basis's QR over row chunks) gives orthonormal columns spanning the block, also
+    when the last chunk has fewer rows than the block has columns."""
+    import torch
+
+    from xclp import push
+
+    A = torch.randn(203, 9, generator=torch.Generator().manual_seed(3))
+    for rows in (1 << 17, 50, 16):  # one chunk; four and a short one (3 rows < 9 columns); thirteen
+        monkeypatch.setattr(push, "ROWS", rows)
+        Q = push._tall_qr(A)
+        assert Q.dtype == torch.float64 and Q.shape == (203, 9)
+        assert torch.allclose(Q.T @ Q, torch.eye(9, dtype=torch.float64), atol=1e-12)
+        assert torch.allclose(Q @ (Q.T @ A.double()), A.double(), atol=1e-5)
