@@ -57,8 +57,8 @@ BATCH = 1024  # columns pushed together (one task for the executor)
 
 
 @dataclass
-class SparseColumns:
-    """Columns S[:, cols] ≈ x + U c: `x` sparse CSC (n × m), `basis` U (n × r), `coef` c (r × m)."""
+class _Factored:
+    """Influence columns held as x + U c (the fields both forms share)."""
 
     x: sp.csc_matrix
     basis: np.ndarray
@@ -67,6 +67,11 @@ class SparseColumns:
     @property
     def shape(self) -> tuple[int, int]:
         return self.x.shape
+
+
+@dataclass
+class SparseColumns(_Factored):
+    """Columns S[:, cols] ≈ x + U c: `x` sparse CSC (n × m), `basis` U (n × r), `coef` c (r × m)."""
 
     def __matmul__(self, Y: np.ndarray) -> np.ndarray:
         """S_L Y = x Y + U (c Y): n × C, never forming the n × m columns."""
@@ -86,19 +91,11 @@ class SparseColumns:
 
 
 @dataclass
-class SiteColumns:
+class SiteColumns(_Factored):
     """One site's columns S[:, L_j] ≈ x + U c, with the basis on the site's own rows R_j only:
     `x` sparse CSC (n × l_j), `basis` U[R_j] (n_j × r), `coef` c (r × l_j). The site never forms
     S_L Y: it contributes the near field x Y (n × C) and the far field's aggregate c Y (r × C) to the
     secure row sums, and its scores are near[R_j] + U[R_j] · Σ_k c_k Y_k (`scores`)."""
-
-    x: sp.csc_matrix
-    basis: np.ndarray
-    coef: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.x.shape
 
     @property
     def rank(self) -> int:
