@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadscope  # tests/conftest.py says why
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

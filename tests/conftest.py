@@ -38,3 +38,34 @@ def small_paillier(monkeypatch):
         return init(self, 1024, *a, **kw)
 
     monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
+
+
+LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_training_e2e.py",
+                "tests/service/test_e2e.py", "tests/service/test_demo.py", "tests/flower/test_flower_training.py",
+                "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
+                "tests/service/test_site_ledger_e2e.py", "tests/service/test_cli_e2e.py",
+                "tests/service/test_readme_commands.py", "tests/training/test_fedkt.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """`make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadscope`: the suite waits on
+    processes much of the time, and a module's tests stay on one worker so that what the module builds
+    once for all of them — a Flower deployment, a fitted pipeline, keys — is built once). xdist's
+    scheduler keys tests by node id, so tests that share one would run only once: schemathesis gives
+    every operation of test_openapi the test's id (the operation is only in the item's name). Such
+    tests get their name as their id."""
+    from collections import Counter
+
+    # The modules that take a minute or more (serial, idle machine), longest first: they start first on
+    # the workers (xdist hands out modules in collection order), so that the suite does not end waiting
+    # on a long module begun late.
+    first = {m: i for i, m in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: first.get(item.nodeid.partition("::")[0], len(first)))  # stable
+    ids = Counter(item.nodeid for item in items)
+    for item in items:
+        if ids[item.nodeid] > 1:
+            if hasattr(item, "_id"):  # pytest ≥ 9.2 keeps the id as a structured NodeId
+                item._id = item.parent.id.child(item.name)
+            else:
+                item._nodeid = f"{item.parent.nodeid}::{item.name}"

@@ -32,8 +32,24 @@ def _db_url(request, tmp_path):
     url = os.environ.get("XCLP_TEST_POSTGRES_URL")
     if not url:
         pytest.skip("PostgreSQL not configured (XCLP_TEST_POSTGRES_URL); .ci/run sets it")
+    url = worker_schema(url)
     reset_postgres(url)
     return url
+
+
+def worker_schema(url: str) -> str:
+    """`url` with its search path set to a schema of this pytest-xdist worker's own (created if need
+    be), so that workers running PostgreSQL tests at once each reset and fill only their own tables."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    schema = "xclp_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
+    eng = create_engine(url)
+    with eng.begin() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    eng.dispose()
+    return make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}) \
+        .render_as_string(hide_password=False)
 
 
 def _app_client(tmp_path):
