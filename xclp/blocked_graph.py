@@ -234,7 +234,10 @@ class BlockedGraph:
                 i, j = blocking.bucket_pairs(tags, self.max_bucket, self.site_of, cross_only=True, tables=group)
                 total += self.measure_pairs(i, j)
             return total
-        self._check_codes(np.arange(self.n)[np.isin(self.site_of, [self.sites.index(s) for s in sites])])
+        # A live site without codes is refused only if one of its points is in a pair, as the serial
+        # merge refuses (measure_pairs): which sites have pairs is known once the tasks return (`present`),
+        # so its rows are zeros in the tasks' codes and the refusal comes before any task's lists merge.
+        self._check_codes(np.zeros(0, np.int64))
         self._flush()
         # one run of tables per worker, in groups of the serial size; a worker gets only its run's tags
         # (at 10^6: 256 MB each of 2, not all 512 MB), the codes and the lists once (`shared`)
@@ -246,8 +249,11 @@ class BlockedGraph:
                          [range(t, min(part.size, t + size)) for t in range(0, part.size, size)]))
         del tags  # the runs hold their columns; all of them would be another n·m·8 bytes during the map
         shared = (self.site_of, self._all_codes, self._lists, self.max_bucket)
+        done = list(executor.map_shared(_measure_groups_task, shared, runs))
+        paired = np.logical_or.reduce([present for _, _, present in done])
+        self._check_codes(np.flatnonzero(paired[self.site_of]))
         total = 0
-        for lists, count, present in executor.map_shared(_measure_groups_task, shared, runs):
+        for lists, count, present in done:
             ok = lists.idx >= 0
             src = np.repeat(np.arange(self.n), lists.k)[ok.ravel()]
             self._lists = graphs.merge_knn(self._lists, src, lists.idx[ok], lists.dist[ok].astype(np.int64))

@@ -11,8 +11,10 @@ from svc import ADMIN, expire_deadline
 from clients.agent import Agent
 from clients.api import CoordinatorClient
 from clients.policy import SitePolicy
+from crypto.errors import ProtocolError
 from service.app import Settings, create_app
 from xclp.data import load_arrays
+from xclp.prediction_job import PredictCoordinator
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
@@ -471,3 +473,22 @@ def test_a_blocked_jobs_heavy_steps_run_on_the_coordinators_executor(rig):
     ref = run_xclp(ds, JobParams(**st["params"]), contributions=contributions)
     for s, a in agents.items():
         assert np.array_equal(np.load(a.result_path(job))["labels"], ref.predictions[s].labels), s
+
+
+@pytest.mark.parametrize("exc", [ProtocolError("site-1's counts do not decode"), RuntimeError("boom")])
+def test_a_decision_that_raises_fails_the_job_once_with_its_reason(rig, monkeypatch, exc):
+    """A decision of the core's machine that raises (bad input, or a bug) fails the job at once, its
+    reason the phase and the error: it is taken once, never left 'running' to be taken again each tick."""
+    ds, admin, agents = rig
+    calls = []
+
+    def raising(self, mail, expired, out):
+        calls.append(self.state.phase)
+        raise exc
+
+    monkeypatch.setattr(PredictCoordinator, "_counts", raising)
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10)
+    st = drive(admin, job, agents.values(), lambda st: st["status"] != "running", timeout=30)
+    assert st["status"] == "failed" and st["failure"] == f"counts: {type(exc).__name__}: {exc}"
+    time.sleep(0.2)  # ten more ticks of the engine: none takes the decision again
+    assert calls == ["counts"] and admin.job(job)["status"] == "failed"

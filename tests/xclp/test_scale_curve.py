@@ -124,3 +124,30 @@ def test_synthetic_sites_are_their_own_and_labelled_as_asked():
     assert [int((a.y[a.site == s] >= 0).sum()) for s in a.sites] == [4, 4, 4]
     labelled = a.y >= 0
     assert np.array_equal(a.y[labelled], a.y_true[labelled])
+
+
+def test_a_live_site_without_codes_is_refused_on_a_pool_only_where_it_has_a_pair(small, monkeypatch):
+    """The pool's candidate step refuses a site's missing codes as the serial one does: only when one of
+    its points is in a candidate pair (a site whose points share no bucket with another site's has none
+    to measure), with the serial lists otherwise."""
+    from xclp.executor import make_executor
+
+    ds, sites, codes, tags = small
+    monkeypatch.setattr(blocked_graph, "GROUP_PAIRS", 3 * codes.shape[0] * 7 // 2)  # several groups a worker
+    alone = tags.copy()  # the last site's tags are its own: its points join no cross-site bucket
+    alone[450:] = np.arange(450, 600, dtype=np.uint64)[:, None] * np.uint64(0x9E3779B97F4A7C15) + np.uint64(7)
+
+    def run(tags, executor=None):
+        st = state(sites, codes, tags)
+        del st.codes[sites[-1]]  # live, but it sent no codes
+        count = st.measure_candidates(sites, executor)
+        return st.knn(sites), count
+
+    serial, count = run(alone)
+    assert count > 0
+    with make_executor("process", workers=2) as ex:
+        pool, _ = run(alone, ex)
+        assert np.array_equal(pool.idx, serial.idx) and np.array_equal(pool.dist, serial.dist)
+        for executor in (None, ex):  # with its own tags it has pairs: both refuse, and say whose codes
+            with pytest.raises(ProtocolError, match=r"codes missing from \['site3'\]"):
+                run(tags, executor)
