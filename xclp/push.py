@@ -145,7 +145,7 @@ def push_batch(W: sp.csr_matrix, sqrt_deg: np.ndarray, cols: np.ndarray, alpha: 
 
 
 ROWS = 1 << 17  # row chunk of the basis's dense steps (a 2^17 × 208 float64 chunk: 218 MB)
-COLS = 64  # column chunk of the Chebyshev recurrence (at 10^6 points a 10^6 × 64 float32 chunk: 256 MB)
+COLS = 112  # widest column chunk of the Chebyshev recurrence (208 → 2 × 104: at 10^6 points 0.4 GB each, under the QR's peak)
 
 
 def _tall_qr(A):
@@ -214,7 +214,7 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
     # Q and its float32 copy was the step's peak, 3.3 GB at 10^6). Same columns, same span, same
     # Rayleigh–Ritz as the whole-block recurrence (each column's products are the same sums).
     Wrows = [_row_chunk(Wt, s, min(n, s + ROWS)) for s in range(0, n, ROWS)]  # views of 𝒲's rows, for 𝒲Q
-    # chunks of equal width (208 → 4 × 52), none narrow: torch's CSR × dense product rounds a column
+    # chunks of equal width (208 → 2 × 104), none narrow: torch's CSR × dense product rounds a column
     # the same in a block of 17 or more columns as in the whole block here, not in one of 16 or 24, and
     # the basis is sensitive to rounding where 𝒲's top eigenvalues are near-degenerate
     bounds = np.linspace(0, block, -(-block // COLS) + 1).round().astype(int)
