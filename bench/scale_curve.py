@@ -11,8 +11,14 @@ clusters on a curved 16-d manifold, 5 % label noise, 1 % labelled, class mix Dir
 it is made: that module's docstring). L = 1024, k = 10, the blocked defaults (64 tables, cap 48,
 2 NN-Descent rounds, push ε = 5·10⁻⁴, spectral rank 192) unless `--rank` says otherwise.
 
-Each measurement runs in a fresh process (its own peak RSS, ru_maxrss) and its row is appended to the
-JSON as soon as it is done (a long run leaves what it measured). Modes:
+Each measurement runs in a fresh process and its row is appended to the JSON as soon as it is done (a
+long run leaves what it measured). Memory, two numbers: `peak_bytes`, this process's peak RSS
+(ru_maxrss), and for the blocked mode `peak_tree_pss_bytes`, the peak of the PSS summed over this
+process and its pool workers, sampled every 0.5 s (bench.tree_memory; per step in
+`tree_pss_phases`). The second is what the machine holds for the job: forked workers share the
+parent's pages copy-on-write, RSS counts such a page in every process, PSS once. `peak_worker_bytes`
+is the largest single worker's PSS peak (sampled); ru_maxrss of RUSAGE_CHILDREN, which counted the
+inherited pages, is no longer reported. Modes:
 
 - blocked: the blocked job's steps in plaintext (`blocked_pipeline`): the sites' sessions (setup, seed,
   counts with federated standardisation, LSH, tags, within-site lists, codes), the coordinator's
@@ -82,11 +88,13 @@ def _site_graph_steps(_, sess) -> tuple:
     return bits, sess.tags_message(), sess.intra_knn_message()
 
 
-def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) -> dict:
+def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None, memory=None) -> dict:
     """The plaintext blocked job's computation (see the module docstring); returns labels, timings
     (seconds per step), the coordinator, and the message sizes per site. `executor`: the
     coordinator's (xclp.executor; its candidate step runs its table groups there), with more than
-    one worker also where the sites' LSH, tags and within-site lists run, all sites at once."""
+    one worker also where the sites' LSH, tags and within-site lists run, all sites at once.
+    `memory`: a running bench.tree_memory.TreeMemory; each step's peak PSS of the process tree goes
+    into `tree_pss_phases`."""
     from xclp.measured import split_by_site
     from xclp.propagation import label_matrix, predict_from_scores
     from xclp.protocol import (
@@ -100,6 +108,7 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) 
 
     timings: dict[str, float] = {}
     cpu_timings: dict[str, float] = {}  # CPU seconds per step: on shared cores wall time says how loaded they were
+    tree_pss: dict[str, int] = {}  # the peak PSS of the process tree inside each step (with `memory`)
     clock = [time.perf_counter(), cpu()]
 
     def lap(name: str) -> None:
@@ -107,7 +116,11 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) 
         timings[name] = timings.get(name, 0.0) + now - clock[0]
         cpu_timings[name] = cpu_timings.get(name, 0.0) + c - clock[1]
         clock[0], clock[1] = now, c
-        say(f"{name} done: {timings[name]:.1f} s, peak {peak() / 2**30:.2f} GB, cpu {cpu():.0f} s, "
+        tree = ""
+        if memory is not None:
+            tree_pss[name] = max(tree_pss.get(name, 0), memory.phase_peak())
+            tree = f", tree PSS peak in step {tree_pss[name] / 2**30:.2f} GiB"
+        say(f"{name} done: {timings[name]:.1f} s, peak {peak() / 2**30:.2f} GB{tree}, cpu {cpu():.0f} s, "
             f"load {Path('/proc/loadavg').read_text().split()[0]}")
 
     rows = split_by_site(ds)
@@ -209,7 +222,8 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None) 
     lap("scores")
     timings["total"] = sum(timings.values())
     cpu_timings["total"] = sum(cpu_timings.values())
-    return {"labels": labels, "timings": timings, "cpu_timings": cpu_timings, "coordinator": coord, "sizes": sizes}
+    return {"labels": labels, "timings": timings, "cpu_timings": cpu_timings, "tree_pss_phases": tree_pss,
+            "coordinator": coord, "sizes": sizes}
 
 
 def sampled_recall(ds, coord, p, samples: int = 500, seed: int = 1) -> float:
@@ -265,19 +279,25 @@ def one(n: int, mode: str, seed: int, rank: int | None, secure_sites: int, worke
                 "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, res.labels),
                 "load": load0}
     p = params("blocked", rank=rank)
+    from bench.tree_memory import TreeMemory
     from xclp.executor import make_executor
 
-    with make_executor("serial" if workers < 2 else "process", workers) as ex:
-        out = blocked_pipeline(ds, p, seed, say, ex)
+    with TreeMemory() as mem:
+        mem.phase_peak()  # the data set's making is not a step
+        with make_executor("serial" if workers < 2 else "process", workers) as ex:
+            out = blocked_pipeline(ds, p, seed, say, ex, memory=mem)
     row = {"n": n, "mode": mode, "workers": workers, "seconds": time.perf_counter() - t0, "phases": out["timings"],
            "cpu_phases": out["cpu_timings"],
            "peak_bytes": peak(), "cpu_seconds": cpu(), "accuracy": unlabelled_accuracy(ds, out["labels"]),
-           # the largest pool worker's peak (the machine's peak is at most this process's + workers × it)
-           "peak_worker_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+           # PSS summed over this process and its pool workers (bench.tree_memory: shared pages once)
+           "peak_tree_pss_bytes": mem.peak, "tree_pss_phases": out["tree_pss_phases"],
+           # the largest single pool worker's PSS peak (sampled)
+           "peak_worker_bytes": mem.peak_child,
            "pairs_measured": out["coordinator"].blocked.pair_count(), "influence_rank": p.influence_rank,
            "load": load0, "load_end": Path("/proc/loadavg").read_text().split()[:3],
            "bytes_per_site_max": {k: max(v[k] for v in out["sizes"].values()) for k in next(iter(out["sizes"].values()))}}
-    say(f"done in {row['seconds']:.1f} s, peak {row['peak_bytes'] / 2**30:.2f} GB, accuracy {row['accuracy']:.2%}")
+    say(f"done in {row['seconds']:.1f} s, peak {row['peak_bytes'] / 2**30:.2f} GB, process tree's PSS peak "
+        f"{mem.peak / 2**30:.2f} GiB, accuracy {row['accuracy']:.2%}")
     row["recall_at_10_sampled"] = sampled_recall(ds, out["coordinator"], p)
     return row
 
@@ -312,16 +332,18 @@ def table(result: dict) -> str:
     exact = {r["n"]: r for r in result["rows"] if r["mode"] == "exact"}
     secure = {r["n"]: r for r in secure_estimate(result)}
     lines = ["| n | blocked plaintext: total (CPU) | LSH + tags + within-site | candidates + descent | graph | influence | "
-             "peak | pairs measured (per point) | recall@10 (500 sampled) | accuracy | exact XCLP: total (CPU), peak, accuracy | "
+             "peak (main process, RSS) | peak (process tree, PSS) | pairs measured (per point) | recall@10 (500 sampled) | accuracy | exact XCLP: total (CPU), peak, accuracy | "
              "lattice blocked, from per-pair rates: time, pair bytes per site |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in blocked:
         ph, n = r["phases"], r["n"]
         e, s = exact.get(n), secure.get(n)
         lines.append(
             f"| {n:,} | {r['seconds']:.1f} s ({r.get('cpu_seconds', float('nan')):.0f} s) | {sites_seconds(ph):.1f} s | "
             f"{ph['candidates'] + ph['descent']:.1f} s | {ph['graph']:.1f} s | {ph['influence']:.1f} s | "
-            f"{r['peak_bytes'] / 2**30:.2f} GB | {r['pairs_measured']:,} ({r['pairs_measured'] / n:.0f}) | "
+            f"{r['peak_bytes'] / 2**30:.2f} GB | "
+            + (f"{r['peak_tree_pss_bytes'] / 2**30:.2f} GB" if "peak_tree_pss_bytes" in r else "—")
+            + f" | {r['pairs_measured']:,} ({r['pairs_measured'] / n:.0f}) | "
             f"{r.get('recall_at_10_sampled', float('nan')):.3f} | {r['accuracy']:.2%} | "
             + (f"{e['seconds']:.1f} s" + (f" ({e['cpu_seconds']:.0f} s)" if "cpu_seconds" in e else "")
                + f", {e['peak_bytes'] / 2**30:.2f} GB, "

@@ -145,6 +145,7 @@ def push_batch(W: sp.csr_matrix, sqrt_deg: np.ndarray, cols: np.ndarray, alpha: 
 
 
 ROWS = 1 << 17  # row chunk of the basis's dense steps (a 2^17 × 208 float64 chunk: 218 MB)
+COLS = 112  # widest column chunk of the Chebyshev recurrence (208 → 2 × 104: at 10^6 points 0.4 GB each, under the QR's peak)
 
 
 def _tall_qr(A):
@@ -172,6 +173,16 @@ def _tall_qr(A):
     return Q
 
 
+def _row_chunk(Wt, start: int, end: int):
+    """Rows start:end of a torch CSR matrix, its column indices and values as views (no copy)."""
+    import torch
+
+    crow = Wt.crow_indices()
+    a, b = int(crow[start]), int(crow[end])
+    return torch.sparse_csr_tensor(crow[start : end + 1] - a, Wt.col_indices()[a:b], Wt.values()[a:b],
+                                   size=(end - start, Wt.shape[1]), check_invariants=False)
+
+
 def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: int = 6,
                    oversample: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """The top-`rank` eigenpairs of 𝒲 (largest algebraic), (λ, U), by Chebyshev-filtered subspace
@@ -196,30 +207,38 @@ def spectral_basis(W: sp.csr_matrix, rank: int, degree: int = 12, iterations: in
     Wt = _torch_csr(W).to(torch.float32)
     X = torch.randn(n, block, generator=torch.Generator().manual_seed(0))
     # Memory (issue 23; at 10^6 points one n × block float32 array is 0.8 GB, float64 1.7 GB): the
-    # recurrence runs in place (three float32 blocks alive), the QR is tall-skinny over row chunks
-    # (`_tall_qr`: one float64 n × block array, not LAPACK's copies of the whole block), H and Q V go
-    # over row chunks. The 10^6 run peaked at 10.1 GB in this step before (five float32 blocks, a
-    # whole-block float64 QR, U − α𝒲U whole); the same span and the same Rayleigh–Ritz, rounding aside.
+    # filter acts on each column alone, so the recurrence runs over column chunks (`COLS`) and writes
+    # each chunk's result back over its start columns: one float32 block and three chunks alive (three
+    # whole blocks before). The QR is tall-skinny over row chunks (`_tall_qr`: one float64 n × block
+    # array, not LAPACK's copies of the whole block); 𝒲Q, H and Q V go over row chunks (𝒲Q whole beside
+    # Q and its float32 copy was the step's peak, 3.3 GB at 10^6). Same columns, same span, same
+    # Rayleigh–Ritz as the whole-block recurrence (each column's products are the same sums).
+    Wrows = [_row_chunk(Wt, s, min(n, s + ROWS)) for s in range(0, n, ROWS)]  # views of 𝒲's rows, for 𝒲Q
+    # chunks of equal width (208 → 2 × 104), none narrow: torch's CSR × dense product rounds a column
+    # the same in a block of 17 or more columns as in the whole block here, not in one of 16 or 24, and
+    # the basis is sensitive to rounding where 𝒲's top eigenvalues are near-degenerate
+    bounds = np.linspace(0, block, -(-block // COLS) + 1).round().astype(int)
     cut, Q = 0.0, None
     for _ in range(iterations):
         if Q is not None:  # the last round's Ritz vectors, in float32; the float64 Q is not needed again
             X, Q = Q.float(), None
         half, mid = (cut + 1.0) / 2, (cut - 1.0) / 2  # map [−1, cut] onto [−1, 1]
-        prev, cur = X, torch.sparse.mm(Wt, X).sub_(X, alpha=mid).div_(half)
-        del X  # (prev holds it until the recurrence moves on)
-        for _ in range(2, degree + 1):
-            # T_{k+1} = 2·(𝒲 − mid)/half · T_k − T_{k−1}, in place: three n × block arrays alive, not five
-            nxt = torch.sparse.mm(Wt, cur).sub_(cur, alpha=mid).mul_(2.0 / half).sub_(prev)
-            prev, cur = cur, nxt
-            del nxt
-        del prev
-        Q = _tall_qr(cur)
-        del cur
-        WQ = torch.sparse.mm(Wt, Q.float())
+        for c, e in zip(bounds[:-1], bounds[1:]):
+            prev = X[:, c:e].contiguous()
+            cur = torch.sparse.mm(Wt, prev).sub_(prev, alpha=mid).div_(half)
+            for _ in range(2, degree + 1):
+                # T_{k+1} = 2·(𝒲 − mid)/half · T_k − T_{k−1}, in place on the product's new array
+                nxt = torch.sparse.mm(Wt, cur).sub_(cur, alpha=mid).mul_(2.0 / half).sub_(prev)
+                prev, cur = cur, nxt
+                del nxt
+            X[:, c:e] = cur
+            del prev, cur
+        Q = _tall_qr(X)
+        X = Q.float()  # Q in float32 for 𝒲Q (X's old block is freed here)
         H = torch.zeros(Q.shape[1], Q.shape[1], dtype=torch.float64)
-        for s in range(0, n, ROWS):
-            H += Q[s : s + ROWS].T @ WQ[s : s + ROWS].double()
-        del WQ
+        for s, Ws in zip(range(0, n, ROWS), Wrows):
+            H += Q[s : s + ROWS].T @ torch.sparse.mm(Ws, X).double()
+        del X
         lam, V = torch.linalg.eigh((H + H.T) / 2)
         lam, V = lam.flip(0), V.flip(1)
         for s in range(0, n, ROWS):  # Q ← Q V, a row chunk at a time (no second n × block float64 array)
