@@ -51,7 +51,7 @@ def params(graph: str):
 
 def reference(n: int, seed: int) -> dict:
     """The exact graph's kNN lists and labels (cached): all pairs, then S Y."""
-    path = CACHE / f"xclp-scale-ref-{n}-{seed}.npz"
+    path = CACHE / f"xclp-scale-ref-std-{n}-{seed}.npz"  # ("-std": hashed after standardisation, as the jobs)
     if path.exists():
         z = np.load(path)
         return {k: z[k] for k in z.files}
@@ -66,7 +66,14 @@ def reference(n: int, seed: int) -> dict:
     sites = ds.sites
     rows = [np.flatnonzero(ds.site == s) for s in sites]
     key = derive_seed({s: simulation_contribution(seed, s) for s in sites}, sites, p.job_id)
-    codes = np.concatenate([lsh.hash_vectors(ds.X[r], key, p.bits, p.normalise) for r in rows])
+    X = ds.X
+    if p.standardize:  # the jobs hash each site's points after federated standardisation (JobParams.standardize):
+        # every feature to the mean and variance of all sites' points; the same moments, summed in
+        # floating point here instead of at the secure sum's 2^-32 grain
+        from xclp.protocol import standardisation_stats, standardise
+
+        X = standardise(ds.X, sum(standardisation_stats(ds.X[r]) for r in rows))[0]
+    codes = np.concatenate([lsh.hash_vectors(X[r], key, p.bits, p.normalise) for r in rows])
     order = np.concatenate(rows)
     acc = graphs.KnnAccumulator(n, p.k)
     every = np.arange(n)
