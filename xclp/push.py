@@ -280,8 +280,9 @@ def sparse_influence(W: sp.csr_matrix, degrees: np.ndarray, cols: np.ndarray, al
         # A point that no column's point reaches (a component of the graph without one) has S[v, cols] = 0
         # exactly, but the loose basis (a few filtered rounds from a random block) keeps a remnant of that
         # block there: U[v] c gave such points scores up to ~3e-3 on a 90-point test graph, hence a label
-        # (often confidence 1) from noise, where push and the exact solve give 0 (UNLABELLED). Its rows of U go to 0 after c is taken: R is 0 on those rows and
-        # UᵀAU is the Galerkin matrix as computed, so no other row's score changes.
+        # (often confidence 1) from noise, where push and the exact solve give 0 (UNLABELLED). Its rows of
+        # U go to 0 after c is taken: R is 0 on those rows and UᵀAU is the Galerkin matrix as computed, so
+        # no other row's score changes.
         U[~reaches(W, cols)] = 0.0
     else:
         coef = np.zeros((0, cols.size))
