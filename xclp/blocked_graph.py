@@ -237,7 +237,7 @@ class BlockedGraph:
         # A live site without codes is refused only if one of its points is in a pair, as the serial
         # merge refuses (measure_pairs): which sites have pairs is known once the tasks return (`present`),
         # so its rows are zeros in the tasks' codes and the refusal comes before any task's lists merge.
-        self._check_codes(np.zeros(0, np.int64))
+        self._build_codes()
         self._flush()
         # one run of tables per worker, in groups of the serial size; a worker gets only its run's tags
         # (at 10^6: 256 MB each of 2, not all 512 MB), the codes and the lists once (`shared`)
@@ -250,8 +250,7 @@ class BlockedGraph:
         del tags  # the runs hold their columns; all of them would be another n·m·8 bytes during the map
         shared = (self.site_of, self._all_codes, self._lists, self.max_bucket)
         done = list(executor.map_shared(_measure_groups_task, shared, runs))
-        paired = np.logical_or.reduce([present for _, _, present in done])
-        self._check_codes(np.flatnonzero(paired[self.site_of]))
+        self._refuse_missing_codes(np.logical_or.reduce([present for _, _, present in done]))
         total = 0
         for lists, count, present in done:
             ok = lists.idx >= 0
@@ -295,10 +294,17 @@ class BlockedGraph:
 
     def _check_codes(self, points: np.ndarray) -> None:
         """Refuse if a site of these global points sent no codes; build the codes of all sites."""
-        missing = [s for s in self.sites if s not in self.codes and np.isin(self.site_of[points],
-                                                                           self.sites.index(s)).any()]
+        self._refuse_missing_codes(np.isin(np.arange(len(self.sites)), self.site_of[points]))
+        self._build_codes()
+
+    def _refuse_missing_codes(self, in_pairs: np.ndarray) -> None:
+        """Refuse if a site with points in pairs (`in_pairs`: one flag per site) sent no codes."""
+        missing = [s for s, paired in zip(self.sites, in_pairs) if paired and s not in self.codes]
         if missing:
             raise ProtocolError(f"codes missing from {missing}")
+
+    def _build_codes(self) -> None:
+        """The codes of all sites in order (zeros for a site without codes), rebuilt when more came in."""
         if self._all_codes is None or len(self.codes) != self._codes_from:
             self._all_codes = np.concatenate([self.codes.get(s, np.zeros((m, (self.n_bits + 7) // 8), np.uint8))
                                               for s, m in zip(self.sites, self.sizes)])

@@ -10,7 +10,7 @@ from xclp.data import FASHION_MNIST_DIR
 
 
 @pytest.mark.skipif(not FASHION_MNIST_DIR.exists(), reason="Fashion-MNIST not installed (.ci/run installs it)")
-def test_the_reference_gives_exact_xclps_labels_and_knn(tmp_path, monkeypatch):
+def test_the_reference_gives_exact_xclps_labels(tmp_path, monkeypatch):
     import bench.scale as bs
     from xclp.simulation import run_xclp
 
