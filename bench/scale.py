@@ -1,10 +1,10 @@
 """XCLP without all pairs (issue 23): the blocked graph against exact XCLP, time and memory vs n.
 
     nice -n 10 .venv/bin/python -m bench.scale [--sizes 10000 20000 40000 60000] [--exact-max-n 20000]
-        [--executor serial|process] [--json bench/results/scale.json]
+        [--executor serial|process] [--crypto plaintext|lattice] [--json bench/results/scale.json]
 
 Fashion-MNIST training images (a seeded subset of size n; 60,000 is all of them), 10 sites,
-Dirichlet 0.5, 10 % labelled, L = 1024, plaintext. For each n, each measurement in a fresh process
+Dirichlet 0.5, 10 % labelled, L = 1024, plaintext (--crypto lattice: the secure job, in process). For each n, each measurement in a fresh process
 (so each has its own peak memory, ru_maxrss):
 
 - blocked: `run_xclp` with graph="blocked" — seconds per phase, peak memory, candidate pairs;
@@ -43,10 +43,10 @@ def dataset(n: int, seed: int):
     return simulate_sites(X.astype(np.float64), y, 10, "dirichlet:0.5", 0.1, seed=seed)
 
 
-def params(graph: str):
+def params(graph: str, crypto: str = "plaintext"):
     from xclp.protocol import JobParams
 
-    return JobParams(job_id="scale-bench", n_classes=10, bits=1024, graph=graph)
+    return JobParams(job_id="scale-bench", n_classes=10, bits=1024, graph=graph, crypto=crypto)
 
 
 def reference(n: int, seed: int) -> dict:
@@ -96,7 +96,7 @@ def reference(n: int, seed: int) -> dict:
     return out
 
 
-def one(n: int, mode: str, seed: int, executor: str) -> dict:
+def one(n: int, mode: str, seed: int, executor: str, crypto: str = "plaintext") -> dict:
     """One measurement in this process (the parent reads its JSON line)."""
     from xclp.blocking import recall_at_k
     from xclp.executor import make_executor
@@ -109,9 +109,10 @@ def one(n: int, mode: str, seed: int, executor: str) -> dict:
         return {"n": n, "mode": mode, "seconds": time.perf_counter() - t0, "peak_bytes": peak()}
     with make_executor(executor) as ex:
         t0 = time.perf_counter()
-        res = run_xclp(ds, params(mode), seed=seed, executor=ex)
+        res = run_xclp(ds, params(mode, crypto), seed=seed, executor=ex)
         seconds = time.perf_counter() - t0
-    out = {"n": n, "mode": mode, "seconds": seconds, "phases": res.timings, "solver": res.solver,
+    out = {"n": n, "mode": mode, "crypto": crypto, "bytes_hamming": res.bytes["by_phase"].get("hamming", 0),
+           "seconds": seconds, "phases": res.timings, "solver": res.solver,
            "peak_bytes": peak(), "accuracy": unlabelled_accuracy(ds, res.labels),
            "bytes_influence": res.bytes["by_phase"].get("influence", 0)}
     ref = reference(n, seed)
@@ -167,6 +168,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--executor", default="serial", choices=("serial", "process", "dask"))
     ap.add_argument("--json", default="bench/results/scale.json")
+    ap.add_argument("--crypto", default="plaintext", choices=("plaintext", "lattice"),
+                    help="the blocked and exact jobs' SecureHamming (lattice: the secure job, in process)")
     ap.add_argument("--one", nargs=2, metavar=("N", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--table", metavar="JSON", help="print the Markdown table of a result and stop")
     a = ap.parse_args(argv)
@@ -174,14 +177,14 @@ def main(argv=None) -> None:
         print(table(json.loads(Path(a.table).read_text())))
         return
     if a.one:
-        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.executor)))
+        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.executor, a.crypto)))
         return
     rows = []
     for n in a.sizes:
         modes = ["reference", "blocked"] + (["exact"] if n <= a.exact_max_n else [])
         for mode in modes:
             cmd = [sys.executable, "-m", "bench.scale", "--one", str(n), mode, "--seed", str(a.seed),
-                   "--executor", a.executor]
+                   "--executor", a.executor, "--crypto", a.crypto]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
             row = json.loads(out)
             rows.append(row)

@@ -407,7 +407,7 @@ class PackedPartyA(_Party):
     """A (the key owner) over all its points, given its view (`BlockView`, side "a"): per group, how
     many rows B answers with and where its own candidates sit; it decrypts the candidate coefficients."""
 
-    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, view: BlockView):
+    def __init__(self, proto: LatticeHamming, bits: np.ndarray, n_bits: int, view: BlockView, keep=None):
         super().__init__(proto, bits, n_bits)
         if view.side != "a":
             raise ProtocolError("lattice blocks: A's party needs A's view")
@@ -420,6 +420,11 @@ class PackedPartyA(_Party):
         self.next = 0
         self.share = np.zeros(view.candidates, dtype=np.uint16)
         self.started = False
+        # crypto.lattice_kept.KeptResults of this run, or None: where given, A keeps u at EVERY
+        # coefficient it decrypts (private mode), to answer a later round of the pair without a new run
+        if keep is not None and (not view.private or keep.view.digest != view.digest):
+            raise ProtocolError("lattice blocks: results are kept for a private run, under its own view")
+        self.keep = keep
 
     def _step(self, message):
         p, n, view = self.params, self.proto.n, self.view
@@ -462,11 +467,18 @@ class PackedPartyA(_Party):
             rows, pos = keys[i0:i1] // g.width - first - s, keys[i0:i1] % g.width
             # A could decrypt every coefficient of a private RES (each is h + ρ, ρ uniform: the
             # whole-site run's view); it needs, and reports, only its candidates'.
+            if self.keep is not None:  # every coefficient, kept; the candidates' reported
+                u = key.decrypt_switched(a[s:e], b[s:e], p.log_q_out, noise=False)
+                self.keep.write(self.group, first + s, u)
+                self.share[g.offset + lo + i0 : g.offset + lo + i1] = u[rows, pos]
+                return
             at = b[s:e][rows, pos] if view.private else b[i0:i1]
             self.share[g.offset + lo + i0 : g.offset + lo + i1] = key.decrypt_switched_at(a[s:e], at, rows, pos,
                                                                                           p.log_q_out)
 
         _parallel(decrypt, list(range(0, count, SUB_BATCH)), self.proto.threads)
+        if self.keep is not None:
+            self.keep.mark(self.group, first, count)
         self.next = first + count
         if self.next < n_b:
             return Outgoing(to_peer=_header(ACK) + _ACK.pack(self.group, self.next))
@@ -648,6 +660,22 @@ class PackedPartyB(_Party):
         return b
 
 
+def rho_at(key: bytes, k: int, width: int, keys: np.ndarray, log_t: int) -> np.ndarray:
+    """B's masks ρ of group k at sorted keys c·width + position (c: the group's row ordinal): the
+    batches of SUB_BATCH rows that hold a key expanded (`rho`, under SUBKEY(ρ key, "blocks", k))."""
+    sub = rlwe.subkey(key, "blocks", k)
+    c = keys // width
+    out = np.empty(keys.size, dtype=np.int64)
+    if not keys.size:
+        return out
+    batches = _unique(c // SUB_BATCH)
+    bounds = np.searchsorted(c, np.r_[batches, batches[-1] + 1] * SUB_BATCH)
+    for batch, lo, hi in zip(batches.tolist(), bounds[:-1].tolist(), bounds[1:].tolist()):
+        r = rho(sub, batch, width, log_t)
+        out[lo:hi] = r[c[lo:hi] - batch * SUB_BATCH, keys[lo:hi] % width]
+    return out
+
+
 def combine_blocks(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: int,
                    max_message_bytes: int = 1 << 31) -> list[np.ndarray]:
     """The coordinator's step: each block's rows_a × rows_b matrix (int32) of `combine_values`."""
@@ -681,13 +709,7 @@ def combine_values(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: 
     key = bytes(body_b[head:])
     masks = np.empty(layout.candidates, dtype=np.int64)
     for g in layout.groups:
-        sub = rlwe.subkey(key, "blocks", g.k)
-        c = g.keys // g.width
-        for batch in range(0, -(-g.b_rows.size // SUB_BATCH)):
-            lo, hi = int(g.starts[batch * SUB_BATCH]), int(g.starts[min((batch + 1) * SUB_BATCH, g.b_rows.size)])
-            if hi > lo:
-                r = rho(sub, batch, g.width, p.log_t)
-                masks[g.offset + lo : g.offset + hi] = r[c[lo:hi] - batch * SUB_BATCH, g.keys[lo:hi] % g.width]
+        masks[g.offset : g.offset + g.keys.size] = rho_at(key, g.k, g.width, g.keys, p.log_t)
     h = (u - masks) & ((1 << p.log_t) - 1)
     if h.max(initial=0) > n_bits:
         raise ProtocolError("lattice blocks: the shares do not combine into distances (a value exceeds L)")
@@ -714,9 +736,10 @@ class PackedLatticeHamming(LatticeHamming):
         return self.party_b_view(bits, n_bits, BlockLayout(blocks, n_a, bits.shape[0], self.n, private).view_b(),
                                  secret)
 
-    def party_a_view(self, bits: np.ndarray, n_bits: int, view: BlockView) -> PackedPartyA:
-        """A over all its points, given only A's view (what a site of a job receives)."""
-        return PackedPartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits), view)
+    def party_a_view(self, bits: np.ndarray, n_bits: int, view: BlockView, keep=None) -> PackedPartyA:
+        """A over all its points, given only A's view (what a site of a job receives); `keep`: a
+        crypto.lattice_kept.KeptResults for this view, to keep every decrypted coefficient in."""
+        return PackedPartyA(self, check_bits(bits, n_bits, "A's bits"), int(n_bits), view, keep)
 
     def party_b_view(self, bits: np.ndarray, n_bits: int, view: BlockView, secret: bytes | None = None) -> PackedPartyB:
         """B over all its points, given only B's view (what a site of a job receives)."""

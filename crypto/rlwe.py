@@ -398,13 +398,16 @@ class SecretKey:
         neg_as = _neg(mul_ternary(a, self.spectrum))
         return normalise(neg_as[0] + e, neg_as[1] + (m << shift))
 
-    def decrypt_switched(self, a: np.ndarray, b: np.ndarray, log_q_out: int) -> tuple[np.ndarray, np.ndarray]:
+    def decrypt_switched(self, a: np.ndarray, b: np.ndarray, log_q_out: int, noise: bool = True):
         """Decrypt ciphertexts already switched to q' = 2^log_q_out: a (k, N), b (k, m ≤ N) int64.
-        Returns (messages mod t, centred noise) for the first m coefficients."""
+        Returns (messages mod t, centred noise) for the first m coefficients; noise=False: the
+        messages only."""
         p = self.params
         v = (b + mul_small_mod(a, self.spectrum, log_q_out)[..., : b.shape[-1]]) & ((1 << log_q_out) - 1)
         shift = log_q_out - p.log_t
         m = ((v + (1 << (shift - 1))) >> shift) & ((1 << p.log_t) - 1)
+        if not noise:
+            return m
         noise = (v - (m << shift)) & ((1 << log_q_out) - 1)
         noise = np.where(noise >= 1 << (log_q_out - 1), noise - (1 << log_q_out), noise)
         return m, noise

@@ -149,8 +149,10 @@ def test_the_same_drop_restart_and_labels_through_every_driver(ds, phase, tmp_pa
 def test_a_blocked_job_through_every_driver(ds, tmp_path):
     # issue 23's blocked graph in the one order: the same rounds of candidate blocks (lattice), the same
     # drop of a site silent from the hamming phase on, and the simulation's labels, through every driver
+    # (a descent round: its entries answered from the first round's kept results, crypto.lattice_kept, a
+    # Flower site saving them with its session)
     params = JobParams(job_id="one-order-blocked", n_classes=10, bits=64, k=5, crypto="lattice", graph="blocked",
-                       blocking_tables=4, max_bucket=4, descent_rounds=0, influence_rank=8)
+                       blocking_tables=4, max_bucket=4, descent_rounds=1, influence_rank=8)
     sim = run_xclp(ds, params, drops={GONE: "hamming"})
     assert sim.job.dropped == {GONE: "hamming"} and sim.job.attempts["hamming"] >= 1  # rounds of blocks ran
     for name, driver in (("service", through_the_service), ("flower", through_flower)):

@@ -25,11 +25,14 @@ Also here: the coordinator's message that hands a site its part of a round (`pla
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing
 from crypto.lattice_blocks import BlockLayout, BlockView, blocks_from_views
+from crypto.lattice_kept import kept_view
 from crypto.state import Nested, State, pack
 from xclp import blocking
 from xclp.wire import dump_bundle, load_bundle
@@ -117,26 +120,103 @@ def split_shares(data: bytes, count: int, who: str) -> list[bytes]:
     return [parts[i] for i in range(count)]
 
 
+@dataclass(frozen=True)
+class KeptPlan:
+    """A's part of a round of a pair whose entries it answers, some or all, from its kept results of the
+    pair's first packed run (crypto.lattice_kept): the KeptView's keys and pointers (A binds them to the
+    first run's view it kept) and, for the entries that need one, its view of a fresh packed run."""
+
+    keys: np.ndarray
+    ptr: np.ndarray
+    view: BlockView | None
+
+
+class KeptRound:
+    """A's side of such a round: its kept share, made at once, and the fresh run's party if any. Its
+    share for the coordinator is both, multiplexed (0: kept, 1: the fresh run's), when the fresh run
+    ends — at once where there is none: B then takes no part in the round."""
+
+    def __init__(self, kept_share: bytes, fresh=None):
+        self.kept, self.fresh = kept_share, fresh
+
+    def receive(self, message: bytes | None) -> Outgoing:
+        if self.fresh is None:
+            if message is not None:
+                raise ProtocolError("a kept round has no message from the peer")
+            return Outgoing(to_server=_mux({0: self.kept}), done=True)
+        out = self.fresh.receive(message)
+        if out.to_server is not None:
+            out = Outgoing(to_peer=out.to_peer, to_server=_mux({0: self.kept, 1: out.to_server}), done=out.done)
+        return out
+
+    def state(self) -> bytes:
+        return pack({"role": "kept-round", "kept": self.kept,
+                     **({"fresh": Nested(self.fresh.state())} if self.fresh is not None else {})})
+
+    @classmethod
+    def restore(cls, data: bytes, restore_fresh) -> KeptRound:
+        s = State(data, "kept round")
+        return cls(s.bytes("kept"), restore_fresh(s.nested("fresh")) if "fresh" in s else None)
+
+
+def kept_shares(data: bytes, fresh: bool, who: str) -> tuple[bytes, bytes | None]:
+    """A KeptRound's share → (the kept share, the fresh run's share or None)."""
+    parts = _demux(data, 2, f"{who}'s kept round share")
+    if 0 not in parts or (1 in parts) != fresh:
+        raise ProtocolError(f"{who}: a kept round's share " + ("without its fresh run's" if fresh else
+                                                               "with a fresh run's share the round does not have"))
+    return parts[0], parts.get(1)
+
+
+def is_kept_round(data: bytes) -> bool:
+    """Whether a saved party is a KeptRound's."""
+    s = State(data, "pair party")
+    return "role" in s and s.str("role") == "kept-round"
+
+
 # --- the coordinator's plan of a round, as each site receives it ------------------------------------------
-def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None
-          ) -> dict[str, dict[str, list[np.ndarray] | BlockView]]:
+def _one_row_blocks(i: np.ndarray, j: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Distinct entries (i, j) as one-row blocks: per row j of B, its rows of A."""
+    order = np.lexsort((i, j))
+    i, j = i[order], j[order]
+    cuts = np.flatnonzero(np.diff(j)) + 1
+    return [(ia, ja[:1]) for ia, ja in zip(np.split(i, cuts), np.split(j, cuts))]
+
+
+def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None,
+          kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None
+          ) -> dict[str, dict[str, list[np.ndarray] | BlockView | KeptPlan]]:
     """Each site's part of a round, per peer: its own rows of each block (ring_n None: one run per
-    block), or its view of the pair's packed run (ring_n: the lattice ring's degree N)."""
+    block), or its view of the pair's packed run (ring_n: the lattice ring's degree N). `kept`: per
+    pair, the two views of its first packed run, whose results A keeps: the round's entries answered
+    there go to A as a KeptPlan (with a fresh view for the rest, if any); B is sent a view only for a
+    fresh run."""
     out: dict[str, dict] = {}
     for (a, b), bl in blocks.items():
         if ring_n is None:
             out.setdefault(a, {})[b] = [x.rows_a for x in bl]
             out.setdefault(b, {})[a] = [x.rows_b for x in bl]
-        else:
-            layout = BlockLayout([(x.rows_a, x.rows_b) for x in bl], sizes[a], sizes[b], ring_n)
-            out.setdefault(a, {})[b] = layout.view_a()
-            out.setdefault(b, {})[a] = layout.view_b()
+            continue
+        rows = [(x.rows_a, x.rows_b) for x in bl]
+        kv = None
+        if kept is not None and (a, b) in kept:
+            i, j = blocking.block_pairs(bl, sizes[a], sizes[b])
+            kv, fresh = kept_view(*kept[(a, b)], i, j)
+            rows = _one_row_blocks(i[fresh], j[fresh]) if fresh.any() else []
+        view_a = view_b = None
+        if rows:
+            layout = BlockLayout(rows, sizes[a], sizes[b], ring_n)
+            view_a, view_b = layout.view_a(), layout.view_b()
+            out.setdefault(b, {})[a] = view_b
+        out.setdefault(a, {})[b] = view_a if kv is None else KeptPlan(kv.keys, kv.ptr, view_a)
     return out
 
 
 def pair_blocks(a: str, b: str, mine_a, mine_b) -> list[blocking.Block] | None:
     """The pair's blocks of a round again, from the parts the coordinator sent a and b (None: neither
     has one): the blocks themselves, or, for a packed run, its candidate entries as one-row blocks."""
+    if isinstance(mine_a, KeptPlan):  # the fresh run's part (the kept part: CoordinatorSession.receive_kept)
+        mine_a = mine_a.view
     if mine_a is None and mine_b is None:
         return None
     if isinstance(mine_a, BlockView) and isinstance(mine_b, BlockView):
@@ -154,6 +234,11 @@ def encode_plan(blocks_by_peer: dict[str, list[np.ndarray] | BlockView]) -> byte
     out: dict[str, np.ndarray] = {"peers": np.array(sorted(blocks_by_peer), dtype=str)}
     for i, peer in enumerate(sorted(blocks_by_peer)):
         rows = blocks_by_peer[peer]
+        if isinstance(rows, KeptPlan):
+            out[f"kept_{i}_keys"], out[f"kept_{i}_ptr"] = rows.keys, rows.ptr
+            if rows.view is None:
+                continue
+            rows = rows.view
         if isinstance(rows, BlockView):
             out.update({f"view_{i}_{k}": v for k, v in rows.arrays().items()})
             continue
@@ -172,13 +257,20 @@ def decode_plan(data: bytes, n: int, peers: list[str], max_bytes: int = 1 << 31
     for i, peer in enumerate(names):
         if peer not in peers:
             raise ProtocolError(f"blocks with {peer!r}, not a peer of this job")
-        if f"view_{i}_meta" in b:
-            def get(k, i=i, peer=peer):
-                x = b.get(f"view_{i}_{k}")
-                if x is not None and (x.dtype != np.int64 or x.ndim != 1):
-                    raise ProtocolError(f"blocks with {peer}: a malformed view")
-                return x
-            out[peer] = BlockView.from_arrays(get)
+        def get(k, i=i, peer=peer, part="view"):
+            x = b.get(f"{part}_{i}_{k}")
+            if x is not None and (x.dtype != np.int64 or x.ndim != 1):
+                raise ProtocolError(f"blocks with {peer}: a malformed view")
+            return x
+        view = BlockView.from_arrays(get) if f"view_{i}_meta" in b else None
+        if f"kept_{i}_keys" in b:  # checked against the kept run's view by the site (KeptView)
+            keys, ptr = get("keys", part="kept"), get("ptr", part="kept")
+            if keys is None or ptr is None:
+                raise ProtocolError(f"blocks with {peer}: a malformed kept view")
+            out[peer] = KeptPlan(keys, ptr, view)
+            continue
+        if view is not None:
+            out[peer] = view
             continue
         indptr, rows = b.get(f"indptr_{i}"), b.get(f"rows_{i}")
         if indptr is None or rows is None or indptr.dtype != np.int64 or rows.dtype != np.int64 or indptr.ndim != 1:

@@ -55,8 +55,9 @@ from typing import Protocol
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
+from crypto.lattice_blocks import BlockView
 from xclp import blocking
-from xclp.block_protocol import decode_plan, encode_plan, pair_blocks, plans
+from xclp.block_protocol import KeptPlan, decode_plan, encode_plan, kept_shares, pair_blocks, plans
 from xclp.propagation import Prediction
 from xclp.protocol import (
     BLOCKED_GRAPH_TOPICS,
@@ -111,14 +112,23 @@ class Send:
     body: bytes
 
 
+MAX_B_RUNS = 2  # pair protocols a site runs at once as B (PredictSite._step_pairs)
+
+
 class MemoryMailbox:
     """Every message of a job in a dict: the coordinator's mailbox and each site's inbox, for the drivers
     that keep a job in memory (the simulation, Flower's ServerApp). A message is stored once: a repeat
-    (a site re-sending after a failed reply) is the same message, as the service stores it once."""
+    (a site re-sending after a failed reply) is the same message, as the service stores it once.
+
+    A pair protocol's site-to-site message is read once, by its recipient's pair driver (whose state
+    then holds all it needs; a site restarted inside a pair protocol cannot finish it, PredictSite),
+    and in a secure job these messages are nearly all the bytes (a lattice job at 60,000 points moves
+    ≈ 10 GB of result ciphertexts): its body is released once taken (`take`), its key kept, so that
+    a repeat is still refused and the coordinator still sees who sent what."""
 
     def __init__(self, on_put: Callable[[Send], None] | None = None):
         self.on_put = on_put
-        self.messages: dict[tuple[str, str, str], bytes] = {}
+        self.messages: dict[tuple[str, str, str], bytes | None] = {}
 
     def put(self, m: Send) -> bool:
         key = (m.sender, m.recipient, m.topic)
@@ -138,9 +148,17 @@ class MemoryMailbox:
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         return self.messages.get((sender, recipient, topic))
 
+    def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        """`body`, and a pair protocol's site-to-site message released once taken (see the class)."""
+        key = (sender, recipient, topic)
+        body = self.messages.get(key)
+        if body is not None and sender != COORDINATOR and Topic.is_pair_message(topic):
+            self.messages[key] = None
+        return body
+
     def addressed_to(self, site: str) -> dict[tuple[str, str], bytes]:
-        """(sender, topic) → body of every message to `site`."""
-        return {(s, t): b for (s, r, t), b in self.messages.items() if r == site}
+        """(sender, topic) → body of every message to `site` (not those already taken and released)."""
+        return {(s, t): b for (s, r, t), b in self.messages.items() if r == site and b is not None}
 
     def inbox(self, site: str) -> DictInbox:
         return DictInbox(self, site)
@@ -155,7 +173,7 @@ class DictInbox:
     def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
         if isinstance(self.mail, dict):
             return self.mail.get((sender, topic))
-        return self.mail.body(sender, self.site, topic)
+        return self.mail.take(sender, self.site, topic)
 
 
 @dataclass
@@ -567,14 +585,41 @@ class PredictCoordinator:
     def _blocked_inputs(self) -> tuple[str, ...]:
         return ("tags", "knn") + (("codes",) if self.params.crypto == "plaintext" else ())
 
-    def _plan(self, mail: Mailbox, r: int, order: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
-        """Round r's blocks of every pair of `order`, from the plans the coordinator sent the sites."""
+    def _round_plans(self, mail: Mailbox, r: int, order: list[str]) -> dict[str, dict]:
+        """The plans of round r the coordinator sent the sites of `order` (site → peer → its part)."""
         coord_n = {s: decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in order}
         plans = {}
         for s in order:
             body = mail.body(COORDINATOR, s, Topic.blocks(r))
             plans[s] = {} if body is None else decode_plan(body, coord_n[s], self.state.sites,
                                                             max_bytes=self.params.max_message_bytes)
+        return plans
+
+    def _first_views(self, mail: Mailbox, order: list[str]) -> dict[tuple[str, str], tuple[BlockView, BlockView]]:
+        """Round 1's two views of each pair that ran a packed run then: whose results A keeps."""
+        plans = self._round_plans(mail, 1, order)
+        return {(a, b): (plans[a][b], plans[b][a]) for i, a in enumerate(order) for b in order[i + 1:]
+                if isinstance(plans[a].get(b), BlockView) and isinstance(plans[b].get(a), BlockView)}
+
+    def _kept(self, mail: Mailbox, r: int, order: list[str]) -> dict[tuple[str, str], tuple[KeptPlan, tuple]]:
+        """Round r's entries that A answers from its kept results, per pair: A's KeptPlan and the pair's
+        round-1 views (crypto.lattice_kept)."""
+        if r < 2:
+            return {}
+        plans = self._round_plans(mail, r, order)
+        kept = {(a, b): plans[a][b] for i, a in enumerate(order) for b in order[i + 1:]
+                if isinstance(plans[a].get(b), KeptPlan)}
+        if not kept:
+            return {}
+        first = self._first_views(mail, order)
+        missing = sorted(set(kept) - set(first))
+        if missing:
+            raise ProtocolError(f"kept results planned for {missing[0]} without a first packed run")
+        return {p: (kp, first[p]) for p, kp in kept.items()}
+
+    def _plan(self, mail: Mailbox, r: int, order: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
+        """Round r's blocks of every pair of `order` run afresh, from the plans the coordinator sent the sites."""
+        plans = self._round_plans(mail, r, order)
         out = {}
         for i, a in enumerate(order):
             for b in order[i + 1:]:
@@ -604,10 +649,16 @@ class PredictCoordinator:
         live = [s for s in order if s not in bad]
         incomplete = set()
         for r in range(1, st.attempt + 1):
-            for (a, b), blocks in self._plan(mail, r, live).items():
+            fresh, kept = self._plan(mail, r, live), self._kept(mail, r, live)
+            for a, b in sorted(set(fresh) | set(kept), key=lambda p: (live.index(p[0]), live.index(p[1]))):
                 try:
-                    coord.receive_blocks(blocks, mail.body(a, COORDINATOR, Topic.block_share(r, a, b)),
-                                         mail.body(b, COORDINATOR, Topic.block_share(r, a, b)))
+                    share_a = mail.body(a, COORDINATOR, Topic.block_share(r, a, b))
+                    if (a, b) in kept:  # A's share: its kept part, and its fresh run's if the round has one
+                        kept_share, share_a = kept_shares(share_a, (a, b) in fresh, a)
+                        coord.receive_kept(a, b, *kept[(a, b)], kept_share,
+                                           mail.body(b, COORDINATOR, Topic.block_share(1, a, b)))
+                    if (a, b) in fresh:
+                        coord.receive_blocks(fresh[(a, b)], share_a, mail.body(b, COORDINATOR, Topic.block_share(r, a, b)))
                 except ProtocolError as exc:
                     log.warning("round %d, pair (%s, %s): %s", r, a, b, exc)
                     incomplete.add((a, b))
@@ -619,9 +670,10 @@ class PredictCoordinator:
         r = st.attempt
         if r == 0:
             missing = {s for s in order for t in self._blocked_inputs() if s not in mail.senders(COORDINATOR, t)}
-        else:
-            incomplete = {p for p in self._plan(mail, r, order)
-                          if mail.senders(COORDINATOR, Topic.block_share(r, *p)) != set(p)}
+        else:  # every pair's share(s): both sites' of a fresh run, A's alone where A answers from kept results
+            fresh, kept = self._plan(mail, r, order), self._kept(mail, r, order)
+            incomplete = {p for p in set(fresh) | set(kept)
+                          if (set(p) if p in fresh else {p[0]}) - mail.senders(COORDINATOR, Topic.block_share(r, *p))}
             missing = blame(order, incomplete)
         if missing:
             if expired:  # gone before or during its blocks: removed from the graph, as if never there
@@ -650,7 +702,9 @@ class PredictCoordinator:
         # each site its part of each pair: its own rows of each block, or (lattice) its view of the
         # pair's one packed run — never a row of its peer's (xclp.block_protocol)
         packed = coord.packs_blocks_ring()
-        parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed)
+        # from round 2 on, A answers from its kept results of round 1 what they hold (crypto.lattice_kept)
+        kept = self._first_views(mail, order) if packed and r >= 1 and self.params.keep_first_round else None
+        parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed, kept)
         for s in order:
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
         st.attempt = r + 1
@@ -801,6 +855,12 @@ class PredictSite:
         pairs, or a blocked graph's rounds (each pair's entry names its topics)."""
         me = self.name
         progressed = waiting = False
+        pairs = list(pairs)
+        # As B a site holds its peer's columns for the run's length (lattice: 200 MB a block of A at
+        # L = 1024): it starts a pair as B only while fewer than MAX_B_RUNS of them are under way, so a
+        # site's memory does not grow with its number of peers. A's side is never held back, so every
+        # B run under way can finish (no wait-for cycle).
+        running = sum(1 for d in pairs if d["b_side"] and d["side"].got and not d["side"].done and d["peer"] in view.live)
         for d in pairs:
             peer = d["peer"]
             if peer not in view.live:
@@ -811,12 +871,18 @@ class PredictSite:
             side = d["side"]
             if side.done:
                 continue
+            if d["b_side"] and not side.got:
+                if running >= MAX_B_RUNS:
+                    waiting = True
+                    continue
             message = None
             if side.awaiting is not None:
                 message = inbox.get(d["message"](side.awaiting), sender=peer)
                 if message is None:
                     waiting = True
                     continue
+            if d["b_side"] and side.got == 0:
+                running += 1
             to_peer, to_server = side.step(message)
             progressed = True
             if to_server is not None:
@@ -833,14 +899,14 @@ class PredictSite:
         order = self.session.order
         a, b = sorted((self.name, peer), key=order.index)
         return {"side": self.session.pair_driver(peer), "peer": peer, "share": Topic.share(a, b),
-                "message": lambda n: Topic.pair(a, b, n), "outbox": []}
+                "message": lambda n: Topic.pair(a, b, n), "outbox": [], "b_side": b == self.name}
 
     # --- hamming, blocked graph (the coordinator's side: PredictCoordinator._blocked_hamming) ----------
     def _block_round(self, r: int, peer: str, driver) -> dict:
         order = self.session.order
         a, b = sorted((self.name, peer), key=order.index)
         return {"side": driver, "peer": peer, "round": r, "share": Topic.block_share(r, a, b),
-                "message": lambda n: Topic.block_pair(r, a, b, n), "outbox": []}
+                "message": lambda n: Topic.block_pair(r, a, b, n), "outbox": [], "b_side": b == self.name}
 
     def _blocked_hamming(self, view: PredictState, inbox: Inbox, send: Callable[[Send], None]) -> bool:
         sess = self.session

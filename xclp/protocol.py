@@ -60,7 +60,9 @@ from crypto.hamming_api import (
 )
 from crypto.identity import Identity, Pins, announce_digest, verify
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
-from crypto.lattice_blocks import BlockView
+from crypto.lattice_blocks import BlockView, PackedPartyA
+from crypto.lattice_hamming import lattice_params
+from crypto.lattice_kept import KeptResults, KeptView, combine_kept
 from crypto.secure_sum import (
     mask_rows,
     prg_uint64,
@@ -73,7 +75,7 @@ from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contrib
 from crypto.state import Nested, State, pack
 from xclp import blocked_graph, blocking, lsh, push
 from xclp import graph as graphs
-from xclp.block_protocol import BlockParty, split_shares
+from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, is_kept_round, split_shares
 from xclp.data import validate_features, validate_labels
 from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
@@ -153,6 +155,11 @@ class Topic:
     @staticmethod
     def pair(a: str, b: str, number: int) -> str:
         return f"pair/{a}/{b}/{number}"
+
+    @staticmethod
+    def is_pair_message(topic: str) -> bool:
+        """A pair protocol's site-to-site message (exact or blocked graph): read once, by its recipient."""
+        return topic.startswith(("pair/", "bpair/"))
 
     @staticmethod
     def blocks(round_: int) -> str:
@@ -241,6 +248,10 @@ class JobParams:
     blocking_tables: int = blocking.DEFAULT_TABLES
     max_bucket: int = blocking.DEFAULT_MAX_BUCKET
     descent_rounds: int = 2
+    # lattice, blocked graph: A keeps the decrypted results of its first packed run with each peer and
+    # answers the descent rounds' entries from them, with no new ciphertexts (crypto.lattice_kept);
+    # False runs every round afresh (the benchmark's baseline)
+    keep_first_round: bool = True
     push_eps: float = push.DEFAULT_EPS
     influence_rank: int = push.DEFAULT_RANK
 
@@ -516,6 +527,11 @@ class ChannelParty:
         return self.party.state()
 
 
+def _round_of(key: str) -> int:
+    """The round of a block driver's key "round/peer"."""
+    return int(key.split("/", 1)[0])
+
+
 def simulation_contribution(seed: int, site: str) -> bytes:
     """A deterministic seed contribution, for reproducible simulations only (agents use os.urandom)."""
     return hashlib.sha256(f"xclp/simulation-contribution/{seed}/{site}".encode()).digest()
@@ -643,6 +659,9 @@ class SiteSession:
         self.pair_drivers: dict[str, PairDriver] = {}  # the pair protocols in progress (pair_driver)
         self._tag_cache: np.ndarray | None = None  # blocked graph: this site's substring tags
         self.block_drivers: dict[str, tuple[str, PairDriver]] = {}  # blocked graph: round/peer → (peer, driver)
+        # blocked graph, lattice: A's decrypted results of its first packed run with each peer
+        # (crypto.lattice_kept), which answer the descent rounds' entries without a new run
+        self.kept_results: dict[str, KeptResults] = {}
 
     # --- saved and restored (see "saved sessions" at the end: no pickle) --------------------------------
     def to_bytes(self) -> bytes:
@@ -971,15 +990,26 @@ class SiteSession:
             raise ProtocolError(f"{self.site}: a block names rows outside [0, {self.X.shape[0]})")
         return self.hamming_party(peer, rows=rows)
 
-    def blocks_party(self, peer: str, blocks: list[np.ndarray] | BlockView) -> BlockParty | ChannelParty:
+    def blocks_party(self, peer: str, blocks: list[np.ndarray] | BlockView | KeptPlan, round_: int = 0
+                     ) -> BlockParty | ChannelParty | KeptRound:
         """Our side of one round's blocks with `peer` as one pair protocol (xclp.block_protocol): a
         protocol that packs blocks (lattice) runs ONE packed run from our view of the pair (`blocks`, a
-        BlockView: no row of the peer's in it); the others one run per block of our own rows."""
+        BlockView: no row of the peer's in it); the others one run per block of our own rows. As A of
+        round 1 we keep the run's decrypted results; a later round's KeptPlan is answered from them
+        (and a fresh packed run for the rest, if any)."""
         if not traits(self.params.crypto).packs_blocks:
-            if isinstance(blocks, BlockView):
+            if isinstance(blocks, BlockView | KeptPlan):
                 raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs one protocol per block, "
                                     "not a packed view")
             return BlockParty([self.block_party(peer, rows) for rows in blocks], blocks)
+        if isinstance(blocks, KeptPlan):
+            kept = self.kept_results.get(peer)
+            if kept is None or self.order.index(self.site) > self.order.index(peer):
+                raise ProtocolError(f"{self.site}: no kept results of a first run with {peer} (a session "
+                                    "restarted without them?)")
+            log_t = lattice_params(self.params.bits, kept.view.n).log_t
+            share = kept.answer(KeptView(kept.view, blocks.keys, blocks.ptr), log_t)
+            return KeptRound(share, None if blocks.view is None else self.blocks_party(peer, blocks.view))
         if not isinstance(blocks, BlockView):
             raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs a pair's blocks packed: its plan "
                                 "is a view of the pair, not a list of blocks")
@@ -991,7 +1021,10 @@ class SiteSession:
         proto = self._hamming = self._hamming or hamming_protocol(self.params)
         if blocks.n != proto.n:
             raise ProtocolError(f"{self.site}: a view for ring degree {blocks.n}, the protocol's is {proto.n}")
-        party = (proto.party_a_view(self.hash(), self.params.bits, blocks) if first
+        keep = None
+        if first and round_ == 1 and self.params.keep_first_round and self.params.descent_rounds > 0:
+            keep = self.kept_results[peer] = KeptResults(blocks)
+        party = (proto.party_a_view(self.hash(), self.params.bits, blocks, keep) if first
                  else proto.party_b_view(self.hash(), self.params.bits, blocks))
         return ChannelParty(party, self.channels[peer], "hamming")
 
@@ -1002,14 +1035,20 @@ class SiteSession:
             if peer not in self.order or peer == self.site:
                 raise ProtocolError(f"{self.site}: blocks with {peer!r}, not a peer of this job")
             first = self.order.index(self.site) < self.order.index(peer)
-            self.block_drivers[key] = (peer, PairDriver(self.blocks_party(peer, blocks), first))
+            self.block_drivers[key] = (peer, PairDriver(self.blocks_party(peer, blocks, _round_of(key)), first))
         return self.block_drivers[key][1]
 
-    def _restore_block_driver(self, peer: str, data: bytes) -> PairDriver:
+    def _restore_block_driver(self, key: str, peer: str, data: bytes) -> PairDriver:
         proto = self._hamming = self._hamming or hamming_protocol(self.params)
         if traits(self.params.crypto).packs_blocks:  # one packed party over all our points
-            return PairDriver.restore(data, lambda b: ChannelParty(proto.restore_party(self.bits, self.params.bits, b),
-                                                                   self.channels[peer], "hamming"))
+
+            def packed(b: bytes) -> ChannelParty:
+                party = proto.restore_party(self.bits, self.params.bits, b)
+                if isinstance(party, PackedPartyA) and _round_of(key) == 1 and peer in self.kept_results:
+                    party.keep = self.kept_results[peer]  # the first run, still keeping its results
+                return ChannelParty(party, self.channels[peer], "hamming")
+
+            return PairDriver.restore(data, lambda b: KeptRound.restore(b, packed) if is_kept_round(b) else packed(b))
         return PairDriver.restore(data, lambda b: BlockParty.restore(
             b, lambda rows, d: ChannelParty(proto.restore_party(self.bits[rows], self.params.bits, d),
                                             self.channels[peer], "hamming")))
@@ -1226,6 +1265,16 @@ class CoordinatorSession:
         a, b = blocks[0].a, blocks[0].b
         for block, sa, sb in zip(blocks, split_shares(share_a, len(blocks), a), split_shares(share_b, len(blocks), b)):
             self.receive_block(block, sa, sb)
+
+    def receive_kept(self, a: str, b: str, keys: KeptPlan, first: tuple[BlockView, BlockView], share_a: bytes,
+                     share_b_first: bytes) -> None:
+        """The entries of a round that A answered from its kept results of the pair's first packed run
+        (crypto.lattice_kept): `first` is that run's two views, `share_b_first` B's share of it (its ρ key)."""
+        if a not in self.roster or b not in self.roster or self.order.index(a) >= self.order.index(b):
+            raise ProtocolError(f"kept results ({a}, {b}) are not of a pair in roster order")
+        kept = KeptView(first[0], keys.keys, keys.ptr)
+        i, j, h = combine_kept(share_a, share_b_first, kept, first[1], self.params.bits, self.params.max_message_bytes)
+        self._blocked_state().add_pairs(a, b, i, j, h)
 
     def packs_blocks_ring(self) -> int | None:
         """The ring degree N of the job's packed block runs (xclp.block_protocol.plans); None where the
@@ -1522,6 +1571,9 @@ def _session_to_bytes(s: SiteSession) -> bytes:
         f["paillier"] = [int(s._paillier_keys[1].p), int(s._paillier_keys[1].q)]
     f["pairs"] = list(s.pair_drivers)
     f["block_rounds"] = [[key, peer] for key, (peer, _) in s.block_drivers.items()]
+    f["kept_results"] = list(s.kept_results)
+    for i, kept in enumerate(s.kept_results.values()):
+        f[f"kept/{i}"] = Nested(kept.state())
     for i, (_, driver) in enumerate(s.block_drivers.values()):
         f[f"block_round/{i}"] = Nested(driver.state())
     for i, driver in enumerate(s.pair_drivers.values()):
@@ -1589,10 +1641,15 @@ def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hammi
 
         p, q = s.json("paillier")
         sess._paillier_keys = keypair_from_primes(p, q)
+    for i, peer in enumerate(s.json("kept_results") if "kept_results" in s else []):  # before the rounds that use them
+        if peer not in sess.channels:
+            raise ProtocolError(f"{sess.site}: saved kept results with {peer!r}, not a peer of its roster")
+        sess.kept_results[str(peer)] = KeptResults.restore(s.nested(f"kept/{i}"))
     for i, (key, peer) in enumerate(s.json("block_rounds") if "block_rounds" in s else []):
         if peer not in sess.channels or sess.bits is None:
             raise ProtocolError(f"{sess.site}: a saved block round with {peer!r}, not a peer of its roster")
-        sess.block_drivers[str(key)] = (str(peer), sess._restore_block_driver(str(peer), s.nested(f"block_round/{i}")))
+        sess.block_drivers[str(key)] = (str(peer), sess._restore_block_driver(str(key), str(peer),
+                                                                             s.nested(f"block_round/{i}")))
     peers = s.json("pairs")
     if peers:
         proto = sess._hamming = sess._hamming or hamming_protocol(params)

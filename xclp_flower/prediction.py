@@ -210,6 +210,8 @@ class FlowerXCLP:
             for s in takers:
                 new = {k: b for k, b in mail.addressed_to(s).items() if k not in delivered[s]}
                 delivered[s] |= set(new)
+                for sender, topic in new:  # a pair protocol's message is the node's now (MemoryMailbox.take)
+                    mail.take(sender, s, topic)
                 fields[s] = {"view": state.to_bytes(), **({} if phase != "setup" or s in self.started else start),
                              **{f"in:{sender}:{topic}": body for (sender, topic), body in new.items()}}
             self.started |= set(takers)

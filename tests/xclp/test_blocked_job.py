@@ -265,3 +265,42 @@ def test_a_site_that_has_sent_its_part_long_polls_for_the_coordinators_next_mess
                    contributions={s: sites[s].session.my_contribution() for s in ds.sites})
     for s in ds.sites:
         assert np.array_equal(sites[s].result.labels, ref.predictions[s].labels), s
+
+
+def test_descent_rounds_are_answered_from_the_first_rounds_kept_results(ds):
+    # lattice: A keeps its decrypted results of round 1 with each peer (crypto.lattice_kept); a descent
+    # round's entries found there are sent to A alone as a KeptPlan, B takes no part in a pair answered
+    # wholly so, and the labels are the plaintext job's — with fewer bytes than every round afresh
+    from crypto.lattice_blocks import BlockView
+    from xclp.block_protocol import KeptPlan, decode_plan
+    from xclp.protocol import Topic
+
+    params = JobParams(job_id="kept", crypto="lattice", **{**BLOCKED, "descent_rounds": 2})
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    labels = finish(coord, sites, mail)
+    kept = kept_only = 0
+    for r in range(2, coord.state.attempts["hamming"] + 1):
+        for a in ds.sites:
+            plan = decode_plan(mail.body(COORDINATOR, a, Topic.blocks(r)), int((ds.site == a).sum()), list(ds.sites))
+            for b, part in plan.items():
+                assert not isinstance(part, KeptPlan) or list(ds.sites).index(a) < list(ds.sites).index(b)
+                if isinstance(part, KeptPlan):
+                    kept += 1
+                    theirs = decode_plan(mail.body(COORDINATOR, b, Topic.blocks(r)), int((ds.site == b).sum()),
+                                         list(ds.sites)).get(a)
+                    assert isinstance(theirs, BlockView) == (part.view is not None)  # B: a view only for a fresh run
+                    if part.view is None:
+                        kept_only += 1
+                        assert mail.senders(COORDINATOR, Topic.block_share(r, a, b)) == {a}
+    assert kept >= 1 and kept_only >= 1
+    plain = run_xclp(ds, JobParams(job_id="kept", **{**BLOCKED, "descent_rounds": 2}),
+                     contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s, got in labels.items():
+        assert np.array_equal(got, plain.predictions[s].labels), s
+    fresh = run_xclp(ds, JobParams(job_id="kept", crypto="lattice", keep_first_round=False,
+                                   **{**BLOCKED, "descent_rounds": 2}),
+                     contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    again = run_xclp(ds, params, contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    assert np.array_equal(fresh.labels, again.labels)
+    assert again.bytes["by_phase"]["hamming"] < fresh.bytes["by_phase"]["hamming"]

@@ -153,3 +153,52 @@ def test_a_site_whose_columns_are_another_order_or_others_is_left_out_naming_the
         with pytest.raises(Exception, match="mixes feature columns"):
             sessions["site0"].set_roster(decode_roster(mixed))
         sessions["site1"].set_roster(decode_roster(roster))  # the agreed one is taken
+
+
+def test_a_site_runs_at_most_max_b_runs_pairs_as_b_and_pair_messages_are_released_once_taken():
+    # 5 sites: the last is B of 4 pairs. It starts a pair as B only while fewer than MAX_B_RUNS are under
+    # way (its peers' columns are held for a run's length), A's side never waits, and the labels are the
+    # simulation's. The mailbox keeps every pair message's key (who sent what) but not its body once
+    # its recipient took it: in a secure job those bodies are nearly all the bytes.
+    from xclp import prediction_job
+
+    from crypto.lattice_blocks import PackedLatticeHamming
+
+    X, y = load_arrays("digits", limit=400, seed=5)
+    ds5 = simulate_sites(X, y, 5, "iid", 0.2, seed=5)
+    params = JobParams(job_id="bruns", n_classes=10, bits=64, k=5, crypto="lattice")
+    # small RES messages: a B run takes several turns (SUB_BATCH = 32 of its ~80 rows each)
+    sites = {s: PredictSite(SiteSession(params, s, ds5.X[ds5.site == s], ds5.y[ds5.site == s],
+                                        contribution=bytes([i]) * 32,
+                                        hamming=PackedLatticeHamming(target_message_bytes=1)))
+             for i, s in enumerate(ds5.sites)}
+    coord = PredictCoordinator(params, PredictState.new(list(ds5.sites)))
+    mail = MemoryMailbox()
+    most = {s: 0 for s in ds5.sites}
+
+    def under_way(s):
+        order = list(ds5.sites)
+        return sum(1 for peer, drv in sites[s].session.pair_drivers.items()
+                   if order.index(peer) < order.index(s) and drv.got and not drv.done)
+
+    st = coord.state
+    for _ in range(400):
+        if st.status == "done":
+            break
+        moved = False
+        for s in list(st.live):
+            moved |= sites[s].step(st, mail.inbox(s), mail.put)
+            most[s] = max(most[s], under_way(s))
+        coord.settle(mail, moved)
+    assert st.status == "done" and st.dropped == {}
+    assert most[ds5.sites[-1]] == prediction_job.MAX_B_RUNS == 2  # 4 pairs as B, 2 at a time
+    pair_keys = [k for k in mail.messages if Topic.is_pair_message(k[2])]
+    assert pair_keys and all(mail.messages[k] is None for k in pair_keys)  # every one taken, then released
+    assert all(b is not None for k, b in mail.messages.items() if not Topic.is_pair_message(k[2]))
+    first = pair_keys[0]
+    assert not mail.put(Send(first[0], first[1], first[2], b"again"))  # a repeat is still refused
+    for s in ds5.sites:
+        sites[s].step(st, mail.inbox(s), mail.put)
+    ref = run_xclp(ds5, params, contributions={s: bytes([i]) * 32 for i, s in enumerate(ds5.sites)})
+    for s in ds5.sites:
+        assert np.array_equal(sites[s].result.labels, ref.predictions[s].labels), s
