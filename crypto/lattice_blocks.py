@@ -243,9 +243,7 @@ class BlockView:
                 g_keys = keys[key_ptr[i] : key_ptr[i + 1]]
                 if g_keys[0] < 0 or g_keys[-1] >= m * width or np.any(np.diff(g_keys) < 1):
                     raise ProtocolError(f"lattice blocks: group {k}'s candidate positions are out of range")
-                starts = np.searchsorted(g_keys, np.arange(m + 1) * width)
-                if np.any(np.diff(starts) < 1):
-                    raise ProtocolError(f"lattice blocks: a row of B in group {k} has no candidate")
+                starts = np.searchsorted(g_keys, np.arange(m + 1) * width)  # (a padded group's rows may have none)
             self.groups.append(Group(k, start, width, m, b_rows, g_keys, starts, offset))
         self.ks, self.counts, self.rows, self.keys, self.key_ptr = ks, counts, rows, keys, key_ptr
         self.ciphertexts = int(counts.sum())  # result ciphertexts of the run
@@ -300,9 +298,17 @@ class BlockLayout:
     named twice in one block are refused. Every party computes it from the same list; `digest`
     binds the run's messages to it."""
 
-    def __init__(self, blocks, n_a: int, n_b: int, n: int = rlwe.N_DEFAULT, private: bool = True):
+    def __init__(self, blocks, n_a: int, n_b: int, n: int = rlwe.N_DEFAULT, private: bool = True,
+                 pad: float | None = None):
+        """`pad`: a group of A whose rows of B with a candidate are at least this fraction of B's rows
+        runs ALL of B's rows (one result ciphertext each, the others without a candidate): A then holds
+        u at every (row, point) of the group, which answers any later round there from kept results
+        (crypto.lattice_kept) instead of a fresh run. Private runs only."""
         blocks = list(blocks)
         self.private = bool(private)
+        self._views = None
+        if pad is not None and (not self.private or not 0 < pad <= 1):
+            raise ProtocolError("lattice blocks: padding is for private runs, with a fraction in (0, 1]")
         if not blocks:
             raise ProtocolError("lattice blocks: a packed run needs at least one block")
         if n_a < 1 or n_b < 1:
@@ -341,6 +347,8 @@ class BlockLayout:
             start, stop = natural[int(k)]
             width = stop - start
             b_rows = _unique(bj[sel])
+            if pad is not None and b_rows.size >= pad * self.n_b:
+                b_rows = np.arange(self.n_b, dtype=np.int64)
             key = np.searchsorted(b_rows, bj[sel]) * width + (ai[sel] - start)
             keys = _unique(key)
             self.entry[sel] = offset + np.searchsorted(keys, key)
@@ -350,13 +358,34 @@ class BlockLayout:
         self.candidates = offset  # |E|: distinct candidate entries (a pair in two blocks counts once)
         self.ciphertexts = sum(g.b_rows.size for g in self.groups)  # result ciphertexts of the run
 
+    @classmethod
+    def from_views(cls, view_a: BlockView, view_b: BlockView) -> BlockLayout:
+        """The layout of a packed run from the two views its sites were given (the coordinator's rebuild
+        of a round it planned): its groups, keys and rows of B — all that combining its shares needs,
+        and the two views themselves (a padded group's rows without a candidate included). Not the
+        block list: `split` needs that (BlockLayout(blocks))."""
+        if (view_a.side, view_b.side) != ("a", "b") or view_a.shape_digest != view_b.shape_digest \
+                or not view_a.private or not view_b.private:
+            raise ProtocolError("lattice blocks: A's and B's views are not of one private run")
+        self = cls.__new__(cls)
+        self.private, self.n_a, self.n_b, self.n = True, view_a.n_a, view_a.n_b, view_a.n
+        self.groups = [Group(ga.k, ga.start, ga.width, ga.count, gb.b_rows, ga.keys, ga.starts, ga.offset)
+                       for ga, gb in zip(view_a.groups, view_b.groups)]
+        self.candidates, self.ciphertexts = view_a.candidates, view_a.ciphertexts
+        self._views = (view_a, view_b)
+        return self
+
     def view_a(self) -> BlockView:
         """What A is given: per group, the count of B's rows and each anonymous row's positions P(k, c)."""
+        if self._views is not None:
+            return self._views[0]
         return BlockView("a", self.private, self.n_a, self.n_b, self.n, *self._shape(), keys=self._keys()[0],
                          key_ptr=self._keys()[1])
 
     def view_b(self) -> BlockView:
         """What B is given: per group, its own rows there (private; else also P(k, c))."""
+        if self._views is not None:
+            return self._views[1]
         keys, ptr = (None, None) if self.private else self._keys()
         return BlockView("b", self.private, self.n_a, self.n_b, self.n, *self._shape(),
                          rows=np.concatenate([g.b_rows for g in self.groups]), keys=keys, key_ptr=ptr)
@@ -387,14 +416,16 @@ class BlockLayout:
 def blocks_from_views(view_a: BlockView, view_b: BlockView) -> list[tuple[np.ndarray, np.ndarray]]:
     """The pair's candidate entries as one-row blocks (A's positions P(k, c) + k·N, B's c-th row of the
     group), from A's and B's views: the coordinator rebuilds a round it planned from the two messages
-    it sent (xclp.prediction_job). Both views are functions of the candidate entries alone, so
-    BlockLayout(these blocks) gives the same two views again."""
+    it sent (xclp.prediction_job). Unpadded views are functions of the candidate entries alone, so
+    BlockLayout(these blocks) gives the same two views again; a padded run's (BlockLayout's `pad`) are
+    combined from the views themselves (`BlockLayout.from_views`)."""
     if (view_a.side, view_b.side) != ("a", "b") or view_a.shape_digest != view_b.shape_digest:
         raise ProtocolError("lattice blocks: A's and B's views are not of one run")
     out = []
     for ga, gb in zip(view_a.groups, view_b.groups):
         for c in range(ga.count):
-            out.append((ga.start + ga.keys[ga.starts[c] : ga.starts[c + 1]] % ga.width, gb.b_rows[c : c + 1]))
+            if ga.starts[c + 1] > ga.starts[c]:  # (a padded group's rows without a candidate: no block)
+                out.append((ga.start + ga.keys[ga.starts[c] : ga.starts[c + 1]] % ga.width, gb.b_rows[c : c + 1]))
     return out
 
 

@@ -184,13 +184,14 @@ def _one_row_blocks(i: np.ndarray, j: np.ndarray) -> list[tuple[np.ndarray, np.n
 
 
 def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None,
-          kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None
+          kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None, pad: float | None = None
           ) -> dict[str, dict[str, list[np.ndarray] | BlockView | KeptPlan]]:
     """Each site's part of a round, per peer: its own rows of each block (ring_n None: one run per
     block), or its view of the pair's packed run (ring_n: the lattice ring's degree N). `kept`: per
     pair, the two views of its first packed run, whose results A keeps: the round's entries answered
     there go to A as a KeptPlan (with a fresh view for the rest, if any); B is sent a view only for a
-    fresh run."""
+    fresh run. `pad`: a packed run's groups padded to all of B's rows (BlockLayout's `pad`), so that
+    later rounds find their entries in A's kept results."""
     out: dict[str, dict] = {}
     for (a, b), bl in blocks.items():
         if ring_n is None:
@@ -205,16 +206,31 @@ def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, 
             rows = _one_row_blocks(i[fresh], j[fresh]) if fresh.any() else []
         view_a = view_b = None
         if rows:
-            layout = BlockLayout(rows, sizes[a], sizes[b], ring_n)
+            layout = BlockLayout(rows, sizes[a], sizes[b], ring_n, pad=pad)
             view_a, view_b = layout.view_a(), layout.view_b()
             out.setdefault(b, {})[a] = view_b
         out.setdefault(a, {})[b] = view_a if kv is None else KeptPlan(kv.keys, kv.ptr, view_a)
     return out
 
 
-def pair_blocks(a: str, b: str, mine_a, mine_b) -> list[blocking.Block] | None:
+@dataclass(frozen=True)
+class PackedRun:
+    """A pair's packed run of a round as the coordinator planned it: the two views it sent (combined by
+    `CoordinatorSession.receive_blocks` from the views themselves: BlockLayout.from_views)."""
+
+    a: str
+    b: str
+    view_a: BlockView
+    view_b: BlockView
+
+    def blocks(self) -> list[blocking.Block]:
+        """Its candidate entries as one-row blocks."""
+        return [blocking.Block(self.a, self.b, x, y) for x, y in blocks_from_views(self.view_a, self.view_b)]
+
+
+def pair_blocks(a: str, b: str, mine_a, mine_b) -> list[blocking.Block] | PackedRun | None:
     """The pair's blocks of a round again, from the parts the coordinator sent a and b (None: neither
-    has one): the blocks themselves, or, for a packed run, its candidate entries as one-row blocks."""
+    has one): the blocks themselves, or a packed run's two views."""
     if isinstance(mine_a, KeptPlan):  # the fresh run's part (the kept part: CoordinatorSession.receive_kept)
         mine_a = mine_a.view
     if mine_a is None and mine_b is None:
@@ -222,7 +238,7 @@ def pair_blocks(a: str, b: str, mine_a, mine_b) -> list[blocking.Block] | None:
     if isinstance(mine_a, BlockView) and isinstance(mine_b, BlockView):
         if mine_a.side != "a" or mine_b.side != "b":
             raise ProtocolError(f"the plans of ({a}, {b}) disagree")
-        return [blocking.Block(a, b, x, y) for x, y in blocks_from_views(mine_a, mine_b)]
+        return PackedRun(a, b, mine_a, mine_b)
     if not isinstance(mine_a, list) or not isinstance(mine_b, list) or len(mine_a) != len(mine_b):
         raise ProtocolError(f"the plans of ({a}, {b}) disagree")
     return [blocking.Block(a, b, x, y) for x, y in zip(mine_a, mine_b)]

@@ -112,7 +112,15 @@ class Send:
     body: bytes
 
 
-MAX_B_RUNS = 2  # pair protocols a site runs at once as B (PredictSite._step_pairs)
+# Pair protocols a site has under way at once (PredictSite._step_pairs): as B (which holds its peer's
+# columns for the run: 200 MB a group of A at L = 1024) and as A (whose first message, its columns, waits
+# for B: 58 MB a group)
+MAX_B_RUNS = 1
+MAX_A_RUNS = 2
+# A secure blocked job's round 1 runs all of B's rows in a group of A met by at least this fraction of
+# them (crypto.lattice_blocks.BlockLayout's pad): ≤ 25 % more result ciphertexts there, against a fresh
+# packed run in each descent round for the rows left out (B's column matrix, A's columns again)
+KEEP_PAD = 0.8
 
 
 class MemoryMailbox:
@@ -368,6 +376,9 @@ class PredictCoordinator:
         self.solve_info = None
         self.coordinator: CoordinatorSession | None = None  # the last graph's (tests and benchmarks read it)
         self._mode: str | None = None
+        # a blocked graph's round plans as decoded, per (round, site): the same bytes decode the same, and
+        # at 60,000 points a round's plans (candidate views) take seconds to decode, asked for every tick
+        self._plans: dict[tuple[int, str], tuple[int, int, dict]] = {}
 
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False) -> list[Send]:
@@ -591,8 +602,15 @@ class PredictCoordinator:
         plans = {}
         for s in order:
             body = mail.body(COORDINATOR, s, Topic.blocks(r))
-            plans[s] = {} if body is None else decode_plan(body, coord_n[s], self.state.sites,
-                                                            max_bytes=self.params.max_message_bytes)
+            if body is None:
+                plans[s] = {}
+                continue
+            got = self._plans.get((r, s))
+            if got is None or got[:2] != (len(body), hash(body)):
+                got = (len(body), hash(body), decode_plan(body, coord_n[s], self.state.sites,
+                                                          max_bytes=self.params.max_message_bytes))
+                self._plans[(r, s)] = got
+            plans[s] = got[2]
         return plans
 
     def _first_views(self, mail: Mailbox, order: list[str]) -> dict[tuple[str, str], tuple[BlockView, BlockView]]:
@@ -703,8 +721,12 @@ class PredictCoordinator:
         # pair's one packed run — never a row of its peer's (xclp.block_protocol)
         packed = coord.packs_blocks_ring()
         # from round 2 on, A answers from its kept results of round 1 what they hold (crypto.lattice_kept)
-        kept = self._first_views(mail, order) if packed and r >= 1 and self.params.keep_first_round else None
-        parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed, kept)
+        keep = packed and self.params.keep_first_round and self.params.descent_rounds > 0
+        kept = self._first_views(mail, order) if keep and r >= 1 else None
+        # round 1: a group of A met by most of B's rows runs all of them, so that the descent rounds
+        # find their entries there (KEEP_PAD)
+        parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed, kept,
+                      pad=KEEP_PAD if keep and r == 0 else None)
         for s in order:
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
         st.attempt = r + 1
@@ -856,11 +878,14 @@ class PredictSite:
         me = self.name
         progressed = waiting = False
         pairs = list(pairs)
-        # As B a site holds its peer's columns for the run's length (lattice: 200 MB a block of A at
-        # L = 1024): it starts a pair as B only while fewer than MAX_B_RUNS of them are under way, so a
-        # site's memory does not grow with its number of peers. A's side is never held back, so every
-        # B run under way can finish (no wait-for cycle).
-        running = sum(1 for d in pairs if d["b_side"] and d["side"].got and not d["side"].done and d["peer"] in view.live)
+        # As B a site holds its peer's columns for the run's length (lattice: 200 MB a group of A at
+        # L = 1024), as A its first message waits for B: it starts a pair as B only while fewer than
+        # MAX_B_RUNS of them are under way, as A while fewer than MAX_A_RUNS, so a site's memory does not
+        # grow with its number of peers. No wait-for cycle: a run B has started has started at A too,
+        # and then neither side waits for anything but the other.
+        live = [d for d in pairs if d["peer"] in view.live and not d["side"].done]
+        running = sum(1 for d in live if d["b_side"] and d["side"].got)
+        running_a = sum(1 for d in live if not d["b_side"] and d["side"].sent)
         for d in pairs:
             peer = d["peer"]
             if peer not in view.live:
@@ -871,10 +896,10 @@ class PredictSite:
             side = d["side"]
             if side.done:
                 continue
-            if d["b_side"] and not side.got:
-                if running >= MAX_B_RUNS:
-                    waiting = True
-                    continue
+            if d["b_side"] and not side.got and running >= MAX_B_RUNS \
+                    or not d["b_side"] and not side.sent and running_a >= MAX_A_RUNS:
+                waiting = True
+                continue
             message = None
             if side.awaiting is not None:
                 message = inbox.get(d["message"](side.awaiting), sender=peer)
@@ -883,6 +908,8 @@ class PredictSite:
                     continue
             if d["b_side"] and side.got == 0:
                 running += 1
+            elif not d["b_side"] and side.sent == 0:
+                running_a += 1
             to_peer, to_server = side.step(message)
             progressed = True
             if to_server is not None:

@@ -60,7 +60,7 @@ from crypto.hamming_api import (
 )
 from crypto.identity import Identity, Pins, announce_digest, verify
 from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
-from crypto.lattice_blocks import BlockView, PackedPartyA
+from crypto.lattice_blocks import BlockLayout, BlockView, PackedPartyA, combine_values
 from crypto.lattice_hamming import lattice_params
 from crypto.lattice_kept import KeptResults, KeptView, combine_kept
 from crypto.secure_sum import (
@@ -75,7 +75,7 @@ from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contrib
 from crypto.state import Nested, State, pack
 from xclp import blocked_graph, blocking, lsh, push
 from xclp import graph as graphs
-from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, is_kept_round, split_shares
+from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, PackedRun, is_kept_round, split_shares
 from xclp.data import validate_features, validate_labels
 from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
@@ -1259,6 +1259,9 @@ class CoordinatorSession:
         """One round's blocks of a pair, run as one protocol (`SiteSession.blocks_party`): a packed run's
         two shares, each checked against the view its site was given (`receive_packed_blocks`), or each
         block's shares to `receive_block`."""
+        if isinstance(blocks, PackedRun):  # a round the coordinator planned: combined from the views it sent
+            self.receive_packed_run(blocks, share_a, share_b)
+            return
         if traits(self.params.crypto).packs_blocks:
             self.receive_packed_blocks(blocks, share_a, share_b)
             return
@@ -1294,6 +1297,17 @@ class CoordinatorSession:
         i, j, h = hamming_protocol(self.params).combine_pairs(share_a, share_b, [(bl.rows_a, bl.rows_b) for bl in blocks],
                                                               self.roster[a].n, self.roster[b].n, self.params.bits)
         self._blocked_state().add_pairs(a, b, i, j, h)
+
+    def receive_packed_run(self, run: PackedRun, share_a: bytes, share_b: bytes) -> None:
+        """The two shares of a packed run, against the two views the sites were given."""
+        a, b = run.a, run.b
+        if a not in self.roster or b not in self.roster or self.order.index(a) >= self.order.index(b):
+            raise ProtocolError(f"blocks ({a}, {b}) are not of a pair in roster order")
+        if (run.view_a.n_a, run.view_a.n_b) != (self.roster[a].n, self.roster[b].n):
+            raise ProtocolError(f"the views of ({a}, {b}) are not of the sites' sizes")
+        layout = BlockLayout.from_views(run.view_a, run.view_b)
+        h = combine_values(share_a, share_b, layout, self.params.bits, self.params.max_message_bytes)
+        self._blocked_state().add_pairs(a, b, *layout.pairs(), h)
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the

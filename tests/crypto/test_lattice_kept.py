@@ -95,3 +95,32 @@ def test_kept_results_are_refused_before_the_run_is_through_and_saved_and_restor
     i, j, h = combine_kept(again.answer(kept, lattice_params(L).log_t), sb, kept, vb, L)
     np.testing.assert_array_equal(h, H[i, j])
     assert i.size == sum(g.count * g.width for g in va.groups)  # every coefficient of the run is kept
+
+
+def test_a_padded_group_runs_all_of_bs_rows_so_a_later_round_needs_no_fresh_run():
+    from crypto.lattice_blocks import combine_values
+
+    rng = np.random.default_rng(9)
+    L, n_a, n_b = 64, 60, 50
+    A, B = codes(rng, n_a, L), codes(rng, n_b, L)
+    blocks = [(rng.choice(n_a, 4, replace=False), np.array([j])) for j in rng.choice(n_b, 30, replace=False)]
+    plain = BlockLayout(blocks, n_a, n_b)
+    layout = BlockLayout(blocks, n_a, n_b, pad=0.5)  # 30 of 50 rows met the group: all 50 run
+    assert plain.groups[0].count == 30 and layout.groups[0].count == n_b
+    assert layout.candidates == plain.candidates  # the same candidate entries reach the coordinator
+    assert BlockLayout(blocks, n_a, n_b, pad=0.7).groups[0].count == 30  # below the fraction: not padded
+    proto = LatticeHamming()
+    va, vb = layout.view_a(), layout.view_b()
+    keep = KeptResults(va)
+    sa, sb = exchange(proto.party_a_view(A, L, va, keep), proto.party_b_view(B, L, vb))
+    both = BlockLayout.from_views(va, vb)  # the coordinator's combine, from the two views it sent
+    h = combine_values(sa, sb, both, L)
+    i, j = both.pairs()
+    H = plaintext_hamming(A, B, L)
+    np.testing.assert_array_equal(h, H[i, j])
+    assert sorted(zip(i.tolist(), j.tolist())) == sorted(zip(*(x.tolist() for x in plain.pairs())))
+    # every (row of B, point of A) is kept: a later round's entries are all answered, none fresh
+    kept, fresh = kept_view(va, vb, rng.integers(0, n_a, 300), rng.integers(0, n_b, 300))
+    assert not fresh.any()
+    ki, kj, kh = combine_kept(keep.answer(kept, lattice_params(L).log_t), sb, kept, vb, L)
+    np.testing.assert_array_equal(kh, H[ki, kj])

@@ -163,7 +163,7 @@ def test_each_site_is_planned_its_view_of_each_pair_and_no_row_of_its_peer(ds):
     from crypto.errors import ProtocolError
     from crypto.lattice_blocks import BlockLayout, BlockView
     from xclp.block_protocol import decode_plan
-    from xclp.prediction_job import Topic
+    from xclp.prediction_job import KEEP_PAD, Topic
 
     params = JobParams(job_id="views", crypto="lattice", **BLOCKED)
     coord, sites = machines(ds, params)
@@ -183,9 +183,12 @@ def test_each_site_is_planned_its_view_of_each_pair_and_no_row_of_its_peer(ds):
             assert set(va.arrays()) == {"meta", "ks", "counts", "keys", "key_ptr"}  # no row of b's
             assert set(vb.arrays()) == {"meta", "ks", "counts", "rows"}  # its own rows only
             assert (va.n_a, va.n_b) == (vb.n_a, vb.n_b) == (n[a], n[b])
-            # the same views as the coordinator's pair blocks give (it rebuilt them from these messages)
-            blocks = coord._plan(mail, 1, order)[(a, b)]
-            layout = BlockLayout([(x.rows_a, x.rows_b) for x in blocks], n[a], n[b])
+            # the coordinator combines the round from the views it sent; they are a function of the
+            # candidate entries and the padding rule (round 1: a group met by ≥ KEEP_PAD of B's rows runs
+            # all of them, for the descent rounds' kept results)
+            run = coord._plan(mail, 1, order)[(a, b)]
+            assert (run.view_a.digest, run.view_b.digest) == (va.digest, vb.digest)
+            layout = BlockLayout([(x.rows_a, x.rows_b) for x in run.blocks()], n[a], n[b], pad=KEEP_PAD)
             assert (layout.view_a().digest, layout.view_b().digest) == (va.digest, vb.digest)
             with pytest.raises(ProtocolError, match="not ours"):
                 sites[a].session.blocks_party(b, vb)

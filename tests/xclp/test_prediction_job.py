@@ -155,14 +155,14 @@ def test_a_site_whose_columns_are_another_order_or_others_is_left_out_naming_the
         sessions["site1"].set_roster(decode_roster(roster))  # the agreed one is taken
 
 
-def test_a_site_runs_at_most_max_b_runs_pairs_as_b_and_pair_messages_are_released_once_taken():
-    # 5 sites: the last is B of 4 pairs. It starts a pair as B only while fewer than MAX_B_RUNS are under
-    # way (its peers' columns are held for a run's length), A's side never waits, and the labels are the
-    # simulation's. The mailbox keeps every pair message's key (who sent what) but not its body once
-    # its recipient took it: in a secure job those bodies are nearly all the bytes.
-    from xclp import prediction_job
-
+def test_a_site_runs_at_most_max_b_runs_pairs_as_b_and_max_a_runs_as_a_and_pair_messages_are_released_once_taken():
+    # 5 sites: the last is B of 4 pairs, the first A of 4. A site starts a pair as B only while fewer than
+    # MAX_B_RUNS are under way (its peers' columns are held for a run's length), as A while fewer than
+    # MAX_A_RUNS (its columns wait in the mailbox for B), and the labels are the simulation's. The mailbox
+    # keeps every pair message's key (who sent what) but not its body once its recipient took it: in a
+    # secure job those bodies are nearly all the bytes.
     from crypto.lattice_blocks import PackedLatticeHamming
+    from xclp import prediction_job
 
     X, y = load_arrays("digits", limit=400, seed=5)
     ds5 = simulate_sites(X, y, 5, "iid", 0.2, seed=5)
@@ -175,11 +175,13 @@ def test_a_site_runs_at_most_max_b_runs_pairs_as_b_and_pair_messages_are_release
     coord = PredictCoordinator(params, PredictState.new(list(ds5.sites)))
     mail = MemoryMailbox()
     most = {s: 0 for s in ds5.sites}
+    most_a = {s: 0 for s in ds5.sites}
 
-    def under_way(s):
+    def under_way(s, as_b=True):
         order = list(ds5.sites)
         return sum(1 for peer, drv in sites[s].session.pair_drivers.items()
-                   if order.index(peer) < order.index(s) and drv.got and not drv.done)
+                   if (order.index(peer) < order.index(s)) == as_b and (drv.got if as_b else drv.sent)
+                   and not drv.done)
 
     st = coord.state
     for _ in range(400):
@@ -189,9 +191,11 @@ def test_a_site_runs_at_most_max_b_runs_pairs_as_b_and_pair_messages_are_release
         for s in list(st.live):
             moved |= sites[s].step(st, mail.inbox(s), mail.put)
             most[s] = max(most[s], under_way(s))
+            most_a[s] = max(most_a[s], under_way(s, as_b=False))
         coord.settle(mail, moved)
     assert st.status == "done" and st.dropped == {}
-    assert most[ds5.sites[-1]] == prediction_job.MAX_B_RUNS == 2  # 4 pairs as B, 2 at a time
+    assert most[ds5.sites[-1]] == prediction_job.MAX_B_RUNS == 1  # 4 pairs as B, one at a time
+    assert most_a[ds5.sites[0]] == prediction_job.MAX_A_RUNS == 2  # 4 pairs as A, two at a time
     pair_keys = [k for k in mail.messages if Topic.is_pair_message(k[2])]
     assert pair_keys and all(mail.messages[k] is None for k in pair_keys)  # every one taken, then released
     assert all(b is not None for k, b in mail.messages.items() if not Topic.is_pair_message(k[2]))
