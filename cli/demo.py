@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -21,6 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+
+def _new_token() -> str:
+    from service.sites_api import new_token  # (the service's rule: never a leading '-')
+
+    return new_token()
 
 
 def free_port() -> int:
@@ -99,7 +104,7 @@ class LocalCluster:
         self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
         self.agent_options = list(agent_options or [])
         self.data_files: dict[str, Path] = {}  # a site's data file other than <work>/<site>.npz (e.g. a CSV)
-        self.admin_token = admin_token or secrets.token_urlsafe(32)
+        self.admin_token = admin_token or _new_token()
         self.port = free_port()
         self.tls = tls
         self.ca_file = str(tls["ca"]) if tls else None

@@ -108,6 +108,10 @@ class State:
     def __contains__(self, name: str) -> bool:
         return name in self._fields
 
+    def names(self) -> list[str]:
+        """The fields' names, in their order."""
+        return list(self._fields)
+
     def _get(self, name: str, kind: bytes) -> memoryview:
         if name not in self._fields:
             raise ProtocolError(f"{self.what}: saved state lacks {name!r}")

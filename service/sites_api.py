@@ -44,12 +44,20 @@ class SiteRevoked(BaseModel):
     jobs: list[str] = Field(description="the running jobs it was taken out of (a refusal recorded on its behalf)")
 
 
+def new_token() -> str:
+    """A site's bearer token: 32 random bytes, URL-safe base64, never starting with '-' (a token passed
+    as `--token -…` is read by argparse as an option: the agent would refuse its own command line)."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
+
+
 @router.post("/sites", response_model=SiteCreated, status_code=201, dependencies=[Depends(require_admin)],
              responses=errors(400, 401, 403, 409, 413, 422))
 def add_site(body: SiteCreate, db=Depends(get_db)):
     if not NAME.match(body.name) or body.name in (COORDINATOR, "admin"):
         raise HTTPException(422, f"invalid site name {body.name!r}: letters, digits, '_', '.', '-' (≤ 64)")
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     db.add(Site(name=body.name, token_hash=hash_token(token), fingerprint=body.fingerprint))
     try:
         db.commit()
@@ -111,7 +119,7 @@ def rotate_token(name: str, db=Depends(get_db)):
     """A new token for the site, shown once; the old one stops working at once. The site keeps its
     identity fingerprint and its jobs (its agent goes on with them once restarted with the new token)."""
     site = _site(db, name)
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     site.token_hash = hash_token(token)
     db.execute(delete(UISession).where(UISession.who == name))  # logins made with the old token end
     db.commit()

@@ -177,11 +177,20 @@ class DictInbox:
 
     def __init__(self, mail: MemoryMailbox | dict, site: str = ""):
         self.mail, self.site = mail, site
+        self.taken: set[tuple[str, str]] = set()  # (sender, topic) of the messages the machine took
 
     def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None:
-        if isinstance(self.mail, dict):
-            return self.mail.get((sender, topic))
-        return self.mail.take(sender, self.site, topic)
+        body = self.mail.get((sender, topic)) if isinstance(self.mail, dict) else self.mail.take(sender, self.site, topic)
+        if body is not None:
+            self.taken.add((sender, topic))
+        return body
+
+    def untaken_pair_messages(self) -> dict[tuple[str, str], bytes]:
+        """The pair protocol messages handed to this inbox that the machine has not taken yet (a run it has
+        not started: MAX_B_RUNS): a driver that hands each message once (Flower) keeps them for later."""
+        if not isinstance(self.mail, dict):
+            return {}
+        return {k: b for k, b in self.mail.items() if k not in self.taken and Topic.is_pair_message(k[1])}
 
 
 @dataclass

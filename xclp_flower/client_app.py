@@ -51,6 +51,7 @@ from clients.site_state import load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Pins
 from crypto.keys import SiteKeyPair
+from crypto.state import State, pack
 from xclp.data import DataError
 from xclp.datafile import Columns, parse_column_list
 from xclp.job_files import job_file
@@ -172,15 +173,19 @@ class FlowerSite:
         else:
             secrets = self._secrets()
         view = PredictState.from_bytes(bytes(step["view"]))
-        arrived = _arrived(step)
+        # the messages of this round, and a peer's pair messages kept from earlier rounds: a run the machine
+        # had not started then (it runs a bounded number at once, xclp.prediction_job.MAX_B_RUNS); every
+        # other message is taken in the round it arrives
+        inbox = DictInbox({**_unpack_held(secrets), **_arrived(step)})
         self._open(secrets)
         machine = PredictSite(self.session, record=json.loads(str(secrets.get("sent", "{}"))))
         sends: list[Send] = []
-        _all_it_can(machine, view, arrived, sends.append)  # (every message is taken in the round it arrives)
+        _all_it_can(machine, view, inbox, sends.append)
         out = ConfigRecord({f"out:{m.recipient}:{m.topic}": m.body for m in sends})
         if machine.result is None:  # saved only once the round went through: a refused one leaves the record
             self.state[f"{STATE}:{self.job}"] = ConfigRecord({**dict(secrets), "session": self.session.to_bytes(),
-                                                              "sent": json.dumps(machine.record)})
+                                                              "sent": json.dumps(machine.record),
+                                                              "held": _pack_held(inbox.untaken_pair_messages())})
             return out
         pred, params = machine.result, self.session.params
         # with the site's seed contribution (public once the seed phase revealed it to its peers): an audit
@@ -350,10 +355,21 @@ def _arrived(step: ConfigRecord) -> dict[tuple[str, str], bytes]:
     return out
 
 
-def _all_it_can(machine: PredictSite, view: PredictState, inbox: dict, send) -> None:
+def _pack_held(held: dict[tuple[str, str], bytes]) -> bytes:
+    return pack({f"{sender}\n{topic}": body for (sender, topic), body in held.items()})
+
+
+def _unpack_held(secrets: ConfigRecord) -> dict[tuple[str, str], bytes]:
+    if "held" not in secrets:
+        return {}
+    s = State(bytes(secrets["held"]), "held pair messages")
+    return {tuple(name.split("\n", 1)): s.bytes(name) for name in s.names()}
+
+
+def _all_it_can(machine: PredictSite, view: PredictState, inbox: DictInbox, send) -> None:
     """The site's machine, stepped until it has nothing more to do in this round."""
     for _ in range(8):
-        if not machine.step(view, DictInbox(inbox), send):
+        if not machine.step(view, inbox, send):
             return
 
 
