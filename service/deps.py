@@ -97,12 +97,13 @@ def known_sites(db, names: list[str]) -> set[str]:
 
 
 def check_roster(db, names: list[str]) -> None:
-    """A new job's sites: each registered (else 404) and none revoked (else 422, naming them)."""
+    """A new job's sites: each registered (else 404) and none revoked (else 409, naming them: a
+    well-formed request that the sites' state refuses, not a malformed one)."""
     rows = dict(db.execute(select(Site.name, Site.revoked_at).where(Site.name.in_(names))).all())
     unknown = [s for s in names if s not in rows]
     if unknown:
         raise HTTPException(404, f"unknown site(s): {unknown}")
     revoked = [s for s in names if rows[s] is not None]
     if revoked:
-        raise HTTPException(422, "revoked site(s) cannot take part in a new job: "
+        raise HTTPException(409, "revoked site(s) cannot take part in a new job: "
                                  + ", ".join(f"{s} (revoked at {iso(rows[s])})" for s in revoked))

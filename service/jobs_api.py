@@ -102,7 +102,7 @@ class JobStatus(BaseModel):
 
 
 @router.post("/jobs", response_model=JobCreated, status_code=201,
-             dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 413, 422))
+             dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 409, 413, 422))
 def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     if body.kind != "predict":
         raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "

@@ -106,7 +106,7 @@ router = APIRouter(tags=["training"])
 
 
 @router.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)],
-             responses=errors(400, 401, 403, 404, 413, 422))
+             responses=errors(400, 401, 403, 404, 409, 413, 422))
 def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
     """A training job: FedAvg(+XCLP) or FedCT(+XCLP) rounds with the sites training at home."""
     if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):

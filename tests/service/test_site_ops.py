@@ -48,7 +48,7 @@ def test_a_revoked_site_is_refused_dropped_from_its_running_jobs_and_kept_out_of
     for path, body in (("/jobs", {"crypto": "plaintext", "classes": 2}),
                        ("/jobs/train", {"algorithm": "fedavg", "classes": 2, "crypto": "plaintext"})):
         r = app_client.post(path, json={"sites": ["b", "a"], **body}, headers=admin_headers())
-        assert r.status_code == 422 and r.json()["detail"] == ("revoked site(s) cannot take part in a new job: "
+        assert r.status_code == 409 and r.json()["detail"] == ("revoked site(s) cannot take part in a new job: "
                                                                f"a (revoked at {out['revoked_at']})"), r.text
     # once only; no new token for it; `site list` says so
     r = app_client.post("/sites/a/revoke", headers=admin_headers())
