@@ -718,32 +718,44 @@ def combine_values(share_a: bytes, share_b: bytes, layout: BlockLayout, n_bits: 
     """h = (u − ρ) mod t at the candidate entries (`layout.pairs()` order), refused above L: one value
     per candidate entry, nothing else."""
     p = lattice_params(n_bits, layout.n)
-    _, body_a = _open(share_a, (SHARE_A_BLOCKS,), max_message_bytes)
-    _, body_b = _open(share_b, (SHARE_B_BLOCKS,), 1 << 16)
-    head = _SHARE.size + DIGEST
     # each share against the view its site was given (computed here from the whole list): a site that
     # ran another view than its own, or a share of another run, is refused
-    views = (("A", body_a, layout.view_a(), layout.candidates), ("B", body_b, layout.view_b(), layout.ciphertexts))
-    for who, body, view, count in views:
-        if len(body) < head:
-            raise ProtocolError(f"lattice blocks: {who}'s share is too short")
-        fields = _SHARE.unpack_from(body)
-        if fields != (layout.n_a, layout.n_b, p.log_t, count):
-            raise ProtocolError(f"lattice blocks: {who}'s share is for {fields[0]} × {fields[1]} points, log t = "
-                                f"{fields[2]} and {fields[3]} values; expected {layout.n_a} × {layout.n_b}, "
-                                f"{p.log_t} and {count}")
-        if bytes(body[_SHARE.size : head]) != view.digest:
-            raise ProtocolError(f"lattice blocks: {who}'s share is for another list of blocks (not {who}'s view)")
-    _need(body_a, head + 2 * layout.candidates, "A's share")
-    _need(body_b, head + 32, "B's share")
-    u = np.frombuffer(body_a[head:], dtype="<u2").astype(np.int64)
-    key = bytes(body_b[head:])
+    u, key = open_shares(share_a, SHARE_A_BLOCKS, layout.view_a().digest, layout.candidates, share_b,
+                         layout.view_b().digest, layout.ciphertexts, layout.n_a, layout.n_b, p.log_t,
+                         max_message_bytes, "lattice blocks", "another list of blocks")
     masks = np.empty(layout.candidates, dtype=np.int64)
     for g in layout.groups:
         masks[g.offset : g.offset + g.keys.size] = rho_at(key, g.k, g.width, g.keys, p.log_t)
-    h = (u - masks) & ((1 << p.log_t) - 1)
+    return unmask(u, masks, p.log_t, n_bits, "lattice blocks")
+
+
+def open_shares(share_a: bytes, a_type: int, a_digest: bytes, a_count: int, share_b: bytes, b_digest: bytes,
+                b_count: int, n_a: int, n_b: int, log_t: int, max_message_bytes: int, what: str, other: str
+                ) -> tuple[np.ndarray, bytes]:
+    """A's share (type `a_type`: u, a_count u16 values) and B's (SHARE_B_BLOCKS: its ρ key), each checked
+    against the sizes, log t, its count and the digest of the view its site was given. Returns (u, key)."""
+    _, body_a = _open(share_a, (a_type,), max_message_bytes)
+    _, body_b = _open(share_b, (SHARE_B_BLOCKS,), 1 << 16)
+    head = _SHARE.size + DIGEST
+    for who, body, count, digest in (("A", body_a, a_count, a_digest), ("B", body_b, b_count, b_digest)):
+        if len(body) < head:
+            raise ProtocolError(f"{what}: {who}'s share is too short")
+        fields = _SHARE.unpack_from(body)
+        if fields != (n_a, n_b, log_t, count):
+            raise ProtocolError(f"{what}: {who}'s share is for {fields[0]} × {fields[1]} points, log t = "
+                                f"{fields[2]} and {fields[3]} values; expected {n_a} × {n_b}, {log_t} and {count}")
+        if bytes(body[_SHARE.size : head]) != digest:
+            raise ProtocolError(f"{what}: {who}'s share is for {other} (not {who}'s view)")
+    _need(body_a, head + 2 * a_count, "A's share")
+    _need(body_b, head + 32, "B's share")
+    return np.frombuffer(body_a[head:], dtype="<u2").astype(np.int64), bytes(body_b[head:])
+
+
+def unmask(u: np.ndarray, masks: np.ndarray, log_t: int, n_bits: int, what: str) -> np.ndarray:
+    """h = (u − ρ) mod t, refused above L (shares that do not combine into distances)."""
+    h = (u - masks) & ((1 << log_t) - 1)
     if h.max(initial=0) > n_bits:
-        raise ProtocolError("lattice blocks: the shares do not combine into distances (a value exceeds L)")
+        raise ProtocolError(f"{what}: the shares do not combine into distances (a value exceeds L)")
     return h.astype(np.int32)
 
 

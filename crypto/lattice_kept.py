@@ -50,12 +50,12 @@ import numpy as np
 from crypto.errors import ProtocolError
 from crypto.lattice_blocks import (
     _SHARE,
-    DIGEST,
-    SHARE_B_BLOCKS,
     BlockView,
+    open_shares,
     rho_at,
+    unmask,
 )
-from crypto.lattice_hamming import _header, _need, _open, lattice_params
+from crypto.lattice_hamming import _header, lattice_params
 from crypto.state import State, pack
 
 SHARE_A_KEPT = 10
@@ -206,24 +206,9 @@ def combine_kept(share_a: bytes, share_b_first: bytes, kept: KeptView, first_b: 
     if first_b.side != "b" or first_b.shape_digest != first_a.shape_digest:
         raise ProtocolError("lattice kept: the kept run's B view is not of the same run")
     p = lattice_params(n_bits, first_a.n)
-    _, body_a = _open(share_a, (SHARE_A_KEPT,), max_message_bytes)
-    _, body_b = _open(share_b_first, (SHARE_B_BLOCKS,), 1 << 16)
-    head = _SHARE.size + DIGEST
-    for who, body, count, digest in (("A", body_a, kept.count, kept.digest),
-                                     ("B", body_b, first_b.ciphertexts, first_b.digest)):
-        if len(body) < head:
-            raise ProtocolError(f"lattice kept: {who}'s share is too short")
-        fields = _SHARE.unpack_from(body)
-        if fields != (first_a.n_a, first_a.n_b, p.log_t, count):
-            raise ProtocolError(f"lattice kept: {who}'s share is for {fields[0]} × {fields[1]} points, log t = "
-                                f"{fields[2]} and {fields[3]} values; expected {first_a.n_a} × {first_a.n_b}, "
-                                f"{p.log_t} and {count}")
-        if bytes(body[_SHARE.size : head]) != digest:
-            raise ProtocolError(f"lattice kept: {who}'s share is for another view")
-    _need(body_a, head + 2 * kept.count, "A's kept share")
-    _need(body_b, head + 32, "B's share")
-    u = np.frombuffer(body_a[head:], dtype="<u2").astype(np.int64)
-    key = bytes(body_b[head:])
+    u, key = open_shares(share_a, SHARE_A_KEPT, kept.digest, kept.count, share_b_first, first_b.digest,
+                         first_b.ciphertexts, first_a.n_a, first_a.n_b, p.log_t, max_message_bytes,
+                         "lattice kept", "another view")
     masks = np.empty(kept.count, dtype=np.int64)
     i = np.empty(kept.count, dtype=np.int64)
     j = np.empty(kept.count, dtype=np.int64)
@@ -232,8 +217,5 @@ def combine_kept(share_a: bytes, share_b_first: bytes, kept: KeptView, first_b: 
         masks[lo:hi] = rho_at(key, g.k, g.width, keys, p.log_t)
         i[lo:hi] = g.start + keys % g.width
         j[lo:hi] = first_b.groups[gi].b_rows[keys // g.width]
-    h = (u - masks) & ((1 << p.log_t) - 1)
-    if h.max(initial=0) > n_bits:
-        raise ProtocolError("lattice kept: the shares do not combine into distances (a value exceeds L)")
-    return i, j, h.astype(np.int32)
+    return i, j, unmask(u, masks, p.log_t, n_bits, "lattice kept")
 
