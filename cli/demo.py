@@ -118,7 +118,9 @@ class LocalCluster:
             for s, arrays in sites.items():
                 np.savez(work / f"{s}.npz", **arrays)
                 self.tokens[s] = self.admin.add_site(s)["token"]
-                if start_agents:
+            self.write_membership(list(sites))
+            if start_agents:
+                for s in sites:
                     self.start_agent(s)
         except BaseException:
             self.close()
@@ -129,11 +131,28 @@ class LocalCluster:
                                              tls=self.tls)
         wait_healthy(self.url, 120, self.ca_file)
 
+    @property
+    def membership(self) -> Path:
+        return self.work / "membership.json"
+
+    def write_membership(self, sites: list[str]) -> None:
+        """The consortium's membership file, as its operators would agree it: every site's identity
+        fingerprint (each site's key made now in its --out, where its agent finds it). Each agent takes part
+        only with these sites (--membership)."""
+        from crypto.identity import Identity
+
+        members = {}
+        for s in sites:
+            state = self.out(s) / ".agent-state"
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            members[s] = Identity.load_or_create(state / "identity.key").fingerprint
+        self.membership.write_text(json.dumps({"sites": members}, indent=1, sort_keys=True))
+
     def start_agent(self, s: str) -> None:
         data = self.data_files.get(s, self.work / f"{s}.npz")
         tls = ["--ca-file", self.ca_file] if self.ca_file else []
         self.agents[s] = start_agent(self.work, self.url, s, self.tokens[s], data, self.out(s),
-                                     self.public, self.agent_options + tls)
+                                     self.public, ["--membership", str(self.membership)] + self.agent_options + tls)
 
     def out(self, s: str) -> Path:
         return self.work / f"out-{s}"

@@ -400,18 +400,51 @@ def cmd_agent_run(args) -> int:
 
     setup_logging("INFO")
     logging.getLogger("xclp.agent").info("agent %s starting on %s", args.site, args.coordinator)
-    from clients.policy import SitePolicy
+    from xclp.site_policy import SitePolicy
 
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
+    membership = _membership(args)
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
-                  columns=_columns(args), max_poll=args.max_poll, pins=_pins(args.pin),
-                  identity_key=args.identity_key)
+                  columns=_columns(args), max_poll=args.max_poll, membership=membership,
+                  identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use)
+    if membership:
+        logging.getLogger("xclp.agent").info("site %s takes part only with the %d site(s) of %s", args.site,
+                                             len(membership.members), membership.source)
+    else:
+        logging.getLogger("xclp.agent").warning("site %s has no membership: it trusts any site the coordinator names "
+                                                "on first use (--trust-on-first-use)", args.site)
     logging.getLogger("xclp.agent").info("site %s identity %s (give it to the other sites' operators: --pin %s=%s)",
                                          args.site, agent.identity.fingerprint, args.site, agent.identity.fingerprint)
     agent.run(once=args.once)
+    return 0
+
+
+def _membership(args):
+    """The peers this site's operator admitted: --membership FILE and the --pins (crypto.identity.Membership);
+    with neither, --trust-on-first-use must say that the site trusts whatever sites the coordinator names."""
+    from crypto.identity import Membership
+
+    pins = _pins(args.pin)
+    membership = Membership.load(args.membership, pins) if args.membership else Membership(pins)
+    if not membership and not args.trust_on_first_use:
+        raise ValueError("this site has no membership: give --membership FILE (the consortium's sites and their "
+                         "identity fingerprints, as `xclp agent identity` prints them) or --pin SITE=SHA256:… for "
+                         "each peer; --trust-on-first-use takes any site the coordinator names instead")
+    return membership
+
+
+def cmd_agent_identity(args) -> int:
+    """This site's identity fingerprint (the key made now if there is none), for the consortium's membership."""
+    from crypto.identity import Identity
+    from xclp.job_files import make_folder
+
+    key = args.identity_key or make_folder(make_folder(args.out, "--out") / ".agent-state", "--out", mode=0o700) \
+        / "identity.key"
+    me = Identity.load_or_create(key)
+    print(json.dumps({"sites": {args.site: me.fingerprint}}) if args.json else f"{args.site} {me.fingerprint}")
     return 0
 
 
@@ -712,14 +745,29 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")
     ar.add_argument("--once", action="store_true", help="one pass over the pending work, then exit")
     ar.add_argument("--pin", action="append", default=None, metavar="SITE=SHA256:…",
-                    help="a peer site's identity fingerprint, as its agent logs it at start (repeatable; default: "
-                         "none — a peer's identity is trusted on first use and kept in <out>/.agent-state)")
+                    help="a peer site's identity fingerprint, as its agent logs it at start (repeatable): a member "
+                         "of this site's consortium, as in --membership (default: none)")
+    ar.add_argument("--membership", default=None, metavar="FILE",
+                    help='the consortium\'s sites this site takes part with, and their identity fingerprints: JSON '
+                         '{"sites": {"NAME": "SHA256:…"}} (from each site\'s `xclp agent identity`); a job naming '
+                         "any other site is refused before anything is sent (default: none; then --pin or "
+                         "--trust-on-first-use)")
+    ar.add_argument("--trust-on-first-use", action="store_true",
+                    help="with no --membership and no --pin only: take part with any site the coordinator names, "
+                         "pinning its identity on first use (a coordinator that lies could add sites of its own)")
     ar.add_argument("--identity-key", default=None,
                     help="this site's Ed25519 identity key file (default <out>/.agent-state/identity.key, made on "
                          "first start)")
     ar.add_argument("--public", default=None, help="FedCT: the public unlabelled set U (.npz with X), as pinned in the "
                     "job (default: none; FedCT jobs are refused)")
     ar.set_defaults(func=cmd_agent_run)
+    ai = agent.add_parser("identity", help="print this site's identity fingerprint (made on first use), for "
+                              "the consortium's membership file")
+    ai.add_argument("--site", required=True, help="this site's name")
+    ai.add_argument("--out", required=True, help="the agent's --out folder (its key: <out>/.agent-state/identity.key)")
+    ai.add_argument("--identity-key", default=None, help="this site's key file, if not the default")
+    ai.add_argument("--json", action="store_true", help='print {"sites": {NAME: FINGERPRINT}}')
+    ai.set_defaults(func=cmd_agent_identity)
 
     job = sub.add_parser("job", help="jobs (operator)").add_subparsers(dest="what", required=True)
     js = job.add_parser("submit", help="submit a job").add_subparsers(dest="kind", required=True)

@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 from clients.api import ApiError, CoordinatorClient, NotTheApi
-from clients.policy import PolicyError, SitePolicy
 from clients.results import write_results
 from clients.site_state import JobState, load_site
 from crypto.errors import ProtocolError
-from crypto.identity import Identity, Pins
+from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
@@ -36,6 +35,8 @@ from xclp.job_files import JOB_ID, job_file, make_folder
 from xclp.prediction_job import COORDINATOR, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest
 from xclp.protocol import REFUSE, JobParams, SiteSession, refusal
+from xclp.site_admission import AcceptedRuns, Offer, SiteAdmission
+from xclp.site_policy import PolicyError, SitePolicy
 
 log = logging.getLogger("xclp.agent")
 QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and the job status are reused
@@ -69,10 +70,13 @@ class Agent:
     def __init__(self, client: CoordinatorClient, site: str, data: str | os.PathLike, out: str | os.PathLike,
                  poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None,
                  columns: Columns | None = None, max_poll: float = MAX_IDLE_POLL, pins: dict[str, str] | None = None,
-                 identity_key: str | os.PathLike | None = None, long_poll: float = LONG_POLL):
+                 identity_key: str | os.PathLike | None = None, long_poll: float = LONG_POLL,
+                 membership: Membership | None = None, trust_on_first_use: bool = False):
         """`identity_key`: the site's Ed25519 key file (default <out>/.agent-state/identity.key, made on
-        first start); `pins`: peers' identity fingerprints given by the operator (the others are trusted
-        on first use and kept in <out>/.agent-state/known_sites.json). `long_poll`: the seconds a step may
+        first start); `membership` and `pins`: the peers the site's operator admitted, with their identity
+        fingerprints (a job naming any other site is refused: xclp.site_admission); with neither, peers are
+        trusted on first use only if `trust_on_first_use` (kept in <out>/.agent-state/known_sites.json),
+        else the site takes part with no peer. `long_poll`: the seconds a step may
         wait on the coordinator for the message it needs next (0: ask once) — a driver that steps several
         agents from one thread passes 0, since a peer it steps later cannot answer during that wait."""
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
@@ -82,10 +86,12 @@ class Agent:
         self.out = make_folder(out, "--out")
         self.state_dir = make_folder(self.out / ".agent-state", "--out", mode=0o700)
         self.identity = Identity.load_or_create(identity_key or self.state_dir / "identity.key")
-        self.pins = Pins(self.state_dir / "known_sites.json", given=pins)
+        self.pins = Pins(self.state_dir / "known_sites.json", given=pins, membership=membership,
+                         trust_on_first_use=trust_on_first_use)
         # What this site has released about its data, across jobs and runs (xclp.privacy.site_ledger)
         self.ledger = SiteLedger(self.state_dir, delta=self.policy.max_delta)
         self.digest = data_digest(self.X, self.y)
+        self.accepted_runs = AcceptedRuns(self.state_dir)  # the training runs this site admitted (parents)
         self._admitted: set[str] = set()  # jobs recorded in the ledger by this process
         self.machines: dict[str, PredictSite] = {}  # job -> this site's side of its order (xclp.prediction_job)
         self.given_up: set[str] = set()
@@ -98,6 +104,12 @@ class Agent:
         self._trainer = None
         if public is not None:  # a bad --public file is an error at start, not at the first FedCT round
             self.trainer  # noqa: B018
+
+    @property
+    def admission(self) -> SiteAdmission:
+        """The one decision whether this site takes a job (xclp.site_admission: membership, policy, parent,
+        ledger), over the agent's policy as it stands."""
+        return SiteAdmission(self.site, self.policy, self.pins, self.ledger, self.digest, self.accepted_runs)
 
     @property
     def pairs(self) -> dict[str, dict]:
@@ -347,9 +359,8 @@ class Agent:
             return False
         if not self._ours(job_id, status):
             return False
-        self.policy.check(job_id, status)  # before this site sends anything for the job
-        if job_id not in self._admitted:  # ... and its spend, in the site's own ledger (once per job)
-            got = self.policy.admit(self.ledger, self.digest, job_id, status)
+        if job_id not in self._admitted:  # before this site sends anything for the job (once per job)
+            got = self.admission.admit(Offer.of_status(job_id, status))
             if got["new"]:
                 log.info("job %s: recorded in this site's privacy ledger: ε = %.4g about its data (was %.4g)",
                          job_id, got["epsilon"], got["epsilon_before"])

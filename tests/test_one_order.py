@@ -61,7 +61,7 @@ def through_the_service(ds, params, phase, tmp_path):
             client = (_VanishingClient("http://testserver", token, transport=tc._transport, phase=phase) if s == GONE
                       else CoordinatorClient("http://testserver", token, transport=tc._transport))
             agents[s] = Agent(client, s,
-                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", long_poll=0)
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", long_poll=0, trust_on_first_use=True)
             # (long_poll=0: this loop steps the agents one after another; a site's wait on the coordinator
             # would only run out, since the peers whose parts it waits for are stepped after it)
         graph = {} if params.graph == "exact" else {
@@ -111,7 +111,7 @@ def through_flower(ds, params, phase, tmp_path):
     configs = []
     for s in ds.sites:
         np.savez(tmp_path / f"f-{s}.npz", X=ds.X[ds.site == s], y=ds.y[ds.site == s])
-        configs.append({"site": s, "data-path": str(tmp_path / f"f-{s}.npz"), "out": str(tmp_path / f"fout-{s}")})
+        configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp_path / f"f-{s}.npz"), "out": str(tmp_path / f"fout-{s}")})
     grid = InProcessGrid(client_app, configs)
     grid.vanish_in = {100 + ds.sites.index(GONE): phase}
     out = FlowerXCLP(grid, params).run()

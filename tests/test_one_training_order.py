@@ -76,7 +76,7 @@ def through_the_service(tmp_path):
             d = data(i)
             np.savez(tmp_path / f"{s}.npz", X=d.X, y=d.y)
             agents[s] = Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), s,
-                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}")
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", trust_on_first_use=True)
         job = admin.submit_train(algorithm="fedavg", sites=SITES, classes=2, max_missed_rounds=MAX_MISSED,
                                  **OPTIONS)  # holdout=0 among them
         last, still, end = None, 0, time.monotonic() + 120
@@ -117,7 +117,7 @@ def through_flower(tmp_path):
     for i, s in enumerate(SITES):
         d = data(i)
         np.savez(tmp_path / f"flower-{s}.npz", X=d.X, y=d.y)
-        configs.append({"site": s, "data-path": str(tmp_path / f"flower-{s}.npz"), "out": str(tmp_path / f"fl-{s}")})
+        configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp_path / f"flower-{s}.npz"), "out": str(tmp_path / f"fl-{s}")})
     grid = InProcessGrid(client_app, configs)
     grid.vanish_after = {100 + SITES.index(GONE): 2}  # its node answers "who" and the run's start (its hello)
     out = FlowerTraining(grid, "fedavg", OPTIONS, 2, max_missed=MAX_MISSED).run()

@@ -713,10 +713,11 @@ class TrainSite:
                         inbox: TrainInbox) -> bytes:
         from xclp.training.fedavg import site_upload
 
+        planned = self._planned(s, view, plan)
         if not s.secure_sum:
-            return site_upload(s, up.state, up.template, up.meta, planned=len(plan["sites"]), me=self.me)
+            return site_upload(s, up.state, up.template, up.meta, planned=planned, me=self.me)
         record = SiteRecord.from_json(self.record.get("secagg"))
-        body = site_upload(s, up.state, up.template, up.meta, planned=len(plan["sites"]), me=self.me,
+        body = site_upload(s, up.state, up.template, up.meta, planned=planned, me=self.me,
                            private=self._key(), public_keys=self._peer_keys(inbox),
                            participants=list(view.participants), job=self.spec.job_id, t=t, record=record,
                            draw=self.draw)
@@ -724,6 +725,22 @@ class TrainSite:
         self.keep[s.upload_topic(t)] = body
         self.record["secagg"] = record.to_json()
         return body
+
+    def _planned(self, s: Strategy, view: TrainState, plan: dict) -> int:
+        """How many sites add a share of the round's noise (DP-FedAvg: each adds σ/√planned), from what this
+        site can check, not from the plan's word alone: a plan naming more sites than take part would shrink
+        each share (10,000 names over two real sites: a share's σ from 0.707 to 0.010). Masked, the plan must
+        name exactly the participants this site masks over (their masks cancel only in their sum); unmasked,
+        sites of the run (each admitted by this site's membership), each once."""
+        sites = [str(x) for x in plan["sites"]]
+        if len(set(sites)) != len(sites) or not set(sites) <= set(view.sites):
+            raise ProtocolError(f"{self.me}: round {view.round}'s plan names sites {sites}, not each once among the "
+                                f"run's {list(view.sites)}: refused (the noise is sized from its participants)")
+        if s.secure_sum and set(sites) != set(view.participants):
+            raise ProtocolError(f"{self.me}: round {view.round}'s plan names {sorted(sites)} but the masked sum is "
+                                f"over {sorted(view.participants)}: refused (the noise is sized from the sites masked "
+                                "over)")
+        return len(sites)
 
     def _peer_keys(self, inbox: TrainInbox) -> dict[str, bytes]:
         """The sites' keys for the run's masked sums, each checked against the identity this site pinned

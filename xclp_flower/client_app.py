@@ -5,7 +5,7 @@ The node's configuration names the site and its data (`flower-supernode --node-c
 `label-column=diagnosis id-column=patient ignore-columns=notes,date` as the agent's flags); vectors, labels and results
 stay at the site: a step's reply carries only what the same step sends to the coordinator in the
 service (announce, sealed site-to-site messages, masked sums, the pair protocol's shares). The
-site's policy is the agent's (clients/policy.py), checked at every step: no plaintext job unless
+site's policy is the agent's (xclp/site_policy.py), checked at every step: no plaintext job unless
 `allow-plaintext=true`, no FedAvg without secure aggregation unless `allow-unmasked-training=true`,
 and with `max-epsilon=E` no job that states no DP budget, or one above E, nor one that would take the
 site's total about its data file past E: the node keeps the agent's ledger of what it has released across
@@ -45,11 +45,10 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.policy import PolicyError, SitePolicy
 from clients.results import write_results
 from clients.site_state import load_site
 from crypto.errors import ProtocolError
-from crypto.identity import Identity, Pins
+from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
 from crypto.state import State, pack
 from xclp.data import DataError
@@ -58,6 +57,8 @@ from xclp.job_files import job_file
 from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession
+from xclp.site_admission import PREDICT, Offer, SiteAdmission, run_record
+from xclp.site_policy import PolicyError, SitePolicy
 from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp_flower import flag
 
@@ -116,6 +117,10 @@ class FlowerSite:
         self.y, self.y_true, self.scored_on = held.y, held.truth, held.on
         self.ledger = SiteLedger(self.out / ".agent-state", delta=self.policy.max_delta)
         self._digest: str | None = None
+        # the peers its operator admitted (membership=FILE), as the agent's --membership; trust on first use
+        # only where the node config says so and there is no membership
+        self.membership = Membership.load(str(cfg["membership"])) if cfg.get("membership") else Membership()
+        self.tofu = flag(cfg.get("trust-on-first-use", "false"), "trust-on-first-use")
         self.public_path = cfg.get("public-path")
         self.run_id = context.run_id
         self.state = context.state
@@ -130,11 +135,15 @@ class FlowerSite:
             self._digest = data_digest(self.X, self.file_labels)
         return self._digest
 
-    def admit_to_ledger(self, job: str, status: dict) -> None:
-        """Record the job (or training run) in the site's ledger across runs before anything is sent;
-        PolicyError past --max-epsilon. Keyed by this run, so a step taken again never counts it twice."""
-        key = f"flower-run-{self.run_id}/{job}#{params_digest(status.get('params') or {})}"
-        self.policy.admit(self.ledger, self.digest, job, status, key=key)
+    def admission(self) -> SiteAdmission:
+        """The site's one admission (xclp.site_admission), as the agent's: its membership, policy, ledger
+        (across runs, keyed by this run so that a step taken again never counts a job twice) and the
+        training run it accepted in this run (Context.state's TRAINING record)."""
+        def key(offer: Offer) -> str:
+            return f"flower-run-{self.run_id}/{offer.job}#{params_digest(offer.params)}"
+
+        return SiteAdmission(self.name, self.policy, self.pins(), self.ledger, lambda: self.digest, _AcceptedRun(self),
+                             ledger_key=key, child_sep="-")
 
     # --- the job's record in Context.state: its parameters, saved session and what it sent ----------
     def _secrets(self) -> ConfigRecord | None:
@@ -224,22 +233,11 @@ class FlowerSite:
         params = JobParams(**json.loads(str(step["start"]))).validate()
         if params.job_id != self.job:
             raise ProtocolError(f"{self.name}: the announce of job {self.job} carries the parameters of {params.job_id}")
-        self.policy.check(params.job_id, {"params": vars(params), "sites": list(step["sites"])})
         training = self.state.get(TRAINING)
-        if training is not None and "spec" in training:  # an XCLP job of this training run: its own settings
-            from dataclasses import asdict
-
-            from xclp_flower.training_site import run_xclp_params
-
-            sites = json.loads(str(training["sites"]))
-            want = asdict(run_xclp_params(str(training["spec"]), params.job_id, len(sites)))
-            odd = sorted(k for k, v in asdict(params).items() if want[k] != v)
-            if odd or not set(step["sites"]) <= set(sites):
-                raise PolicyError(f"job {params.job_id} is not an XCLP job of this training run as it was accepted "
-                                  f"at its start (its {odd or 'sites'} differ)")
+        # inside a training run, its XCLP job: checked against the run as this site accepted it at its start
+        parent = json.loads(str(training["spec"]))["job_id"] if training is not None and "spec" in training else None
+        self.admission().admit(Offer(params.job_id, PREDICT, vars(params), tuple(step["sites"]), parent))
         self._admit_noise(params)
-        if training is None:  # a training run's XCLP jobs are inside the budget it stated at hello
-            self.admit_to_ledger(params.job_id, {"kind": "predict", "params": vars(params)})
         secrets = {"params": str(step["start"]), "end-run": bool(step.get("end-run", False))}
         if "features-model" in step:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
             secrets.update({k: step[k] for k in ("features-model", "features-config")})
@@ -297,7 +295,8 @@ class FlowerSite:
         return Identity.load_or_create(self.identity_key)
 
     def pins(self) -> Pins:
-        return Pins(self.out / "known_sites.json")
+        return Pins(self.out / "known_sites.json", membership=self.membership, trust_on_first_use=self.tofu)
+
 
     def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.pkl", **arrays) -> Path:
         """`out/NAME.npz` (and the model: `out/NAME.model.pkl`, or .model.npz for a network's weights),
@@ -342,6 +341,26 @@ class FlowerSite:
             for name, record in records.items():
                 self.state[name] = record
         return out
+
+
+class _AcceptedRun:
+    """The training run a Flower site accepted in this run (its TRAINING record), as xclp.site_admission
+    asks for accepted runs; the record itself is written by the training driver (xclp_flower.training_site)."""
+
+    def __init__(self, site: FlowerSite):
+        self.site = site
+
+    def get(self, run: str) -> dict | None:
+        kept = self.site.state.get(TRAINING)
+        if kept is None or "spec" not in kept:
+            return None
+        spec = json.loads(str(kept["spec"]))
+        if spec["job_id"] != run:
+            return None
+        return run_record(spec, json.loads(str(kept["sites"])), child_sep=spec.get("child_sep", ""))
+
+    def __setitem__(self, run: str, record: dict) -> None:
+        pass  # kept by the training driver with the run's settings
 
 
 def _arrived(step: ConfigRecord) -> dict[tuple[str, str], bytes]:

@@ -40,8 +40,9 @@ class LocalFlower:
             # no dependency installation at run time: the machines are offline, xclp[flower] is installed
             self._start("superlink", ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
                                       "--port", str(self.port), "--database", str(self.work / "superlink.db")])
+            membership = self._membership()
             for name, data in self.sites.items():
-                cfg = f'site="{name}" data-path="{data}" out="{self.out(name)}"'
+                cfg = f'site="{name}" data-path="{data}" out="{self.out(name)}" membership="{membership}"'
                 if allow_plaintext:
                     cfg += " allow-plaintext=true"
                 if public is not None:
@@ -54,6 +55,21 @@ class LocalFlower:
 
     def out(self, site: str) -> Path:
         return self.work / f"out-{site}"
+
+    def _membership(self) -> Path:
+        """The consortium's membership file (each node's identity key made now, in its out folder, where the
+        ClientApp finds it): every node takes part only with these sites."""
+        import json
+
+        from crypto.identity import Identity
+
+        members = {}
+        for name in self.sites:
+            self.out(name).mkdir(parents=True, exist_ok=True)
+            members[name] = Identity.load_or_create(self.out(name) / "identity.key").fingerprint
+        path = self.work / "membership.json"
+        path.write_text(json.dumps({"sites": members}, indent=1, sort_keys=True))
+        return path
 
     def _start(self, name: str, cmd: list[str]) -> None:
         log = open(self.work / f"{name}.log", "w")  # noqa: SIM115 — kept open for the process's life

@@ -31,6 +31,7 @@ from flwr.app import ConfigRecord
 from crypto.errors import ProtocolError
 from xclp.data import DataError
 from xclp.prediction_job import Send
+from xclp.site_admission import TRAIN, Offer
 from xclp.training.algorithms import strategy_for
 from xclp.training.strategy import Strategy
 from xclp.training_job import RunSpec, TrainSite, TrainState
@@ -191,11 +192,10 @@ def _pinned(site, step: ConfigRecord) -> tuple[RunSpec, ConfigRecord]:
         raise ProtocolError(f"{site.name}: a second start of this run (a site trains once per run)")
     spec = RunSpec(**json.loads(str(step["start"])))
     sites = list(TrainState.from_bytes(bytes(step["view"])).sites)
-    job = {"kind": "train", "sites": sites, "params": {"algorithm": spec.algorithm, "config": spec.config}}
-    site.policy.check(f"flower-{site.run_id}", job)
+    params = {"algorithm": spec.algorithm, "config": spec.config, "classes": spec.classes}
     strategy_for(spec.algorithm, spec.config, spec.classes, len(sites), n_public=spec.public_size)  # else refused here
     site.admit_training(run_xclp_params(str(step["start"]), f"flower-{site.run_id}-r0", len(sites)))
-    site.admit_to_ledger(f"flower-{site.run_id}", job)
+    site.admission().admit(Offer(f"flower-{site.run_id}", TRAIN, params, tuple(sites)))  # (after its ledger check)
     return spec, ConfigRecord({"spec": str(step["start"]), "sites": json.dumps(sites), "record": "{}"})
 
 

@@ -30,7 +30,7 @@ def federation(tmp_path_factory):
     for s in ds.sites:
         m = ds.site == s
         np.savez(tmp / f"{s}.npz", X=ds.X[m], y=ds.y[m])
-        configs.append({"site": s, "data-path": str(tmp / f"{s}.npz"), "out": str(tmp / f"out-{s}"),
+        configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp / f"{s}.npz"), "out": str(tmp / f"out-{s}"),
                         "allow-plaintext": "true"})
     return ds, configs
 
@@ -44,7 +44,7 @@ def run(configs, **kw):
 @pytest.fixture
 def small_paillier_sites(small_paillier, monkeypatch):
     """1024-bit Paillier keys (tests/conftest.py), and sites whose policy takes them."""
-    from clients.policy import SitePolicy  # ... and sites that take them (the agent's --min-key-bits)
+    from xclp.site_policy import SitePolicy  # ... and sites that take them (the agent's --min-key-bits)
 
     policy = SitePolicy.__init__
 

@@ -41,7 +41,7 @@ def federation(tmp_path_factory):
     for s in ds.sites:
         m = ds.site == s
         np.savez(tmp / f"{s}.npz", X=ds.X[m], y=ds.y[m], y_true=ds.y_true[m])
-        configs.append({"site": s, "data-path": str(tmp / f"{s}.npz"), "out": str(tmp / f"out-{s}"),
+        configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp / f"{s}.npz"), "out": str(tmp / f"out-{s}"),
                         "public-path": str(tmp / "public.npz")})
     return ds, U, configs, tmp
 

@@ -11,9 +11,9 @@ from svc import ADMIN
 import clients.agent as agent_mod
 from clients.agent import Agent
 from clients.api import CoordinatorClient
-from clients.policy import SitePolicy
 from service.app import Settings, create_app
 from xclp.data import load_arrays
+from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
 
 REFERENCE_OK = SitePolicy(allow_plaintext=True)  # these sites opt in to the plaintext reference
@@ -47,7 +47,7 @@ def rig(tmp_path, monkeypatch):
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             agents[s] = Agent(Counting(CoordinatorClient("http://testserver", token, transport=tc._transport)), s,
-                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
+                              tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK, trust_on_first_use=True)
         yield ds, admin, agents
 
 
@@ -119,7 +119,7 @@ def test_job_ids_that_are_not_plain_names_are_refused_and_never_become_paths(tmp
 
     X = np.random.default_rng(0).random((6, 3))
     np.savez(tmp_path / "d.npz", X=X, y=np.array([0, 1, -1, -1, 0, 1]))
-    agent = Agent(Evil(), "s", tmp_path / "d.npz", tmp_path / "out")
+    agent = Agent(Evil(), "s", tmp_path / "d.npz", tmp_path / "out", trust_on_first_use=True)
     assert agent._work() == {"jobs": ["ok_job-1"], "done": []}
     assert {"../../escape", "/etc/passwd"} <= agent.given_up
     for bad in ("../../escape", "a/b", "", ".hidden", "x" * 65):
@@ -153,7 +153,7 @@ def test_keys_of_failed_and_dropped_jobs_are_wiped(tmp_path):
             return statuses[job_id]
 
     np.savez(tmp_path / "d.npz", X=np.random.default_rng(0).random((4, 2)), y=np.array([0, 1, -1, -1]))
-    agent = Agent(Api(), "s", tmp_path / "d.npz", tmp_path / "out")
+    agent = Agent(Api(), "s", tmp_path / "d.npz", tmp_path / "out", trust_on_first_use=True)
     names = ("failedjob", "dropped", "running", "forgotten", "unreachable")
     for job in names:
         st = agent.state(job)
@@ -193,7 +193,7 @@ def test_a_fresh_out_skips_the_sites_old_jobs_quietly_and_takes_part_in_new_ones
     _until_done(admin, old, [a, b])
     # the site keeps its identity (the key its peers pinned) when it moves to a new --out
     fresh = Agent(a.api, a.site, tmp_path / f"{a.site}.npz", tmp_path / "fresh-out", policy=REFERENCE_OK,
-                  identity_key=a.state_dir / "identity.key")
+                  identity_key=a.state_dir / "identity.key", trust_on_first_use=True)
     with caplog.at_level(logging.INFO, logger="xclp.agent"):
         fresh.run(once=True)
         fresh.run(once=True)
@@ -214,11 +214,11 @@ def test_one_agent_per_out_folder(tmp_path):
             return {"site": "s", "jobs": [], "done": []}
 
     np.savez(tmp_path / "d.npz", X=np.random.default_rng(0).random((4, 2)), y=np.array([0, 1, -1, -1]))
-    first = Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out")
+    first = Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out", trust_on_first_use=True)
     first.run(once=True)
     with pytest.raises(AgentError, match=r"--out .*out is in use by another agent \(pid \d+\)"):
-        Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out").run(once=True)
-    Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out2").run(once=True)  # its own folder: fine
+        Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out", trust_on_first_use=True).run(once=True)
+    Agent(Idle(), "s", tmp_path / "d.npz", tmp_path / "out2", trust_on_first_use=True).run(once=True)  # its own folder: fine
 
 
 def test_an_idle_agent_backs_off_and_polls_fast_again_once_a_job_appears(tmp_path, monkeypatch):
@@ -246,7 +246,7 @@ def test_an_idle_agent_backs_off_and_polls_fast_again_once_a_job_appears(tmp_pat
 
     monkeypatch.setattr(agent_mod.time, "sleep", sleep)
     np.savez(tmp_path / "d.npz", X=np.random.default_rng(0).random((4, 2)), y=np.array([0, 1, -1, -1]))
-    agent = Agent(Api(), "s", tmp_path / "d.npz", tmp_path / "out", poll=0.1, max_poll=1.0)
+    agent = Agent(Api(), "s", tmp_path / "d.npz", tmp_path / "out", poll=0.1, max_poll=1.0, trust_on_first_use=True)
     with pytest.raises(KeyboardInterrupt):
         agent.run()
     assert sleeps == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.2, 0.4]
@@ -258,4 +258,4 @@ def test_an_idle_agent_backs_off_and_polls_fast_again_once_a_job_appears(tmp_pat
             raise ApiError(401, "unknown site token")
 
     with pytest.raises(AgentError, match="refused the token of site 's'"):  # stops at once, never loops
-        Agent(Refused(), "s", tmp_path / "d.npz", tmp_path / "out3").run()
+        Agent(Refused(), "s", tmp_path / "d.npz", tmp_path / "out3", trust_on_first_use=True).run()

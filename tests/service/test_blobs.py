@@ -12,13 +12,13 @@ from svc import ADMIN, admin_headers, announce_all
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
-from clients.policy import SitePolicy
 from service.app import Settings, create_app
 from service.blobs import BlobStore, blob_key, default_blob_dir
 from service.db import Message
 from xclp.data import load_arrays
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
+from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
 
 REFERENCE_OK = SitePolicy(allow_plaintext=True)  # these sites opt in to the plaintext reference
@@ -145,7 +145,7 @@ def rig(db_url, tmp_path):
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", token, transport=tc._transport)
-            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
+            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK, trust_on_first_use=True)
         yield ds, admin, agents, tc, store, (store_puts, store_streamed)
 
 

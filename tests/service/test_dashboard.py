@@ -13,10 +13,10 @@ from svc import ADMIN, expire_deadline
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
-from clients.policy import SitePolicy
 from service.app import Settings, create_app
 from service.db import UISession
 from xclp.data import load_arrays
+from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
 
 
@@ -34,7 +34,7 @@ def rig(tmp_path):
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", tokens[s], transport=tc._transport)
             agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}",
-                              policy=SitePolicy(allow_plaintext=True))
+                              policy=SitePolicy(allow_plaintext=True), trust_on_first_use=True)
         yield tc, ds, admin, agents, tokens
 
 

@@ -10,13 +10,13 @@ from svc import ADMIN, expire_deadline
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
-from clients.policy import SitePolicy
 from crypto.errors import ProtocolError
 from service.app import Settings, create_app
 from xclp.data import load_arrays
 from xclp.prediction_job import PredictCoordinator
 from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
+from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
 
 REFERENCE_OK = SitePolicy(allow_plaintext=True)  # these sites opt in to the plaintext reference
@@ -37,7 +37,7 @@ def rig(tmp_path):
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", token, transport=tc._transport)
-            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK)
+            agents[s] = Agent(client, s, tmp_path / f"{s}.npz", tmp_path / f"out-{s}", policy=REFERENCE_OK, trust_on_first_use=True)
         yield ds, admin, agents
 
 
@@ -92,7 +92,7 @@ def test_a_label_dp_job_states_its_epsilon_and_equals_the_simulation_with_the_si
     secrets = {s: bytes.fromhex(a.state(job)["noise"]) for s, a in agents.items()}  # wiped with the keys at the end
     first = ds.sites[0]  # restarts here: the same secret, the same noise (never a second release)
     agents[first] = Agent(agents[first].api, first, agents[first].out.parent / f"{first}.npz", agents[first].out,
-                          policy=REFERENCE_OK)
+                          policy=REFERENCE_OK, trust_on_first_use=True)
     drive(admin, job, agents.values(), lambda st: st["status"] == "done")
     for a in agents.values():
         a.step(job)  # collect
@@ -172,10 +172,10 @@ def test_shares_that_do_not_combine_drop_a_site_not_the_job(rig):
 def test_a_site_refuses_jobs_that_ask_for_less_security_than_its_policy(rig):
     """An operator who submits crypto="plaintext" would receive every site's LSH bits, counts and scores.
     A site started without the opt-in sends nothing for such a job; one that opted in takes part."""
-    from clients.policy import PolicyError, SitePolicy
+    from xclp.site_policy import PolicyError, SitePolicy
 
     ds, admin, agents = rig
-    strict = {s: Agent(a.api, s, a.out.parent / f"{s}.npz", a.out.parent / f"strict-{s}") for s, a in agents.items()}
+    strict = {s: Agent(a.api, s, a.out.parent / f"{s}.npz", a.out.parent / f"strict-{s}", trust_on_first_use=True) for s, a in agents.items()}
     job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10)
     for a in strict.values():
         with pytest.raises(PolicyError, match="crypto='plaintext'.*--allow-plaintext"):
@@ -183,7 +183,7 @@ def test_a_site_refuses_jobs_that_ask_for_less_security_than_its_policy(rig):
     assert admin.job(job)["phase"] == "setup"  # nobody announced: the job cannot move on
     # The run loop gives such a job up with that message instead of crashing.
     loop = Agent(agents[ds.sites[0]].api, ds.sites[0], agents[ds.sites[0]].out.parent / f"{ds.sites[0]}.npz",
-                 agents[ds.sites[0]].out.parent / "loop")
+                 agents[ds.sites[0]].out.parent / "loop", trust_on_first_use=True)
     loop.run(once=True)
     assert job in loop.given_up
     # Paillier keys below the site's minimum, too few participants, FedAvg weights in the clear:
@@ -207,13 +207,13 @@ def test_a_site_refuses_jobs_that_ask_for_less_security_than_its_policy(rig):
 def test_a_site_that_requires_dp_refuses_jobs_without_a_budget_or_above_its_own(rig):
     """`xclp agent run --max-epsilon 4`: a coordinator that drops the noise (or asks for a larger ε) gets
     a clear refusal before the site sends anything; a job within the site's budget goes ahead."""
-    from clients.policy import PolicyError, SitePolicy
     from xclp.privacy import label_dp
+    from xclp.site_policy import PolicyError, SitePolicy
 
     ds, admin, agents = rig
     site = ds.sites[0]
     dp_only = Agent(agents[site].api, site, agents[site].out.parent / f"{site}.npz", agents[site].out.parent / "dp",
-                    policy=SitePolicy(allow_plaintext=True, max_epsilon=4.0))
+                    policy=SitePolicy(allow_plaintext=True, max_epsilon=4.0), trust_on_first_use=True)
     job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=4, classes=10)
     with pytest.raises(PolicyError, match="states no DP budget.*ε ≤ 4"):
         dp_only.step(job)
@@ -333,7 +333,7 @@ def test_a_site_whose_columns_differ_is_left_out_at_setup_with_the_reason(rig, t
     odd = ds.sites[0]
     X = np.load(tmp_path / f"{odd}.npz")
     np.savez(tmp_path / "odd.npz", X=np.hstack([X["X"], np.zeros((X["X"].shape[0], 1))]), y=X["y"])
-    agents[odd] = Agent(agents[odd].api, odd, tmp_path / "odd.npz", tmp_path / "out-odd", policy=REFERENCE_OK)
+    agents[odd] = Agent(agents[odd].api, odd, tmp_path / "odd.npz", tmp_path / "out-odd", policy=REFERENCE_OK, trust_on_first_use=True)
     job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=64, k=6, classes=10)
     st = drive(admin, job, agents.values(), lambda st: st["status"] != "running")
     assert st["status"] == "done" and st["dropped"] == {odd: "setup"}

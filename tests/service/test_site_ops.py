@@ -250,7 +250,7 @@ def test_a_long_poll_for_work_waits_answers_when_a_job_comes_and_is_capped_per_s
 def test_an_idle_agent_waits_on_the_coordinator_and_takes_a_new_job_within_a_second(live, tmp_path):
     from clients.agent import Agent
     from clients.api import CoordinatorClient
-    from clients.policy import SitePolicy
+    from xclp.site_policy import SitePolicy
 
     url, admin, _ = live
     tokens = {s: admin.add_site(s)["token"] for s in ("a", "b")}
@@ -274,7 +274,7 @@ def test_an_idle_agent_waits_on_the_coordinator_and_takes_a_new_job_within_a_sec
 
     np.savez(tmp_path / "a.npz", X=np.random.default_rng(0).random((8, 3)), y=np.array([0, 1, -1, -1, 0, 1, -1, -1]))
     agent = Agent(Counting(CoordinatorClient(url, tokens["a"])), "a", tmp_path / "a.npz", tmp_path / "out-a",
-                  poll=0.1, policy=SitePolicy(allow_plaintext=True))
+                  poll=0.1, policy=SitePolicy(allow_plaintext=True), trust_on_first_use=True)
     errors = []
 
     def run():
@@ -315,8 +315,8 @@ def test_an_agent_restarted_with_a_rotated_token_finishes_its_job_and_a_revoked_
 
     from clients.agent import Agent, AgentError
     from clients.api import CoordinatorClient
-    from clients.policy import SitePolicy
     from xclp.data import load_arrays
+    from xclp.site_policy import SitePolicy
     from xclp.splits import simulate_sites
 
     settings = Settings(database=f"sqlite:///{tmp_path / 'r.db'}", admin_token=ADMIN, engine_interval=0.02)
@@ -330,7 +330,7 @@ def test_an_agent_restarted_with_a_rotated_token_finishes_its_job_and_a_revoked_
             idx = np.flatnonzero(ds.site == site)
             np.savez(tmp_path / f"{site}.npz", X=ds.X[idx], y=ds.y[idx])
             return Agent(CoordinatorClient("http://testserver", token, transport=tc._transport), site,
-                         tmp_path / f"{site}.npz", tmp_path / f"out-{site}", policy=SitePolicy(allow_plaintext=True))
+                         tmp_path / f"{site}.npz", tmp_path / f"out-{site}", policy=SitePolicy(allow_plaintext=True), trust_on_first_use=True)
 
         a, b = agent(a_name, admin.add_site(a_name)["token"]), agent(b_name, admin.add_site(b_name)["token"])
         job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=32, k=4, classes=10)

@@ -80,7 +80,7 @@ def test_the_simulation_the_agent_and_flowers_site_hold_out_the_same_points(tmp_
         from xclp_flower.client_app import FlowerSite
 
         _csv(tmp_path / f"{s.name}.csv", X[mine], labels[mine])
-        node = {"site": s.name, "data-path": str(tmp_path / f"{s.name}.csv"), "out": str(tmp_path / s.name)}
+        node = {"trust-on-first-use": "true", "site": s.name, "data-path": str(tmp_path / f"{s.name}.csv"), "out": str(tmp_path / s.name)}
         for algorithm, same in (("fedavg", True), ("predict", False)):  # a prediction run hides nothing
             ctx = flwr.Context(run_id=1, node_id=0, node_config=node, state=flwr.RecordDict(),
                                run_config={"algorithm": algorithm, "holdout": 0.3, "seed": 7})

@@ -8,11 +8,11 @@ import stat
 import numpy as np
 import pytest
 
-from clients.policy import PolicyError, SitePolicy
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import gaussian_epsilon
 from xclp.privacy.site_ledger import SiteLedger, TotalExceeded, data_digest, job_releases
 from xclp.protocol import JobParams, SiteSession
+from xclp.site_policy import PolicyError, SitePolicy
 
 
 def predict(job, eps=None, gaussian=False, classes=3):
@@ -89,7 +89,8 @@ def test_data_files_are_apart_and_unbounded_jobs_end_the_budget(tmp_path):
 def test_training_jobs_count_by_their_stated_budget(tmp_path):
     led, d = SiteLedger(tmp_path, delta=1e-5), "c" * 64
     assert job_releases(train(2.0)) == [{"mechanism": "epsilon_delta", "epsilon": 2.0, "delta": 1e-6}]
-    assert job_releases({**predict("x", 1.0), "parent": "t"}) == []  # a round: inside its training job
+    assert job_releases(predict("x", 1.0), covered=True) == []  # a round the site checked: inside its training job
+    assert job_releases({**predict("x", 1.0), "parent": "t"}) != []  # a "parent" is only the coordinator's word
     pol = SitePolicy(max_epsilon=5.0)
     assert pol.admit(led, d, "t1", train(2.0))["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert pol.admit(led, d, "t2", train(2.0))["epsilon"] == pytest.approx(4.0, rel=1e-2)
@@ -136,7 +137,7 @@ def test_a_job_without_dp_is_recorded_without_loading_the_accountant(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from clients.policy import SitePolicy; from xclp.privacy.site_ledger import SiteLedger\n"
+    code = ("import sys; from xclp.site_policy import SitePolicy; from xclp.privacy.site_ledger import SiteLedger\n"
             "from xclp.protocol import JobParams\n"
             "st = {'kind': 'predict', 'sites': ['a', 'b'], 'params': vars(JobParams(job_id='j1', n_classes=3, "
             "crypto='plaintext', bits=64, k=4))}\n"

@@ -1,7 +1,7 @@
 """A site's own privacy ledger, across jobs and runs: what it has released about each of its data files.
 
 A job's ledger (xclp.privacy.ledger) accounts one job or run; a site that takes many jobs on the same
-data releases more with each, and a per-job maximum (``--max-epsilon``, clients/policy.py) alone would
+data releases more with each, and a per-job maximum (``--max-epsilon``, xclp/site_policy.py) alone would
 let a coordinator ask for any total, one job at a time. So the site keeps one ledger of its own,
 persistent, keyed by its data file's content (SHA-256 of X and y as the site loads them: the same data
 is the same entry whatever the file's name or format), and composes everything it has released about
@@ -21,7 +21,8 @@ What a job releases, as the site accounts it (`job_releases`):
 - a training job: the (ε, δ) it states (its events are the run's calibration, made by the coordinator),
   composed as the worst (ε, δ)-DP mechanism — except DP-FedAvg (fedavg, fedavg-per-site-lp,
   fedavg-network), whose releases are all Gaussian: the Gaussian whose ε at δ is the stated one, so
-  that its jobs compose in μ (no δ adds up); a round's predict job (one with a parent) is inside it.
+  that its jobs compose in μ (no δ adds up); a round's predict job is inside it only where the site
+  checked it is one (xclp.site_admission: a run this site admitted, the round's id and parameters).
 - a job without a DP budget: unbounded. Nothing about that data file is bounded from then on, and a
   site with ``--max-epsilon`` refuses every later job on it.
 
@@ -69,11 +70,14 @@ def params_digest(params: dict) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def job_releases(status: dict) -> list[dict]:
-    """What the job (its status as the coordinator reports it) releases about this site's labels."""
+def job_releases(status: dict, covered: bool = False) -> list[dict]:
+    """What the job (its status as the coordinator reports it) releases about this site's labels.
+    `covered`: the job is a round's XCLP job of a training run this site admitted, inside that run's stated
+    budget — decided by xclp.site_admission from the run the site accepted, never from the job's word
+    (a "parent" in a status is only the coordinator's claim)."""
     params = status.get("params") or {}
-    if status.get("parent"):
-        return []  # a training round's XCLP job: inside its training job's stated budget
+    if covered:
+        return []
     if status.get("kind") == "train":
         cfg = params.get("config") or {}
         if cfg.get("dp_epsilon") is None:

@@ -75,14 +75,17 @@ class SitePolicy:
         if why:
             raise PolicyError(f"job {job_id}: refused by this site's policy: {why}")
 
-    def admit(self, ledger, digest: str, job_id: str, status: dict, key: str | None = None) -> dict:
+    def admit(self, ledger, digest: str, job_id: str, status: dict, key: str | None = None,
+              covered: bool = False) -> dict:
         """Record the job in the site's ledger (once per job id and parameters) before it releases anything;
-        PolicyError if the site's total about its data would pass --max-epsilon. Call after `check`."""
+        PolicyError if the site's total about its data would pass --max-epsilon. Call after `check`;
+        `covered`: a round's XCLP job of a training run this site admitted (xclp.site_admission checked it),
+        inside that run's stated budget."""
         from xclp.privacy.site_ledger import TotalExceeded, job_releases, params_digest
 
         key = key or f"{job_id}#{params_digest(status.get('params') or {})}"
         try:
-            return ledger.admit(digest, key, job_id, job_releases(status), self.max_epsilon)
+            return ledger.admit(digest, key, job_id, job_releases(status, covered=covered), self.max_epsilon)
         except TotalExceeded as exc:
             raise PolicyError(f"job {job_id}: refused by this site's policy: {exc}") from None
 
