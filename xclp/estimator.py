@@ -36,6 +36,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, column_or_1d, validate_data
 
 from crypto.hamming_api import PROTOCOLS as CRYPTO_PROTOCOLS
+from crypto.paillier_hamming import MIN_KEY_BITS as PAILLIER_MIN_KEY_BITS
 from xclp import graph as graphs
 from xclp.baselines import build_graph
 from xclp.blocking import DEFAULT_MAX_BUCKET as _MAX_BUCKET
@@ -137,6 +138,19 @@ class _InductiveMixin:
         """The most probable class of each new point."""
         proba = self.predict_proba(X)  # raises NotFittedError before fit
         return self.classes_[proba.argmax(axis=1)]
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Accuracy on the points that have a label (y ≠ −1; a semi-supervised y, as fit takes, scores
+        on its labelled points): what a GridSearchCV's held-out sites are scored by."""
+        from sklearn.metrics import accuracy_score
+
+        y = column_or_1d(y)
+        keep = (y != UNLABELLED) if y.dtype.kind in "iuf" else np.ones(y.shape, bool)
+        if not keep.any():
+            raise ValueError("score needs at least one labelled point (y ≠ −1)")
+        X = X[keep] if hasattr(X, "shape") else [x for x, k in zip(X, keep) if k]
+        w = None if sample_weight is None else np.asarray(sample_weight)[keep]
+        return float(accuracy_score(y[keep], self.predict(X), sample_weight=w))
 
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
@@ -271,7 +285,7 @@ class FederatedXCLP(_InductiveMixin, ClassifierMixin, BaseEstimator):
     _parameter_constraints: dict = {
         **_COMMON_CONSTRAINTS,
         "crypto": [StrOptions(set(CRYPTO_PROTOCOLS))],
-        "key_bits": [Interval(Integral, 1, None, closed="left")],
+        "key_bits": [Interval(Integral, PAILLIER_MIN_KEY_BITS, None, closed="left")],
         "standardize": ["boolean"],
         "graph": [StrOptions(set(GRAPH_MODES))],
         "blocking_tables": [Interval(Integral, 1, LSH_MAX_BITS, closed="both")],
@@ -391,11 +405,12 @@ class FederatedXCLP(_InductiveMixin, ClassifierMixin, BaseEstimator):
 
 
 class _ProgressBar:
-    """A bar over the job's phases on stderr (tqdm, as the CLI's `job wait`): with progress="auto" only
-    when stderr is a terminal, and drawn only once a fit has run for a second."""
+    """A bar over the job's phases on stderr (tqdm, as the CLI's `job wait`): progress="auto" draws it
+    only when stderr is a terminal and once a fit has run for a second; True always, False never."""
 
     def __init__(self, progress: str | bool):
         self.show = sys.stderr.isatty() if progress == "auto" else bool(progress)
+        self.delay = 1.0 if progress == "auto" else 0.0
         self.bar = None
 
     def __enter__(self):
@@ -405,14 +420,16 @@ class _ProgressBar:
 
         from xclp.job_kinds import job_kind
 
-        self.phases = job_kind("predict").phases[:-1]
-        self.bar = tqdm(total=len(self.phases), desc="XCLP", unit="phase", file=sys.stderr, delay=1.0, leave=False)
+        self.steps = len(job_kind("predict").phases) - 1  # setup .. row_sums ("done" is where it ends)
+        self.bar = tqdm(total=self.steps, desc="XCLP", unit="phase", file=sys.stderr, delay=self.delay,
+                        leave=False)
+        self.said = 0
         return self.say
 
     def say(self, message: str) -> None:
-        phase = str(message).split(":", 1)[0]
-        if phase in self.phases:
-            self.bar.n = self.phases.index(phase)
+        """run_xclp says one line as the job enters each phase: the bar counts the phases behind it."""
+        self.bar.n = min(self.said, self.steps)
+        self.said += 1
         self.bar.set_postfix_str(str(message), refresh=True)
 
     def __exit__(self, *exc) -> None:
