@@ -85,21 +85,10 @@ def label_dp_params(args, n_classes: int, jobs: int = 1) -> dict:
     """JobParams' label-DP fields from the flags: a budget calibrates the chosen mechanism."""
     from xclp.privacy import label_dp
 
-    out = {}
-    if args.dp_clip is not None:
-        out["dp_clip"] = args.dp_clip
-    if args.label_flip is not None:
-        out["label_flip"] = args.label_flip
-    if args.dp_noise is not None:
-        out["dp_noise"] = args.dp_noise
-    if args.dp_epsilon is not None:
-        if args.label_flip is not None or args.dp_noise is not None:
-            raise ValueError("give either --dp-epsilon or the noise itself (--label-flip / --dp-noise), not both")
-        if args.label_dp == "rr":
-            out["label_flip"] = label_dp.flip_for_budget(args.dp_epsilon, args.dp_delta, n_classes)
-        else:
-            out["dp_noise"] = label_dp.multiplier_for_budget(args.dp_epsilon, args.dp_delta, jobs)
-    return out
+    if args.dp_epsilon is not None and (args.label_flip is not None or args.dp_noise is not None):
+        raise ValueError("give either --dp-epsilon or the noise itself (--label-flip / --dp-noise), not both")
+    return label_dp.job_fields(n_classes, epsilon=args.dp_epsilon, delta=args.dp_delta, mechanism=args.label_dp,
+                               flip=args.label_flip, noise=args.dp_noise, clip=args.dp_clip, jobs=jobs)
 
 
 def _add_column_args(p: argparse.ArgumentParser) -> None:

@@ -183,6 +183,9 @@ def influence_columns(W: sp.csr_matrix, cols: np.ndarray, alpha: float = 0.99, m
     return solve(W, rhs, cols.size, alpha, method, tol, max_iter, block, dense_max_n, dense_fallback_max_n)
 
 
+SOLVERS = ("auto", "cg", "minres", "dense")  # the influence solver's choices (auto picks by size)
+
+
 def propagate(W: sp.csr_matrix, Y: np.ndarray, alpha: float = 0.99, method: str = "auto", tol: float = 1e-8,
               **kw) -> tuple[np.ndarray, SolveInfo]:
     """Z = (I − α𝒲)^{-1} Y directly (C right-hand sides): the single-party shortcut."""
@@ -196,7 +199,7 @@ def solve(W: sp.csr_matrix, rhs, m: int, alpha: float = 0.99, method: str = "aut
     """X = (I − α𝒲)^{-1} B for m right-hand sides produced block-wise by rhs(start, end)."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if method not in ("auto", "cg", "minres", "dense"):
+    if method not in SOLVERS:
         raise ValueError(f"unknown solver {method!r}; use auto, cg, minres or dense")
     n = W.shape[0]
     if m == 0:

@@ -209,6 +209,14 @@ def restart_without(participants: list[str], missing, attempt: int) -> tuple[lis
     return [s for s in participants if s not in gone], attempt + 1
 
 
+# The bounds of the job's parameters, stated once: JobParams.validate checks them, and the estimators
+# (xclp.estimator) declare them as scikit-learn `_parameter_constraints`.
+MIN_K = 1  # kNN neighbours: at least one
+LSH_MAX_BITS = 65535  # LSH length L: 1..LSH_MAX_BITS (a lattice job less: crypto.lattice_hamming.MAX_BITS)
+SIMILARITIES = ("lsh", "exact")
+GRAPH_MODES = ("exact", "blocked", "auto")
+
+
 @dataclass(frozen=True)
 class JobParams:
     """Everything the parties must agree on before a job starts (it travels with the job)."""
@@ -263,18 +271,18 @@ class JobParams:
         check_job_id(self.job_id)  # the one check of an id that names files at every site, for every driver
         if self.crypto not in CRYPTO_CHOICES:
             raise ValueError(f"crypto must be one of {CRYPTO_CHOICES}, got {self.crypto!r}")
-        if self.similarity not in ("lsh", "exact"):
+        if self.similarity not in SIMILARITIES:
             raise ValueError(f"similarity must be 'lsh' or 'exact', got {self.similarity!r}")
         if self.similarity == "exact" and self.secure:
             raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
-        if not 1 <= self.bits <= 65535:
-            raise ValueError(f"bits must be in 1..65535, got {self.bits}")
+        if not 1 <= self.bits <= LSH_MAX_BITS:
+            raise ValueError(f"bits must be in 1..{LSH_MAX_BITS}, got {self.bits}")
         if self.crypto == "lattice":
             from crypto.lattice_hamming import MAX_BITS
             if self.bits > MAX_BITS:
                 raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
-        if self.k < 1:
-            raise ValueError(f"k must be at least 1, got {self.k}")
+        if self.k < MIN_K:
+            raise ValueError(f"k must be at least {MIN_K}, got {self.k}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
         if self.power <= 0:
@@ -284,7 +292,7 @@ class JobParams:
         label_dp.validate(self.dp_noise, self.dp_clip, self.label_flip)
         if not 0 < self.dp_delta < 1:
             raise ValueError(f"dp_delta must be in (0, 1), got {self.dp_delta}")
-        if self.graph not in ("exact", "blocked", "auto"):
+        if self.graph not in GRAPH_MODES:
             raise ValueError(f"graph must be 'exact', 'blocked' or 'auto', got {self.graph!r}")
         if self.graph != "exact":
             if self.similarity != "lsh":

@@ -53,7 +53,7 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     rows = split_by_site(ds)
     sites = list(rows)
     if len(sites) < 2:
-        raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.LabelSpreadingXCLP")
+        raise ValueError("XCLP needs at least two sites; for one party use xclp.estimator.XCLPLabelSpreading")
     drops = dict(drops or {})
     bad = {s: p for s, p in drops.items() if s not in sites or p not in ("seed", "counts", "hamming", "row_sums")}
     if bad:

@@ -127,6 +127,8 @@ def test_sklearn_label_spreading_agrees_on_the_same_graph(digits):
 
 
 def test_estimator_errors_and_arbitrary_labels(digits):
+    from sklearn.exceptions import NotFittedError
+
     from xclp.data import DataError
     from xclp.estimator import XCLPLabelSpreading
 
@@ -138,7 +140,7 @@ def test_estimator_errors_and_arbitrary_labels(digits):
         XCLPLabelSpreading().fit(X, np.full(100, -1))
     with pytest.raises(ValueError, match="alpha"):
         XCLPLabelSpreading(alpha=1.0).fit(X, y)
-    with pytest.raises(RuntimeError, match="fit"):
+    with pytest.raises(NotFittedError, match="fit"):  # sklearn's (a ValueError and an AttributeError)
         XCLPLabelSpreading().predict(X)
 
 

@@ -65,6 +65,9 @@ RELEASES_PER_JOB = ("label counts", "row sums")
 DEFAULT_CLIP = 1.0  # C: the L2 norm of an influence column over the other sites' rows (see bench/xclp_dp.py)
 
 
+MECHANISMS = ("rr", "gaussian")  # randomized response on the labels; Gaussian noise shares in the sums
+
+
 def validate(noise_multiplier: float, clip: float, flip: float = 0.0) -> None:
     if not (math.isfinite(flip) and 0 <= flip < 1):
         raise ValueError(f"the randomized-response noise parameter p must be in [0, 1), got {flip}")
@@ -177,3 +180,28 @@ def multiplier_for_budget(epsilon_budget: float, delta: float, jobs: int = 1) ->
     while epsilon(z, jobs, delta) > epsilon_budget:  # brentq's last step may land just past it
         z *= 1 + 1e-12
     return max(z, MIN_MULTIPLIER)  # more noise than a huge budget needs: the least z that is accounted
+
+
+def job_fields(n_classes: int, epsilon: float | None = None, delta: float = 1e-5, mechanism: str = "rr",
+               flip: float | None = None, noise: float | None = None, clip: float | None = None,
+               jobs: int = 1) -> dict:
+    """JobParams' label-DP fields: the noise itself (`flip`: rr's p; `noise`: gaussian's z), or a budget
+    ε at δ that calibrates `mechanism` ("rr" or "gaussian") for `jobs` jobs; None leaves a field out
+    (the job's default). The CLI's flags and the estimators (xclp.estimator) both come here."""
+    if epsilon is not None and (flip is not None or noise is not None):
+        raise ValueError("give either a budget ε or the noise itself (the flip p or the multiplier z), not both")
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"the label-DP mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+    out = {}
+    if clip is not None:
+        out["dp_clip"] = clip
+    if flip is not None:
+        out["label_flip"] = flip
+    if noise is not None:
+        out["dp_noise"] = noise
+    if epsilon is not None:
+        if mechanism == "rr":
+            out["label_flip"] = flip_for_budget(epsilon, delta, n_classes)
+        else:
+            out["dp_noise"] = multiplier_for_budget(epsilon, delta, jobs)
+    return out
