@@ -115,3 +115,36 @@ def test_flower_nodes_refuse_a_run_with_a_node_outside_their_membership(tmp_path
         FlowerXCLP(grid, JobParams(job_id="flower-sybil", n_classes=10, bits=64, k=6, crypto="lattice")).run()
     assert repr(sybil) in str(exc.value) and "did not admit" in str(exc.value)
     assert not any((tmp_path / f"out-{s}" / "flower-sybil.npz").exists() for s in real)
+
+
+@pytest.mark.slow
+def test_real_agents_with_a_membership_file_refuse_a_training_job_with_a_fourth_site(tmp_path):
+    """Real processes: a coordinator and three agents started with the consortium's membership file. The
+    coordinator registers a fourth site and starts a training job with it: every real site refuses, with a
+    reason naming the unknown site, and nothing but its refusal leaves it."""
+    import time
+
+    from svc import ProcessCluster
+
+    X, y = load_arrays("digits", limit=150, seed=2)
+    ds = simulate_sites(X, y, 3, "iid", 0.3, seed=2)
+    sites = {s: {"X": (ds.X[ds.site == s] / 16.0).astype(np.float32), "y": ds.y[ds.site == s]} for s in ds.sites}
+    c = ProcessCluster(tmp_path, f"sqlite:///{tmp_path / 'coord.db'}", sites)
+    try:
+        for s in ds.sites:
+            c.start_agent(s)
+        c.admin.add_site(SYBIL)  # the coordinator's own site (it could run an agent for it)
+        job = c.admin.submit_train(algorithm="fedavg", sites=[*ds.sites, SYBIL], classes=10, rounds=2,
+                                   sites_per_round=4, seed=1)
+        end = time.monotonic() + 120
+        while len((st := c.admin.job(job)).get("refused") or {}) < 3 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert sorted(st["refused"]) == sorted(ds.sites), f"{st}\n{c.logs()}"
+        for s in ds.sites:
+            assert repr(SYBIL) in st["refused"][s] and "did not admit" in st["refused"][s]
+        # each real site's refusal, and no hello, key or upload
+        assert {(x, t) for x, t in c.received(job) if x != SYBIL} == {(s, REFUSE) for s in ds.sites}
+        for s in ds.sites:
+            assert "refused by this site's membership" in (tmp_path / f"agent-{s}.log").read_text()
+    finally:
+        c.close()
