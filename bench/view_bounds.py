@@ -1,7 +1,7 @@
 """Honest view sizes of a blocked graph's rounds against the cap a site enforces (xclp.view_bounds).
 
 A site of a secure blocked job refuses a round's view that asks it to reveal more entries per point
-than the candidates (round 1) or an NN-Descent round can need (`xclp.view_bounds.point_cap`). This
+than the candidates (round 1) or an NN-Descent round can need (`xclp.view_bounds.entry_cap`). This
 measures what honest rounds ask: the coordinator's rounds as a job plans them (candidate blocks, then
 `descent_rounds` rounds of neighbours of neighbours), with the distances measured in the clear, and,
 per round and pair of sites, the most entries any point of A (and any row of B in one group of A) is
@@ -35,7 +35,7 @@ def rounds(n: int, setting: str, seed: int = 0) -> list[dict]:
     from xclp import blocking, lsh
     from xclp.blocked_graph import BlockedGraph, local_knn
     from xclp.protocol import JobParams, simulation_contribution
-    from xclp.view_bounds import point_cap
+    from xclp.view_bounds import round_cap
 
     ds = dataset(n, seed)
     p = JobParams(job_id="view-bounds", n_classes=10, graph="blocked", crypto="lattice", **SETTINGS[setting])
@@ -54,7 +54,7 @@ def rounds(n: int, setting: str, seed: int = 0) -> list[dict]:
     out = []
     blocks = g.candidate_blocks(sites)
     for r in range(1, p.descent_rounds + 2):
-        worst = {"round": r, "n": n, "setting": setting, "cap": point_cap(p, r), "pairs": 0, "entries": 0,
+        worst = {"round": r, "n": n, "setting": setting, "cap": round_cap(p, r), "pairs": 0, "entries": 0,
                  "max_per_point_a": 0, "max_per_row_b": 0, "p99_per_point_a": 0.0}
         per_point = []
         for (a, b), bl in blocks.items():

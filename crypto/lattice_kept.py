@@ -32,6 +32,9 @@ What each party learns, beyond the kept run (docs/security.md, "Kept results"):
   thing a fresh run's view tells it; of B nothing new: it has held these u since the kept run, each
   uniform (ρ unknown to it);
 - B: nothing; it takes no part (it does not even learn that its rows have new candidates).
+Each entry is answered once per job: `KeptResults.claim` refuses (ViewRefused) a view naming a key whose
+u went out before — by the kept run's own view or an earlier KeptView — and the keys it has answered
+are saved with it; how many a round may ask per point is the site's check (xclp.view_bounds).
 Storage at A: 2 bytes per coefficient of every result ciphertext of the kept run (Σ_k m_k·width_k),
 on disk: an unnamed temporary file (`tempfile.TemporaryFile`: removed when closed or when the process
 ends), read one group at a time. It is as sensitive as A's decryption key is for that run (with the

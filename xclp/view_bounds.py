@@ -55,7 +55,7 @@ def entry_cap(round_: int, k: int, tables: int, max_bucket: int) -> int:
 
     Defaults (L = 1024, k = 10, m = 64, cap 48): 3,008 and 1,520; the tests' (k = 5, m = 4, cap 6):
     20 and 360. Measured on honest rounds (bench/view_bounds.py, Fashion-MNIST 2,000–10,000 points in
-    10 sites): at most 363 and 155 (bench settings), 11 and 61 (tests')."""
+    10 sites): at most 363 and 155 (bench settings), 13 and 62 (tests')."""
     if round_ < 1:
         raise ValueError("rounds of blocks count from 1")
     if round_ == 1:
