@@ -11,3 +11,8 @@ class ProtocolError(ValueError):
 
 class IntegrityError(ProtocolError):
     """An authenticated message failed its check: tampered, replayed, reordered or misaddressed."""
+
+
+class ViewRefused(ProtocolError):
+    """A round's view that asks a site to reveal more than the computation can need, or to reveal an
+    entry again (xclp.view_bounds): the site refuses it, with this reason."""

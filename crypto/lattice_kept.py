@@ -32,6 +32,9 @@ What each party learns, beyond the kept run (docs/security.md, "Kept results"):
   thing a fresh run's view tells it; of B nothing new: it has held these u since the kept run, each
   uniform (ρ unknown to it);
 - B: nothing; it takes no part (it does not even learn that its rows have new candidates).
+Each entry is answered once per job: `KeptResults.claim` refuses (ViewRefused) a view naming a key whose
+u went out before — by the kept run's own view or an earlier KeptView — and the keys it has answered
+are saved with it; how many a round may ask per point is the site's check (xclp.view_bounds).
 Storage at A: 2 bytes per coefficient of every result ciphertext of the kept run (Σ_k m_k·width_k),
 on disk: an unnamed temporary file (`tempfile.TemporaryFile`: removed when closed or when the process
 ends), read one group at a time. It is as sensitive as A's decryption key is for that run (with the
@@ -47,7 +50,7 @@ import tempfile
 
 import numpy as np
 
-from crypto.errors import ProtocolError
+from crypto.errors import ProtocolError, ViewRefused
 from crypto.lattice_blocks import (
     _SHARE,
     BlockView,
@@ -93,24 +96,29 @@ class KeptView:
                 yield gi, g, self.keys[self.ptr[gi] : self.ptr[gi + 1]]
 
 
-def kept_view(first_a: BlockView, first_b: BlockView, i: np.ndarray, j: np.ndarray
+def kept_view(first_a: BlockView, first_b: BlockView, i: np.ndarray, j: np.ndarray, revealed=None
               ) -> tuple[KeptView | None, np.ndarray]:
     """The coordinator's split of a round's entries (i: rows of A, j: rows of B, local) against a kept
     run's two views: the KeptView of those whose row of B was answered in the group of A that holds
-    them (None if none), and a mask of the entries that need a fresh run."""
+    them (None if none), and a mask of the entries that need a fresh run. `revealed`: per group of the
+    kept run, the sorted keys answered before (its own view's and earlier KeptViews'): those entries
+    are in neither — the coordinator has their distances, and A answers an entry once (xclp.view_bounds)."""
     if (first_a.side, first_b.side) != ("a", "b") or first_a.shape_digest != first_b.shape_digest:
         raise ProtocolError("lattice kept: A's and B's views are not of one run")
     i, j = np.asarray(i, dtype=np.int64), np.asarray(j, dtype=np.int64)
     fresh = np.ones(i.size, dtype=bool)
     keys, ptr = [], [0]
     k_of = i // first_a.n
-    for g in first_b.groups:
+    for gi, g in enumerate(first_b.groups):
         sel = np.flatnonzero(k_of == g.k)
         c = np.searchsorted(g.b_rows, j[sel])
         hit = c < g.b_rows.size
         hit[hit] = g.b_rows[c[hit]] == j[sel][hit]
         fresh[sel[hit]] = False
         key = np.unique(c[hit] * g.width + (i[sel][hit] - g.start))
+        if revealed is not None and revealed[gi].size and key.size:
+            pos = np.searchsorted(revealed[gi], key).clip(max=revealed[gi].size - 1)
+            key = key[revealed[gi][pos] != key]
         keys.append(key)
         ptr.append(ptr[-1] + key.size)
     if ptr[-1] == 0:
@@ -130,8 +138,29 @@ class KeptResults:
         sizes = np.array([g.count * g.width for g in view.groups], dtype=np.int64)
         self.offsets = np.r_[0, np.cumsum(sizes)] * 2  # bytes: u16 per coefficient
         self.filled = np.zeros(len(view.groups), dtype=np.int64)  # rows written per group, in order
+        # the coefficients (offset/2 + key, sorted) whose u has gone to the coordinator: the run's own
+        # view's, then every KeptView `claim`ed — each entry is answered once per job (xclp.view_bounds)
+        self.revealed = self._coefficients(view.key_ptr, view.keys)
         self._file = tempfile.TemporaryFile(prefix="xclp-kept-")
         self._file.truncate(int(self.offsets[-1]))
+
+    def _coefficients(self, ptr: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Keys per group (`ptr` over the run's groups) → sorted indices of coefficients in the store."""
+        base = np.repeat(self.offsets[:-1] // 2, np.diff(ptr))
+        return np.sort(base + keys)
+
+    def claim(self, kept: KeptView) -> None:
+        """Record the keys of `kept` as revealed, refusing (ViewRefused) a view that names a key revealed
+        before — by the kept run itself or an earlier KeptView: an entry is answered once per job."""
+        if kept.first.digest != self.view.digest:
+            raise ProtocolError("lattice kept: the view is of another run than the one kept here")
+        new = self._coefficients(kept.ptr, kept.keys)
+        pos = np.searchsorted(self.revealed, new).clip(max=max(self.revealed.size - 1, 0))
+        again = int(np.count_nonzero(self.revealed[pos] == new)) if self.revealed.size else 0
+        if again:
+            raise ViewRefused(f"lattice kept: the view asks again for {again} of its {kept.count} entries, answered "
+                              "before in this job (each entry is answered once)")
+        self.revealed = np.sort(np.concatenate([self.revealed, new]))
 
     @property
     def complete(self) -> bool:
@@ -179,7 +208,8 @@ class KeptResults:
 
     def state(self) -> bytes:
         data = b"".join(self.rows(gi).tobytes() for gi in range(len(self.view.groups)))
-        return pack({"role": "kept", **self.view.state(), "filled": self.filled, "data": data})
+        return pack({"role": "kept", **self.view.state(), "filled": self.filled, "data": data,
+                     "revealed": self.revealed})
 
     @classmethod
     def restore(cls, data: bytes) -> KeptResults:
@@ -195,6 +225,12 @@ class KeptResults:
             lo = int(kept.offsets[gi])
             kept.write(gi, 0, np.frombuffer(raw[lo : int(kept.offsets[gi + 1])], dtype="<u2").reshape(g.count, g.width))
         kept.filled = filled.copy()
+        if "revealed" in s:
+            revealed = s.array("revealed", np.int64, (None,))
+            if revealed.size and (revealed.min() < 0 or revealed.max() >= kept.offsets[-1] // 2
+                                  or np.any(np.diff(revealed) < 1)):
+                raise ProtocolError("lattice kept: a malformed saved state")
+            kept.revealed = revealed
         return kept
 
 

@@ -37,6 +37,7 @@ from crypto.state import Nested, State, pack
 from xclp import blocking
 from xclp.wire import dump_bundle, load_bundle
 
+ALL_ROWS = 1e-12  # a BlockLayout pad that runs all of B's rows in every group
 MAX_BLOCKS = 30_000  # blocks of one pair in one round (a saved round: 2 of crypto.state's 65,536 fields a block)
 
 
@@ -184,33 +185,61 @@ def _one_row_blocks(i: np.ndarray, j: np.ndarray) -> list[tuple[np.ndarray, np.n
 
 
 def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None,
-          kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None, pad: float | None = None
+          kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None, pad: float | None = None,
+          answered: dict[tuple[str, str], tuple[set[bytes], list[np.ndarray]]] | None = None
           ) -> dict[str, dict[str, list[np.ndarray] | BlockView | KeptPlan]]:
     """Each site's part of a round, per peer: its own rows of each block (ring_n None: one run per
     block), or its view of the pair's packed run (ring_n: the lattice ring's degree N). `kept`: per
     pair, the two views of its first packed run, whose results A keeps: the round's entries answered
     there go to A as a KeptPlan (with a fresh view for the rest, if any); B is sent a view only for a
     fresh run. `pad`: a packed run's groups padded to all of B's rows (BlockLayout's `pad`), so that
-    later rounds find their entries in A's kept results."""
+    later rounds find their entries in A's kept results. `answered`: per pair, what A has answered in
+    the rounds before (`answered_before`: its fresh views' digests, and per group of the kept run the
+    keys) — A refuses either again (xclp.view_bounds): a kept entry answered before is left out (its
+    distance is in the lists already), a fresh view equal to an earlier one runs all of B's rows."""
     out: dict[str, dict] = {}
     for (a, b), bl in blocks.items():
         if ring_n is None:
             out.setdefault(a, {})[b] = [x.rows_a for x in bl]
             out.setdefault(b, {})[a] = [x.rows_b for x in bl]
             continue
+        seen, revealed = (answered or {}).get((a, b), (set(), None))
         rows = [(x.rows_a, x.rows_b) for x in bl]
         kv = None
         if kept is not None and (a, b) in kept:
             i, j = blocking.block_pairs(bl, sizes[a], sizes[b])
-            kv, fresh = kept_view(*kept[(a, b)], i, j)
+            kv, fresh = kept_view(*kept[(a, b)], i, j, revealed)
             rows = _one_row_blocks(i[fresh], j[fresh]) if fresh.any() else []
         view_a = view_b = None
         if rows:
             layout = BlockLayout(rows, sizes[a], sizes[b], ring_n, pad=pad)
-            view_a, view_b = layout.view_a(), layout.view_b()
-            out.setdefault(b, {})[a] = view_b
+            if layout.view_a().digest in seen:  # all of B's rows: equal again only for entries all answered
+                layout = BlockLayout(rows, sizes[a], sizes[b], ring_n, pad=ALL_ROWS)
+            if layout.view_a().digest not in seen:
+                view_a, view_b = layout.view_a(), layout.view_b()
+                out.setdefault(b, {})[a] = view_b
+        if kv is None and view_a is None:
+            continue
         out.setdefault(a, {})[b] = view_a if kv is None else KeptPlan(kv.keys, kv.ptr, view_a)
     return out
+
+
+def answered_before(first: tuple[BlockView, BlockView] | None, kept_plans: list[KeptPlan], fresh_views: list[BlockView]
+                    ) -> tuple[set[bytes], list[np.ndarray] | None]:
+    """What A has answered of a pair in the rounds before, from the plans the coordinator sent it: the
+    digests of its fresh views, and per group of the kept run (round 1's, `first`) the keys whose u
+    went to the coordinator — the run's own view's and every KeptPlan's."""
+    seen = {v.digest for v in fresh_views}
+    if first is None:
+        return seen, None
+    va = first[0]
+    revealed = [[g.keys] for g in va.groups]
+    for kp in kept_plans:
+        if kp.ptr.size != len(va.groups) + 1:
+            continue
+        for gi in range(len(va.groups)):
+            revealed[gi].append(kp.keys[kp.ptr[gi] : kp.ptr[gi + 1]])
+    return seen, [np.sort(np.concatenate(r)) for r in revealed]
 
 
 @dataclass(frozen=True)

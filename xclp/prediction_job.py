@@ -56,8 +56,9 @@ from typing import Protocol
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
 from crypto.lattice_blocks import BlockView
-from xclp import blocking
-from xclp.block_protocol import KeptPlan, decode_plan, encode_plan, kept_shares, pair_blocks, plans
+from xclp import blocking, view_bounds
+from xclp.block_protocol import KeptPlan, answered_before, decode_plan, encode_plan, kept_shares, pair_blocks, plans
+from xclp.blocked_graph import rows_to_blocks
 from xclp.propagation import Prediction
 from xclp.protocol import (
     BLOCKED_GRAPH_TOPICS,
@@ -721,7 +722,7 @@ class PredictCoordinator:
             blocks = coord.candidate_blocks(order)
         else:
             coord.blocked.rounds_done = r - 1  # NN-Descent rounds taken so far (round 1 was the tags')
-            blocks = coord.descent_blocks(order)
+            blocks = self._capped(coord.descent_blocks(order), r + 1, coord)
         blocks = {p: bl for p, bl in blocks.items() if bl}
         if not blocks:
             self._graph(coord, order, out)
@@ -735,10 +736,44 @@ class PredictCoordinator:
         # round 1: a group of A met by most of B's rows runs all of them, so that the descent rounds
         # find their entries there (KEEP_PAD)
         parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed, kept,
-                      pad=KEEP_PAD if keep and r == 0 else None)
+                      pad=KEEP_PAD if keep and r == 0 else None,
+                      answered=self._answered(mail, r, order, kept) if packed and r >= 1 else None)
         for s in order:
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
         st.attempt = r + 1
+
+    def _capped(self, blocks: dict[tuple[str, str], list[blocking.Block]], r: int, coord: CoordinatorSession
+                ) -> dict[tuple[str, str], list[blocking.Block]]:
+        """A descent round's candidates cut at what a site admits (xclp.view_bounds.entry_cap: no point of
+        A and no row of B with more; measured never to bind on honest rounds, bench/view_bounds.py)."""
+        cap = view_bounds.round_cap(self.params, r)
+        out = {}
+        for (a, b), bl in blocks.items():
+            i, j = blocking.block_pairs(bl, coord.roster[a].n, coord.roster[b].n)
+            keep = view_bounds.truncate(i, j, cap)
+            if not keep.all():
+                log.info(json.dumps({"event": "descent_capped", "pair": [a, b], "round": r,
+                                     "dropped": int((~keep).sum())}))
+                bl = rows_to_blocks(a, b, i[keep], j[keep])
+            out[(a, b)] = bl
+        return out
+
+    def _answered(self, mail: Mailbox, r: int, order: list[str], kept) -> dict:
+        """Per pair, what A has answered in rounds 1 … r (xclp.block_protocol.answered_before)."""
+        views: dict[tuple[str, str], list[BlockView]] = {}
+        kept_plans: dict[tuple[str, str], list[KeptPlan]] = {}
+        for q in range(1, r + 1):
+            plans_q = self._round_plans(mail, q, order)
+            for i, a in enumerate(order):
+                for b in order[i + 1:]:
+                    part = plans_q[a].get(b)
+                    if isinstance(part, KeptPlan):
+                        kept_plans.setdefault((a, b), []).append(part)
+                        part = part.view
+                    if isinstance(part, BlockView):
+                        views.setdefault((a, b), []).append(part)
+        return {p: answered_before((kept or {}).get(p), kept_plans.get(p, []), views.get(p, []))
+                for p in set(views) | set(kept_plans)}
 
     def _row_sums(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
         st = self.state

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from crypto.channel import Channel
-from crypto.errors import IntegrityError, ProtocolError
+from crypto.errors import IntegrityError, ProtocolError, ViewRefused
 from crypto.fixedpoint import LIMBS, decode, encode, from_limbs, to_limbs
 from crypto.hamming_api import (
     DEFAULT_SECURE,
@@ -73,7 +73,7 @@ from crypto.secure_sum import (
 )
 from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
 from crypto.state import Nested, State, pack
-from xclp import blocked_graph, blocking, lsh, push
+from xclp import blocked_graph, blocking, lsh, push, view_bounds
 from xclp import graph as graphs
 from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, PackedRun, is_kept_round, split_shares
 from xclp.data import validate_features, validate_labels
@@ -670,6 +670,8 @@ class SiteSession:
         # blocked graph, lattice: A's decrypted results of its first packed run with each peer
         # (crypto.lattice_kept), which answer the descent rounds' entries without a new run
         self.kept_results: dict[str, KeptResults] = {}
+        # blocked graph, as A: the digests (hex) of the fresh views answered per peer (xclp.view_bounds)
+        self.views_answered: dict[str, list[str]] = {}
 
     # --- saved and restored (see "saved sessions" at the end: no pickle) --------------------------------
     def to_bytes(self) -> bytes:
@@ -1016,11 +1018,43 @@ class SiteSession:
                 raise ProtocolError(f"{self.site}: no kept results of a first run with {peer} (a session "
                                     "restarted without them?)")
             log_t = lattice_params(self.params.bits, kept.view.n).log_t
-            share = kept.answer(KeptView(kept.view, blocks.keys, blocks.ptr), log_t)
-            return KeptRound(share, None if blocks.view is None else self.blocks_party(peer, blocks.view))
+            view = KeptView(kept.view, blocks.keys, blocks.ptr)
+            self._check_view(peer, round_, blocks.view, view)
+            kept.claim(view)  # refused if it names an entry answered before
+            share = kept.answer(view, log_t)
+            return KeptRound(share, None if blocks.view is None else self._packed_party(peer, blocks.view, round_))
         if not isinstance(blocks, BlockView):
             raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs a pair's blocks packed: its plan "
                                 "is a view of the pair, not a list of blocks")
+        if self.order.index(self.site) < self.order.index(peer) and blocks.side == "a":
+            self._check_view(peer, round_, blocks)
+        return self._packed_party(peer, blocks, round_)
+
+    def _check_view(self, peer: str, round_: int, fresh: BlockView | None, kept: KeptView | None = None) -> None:
+        """As A of a round of blocks with `peer` (the site that reveals: the coordinator reads its u):
+        refuse (ViewRefused) a round the job does not have, a view that asks a point of ours or a row of
+        the peer's for more entries than the round can need, and a fresh view answered before
+        (xclp.view_bounds). Round 0: a view given directly (tests), checked for size only."""
+        who = f"{self.site}, blocks with {peer}"
+        if round_:
+            view_bounds.check_round(round_, self.params.descent_rounds, who)
+        points, rows = [], []
+        for part in ([view_bounds.view_entries(fresh)] if fresh is not None and fresh.side == "a" else []) + \
+                ([view_bounds.kept_entries(kept)] if kept is not None else []):
+            points.append(part[0])
+            rows.append(part[1])
+        if points:
+            view_bounds.check_counts(np.concatenate(points), np.concatenate(rows),
+                                     view_bounds.round_cap(self.params, max(round_, 1)), max(round_, 1), who)
+        if fresh is not None and fresh.side == "a":
+            done = self.views_answered.setdefault(peer, [])
+            if fresh.digest.hex() in done:
+                raise ViewRefused(f"{who}: round {round_}'s view is one this site has answered before in this job "
+                                  "(each entry is answered once)")
+            done.append(fresh.digest.hex())
+
+    def _packed_party(self, peer: str, blocks: BlockView, round_: int) -> ChannelParty:
+        """Our side of a packed run from our view of the pair (checked by `blocks_party`)."""
         first = self.order.index(self.site) < self.order.index(peer)
         n_a, n_b = (self.X.shape[0], self.roster[peer].n) if first else (self.roster[peer].n, self.X.shape[0])
         if blocks.side != ("a" if first else "b") or (blocks.n_a, blocks.n_b) != (n_a, n_b) or not blocks.private:
@@ -1594,6 +1628,7 @@ def _session_to_bytes(s: SiteSession) -> bytes:
     f["pairs"] = list(s.pair_drivers)
     f["block_rounds"] = [[key, peer] for key, (peer, _) in s.block_drivers.items()]
     f["kept_results"] = list(s.kept_results)
+    f["views_answered"] = s.views_answered
     for i, kept in enumerate(s.kept_results.values()):
         f[f"kept/{i}"] = Nested(kept.state())
     for i, (_, driver) in enumerate(s.block_drivers.values()):
@@ -1667,6 +1702,11 @@ def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hammi
         if peer not in sess.channels:
             raise ProtocolError(f"{sess.site}: saved kept results with {peer!r}, not a peer of its roster")
         sess.kept_results[str(peer)] = KeptResults.restore(s.nested(f"kept/{i}"))
+    answered = s.json("views_answered") if "views_answered" in s else {}
+    if not isinstance(answered, dict) or any(p not in sess.channels or not isinstance(v, list)
+                                             or not all(isinstance(d, str) for d in v) for p, v in answered.items()):
+        raise ProtocolError(f"{sess.site}: a malformed saved list of answered views")
+    sess.views_answered = {str(p): list(v) for p, v in answered.items()}
     for i, (key, peer) in enumerate(s.json("block_rounds") if "block_rounds" in s else []):
         if peer not in sess.channels or sess.bits is None:
             raise ProtocolError(f"{sess.site}: a saved block round with {peer!r}, not a peer of its roster")
