@@ -10,13 +10,15 @@ What the test changes, and nothing else (SUBSTITUTIONS below):
 - `[--json]` (an optional flag) is left out; `…` (the same --coordinator and --ca-file) is written out;
 - the lines written for hospital-a (`site add`, `agent run`) run once per hospital, with its name;
 - the hand-overs the comments describe: the operator's token file and tls/ca.pem (as ca.pem) are
-  copied into the hospital's folder; ID is the job id `job submit … --json` printed;
+  copied into the hospital's folder; the hospitals' `agent identity --json` files are merged into the
+  membership.json each hospital's folder then holds; ID is the job id `job submit … --json` printed;
 - `site rotate-token` and `site revoke` (a site's end of service) run after the job, not before it;
 - `job wait` gets --timeout 120 where the README leaves it to "…" (the Deploying block's "then:").
 The data: the breast-cancer table (scikit-learn's copy, offline) split over three hospitals, small.
 """
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -159,6 +161,14 @@ def play(d: Deployment, commands: list[str], with_ids: bool) -> tuple[str, dict[
                 d.run(d.line(raw, s), d.operator)
         elif argv[:3] == ["xclp", "site", "rotate-token"] or argv[:3] == ["xclp", "site", "revoke"]:
             later.append(cmd)  # a site's end of service: after the job
+        elif argv[:3] == ["xclp", "agent", "identity"]:  # each hospital's, then the membership they agree
+            members = {}
+            for s in HOSPITALS:
+                (d.tmp / s).mkdir(exist_ok=True)
+                d.run(d.line(raw, s), d.tmp / s)
+                members.update(json.loads((d.tmp / s / f"{s}.identity.json").read_text())["sites"])
+            for s in HOSPITALS:
+                (d.tmp / s / "membership.json").write_text(json.dumps({"sites": members}))
         elif argv[:3] == ["xclp", "agent", "run"]:
             for i, s in enumerate(HOSPITALS):
                 agent = d.line(raw, s)
@@ -169,7 +179,7 @@ def play(d: Deployment, commands: list[str], with_ids: bool) -> tuple[str, dict[
                 results[s] = home / out
                 d.start(agent, home, f"agent-{s}.log")
         elif argv[:3] == ["xclp", "job", "submit"]:
-            job = __import__("json").loads(d.run(cmd, d.operator))["job"]
+            job = json.loads(d.run(cmd, d.operator))["job"]
         else:
             assert job is not None or "ID" not in argv, cmd
             d.run(" ".join(job if a == "ID" else a for a in argv), d.operator)
@@ -198,6 +208,7 @@ def test_the_readmes_deploying_it_and_for_real_commands_work_as_written(tmp_path
     deploying = bash_block("Deploying it")
     for_real = bash_block("Running a coordinator and site agents for real")
     assert any(c.startswith("xclp agent run") and "--id-column patient_id" in c for c in deploying)
+    assert all("--membership membership.json" in c for c in deploying + for_real if c.startswith("xclp agent run"))
     assert any("site revoke" in c for c in for_real) and any("job status ID" in c for c in for_real)
     runs = {"deploying": (deploying, True), "for-real": (for_real, False)}
     done, errors = {}, {}
