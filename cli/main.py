@@ -626,7 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "anyway: the --host it listens on (with localhost and 127.0.0.1 when that is loopback; this "
                          "machine's names when it is 0.0.0.0), --public-url's host and the names of --tls-cert. A "
                          "request whose Host header names none of them is refused (421): a DNS-rebinding page. "
-                         "Repeatable; *.example.org matches one label; * turns the check off")
+                         "Repeatable (default: none beyond those); *.example.org matches one label; * turns the "
+                         "check off")
     cs.add_argument("--public-metrics", action="store_true",
                     help="serve GET /metrics without the admin token (default: off, the admin token is needed)")
     cs.add_argument("--blob-dir", default=None,
