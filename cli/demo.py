@@ -40,14 +40,16 @@ def xclp_command() -> list[str]:
 
 def start_coordinator(workdir: Path, port: int, admin: str, database: str | None = None,
                       deadlines: dict | None = None, log_name: str = "coordinator.log",
-                      tls: dict | None = None) -> subprocess.Popen:
-    """`tls`: {"cert": PEM, "key": PEM} to serve HTTPS (--tls-cert, --tls-key)."""
+                      tls: dict | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`tls`: {"cert": PEM, "key": PEM} to serve HTTPS (--tls-cert, --tls-key); `extra`: more flags of
+    `xclp coordinator serve`."""
     db = database or f"sqlite:///{workdir / 'coordinator.db'}"
     cmd = xclp_command() + ["coordinator", "serve", "--host", "127.0.0.1", "--port", str(port), "--database", db]
     if tls:
         cmd += ["--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"])]
     for phase, secs in (deadlines or {}).items():
         cmd += ["--deadline", f"{phase}={secs}"]
+    cmd += list(extra)
     log = open(workdir / log_name, "ab")
     # Tokens travel in the environment, not on the command line, where every user sees them (ps).
     env = {**os.environ, "XCLP_ADMIN_TOKEN": admin}

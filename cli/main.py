@@ -320,7 +320,7 @@ def cmd_coordinator_serve(args) -> int:
 
     serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
           args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, public_url=args.public_url,
-          public_metrics=args.public_metrics, executor=args.executor, workers=args.workers,
+          allowed_hosts=args.allowed_host, public_metrics=args.public_metrics, executor=args.executor, workers=args.workers,
           dask_address=args.dask_address, **serve_tls(args))
     return 0
 
@@ -643,6 +643,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the address browsers reach the coordinator at, e.g. https://coord.example.org (default: "
                          "none). Dashboard POSTs from this origin pass the cross-site check besides the request's "
                          "own scheme and Host; an https address makes the session cookie Secure")
+    cs.add_argument("--allowed-host", action="append", metavar="NAME", default=None,
+                    help="a host name (or address) clients reach the coordinator by, besides those it answers to "
+                         "anyway: the --host it listens on (with localhost and 127.0.0.1 when that is loopback; this "
+                         "machine's names when it is 0.0.0.0), --public-url's host and the names of --tls-cert. A "
+                         "request whose Host header names none of them is refused (421): a DNS-rebinding page. "
+                         "Repeatable (default: none beyond those); *.example.org matches one label; * turns the "
+                         "check off")
     cs.add_argument("--public-metrics", action="store_true",
                     help="serve GET /metrics without the admin token (default: off, the admin token is needed)")
     cs.add_argument("--blob-dir", default=None,

@@ -7,7 +7,7 @@ import os
 
 def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
           deadlines: dict | None = None, blob_dir: str | None = None, public_url: str | None = None,
-          public_metrics: bool = False, tls_cert: str | None = None, tls_key: str | None = None,
+          allowed_hosts: list[str] | None = None, public_metrics: bool = False, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1", executor: str = "process",
           workers: int | None = None, dask_address: str | None = None) -> None:
     import uvicorn
@@ -22,7 +22,8 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
     token = admin_token or os.environ.get("XCLP_ADMIN_TOKEN", "")
     setup_logging(os.environ.get("XCLP_LOG_LEVEL", "INFO"))
     settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir,
-                        public_url=public_url, public_metrics=public_metrics, executor=executor, workers=workers,
+                        public_url=public_url, public_metrics=public_metrics,
+                        allowed_hosts=host_allowlist(host, public_url, allowed_hosts, tls_cert), executor=executor, workers=workers,
                         dask_address=dask_address)
     if deadlines:
         settings.default_deadlines.update(deadlines)
@@ -32,6 +33,52 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
     # proxy): the client address the login throttle counts, and the https that makes cookies Secure.
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def host_allowlist(host: str, public_url: str | None = None, extra: list[str] | None = None,
+                   tls_cert: str | None = None) -> list[str]:
+    """The host names the coordinator answers to (Settings.allowed_hosts): `extra` (--allowed-host),
+    --public-url's host, the address it listens on — with the loopback names when that is loopback,
+    this machine's names and addresses when it is every interface (0.0.0.0, ::) — and the DNS names and
+    addresses of its TLS certificate (the names its clients can verify it by)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from clients.urls import is_loopback
+
+    names = list(extra or [])
+    if public_url:
+        names.append(urlsplit(public_url).hostname or "")
+    bare = host.strip("[]")
+    if bare in ("", "0.0.0.0", "::"):
+        names += [*LOOPBACK_NAMES, socket.gethostname(), socket.getfqdn()]
+        try:
+            names += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)]
+        except OSError:
+            pass
+    else:
+        names.append(bare)
+        if is_loopback(bare):
+            names += LOOPBACK_NAMES
+    if tls_cert:
+        names += certificate_names(tls_cert)
+    return sorted({n.lower().rstrip(".") for n in names if n})
+
+
+def certificate_names(path: str) -> list[str]:
+    """The DNS names and IP addresses of a PEM certificate's subjectAltName (none if it has none)."""
+    from cryptography import x509
+
+    with open(path, "rb") as f:
+        cert = x509.load_pem_x509_certificate(f.read())
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [*san.get_values_for_type(x509.DNSName), *(str(a) for a in san.get_values_for_type(x509.IPAddress))]
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import select
@@ -69,6 +68,17 @@ class Settings:
     # Failed dashboard logins a client may make in `login_window` seconds before it must wait.
     login_failures: int = 5
     login_window: float = 60.0
+    # Wrong bearer tokens (a token that is no site's and not the admin's) a client address may present
+    # in `auth_window` seconds; past that its token-bearing requests are answered 429 until the oldest
+    # failure is `auth_window` old (service.guard). Right tokens never count.
+    auth_failures: int = 20
+    auth_window: float = 60.0
+    # The host names the coordinator answers to (the Host header; service.guard): a request naming any
+    # other is refused with 421 — a page on a DNS-rebinding name (evil.example resolving to this
+    # machine) reaches nothing. Entries: a name or address, "*.example.org" (one label), "*" (any).
+    # None: not checked (an app built in process, as the tests do); `xclp coordinator serve` always
+    # gives a list (cli.serve.host_allowlist: the names it is bound to, --public-url's, --allowed-host).
+    allowed_hosts: list[str] | None = None
     # Where a blocked graph's heavy tasks run (xclp.executor): "process" (a spawn-started pool of
     # `workers`, default min(4, cores), started only by a step that has several tasks), "serial", or
     # "dask" on the scheduler at `dask_address` (coordinator machines beyond this one).
@@ -161,6 +171,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings, app.state.sessionmaker, app.state.engine = settings, Session, job_engine
     app.state.metrics = metrics
     app.state.login_throttle = Throttle(settings.login_failures, settings.login_window)
+    app.state.auth_throttle = Throttle(settings.auth_failures, settings.auth_window)
+    app.state.token_known = lambda token: token_known(Session, token)
     app.state.work_waits = {}  # site -> its long polls for work waiting now (service.sites_api; event loop only)
     app.state.last_seen = {}  # the dashboard's (service.ui_api): each site's last authenticated request
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
@@ -172,31 +184,81 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(status_code=422, content={"detail": "; ".join(f"{where(e)}: {e.get('msg')}"
                                                                        for e in exc.errors())})
 
-    api_routes: list[APIRoute] = []  # every route of the API (filled at the end)
+    routes: list = []  # every route of the app, the routers' included (filled at the end)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
-            # Starlette names the methods of the first route whose path matches; a path served by
-            # several routes (GET and POST /jobs) must name them all. A literal path (/jobs/train)
-            # is its own resource, not an instance of /jobs/{job_id}.
-            hits = [r for r in api_routes if r.path_regex.match(request.url.path)]
-            literal = [r for r in hits if r.path == request.url.path]
-            headers["Allow"] = ", ".join(sorted({m for r in (literal or hits) for m in r.methods}))
+            headers["Allow"] = allowed_methods(routes, request.url.path)
         if ui_api.is_page(request):  # a person at the dashboard reads a page, not JSON
-            return ui_api.error_page(request, exc.status_code, str(exc.detail))
+            response = ui_api.error_page(request, exc.status_code, str(exc.detail))
+            response.headers.update(headers)
+            return response
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
 
     # Limits and who-is-asking before any body is read (service.guard); inside CountRequests, so
     # that its refusals are counted too.
-    app.add_middleware(RequestGuard, settings=settings, error_page=ui_api.error_page)
+    app.add_middleware(RequestGuard, settings=settings, error_page=ui_api.error_page, state=app.state)
 
     app.add_middleware(CountRequests, counter=metrics.requests)
 
     messages = make_messages_router(Session, settings, blobs, job_engine, metrics.upload_bytes, registry)
-    for router in (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, ui_api.router):
+    routers = (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, ui_api.router)
+    for router in routers:
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=str(ui_api.UI / "static")), name="ui-static")
-    api_routes.extend(r for r in app.router.routes if isinstance(r, APIRoute))
+    # (Taken from the routers themselves: FastAPI ≥ 0.13x keeps an included router as one opaque entry
+    # of app.router.routes, where the old flat list of APIRoutes left every 405 with an empty Allow.)
+    routes.extend([*app.router.routes, *(r for router in routers for r in router.routes)])
+    doc = app.openapi
+
+    def exact_openapi():
+        if app.openapi_schema is None:
+            app.openapi_schema = integral_bounds(doc())
+        return app.openapi_schema
+
+    app.openapi = exact_openapi
     return app
+
+
+def token_known(Session, token: str) -> bool:
+    """Whether a token that is not the admin's is a site's (revoked or not): one the coordinator issued,
+    not a guess, whatever it is refused for."""
+    from service.db import Site
+    from service.deps import hash_token
+
+    with Session() as db:
+        return db.scalar(select(Site.name).where(Site.token_hash == hash_token(token))) is not None
+
+
+def allowed_methods(routes, path: str) -> str:
+    """The `Allow` header of a 405: the methods of every route whose path matches `path` (GET and POST
+    /jobs are two routes), the static files' GET and HEAD. A literal path (/jobs/train) is its own
+    resource, not an instance of /jobs/{job_id}."""
+    from starlette.routing import Mount
+
+    hits, literal = [], []
+    for r in routes:
+        if isinstance(r, Mount):
+            if path.startswith(r.path.rstrip("/") + "/") and isinstance(r.app, StaticFiles):
+                literal.append({"GET", "HEAD"})
+        elif getattr(r, "methods", None) and getattr(r, "path_regex", None) is not None and r.path_regex.match(path):
+            (literal if r.path == path else hits).append(set(r.methods))
+    return ", ".join(sorted(set().union(*(literal or hits))))
+
+
+def integral_bounds(doc):
+    """The OpenAPI document with each integer schema's bounds as JSON integers: FastAPI's document
+    model holds them as floats (`minimum: 0.0`); every bound of this API is below 2^53, so the integer
+    is exact (a bound above it would not be: xclp.training.options.MAX_JSON_INT)."""
+    if isinstance(doc, dict):
+        out = {k: integral_bounds(v) for k, v in doc.items()}
+        if out.get("type") == "integer":
+            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                if isinstance(out.get(key), float) and out[key].is_integer():
+                    out[key] = int(out[key])
+        return out
+    if isinstance(doc, list):
+        return [integral_bounds(v) for v in doc]
+    return doc

@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from sqlalchemy import select
 
 from service.db import Job, Site, utcnow
+from service.guard import auth_failed, client_of
 
 
 def hash_token(token: str) -> str:
@@ -33,8 +34,14 @@ def is_admin(request: Request, token: str) -> bool:
     return hmac.compare_digest(token.encode(), request.app.state.settings.admin_token.encode())
 
 
+def wrong_token(request: Request, token: str) -> None:
+    """Count a refused token against the client's address (service.guard: 429 past the limit)."""
+    auth_failed(request.app.state, client_of(request.scope), token)
+
+
 def require_admin(request: Request, token: str = Depends(bearer)) -> None:
     if not is_admin(request, token):
+        wrong_token(request, token)
         raise HTTPException(403, "this call needs the admin token")
 
 
@@ -62,6 +69,7 @@ def site_of_token(db, token: str) -> str | None:
 def require_site(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
     site = site_of_token(db, token)
     if site is None:
+        wrong_token(request, token)
         raise HTTPException(401, "unknown site token", headers={"WWW-Authenticate": "Bearer"})
     _seen(request, site)
     return site
@@ -80,6 +88,7 @@ def caller(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -
         return "admin"
     site = site_of_token(db, token)
     if site is None:
+        wrong_token(request, token)
         raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
     _seen(request, site)
     return site

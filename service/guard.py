@@ -4,9 +4,19 @@
 `call_next` is built around a whole response, and it is not where a body should be refused). For
 every request, from its method, path and headers alone:
 
+0. **Which name it was sent to.** With `allowed_hosts` (Settings; `xclp coordinator serve` always sets
+   it), the Host header must name the coordinator — a name it is bound to, `--public-url`'s host or an
+   `--allowed-host` — else 421 (GET /health excepted: probes ask by address). A DNS-rebinding page
+   (evil.example, re-resolved to this machine) sends `Host: evil.example`, and its own origin as
+   Origin: refused here, so it can neither post a form nor read an answer.
+   **Who keeps guessing.** A client address that presented `auth_failures` wrong bearer tokens within
+   `auth_window` seconds (a token no site holds and not the admin's; counted by service.deps) is
+   answered 429, with Retry-After, for every token-bearing request until the oldest failure ages out —
+   right tokens included, else the 429/200 difference would answer its guesses. Other addresses are
+   not slowed, and right tokens never count.
 1. **Cross-site POSTs to the dashboard** (any method but GET/HEAD/OPTIONS under /ui): the Origin
-   header (else the Referer's origin) must be the coordinator's own origin — the request's scheme
-   and Host, or `--public-url` — else 403. Without either header, 403 as well: every browser sends
+   header (else the Referer's origin) must be the coordinator's own origin — `--public-url`, or the
+   request's scheme and Host when that Host is one of its allowed names — else 403. Without either header, 403 as well: every browser sends
    Origin with a POST, so only a non-browser client lacks both, and it has no business posting forms.
 2. **Who it is.** The routes that take a body are the operator's JSON calls (POST /sites, /jobs,
    /jobs/train: the admin token, checked here — 401 without a bearer token, 403 with another one),
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import re
 import time
 from collections import deque
@@ -74,9 +85,55 @@ def origin_of(url: str) -> str | None:
     return f"{u.scheme}://{host}" + (f":{port}" if port and port != default else "")
 
 
-def csrf_refusal(scope, headers: dict[str, str], public_url: str | None) -> str | None:
-    """Why a state-changing dashboard request must be refused as cross-site (None: it may pass)."""
-    own = {o for o in (origin_of(f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"),
+def host_name(value: str | None) -> str | None:
+    """The host name of a Host header, lower case, without port, brackets or trailing dot
+    ("[::1]:8000" → "::1"); None for a missing or malformed one."""
+    if not value or any(c in value for c in "/@?#\\ "):
+        return None
+    try:
+        u = urlsplit("//" + value.strip())
+        name, _ = u.hostname, u.port
+    except ValueError:
+        return None
+    return name.rstrip(".") or None if name else None
+
+
+class HostAllowlist:
+    """The host names a coordinator answers to: exact names or addresses, "*.example.org" (any one
+    label under it) and "*" (any name: the check is off)."""
+
+    def __init__(self, names):
+        self.names = sorted({n.strip().lower().strip("[]").rstrip(".") for n in names if n and n.strip()})
+
+    def allows(self, host: str | None) -> bool:
+        if "*" in self.names:
+            return True
+        if host is None:
+            return False
+        for n in self.names:
+            if n == host:
+                return True
+            if n.startswith("*.") and host.endswith(n[1:]) and "." not in host[:-len(n) + 1] and len(host) > len(n) - 1:
+                return True
+        return False
+
+
+def allowlist_of(settings) -> HostAllowlist | None:
+    """The settings' allowed hosts, and --public-url's host with them (None: not checked)."""
+    if settings.allowed_hosts is None:
+        return None
+    public = [urlsplit(settings.public_url).hostname] if settings.public_url else []
+    return HostAllowlist([*settings.allowed_hosts, *public])
+
+
+def csrf_refusal(scope, headers: dict[str, str], public_url: str | None,
+                 allowlist: HostAllowlist | None = None) -> str | None:
+    """Why a state-changing dashboard request must be refused as cross-site (None: it may pass). The
+    dashboard's own origin is --public-url's, or the request's scheme and Host only where that Host is
+    one of the coordinator's allowed names (a rebinding name is not)."""
+    host = headers.get("host", "")
+    ours = allowlist is None or allowlist.allows(host_name(host))
+    own = {o for o in (origin_of(f"{scope.get('scheme', 'http')}://{host}") if ours else None,
                        origin_of(public_url) if public_url else None) if o}
     claimed = headers.get("origin")
     if claimed is None and headers.get("referer"):
@@ -91,6 +148,21 @@ def csrf_refusal(scope, headers: dict[str, str], public_url: str | None) -> str 
             f"origin {' or '.join(sorted(own)) or '(no Host header)'}{hint}")
 
 
+def client_of(scope) -> str:
+    """The client's address: the socket's peer, or the X-Forwarded-For of a proxy the coordinator
+    trusts (uvicorn's --forwarded-allow-ips rewrites scope["client"])."""
+    client = scope.get("client")
+    return client[0] if client else "an unknown address"
+
+
+def auth_failed(state, client: str, token: str) -> None:
+    """A bearer token was refused: a failure of `client`'s, unless the token is one the coordinator
+    issued (a site's, revoked or not, calling what it may not: a mistake, not a guess)."""
+    throttle = getattr(state, "auth_throttle", None)
+    if throttle is not None and not state.token_known(token):
+        throttle.fail(client)
+
+
 def bearer_token(headers: dict[str, str]) -> str | None:
     auth = headers.get("authorization", "")
     if not auth.lower().startswith("bearer "):
@@ -103,26 +175,46 @@ class RequestGuard:
     (request, status, detail) → Response renders a refusal for a person at the dashboard (the
     dashboard's own, handed in by the app so that this module does not import it)."""
 
-    def __init__(self, app, settings, error_page=None):
-        self.app, self.settings, self.error_page = app, settings, error_page
+    def __init__(self, app, settings, error_page=None, state=None):
+        self.app, self.settings, self.error_page, self.state = app, settings, error_page, state
+        self.allowlist = allowlist_of(settings)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         method, path = scope["method"], scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.allowlist is not None and path != "/health" and not self.allowlist.allows(host_name(headers.get("host"))):
+            return await self._refuse(scope, receive, send, 421, (
+                f"this coordinator does not answer to the host name {headers.get('host', '(none)')!r} (the request's "
+                f"Host header; a DNS-rebinding page sends its own name): it answers to "
+                f"{', '.join(self.allowlist.names) or 'no name'}. Reach it by one of those, or start it with "
+                f"--allowed-host NAME (or --public-url) for the name its clients use"))
+        token = bearer_token(headers)
+        throttle = getattr(self.state, "auth_throttle", None)
+        if token is not None and throttle is not None and not path.startswith("/ui"):
+            client = client_of(scope)
+            wait = throttle.wait(client)
+            if wait > 0:
+                s = math.ceil(wait)
+                return await self._refuse(scope, receive, send, 429,
+                                          f"too many wrong tokens from {client}: try again in {s} s",
+                                          {"Retry-After": str(s)})
         ui = path == "/ui" or path.startswith("/ui/")
         if ui and method not in SAFE:
-            why = csrf_refusal(scope, headers, self.settings.public_url)
+            why = csrf_refusal(scope, headers, self.settings.public_url, self.allowlist)
             if why:
                 return await self._refuse(scope, receive, send, 403, why)
         if (method, path.rstrip("/")) in ADMIN_BODY or (method == "PUT" and UPLOAD.match(path)):
-            token = bearer_token(headers)
             if token is None:
                 return await self._refuse(scope, receive, send, 401, "missing bearer token",
                                           {"WWW-Authenticate": "Bearer"})
             if (method, path.rstrip("/")) in ADMIN_BODY and not hmac.compare_digest(
                     token.encode(), self.settings.admin_token.encode()):
+                if self.state is not None:
+                    from starlette.concurrency import run_in_threadpool
+
+                    await run_in_threadpool(auth_failed, self.state, client_of(scope), token)
                 return await self._refuse(scope, receive, send, 403, "this call needs the admin token")
         limit = limit_of(method, path, self.settings.max_body_bytes)
         upload = method == "PUT" and UPLOAD.match(path)

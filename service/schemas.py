@@ -25,11 +25,15 @@ _ERROR_MEANING = {
     400: "the body is not valid JSON",
     413: "the body exceeds the limit of its topic or of its route (service.guard)",
     422: "malformed: the request does not fit the schema, or its values do not fit together or the job",
+    429: "too many wrong bearer tokens from this address lately: try again after Retry-After seconds",
 }
 
 
 def errors(*codes: int) -> dict:
-    """The `responses` of a route: the errors it may answer, all with the one Error body."""
+    """The `responses` of a route: the errors it may answer, all with the one Error body; a route that
+    takes a token (401) may also answer 429 (service.guard's throttle of wrong tokens)."""
+    if 401 in codes and 429 not in codes:
+        codes = (*codes, 429)
     return {c: {"model": Error, "description": _ERROR_MEANING[c]} for c in codes}
 
 

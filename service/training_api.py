@@ -40,7 +40,7 @@ class _TrainJobFields(RequestBody):
                                                             f"of {LEARNERS}")
     public_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
                                       description="FedCT: SHA-256 pinning the public set U (xclp.training.fedct.public_digest)")
-    public_size: int | None = Field(None, ge=1, description="FedCT: number of points in U")
+    public_size: int | None = Field(None, ge=1, le=1 << 31, description="FedCT: number of points in U")
     crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="XCLP protocol; 'plaintext' has no security")
     bits: int = Field(1024, ge=1, le=65535)
     k: int = Field(10, ge=1, le=10_000)
@@ -50,7 +50,7 @@ class _TrainJobFields(RequestBody):
                                                 "of the embeddings) before hashing; false keeps them raw")
     secure_aggregation: bool = Field(True, strict=True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
-    max_missed_rounds: int = Field(3, ge=1, description="a site left out of this many planned rounds in a row is dropped")
+    max_missed_rounds: int = Field(3, ge=1, le=100_000, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
     xclp_deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(

@@ -42,7 +42,8 @@ def coordinator(tmp_path_factory):
         pytest.skip("needs /proc to read the coordinator's memory")
     work = tmp_path_factory.mktemp("limits")
     port = free_port()
-    proc = start_coordinator(work, port, ADMIN)
+    # (coord.example: the name a TLS proxy in front of it is reached by, which passes the Host through)
+    proc = start_coordinator(work, port, ADMIN, extra=("--allowed-host", "coord.example"))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 120)

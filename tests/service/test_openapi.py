@@ -17,8 +17,10 @@ from service.app import Settings, create_app
 
 _tmp = Path(tempfile.mkdtemp(prefix="xclp-openapi-"))
 # (max_wait: a generated GET /work?wait= is held 0.2 s at most, not the 10 s an agent may ask for)
+# (auth_failures: the fuzzer presents wrong tokens on purpose, its `ignored_auth` check, all from one
+# address; the throttle of wrong tokens that would answer 429 is tests/attacks/test_token_guessing.py's)
 app = create_app(Settings(database=f"sqlite:///{_tmp / 'api.db'}", admin_token=ADMIN, max_body_bytes=1 << 20,
-                          max_wait=0.2))
+                          max_wait=0.2, auth_failures=1 << 30))
 with TestClient(app) as _client:  # a site, so that the site-only operations are reached with a real token
     SITE_TOKEN = _client.post("/sites", json={"name": "site-a"}, headers={"Authorization": f"Bearer {ADMIN}"}).json()["token"]
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)

@@ -317,15 +317,18 @@ def test_a_fedct_job_under_a_dp_budget_keeps_its_ledger_in_the_status(app_client
 
 
 def test_the_seed_schema_states_the_bound_the_api_enforces():
-    # 2^63 − 1 is the largest seed (an int64); the schema says so as an inclusive integer maximum.
+    # 2^53 − 1 is the largest seed (the largest integer every JSON reader, and the OpenAPI document's
+    # float bounds, hold exactly: 2^63 − 1 was published as 2^63); the schema says so as an inclusive
+    # integer maximum (the published document too: tests/attacks/test_integer_bounds.py).
     import pydantic
     import pytest
 
     from service.training_api import TrainJobCreate
+    from xclp.training.options import MAX_JSON_INT
 
     prop = TrainJobCreate.model_json_schema()["properties"]["seed"]
-    assert prop["maximum"] == 2**63 - 1 and "exclusiveMaximum" not in prop
+    assert prop["maximum"] == MAX_JSON_INT == 2**53 - 1 and "exclusiveMaximum" not in prop
     base = {"algorithm": "fedavg", "sites": ["a", "b"], "classes": 2}
-    assert TrainJobCreate(**base, seed=2**63 - 1).seed == 2**63 - 1
+    assert TrainJobCreate(**base, seed=MAX_JSON_INT).seed == MAX_JSON_INT
     with pytest.raises(pydantic.ValidationError):
-        TrainJobCreate(**base, seed=2**63)
+        TrainJobCreate(**base, seed=MAX_JSON_INT + 1)

@@ -89,7 +89,7 @@ class SmallCNN(nn.Module):
 def build_network(arch: str, n_features: int, n_classes: int, seed: int = 0, **kw) -> nn.Module:
     """A freshly initialised network; the seed fixes the initial weights."""
     gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % (1 << 64))  # (torch takes 64 bits; a run's seed × 1000 + site may pass them)
     try:
         if arch == "mlp":
             return MLP(n_features, n_classes, **kw)
@@ -255,6 +255,7 @@ def make_learner(name: str, n_features: int, n_classes: int, seed: int = 0, **kw
     """A fresh learner by name: tree, forest, boosting, logreg (scikit-learn), mlp, cnn (torch)."""
     if name in TORCH_LEARNERS:
         return TorchClassifier(name, n_features, n_classes, seed=seed, **kw)
+    seed %= 1 << 32  # scikit-learn's random_state is 32 bits; smaller seeds are unchanged
     if name == "tree":
         from sklearn.tree import DecisionTreeClassifier
 

@@ -19,6 +19,7 @@ SERVICE_ALGORITHMS = ALGORITHMS  # every one runs as a training job too
 PUBLIC_SET_ALGORITHMS = FEDCT_ALGORITHMS + FEDKT_ALGORITHMS + FREDY_ALGORITHMS  # a public unlabelled set U is drawn
 TIE_RULES = ("lowest", "random", "abstain")
 LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
+MAX_JSON_INT = (1 << 53) - 1  # the largest integer every JSON reader holds exactly (RFC 7493, I-JSON)
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,14 @@ TRAINING_OPTIONS = (
     Option("rounds", int, 10, "rounds (FedAvg, after the warm-up; FREDY's FedAvg rounds) or label exchanges (FedCT)",
            ge=1, le=100_000),
     Option("sites_per_round", int, None, "FedAvg: sites sampled per round (default min(5, N); secure aggregation: ≥ 2)",
-           ge=1),
+           ge=1, le=100_000),
     Option("local_epochs", int, 5, "FedAvg: passes over its own data each site makes per round (more is less "
            "communication but more drift between sites)", ge=1, le=10_000),
     Option("lr", float, None, "the sites' learning rate (default 0.1 for FedAvg's SGD, 1e-3 for FedCT's Adam)", gt=0),
     Option("warmup_rounds", int, 0, "FedAvg: labelled-only stage-1 rounds S", ge=0, le=100_000),
-    Option("refresh", int, 1, "recompute XCLP pseudo-labels every R rounds", ge=1),
-    Option("period", int, 10, "FedCT: local optimiser steps between exchanges (torch learners)", ge=1),
+    Option("refresh", int, 1, "recompute XCLP pseudo-labels every R rounds", ge=1, le=100_000),
+    Option("period", int, 10, "FedCT: local optimiser steps between exchanges (torch learners)", ge=1,
+           le=1_000_000),
     Option("tie", str, "lowest", "FedCT: tie rule of the sites' vote", choices=TIE_RULES),
     Option("quorum", float, None, "FedCT: qualified majority for a consensus label, e.g. 0.9 (default: a plain "
            "majority)", ge=0, le=1),
@@ -92,7 +94,8 @@ TRAINING_OPTIONS = (
            "points it holds out (seeded, at least 1 per class where it has 2) and never trains on, to report the "
            "model's accuracy on them; 0: none (a training accuracy, named so). A site with a truth column scores its "
            "unlabelled points instead", ge=0, lt=1),
-    Option("seed", int, 0, "seed of the models' initialisation and the sites' sampling", ge=0, le=(1 << 63) - 1),
+    # (JSON integers: at most 2^53 − 1, which every JSON reader, and the OpenAPI document's float bounds, hold exactly)
+    Option("seed", int, 0, "seed of the models' initialisation and the sites' sampling", ge=0, le=MAX_JSON_INT),
     Option("dp_epsilon", float, None, "a differential-privacy budget ε over the run — fedct: randomized response on "
            "each site's labels; fedavg: Gaussian noise shares in the secure sum (with clip); fedkt, fredy: the noisy "
            "vote counts (default: none, no DP)", gt=0),
@@ -106,7 +109,8 @@ TRAINING_OPTIONS = (
            "L2 each party's teachers' counts (protects an example); default L1", choices=("L1", "L2")),
     Option("gamma", float, None, "FedKT, FREDY: noise parameter γ of the vote counts (discrete Laplace); default: "
            "from dp_epsilon, or no noise", gt=0),
-    Option("queries", int, None, "FedKT, FREDY: points of the public set the server labels (default: all)", ge=1),
+    Option("queries", int, None, "FedKT, FREDY: points of the public set the server labels (default: all)", ge=1,
+           le=1 << 31),
     Option("student_model", str, None, "FedKT: the students' and the final model's learner (default forest for tree "
            "teachers); FREDY: the student's (default: the FedAvg network's kind)", choices=LEARNERS),
 )
