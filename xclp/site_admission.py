@@ -116,19 +116,20 @@ def child_refusal(run: dict | None, offer: Offer) -> str | None:
     if run is None:
         return (f"it names {parent!r} as its parent, a training run this site never admitted (a job that is not a "
                 "round of a run this site accepted is no part of that run's budget)")
+    not_ours = f"it is not an XCLP job of this training run ({parent!r}) as this site accepted it"
     want = child_params(run, parent, offer.job)
     if want is None:
-        return f"its id is not that of a round of training run {parent!r} as this site accepted it"
+        return f"{not_ours}: its id is not one of the run's rounds'"
     try:
         got = asdict(JobParams(**offer.params).validate())
     except (TypeError, ValueError) as exc:
-        return f"its parameters are not an XCLP job's ({exc})"
+        return f"{not_ours}: its parameters are not an XCLP job's ({exc})"
     odd = sorted(k for k, v in asdict(want).items() if got.get(k) != v)
     if odd:
-        return f"its {', '.join(odd)} differ from what training run {parent!r}'s accepted specification gives"
+        return f"{not_ours}: its {', '.join(odd)} differ from what the run's specification gives"
     outside = sorted(set(offer.sites) - set(run["sites"]))
     if outside:
-        return f"it names site(s) {outside} that are not in training run {parent!r} as this site accepted it"
+        return f"{not_ours}: it names site(s) {outside} outside the run"
     return None
 
 

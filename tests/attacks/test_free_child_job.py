@@ -53,12 +53,12 @@ def test_children_that_are_not_the_accepted_runs_rounds_are_refused(site):
     adm.admit(Offer("Tr1", "predict", honest, SITES, parent="T"))  # a round's job: inside the run's budget
     assert ledger.epsilon("d" * 64) == spent
     for n in range(20):  # the attack: many label-DP jobs under the old run's name
-        with pytest.raises(PolicyError, match="not that of a round"):
+        with pytest.raises(PolicyError, match="not one of the run's rounds"):
             adm.admit(Offer(f"evil{n}", "predict", _label_dp(f"evil{n}"), SITES, parent="T"))
     other = {**honest, "label_flip": 0.8}  # a round's id with other noise: a fresh release
     with pytest.raises(PolicyError, match="label_flip differ"):
         adm.admit(Offer("Tr2", "predict", {**other, "job_id": "Tr2"}, SITES, parent="T"))
-    with pytest.raises(PolicyError, match="not in training run"):
+    with pytest.raises(PolicyError, match="outside the run"):
         adm.admit(Offer("Tr2", "predict", {**honest, "job_id": "Tr2"}, ("a", "b", "e"), parent="T"))
     assert ledger.epsilon("d" * 64) == spent  # nothing of the refused jobs recorded
     adm.admit(Offer("Tr2", "predict", {**honest, "job_id": "Tr2"}, SITES, parent="T"))
