@@ -1,6 +1,7 @@
 """Site identity keys (crypto/identity.py): signatures over per-job keys, pins kept on disk, and the
 refusals a swapped, stripped or re-keyed site meets."""
 
+import json
 import os
 
 import pytest
@@ -49,7 +50,7 @@ def test_a_membership_admits_its_sites_only_and_trust_on_first_use_is_never_the_
 
     ids = {s: Identity.generate() for s in "abcd"}
     path = tmp_path / "members.json"
-    path.write_text('{"sites": {"a": "%s", "b": "%s", "c": "%s"}}' % tuple(ids[s].fingerprint for s in "abc"))
+    path.write_text(json.dumps({"sites": {s: ids[s].fingerprint for s in "abc"}}))
     pins = Pins(tmp_path / "known.json", membership=Membership.load(path), trust_on_first_use=True)
     assert pins.refusal(["a", "b", "c"], "a") is None
     why = pins.refusal(["a", "b", "c", "d"], "a")
