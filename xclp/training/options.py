@@ -93,6 +93,9 @@ TRAINING_OPTIONS = (
            "model's accuracy on them; 0: none (a training accuracy, named so). A site with a truth column scores its "
            "unlabelled points instead", ge=0, lt=1),
     Option("seed", int, 0, "seed of the models' initialisation and the sites' sampling", ge=0, le=(1 << 63) - 1),
+    Option("secagg_threshold", int, None, "secure aggregation: the Shamir threshold τ of each site's self-mask seed — "
+           "the coordinator needs τ colluding sites to open a site's update, and a round decodes with up to m − 1 − τ "
+           "of its m participants dropped (default and floor ⌈(m − 1)/2⌉; at most m − 1; docs/security.md)", ge=1),
     Option("dp_epsilon", float, None, "a differential-privacy budget ε over the run — fedct: randomized response on "
            "each site's labels; fedavg: Gaussian noise shares in the secure sum (with clip); fedkt, fredy: the noisy "
            "vote counts (default: none, no DP)", gt=0),
