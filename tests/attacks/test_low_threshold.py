@@ -121,3 +121,31 @@ def test_the_agents_policy_reaches_the_site_machine():
     assert args.min_colluders == 2 and SitePolicy(min_colluders=2).min_colluders == 2
     with pytest.raises(ProtocolError, match="τ = 1"):
         dm.check_threshold("a", ["a", "b", "c"], dm.threshold(3), 2, 1)
+
+
+def test_through_flower_a_site_with_a_floor_refuses_the_round_and_sends_no_update(tmp_path):
+    pytest.importorskip("flwr", reason="Flower is the optional extra")
+    from xclp.data import load_arrays
+    from xclp.splits import simulate_sites
+    from xclp_flower.client_app import app as client_app
+    from xclp_flower.grid import InProcessGrid
+    from xclp_flower.training import FlowerTraining
+
+    X, y = load_arrays("digits", limit=400, seed=3)
+    ds = simulate_sites((X / 16.0).astype(np.float32), y, 3, "iid", 0.1, seed=3)
+    configs = []
+    for s in ds.sites:
+        m = ds.site == s
+        np.savez(tmp_path / f"{s}.npz", X=ds.X[m], y=ds.y[m], y_true=ds.y_true[m])
+        configs.append({"site": s, "data-path": str(tmp_path / f"{s}.npz"), "out": str(tmp_path / f"out-{s}"),
+                        **({"min-colluders": "2"} if s == "site0" else {})})
+    grid = InProcessGrid(client_app, configs)
+    said = []
+    opts = {"rounds": 1, "sites_per_round": 3, "local_epochs": 1, "lr": 0.1, "seed": 5, "secure_aggregation": True}
+    out = FlowerTraining(grid, "fedavg", opts, 10, say=said.append).run()
+    assert set(out["dropped"]) == {"site0"}
+    assert any("site0 refused" in m and "τ = 1" in m and "min-colluders" in m for m in said), said
+    sent = [k for way, x, fields in grid.seen if way == "from" for k in fields
+            if k.startswith("out:coordinator:update/")]
+    assert len(sent) == 2  # site1's and site2's masked updates; none from site0
+    assert out["history"][0]["decoded"]

@@ -8,6 +8,7 @@ import hashlib
 import json
 
 import numpy as np
+import pytest
 import torch
 from training_helpers import FedAvgWork, masked_federation
 
@@ -173,3 +174,63 @@ def test_the_coordinator_names_a_site_whose_share_is_wrong_and_decodes_the_round
     model = s.load_broadcast(mail.body(COORDINATOR, BROADCAST, "model/1"))
     want = aggregate([(kept[x], 1) for x in SITES], secure=True)  # c's update is in the sum: it was masked in it
     assert all(torch.equal(model[k], want[k]) for k in want)
+
+
+# --- through Flower, in one process ---------------------------------------------------------------------
+
+FEDAVG = {"rounds": 1, "sites_per_round": 3, "local_epochs": 1, "lr": 0.1, "seed": 5, "secure_aggregation": True}
+
+
+def flower_federation(tmp_path):
+    from xclp.data import load_arrays
+    from xclp.splits import simulate_sites
+
+    X, y = load_arrays("digits", limit=400, seed=3)
+    X = (X / 16.0).astype(np.float32)
+    ds = simulate_sites(X, y, 3, "iid", 0.1, seed=3)
+    configs = []
+    for s in ds.sites:
+        m = ds.site == s
+        np.savez(tmp_path / f"{s}.npz", X=ds.X[m], y=ds.y[m], y_true=ds.y_true[m])
+        configs.append({"site": s, "data-path": str(tmp_path / f"{s}.npz"), "out": str(tmp_path / f"out-{s}")})
+    return ds, configs
+
+
+def test_through_flower_a_site_whose_share_is_wrong_is_named_and_the_model_is_the_simulations(tmp_path, monkeypatch):
+    """site2's ClientApp lies at the unmask step (one bit of its share of site0's seed flipped): the
+    ServerApp's machine names it and drops it, and the round-1 model the others keep is the simulation's,
+    bit for bit (τ = 1 of 2 holders: site1's good share rebuilds site0's seed)."""
+    pytest.importorskip("flwr", reason="Flower is the optional extra")
+    import xclp.training_job as tj
+    from xclp.training.fedavg import FedAvgConfig
+    from xclp.training.simulation import run_fedavg
+    from xclp_flower.client_app import app as client_app
+    from xclp_flower.grid import InProcessGrid
+    from xclp_flower.training import FlowerTraining
+
+    honest = tj.unmask_answer
+
+    def lying(**kw):
+        a = honest(**kw)
+        if kw["me"] == "site2" and "site0" in a["shares"]:
+            a["shares"]["site0"] = wrong(a["shares"]["site0"])
+        return a
+
+    monkeypatch.setattr(tj, "unmask_answer", lying)
+    ds, configs = flower_federation(tmp_path)
+    said = []
+    out = FlowerTraining(InProcessGrid(client_app, configs), "fedavg", FEDAVG, 10, say=said.append).run()
+    assert set(out["dropped"]) == {"site2"}
+    assert any("site2 left the run" in m and "share of site0's self-mask" in m for m in said), said
+    assert out["history"][0]["decoded"]
+    sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
+             for s in ds.sites]
+    want = run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10,
+                      FedAvgConfig(algorithm="fedavg", **FEDAVG))["model"].state_dict()
+    from xclp.training.messages import load_state
+    from xclp.training.models import build_network
+
+    for s in ("site0", "site1"):
+        with open(out["written"][s].replace(".npz", ".model.npz"), "rb") as f:
+            got = load_state(f.read(), build_network("mlp", 64, 10).state_dict())[0]
+        assert all(torch.equal(got[k], want[k]) for k in want), s
