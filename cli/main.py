@@ -393,8 +393,12 @@ def cmd_agent_run(args) -> int:
 
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
+<<<<<<< HEAD
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
     membership = _membership(args)
+=======
+                        max_epsilon=args.max_epsilon, max_delta=args.max_delta, min_colluders=args.min_colluders)
+>>>>>>> h-shamir
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
                   columns=_columns(args), max_poll=args.max_poll, membership=membership,
@@ -726,6 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--min-key-bits", type=int, default=2048, help="refuse Paillier keys below this size")
     ar.add_argument("--min-bits", type=int, default=1, help="refuse jobs with an LSH length L below this")
     ar.add_argument("--min-sites", type=int, default=2, help="refuse jobs with fewer participants")
+    ar.add_argument("--min-colluders", type=int, default=0,
+                    help="refuse a masked training round in which the coordinator with fewer than N colluding sites "
+                         "could open this site's update (its Shamir threshold τ, as this site computes it, below N; "
+                         "docs/security.md; default: none)")
     ar.add_argument("--max-epsilon", type=_positive_float, default=None,
                     help="require differential privacy: refuse jobs that state no DP budget, one above ε = E, or "
                          "one that would take this site's total about its data past E (its ledger in "

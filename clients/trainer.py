@@ -139,7 +139,8 @@ class Trainer:
         st = self.agent.state(job_id)
         site = TrainSite(self.site, spec, _Work(self, job_id, status), record=st,
                          keep=_FileKeep(self.agent.state_dir, job_id), identity=self.agent.identity,
-                         pins=self.agent.pins, n_features=int(self.agent.X.shape[1]))
+                         pins=self.agent.pins, n_features=int(self.agent.X.shape[1]),
+                         min_colluders=self.agent.policy.min_colluders)
         view = TrainState.of({**(status.get("training") or {}), "sites": status["sites"], "live": status["live"],
                               "phase": status["phase"], "round": int(status.get("round") or 0),
                               "status": status["status"]})

@@ -47,6 +47,10 @@ class SitePolicy:
     min_sites: int = 2  # participants of a job
     max_epsilon: float | None = None  # DP required: the job's stated ε at most this (None: no requirement)
     max_delta: float = 1e-5  # ... at a δ at most this
+    # a masked training round: the fewest colluding sites that, with the coordinator, may open this site's
+    # update — its Shamir threshold τ (checked by the core's site machine, xclp.training_job.TrainSite,
+    # against the τ it splits its seed with, before it trains or deals a share; 0: no floor of its own)
+    min_colluders: int = 0
 
     def check(self, job_id: str, status: dict) -> None:
         """Raise PolicyError if the job (its status as the coordinator reports it) asks for less."""

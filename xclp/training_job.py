@@ -41,6 +41,7 @@ Steps of a run, and what ends each:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
@@ -55,9 +56,18 @@ from xclp.privacy.ledger import PrivacyLedger
 from xclp.protocol import REFUSE, JobParams, read_refusal
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
-from xclp.training.double_masking import KEY_PURPOSE, SiteRecord, relay, unmask_answer
+from xclp.training.double_masking import (
+    KEY_PURPOSE,
+    SiteRecord,
+    check_threshold,
+    relay,
+    relay_commitments,
+    unmask_answer,
+)
 from xclp.training.messages import dump_json, load_json, load_masked_meta
 from xclp.training.strategy import Roster, Strategy, Weights, scored_accuracy
+
+log = logging.getLogger("xclp.training")
 
 BROADCAST = "*"  # the recipient of what the coordinator writes for every site of the run
 MAX_STEPS = 8
@@ -453,10 +463,13 @@ class TrainCoordinator:
             from xclp.training.fedavg import open_masked_round
 
             uploads = {x: mail.body(x, COORDINATOR, topic) for x in arrived}
-            _, _, shares = open_masked_round(s, uploads, s.network().state_dict(), participants, t=t)
+            _, metrics, shares = open_masked_round(s, uploads, s.network().state_dict(), participants, t=t)
+            # each share goes with its dealer's commitment to it: a holder checks it before it answers
+            commits = relay_commitments({x: metrics[x]["commit"] for x in arrived}, arrived)
             for k, sealed in relay(shares, arrived).items():
                 out.append(Send(COORDINATOR, k, f"unmask/{t}", dump_json(
-                    {"participants": participants, "survivors": arrived, "shares": sealed})))
+                    {"participants": participants, "survivors": arrived, "shares": sealed,
+                     "commitments": commits[k]})))
             st.survivors, st.round_left_out = arrived, sorted({*st.round_left_out, *missing})
             st.clock += 1
             return False
@@ -548,10 +561,18 @@ class TrainCoordinator:
         if s.cfg.dp:
             s.ledger = self._ledger(s)
         masked, metrics, _ = open_masked_round(s, uploads, previous, participants, t=t)
+        blamed: dict[str, str] = {}
         shared, decoded = decode_masked_round(s, masked, metrics, answers, previous, participants, survivors,
-                                              job=self.spec.job_id, t=t, planned=planned)
+                                              job=self.spec.job_id, t=t, planned=planned, blamed=blamed)
+        if blamed:  # a share, or a dealing, that fails its commitment: its site is named and leaves the run
+            log.warning(json.dumps({"event": "bad_shares", "round": t, "blamed": blamed}))
+            self._drop(blamed, blamed)
+        disputed = {x: a["disputed"] for x, a in answers.items() if a.get("disputed")}
+        if disputed:  # a holder says its dealer's share misses the dealer's commitment: the share is not used
+            log.warning(json.dumps({"event": "disputed_shares", "round": t, "disputed": disputed}))
         if s.cfg.dp and decoded:
             st.privacy = s.ledger.to_json()
+        metrics = {x: {k: v for k, v in m.items() if k != "commit"} for x, m in metrics.items()}
         return shared, metrics, sum(len(b) for b in uploads.values()), decoded
 
     # --- evaluate -------------------------------------------------------------------------------------
@@ -621,11 +642,14 @@ class TrainSite:
 
     def __init__(self, me: str, spec: RunSpec, work: SiteWork, record: dict | None = None,
                  keep: MutableMapping[str, bytes] | None = None, *, identity=None, pins=None,
-                 draw: Callable[[int], bytes] = os.urandom, n_features: int | None = None):
+                 draw: Callable[[int], bytes] = os.urandom, n_features: int | None = None, min_colluders: int = 0):
         self.me, self.spec, self.work = me, spec, work
         self.record = record if record is not None else {}
         self.keep = keep if keep is not None else {}
         self.identity, self.pins, self.draw, self.n_features = identity, pins, draw, n_features
+        # the site's policy: the fewest colluding sites that may open its masked update with the coordinator
+        # (refused, ProtocolError, in a round whose Shamir threshold τ — as this site computes it — is lower)
+        self.min_colluders = int(min_colluders)
 
     def strategy(self, view: TrainState) -> Strategy:
         return self.spec.strategy(len(view.sites), self.n_features).at_round(view.round or 0)
@@ -693,6 +717,10 @@ class TrainSite:
         if s.secure_sum:
             if self.me not in view.participants or len(view.participants) < secagg.MIN_CONTRIBUTORS:
                 return False  # left out of the round's sum, or a "sum" of this site alone: never sent
+            # the threshold this site would split its seed with, from the participants it masks over:
+            # below its policy's floor, the round is refused before it trains, masks or deals a share
+            check_threshold(self.me, list(view.participants), s.secagg_threshold(len(view.participants)),
+                            self.min_colluders, t)
             kept = self.keep.get(topic)
             if kept is not None:  # made before a restart: the same body again, never a second masking
                 record = SiteRecord.from_json(self.record.get("secagg"))
@@ -720,7 +748,7 @@ class TrainSite:
         body = site_upload(s, up.state, up.template, up.meta, planned=planned, me=self.me,
                            private=self._key(), public_keys=self._peer_keys(inbox),
                            participants=list(view.participants), job=self.spec.job_id, t=t, record=record,
-                           draw=self.draw)
+                           draw=self.draw, min_colluders=self.min_colluders)
         # the body and the claim are kept before anything is sent: a restart sends the same bytes
         self.keep[s.upload_topic(t)] = body
         self.record["secagg"] = record.to_json()
@@ -769,7 +797,7 @@ class TrainSite:
             answer = dump_json(unmask_answer(me=self.me, private=self._key(), public_keys=self._peer_keys(inbox),
                                              participants=list(ask["participants"]),
                                              survivors=list(ask["survivors"]), sealed=dict(ask["shares"]),
-                                             job=self.spec.job_id, t=t))
+                                             job=self.spec.job_id, t=t, commitments=ask.get("commitments")))
             self.keep[topic] = answer
             self.record["secagg"] = record.to_json()
         return self._once(send, topic, answer)

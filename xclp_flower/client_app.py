@@ -11,7 +11,9 @@ and with `max-epsilon=E` no job that states no DP budget, or one above E, nor on
 site's total about its data file past E: the node keeps the agent's ledger of what it has released across
 jobs and runs (xclp.privacy.site_ledger) in `out/.agent-state/privacy-ledger.json` — Context.state does
 not outlive a run —, and a prediction run's randomized labels come from that ledger's one secret per
-data file, so repeating such a run releases the same labels and spends nothing new.
+data file, so repeating such a run releases the same labels and spends nothing new. With
+`min-colluders=N` the site masks in no training round whose Shamir threshold τ is below N (the
+coordinator with fewer than N colluding sites could open its update; checked by the core's site machine).
 
 A prediction job's order is the core's (xclp.prediction_job.PredictSite, as the agent runs it): each
 message carries the job's state and the messages addressed to this site ("in:SENDER:TOPIC", a
@@ -71,6 +73,19 @@ TRAINING = "training"  # a training run's settings and site machine ("training-*
 app = ClientApp()
 
 
+def _count(value, key: str) -> int:
+    """A node config count: absent or empty for 0, else a whole number ≥ 0."""
+    if value is None or str(value).strip() == "":
+        return 0
+    try:
+        n = int(str(value))
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise DataError(f"this SuperNode's --node-config {key}={value!r}: give a whole number ≥ 0")
+    return n
+
+
 def _epsilon(value) -> float | None:
     """The node config's max-epsilon: absent or empty for no requirement, else a finite number > 0."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -105,7 +120,8 @@ class FlowerSite:
         self.identity_key = Path(str(cfg.get("identity-key") or self.out / "identity.key"))
         self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
-                                 max_epsilon=_epsilon(cfg.get("max-epsilon")))
+                                 max_epsilon=_epsilon(cfg.get("max-epsilon")),
+                                 min_colluders=_count(cfg.get("min-colluders"), "min-colluders"))
         self.X, y, y_true, self.ids, self.columns = load_site(str(cfg["data-path"]), _columns(cfg))
         self.file_labels = y  # what the site ledger's digest is of, whatever the run holds out
         # a training run's labels: without a truth column, its held-out points' labels hidden

@@ -224,7 +224,8 @@ def train_step(site, step: ConfigRecord) -> tuple[ConfigRecord, dict[str, Config
         return ConfigRecord({}), None
     record = json.loads(str(kept["record"]))
     machine = TrainSite(site.name, spec, FlowerWork(env), record=record, keep=RecordMap(records[KEEP]),
-                        identity=site.identity(), pins=site.pins(), n_features=int(site.X.shape[1]))
+                        identity=site.identity(), pins=site.pins(), n_features=int(site.X.shape[1]),
+                        min_colluders=site.policy.min_colluders)
     sends: list[Send] = []
     for _ in range(8):  # everything it can do now
         if not machine.step(view, inbox, sends.append):

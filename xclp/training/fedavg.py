@@ -88,6 +88,8 @@ class FedAvgConfig:
     # the updates double-masked, so the server decodes only their sum (xclp.training.double_masking), in
     # every driver alike
     secure_aggregation: bool = False
+    # the Shamir threshold τ of its self-mask seeds: raised above ⌈(m − 1)/2⌉ (its floor), at most m − 1
+    secagg_threshold: int | None = None
     max_labelled_batch: int = MAX_LABELLED_BATCH
     # XCLP / label spreading
     bits: int = 1024
@@ -130,6 +132,8 @@ class FedAvgConfig:
                              "update is that update, in the clear")
         if self.algorithm == "fedavg-xclp" and self.sites_per_round < 2:
             raise ValueError("fedavg-xclp needs at least 2 sites per round (XCLP is a protocol between sites)")
+        if self.secagg_threshold is not None and self.secagg_threshold < 1:
+            raise ValueError(f"secagg_threshold must be at least 1, got {self.secagg_threshold}")
         if self.clip is not None and not (self.clip > 0 and math.isfinite(self.clip)):
             raise ValueError(f"clip must be a positive number, got {self.clip}")
         if self.dp:
@@ -392,6 +396,12 @@ class FedAvgStrategy(Strategy):
     def secure_sum(self) -> bool:
         return bool(self.cfg.secure_aggregation)
 
+    def secagg_threshold(self, n_participants: int) -> int:
+        """τ of a masked sum over `n_participants` (double_masking.threshold, with the run's option)."""
+        from xclp.training.double_masking import threshold
+
+        return threshold(n_participants, self.cfg.secagg_threshold)
+
     def total_rounds(self) -> int:
         return self.cfg.warmup_rounds + self.cfg.rounds
 
@@ -546,14 +556,16 @@ class FedAvgStrategy(Strategy):
 
 def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dict, *, planned: int, me: str,
                 private=None, public_keys: dict | None = None, participants: list[str] | None = None,
-                job: str = "", t: int = 0, record=None, draw=None) -> bytes:
+                job: str = "", t: int = 0, record=None, draw=None, min_colluders: int = 0) -> bytes:
     """A site's upload for a round, as the service's agents and Flower's sites send it: its weights
     (the round's model if it had nothing to learn) with its metrics, or under secure aggregation the
     same weights double-masked over the round's participants (xclp.training.double_masking: claimed
     once in the site's `record`, a SiteRecord, so no server gets the same weights masked twice), with
     its DP noise share for a round of `planned` sites (drawn once per round, from `draw(n)` — n fresh
     random bytes; os.urandom unless a driver injects its CSPRNG), the sealed Shamir shares of its
-    self-mask and, under DP, no statistics of its data in the clear."""
+    self-mask with their commitments and, under DP, no statistics of its data in the clear. `min_colluders`:
+    the site's policy floor on the Shamir threshold τ it splits its seed with (refused below it, before
+    the round is claimed or anything made)."""
     from xclp.training import double_masking as dm
     from xclp.training import secure_aggregation as secagg
     from xclp.training.messages import dump_masked
@@ -563,23 +575,28 @@ def site_upload(s: FedAvgStrategy, state: dict | None, template: dict, meta: dic
     if record is None:
         raise ProtocolError("a masked upload needs the site's SiteRecord: it is what keeps a round from being "
                             "masked twice")
+    tau = s.secagg_threshold(len(participants))
+    dm.check_threshold(me, list(participants), tau, min_colluders, t)
     record.claim_upload(me, t, list(participants))
     draw = draw or os.urandom
     seed = draw(dm.SEED_BYTES)
     noise = s.noise_share(secagg.n_values(template), planned, key=draw(32)) if s.cfg.dp else None
     masked = secagg.masked_update(state, template, me=me, private=private, public_keys=public_keys,
                                   participants=participants, job=job, t=t, noise=noise, self_seed=seed)
-    shares = dm.seal_shares(seed, me=me, private=private, public_keys=public_keys, participants=list(participants),
-                            job=job, t=t)
+    shares, commit = dm.deal(seed, me=me, private=private, public_keys=public_keys, participants=list(participants),
+                             job=job, t=t, tau=tau)
     sent = s.site_statistics(meta)
-    return dump_masked(masked, {**sent, "participants": list(participants), "shares": shares})
+    return dump_masked(masked, {**sent, "participants": list(participants), "shares": shares, "commit": commit})
 
 
 def open_masked_round(s: FedAvgStrategy, uploads: dict[str, bytes], template: dict, participants: list[str],
                       *, t: int) -> tuple[dict, dict, dict]:
     """The server's first look at a round's masked uploads: (each sender's y, each sender's metrics,
     each sender's sealed shares), every upload masked over exactly `participants` (else its pairwise
-    masks would not cancel). The unmask step is addressed to the senders."""
+    masks would not cancel). The unmask step is addressed to the senders. A sender's commitments to its
+    seed and shares (double_masking.deal) stay in its metrics under "commit" (checked here; the
+    coordinator strips them before it records the metrics)."""
+    from xclp.training import double_masking as dm
     from xclp.training import secure_aggregation as secagg
     from xclp.training.messages import load_masked
 
@@ -592,19 +609,21 @@ def open_masked_round(s: FedAvgStrategy, uploads: dict[str, bytes], template: di
         if not isinstance(held, dict) or set(held) != set(participants) - {site}:
             raise ProtocolError(f"{site}'s upload for round {t} holds no share of its self-mask for every other "
                                 "participant")
+        dm.check_commitment(meta.get("commit"), sorted(set(participants) - {site}), f"{site}'s upload for round {t}")
         masked[site], metrics[site], shares[site] = y, meta, held
     return masked, metrics, shares
 
 
 def decode_masked_round(s: FedAvgStrategy, masked: dict, metrics: dict, answers: dict, previous: dict,
                         participants: list[str], survivors: list[str], *, job: str, t: int,
-                        planned: int) -> tuple[dict, bool]:
+                        planned: int, blamed: dict[str, str] | None = None) -> tuple[dict, bool]:
     """The server's side of `site_upload` once the survivors answered the unmask step, as the service's
     engine and Flower's ServerApp decode a masked round: (model, whether the sum was decoded). Fewer
     than two trained sites are never decoded (the "average" would be one site's weights), nor a round
     whose masks cannot be removed (too few shares came back, a survivor with a dropped peer did not
     answer): the round keeps `previous`, as the simulation does. Under DP the strategy's ledger is
-    spent before decoding."""
+    spent before decoding. Every share is checked against its dealer's commitment (in `metrics`, from
+    `open_masked_round`): `blamed` is filled with the sites whose shares failed, and why."""
     from xclp.training import double_masking as dm
     from xclp.training import secure_aggregation as secagg
 
@@ -612,7 +631,9 @@ def decode_masked_round(s: FedAvgStrategy, masked: dict, metrics: dict, answers:
     if len(survivors) >= MIN_CONTRIBUTORS:
         try:
             total = dm.unmasked_total({x: masked[x] for x in survivors}, answers, list(participants),
-                                      list(survivors), job=job, t=t, n=secagg.n_values(previous))
+                                      list(survivors), job=job, t=t, n=secagg.n_values(previous),
+                                      commitments={x: metrics[x]["commit"] for x in survivors},
+                                      tau=s.secagg_threshold(len(participants)), blamed=blamed)
         except ProtocolError as exc:
             logging.getLogger("xclp.training").warning("round %s not unmasked: %s", t, exc)
             total = None

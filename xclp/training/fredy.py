@@ -67,6 +67,7 @@ class FREDYConfig:
     seed: int = 0
     threads: int | None = 1
     secure_aggregation: bool = False  # FedAvg's rounds (a training job's default: True)
+    secagg_threshold: int | None = None  # its Shamir threshold τ (FedAvgConfig.secagg_threshold)
 
     def validate(self) -> FREDYConfig:
         self.fedavg_config()  # FedAvg's own checks of its part
@@ -89,7 +90,8 @@ class FREDYConfig:
     def fedavg_config(self) -> FedAvgConfig:
         return FedAvgConfig(algorithm="fedavg", rounds=self.rounds, sites_per_round=self.sites_per_round,
                             local_epochs=self.local_epochs, model=self.model, lr=self.lr, seed=self.seed,
-                            threads=self.threads, secure_aggregation=self.secure_aggregation).validate()
+                            threads=self.threads, secure_aggregation=self.secure_aggregation,
+                            secagg_threshold=self.secagg_threshold).validate()
 
 
 def teacher_votes(global_state: dict, network: torch.nn.Module, site: Site, queries_X: np.ndarray, n_classes: int,

@@ -79,6 +79,7 @@ class TrainConfig:
     mix: float | None = None
     public_in_graph: bool = False
     secure_aggregation: bool = False
+    secagg_threshold: int | None = None  # FedAvg's Shamir threshold τ (xclp.training.double_masking.threshold)
     eval_every: int = 1
     threads: int | None = 1
     quiet: bool = False
