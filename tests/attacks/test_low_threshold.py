@@ -113,8 +113,9 @@ def test_the_dealt_shares_need_tau_holders():
 
 
 def test_the_agents_policy_reaches_the_site_machine():
-    from cli.main import build_parser
     from clients.policy import SitePolicy
+
+    from cli.main import build_parser
 
     args = build_parser().parse_args(["agent", "run", "--site", "a", "--coordinator", "https://c", "--data", "a.npz",
                                       "--out", "o", "--min-colluders", "2"])
