@@ -393,12 +393,8 @@ def cmd_agent_run(args) -> int:
 
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
-<<<<<<< HEAD
-                        max_epsilon=args.max_epsilon, max_delta=args.max_delta)
-    membership = _membership(args)
-=======
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta, min_colluders=args.min_colluders)
->>>>>>> h-shamir
+    membership = _membership(args)
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
                   columns=_columns(args), max_poll=args.max_poll, membership=membership,
