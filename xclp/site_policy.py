@@ -29,10 +29,6 @@ from dataclasses import dataclass
 from crypto.hamming_api import traits
 from xclp.data import DataError
 
-FEDAVG = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fredy")  # sites send weights
-# DP whose noise the server adds: a site cannot see it added, so it does not count toward --max-epsilon
-SERVER_NOISE = {"fredy": "FREDY's noisy vote", "fedkt": "FedKT's L1 noise on the vote counts"}
-
 
 class PolicyError(DataError):
     """The job asks for less security than this site accepts."""
@@ -60,8 +56,9 @@ class SitePolicy:
         if len(sites) < self.min_sites:
             why = f"it has {len(sites)} participants; this site takes part only with at least {self.min_sites}"
         elif status.get("kind") == "train":
-            cfg = params.get("config") or {}
-            if params.get("algorithm") in FEDAVG and not cfg.get("secure_aggregation") and not self.allow_unmasked:
+            from xclp.training.algorithms import strategy_of_status  # (torch: only where a run is offered)
+
+            if strategy_of_status(status).weights_in_clear and not self.allow_unmasked:
                 why = ("it is a FedAvg job without secure aggregation: this site's model weights would reach the "
                        "coordinator in the clear (start the agent with --allow-unmasked-training to accept)")
         else:
@@ -96,10 +93,12 @@ class SitePolicy:
     def _dp_shortfall(self, status: dict, params: dict) -> str | None:
         """Why the job's differential privacy falls short of this site's (None: it does not)."""
         if status.get("kind") == "train":
+            from xclp.training.algorithms import strategy_of_status
+
             cfg = params.get("config") or {}
-            algorithm = params.get("algorithm")
-            if algorithm in SERVER_NOISE and (algorithm != "fedkt" or cfg.get("levels", "L1") == "L1"):
-                return (f"its DP noise is {SERVER_NOISE[algorithm]}, added by the server: this site, which requires "
+            noise = strategy_of_status(status).server_noise
+            if noise is not None:
+                return (f"its DP noise is {noise}, added by the server: this site, which requires "
                         f"ε ≤ {self.max_epsilon:g} (--max-epsilon), takes part only where it adds the noise itself")
             eps, delta = cfg.get("dp_epsilon"), cfg.get("dp_delta", 1e-5)
         else:

@@ -116,16 +116,19 @@ CASES = {
     "flower-wait-superlink-unreachable": (["flower", "wait", "5", "local"],
                                           "flwr ls: Connection to the SuperLink is unavailable"),
     "agent-ctrl-c": (["agent", "run", "--site", "p", "--token", "{tok:p}"], "interrupted"),
+    "agent-without-membership": (["agent", "run", "--site", "p", "--token", "{tok:p}", "--data", "{tmp}/p.npz", "--out",
+                                  "{tmp}/out2"], "this site has no membership: give --membership FILE"),
     "job-wait-ctrl-c": (["job", "wait", "{job}", "--coordinator", "{url}"], "interrupted"),
 }
-AGENT = ["--data", "{tmp}/p.npz", "--out", "{tmp}/out"]
+AGENT = ["--data", "{tmp}/p.npz", "--out", "{tmp}/out", "--trust-on-first-use"]
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_mistake_is_one_clear_line_and_a_nonzero_exit(case, coord, tmp_path):
     argv, phrase = CASES[case]
     if argv[0] == "agent":
-        argv = argv + (AGENT if "--out" not in argv else AGENT[:2]) + (["--coordinator", "{url}"]
+        extra = [] if case == "agent-without-membership" else AGENT if "--out" not in argv else AGENT[:2] + AGENT[4:]
+        argv = argv + extra + (["--coordinator", "{url}"]
                                                                         if "--coordinator" not in argv else [])
     (tmp_path / "exists").write_text("x\n")
     np.savez(tmp_path / "p.npz", X=np.random.default_rng(0).random((6, 3)), y=np.array([0, 1, -1, -1, 0, 1]))

@@ -162,7 +162,7 @@ def test_agent_process_refuses_plain_http_to_another_host_unless_insecure_http(t
     ds, sites = _sites(2, 60)
     np.savez(tmp_path / "s.npz", **sites[ds.sites[0]])
     argv = ["agent", "run", "--coordinator", UNROUTED, "--site", "s0", "--data", str(tmp_path / "s.npz"),
-            "--out", str(tmp_path / "out")]
+            "--out", str(tmp_path / "out"), "--trust-on-first-use"]
     r = _run_cli(argv, {"XCLP_TOKEN": "t0"})
     assert r.returncode == 2, r.stderr
     lines = _error_lines(r.stderr)
@@ -238,7 +238,7 @@ def test_agents_run_a_job_over_https_with_their_ca_and_refuse_without_it(tmp_pat
         # an agent process without the CA, or with another CA: exits with one line naming --ca-file
         s0 = ds.sites[0]
         base = ["agent", "run", "--coordinator", c.url, "--site", s0, "--data", str(tmp_path / f"{s0}.npz"),
-                "--out", str(tmp_path / "out-refused")]
+                "--out", str(tmp_path / "out-refused"), "--membership", str(c.membership)]
         for extra in ([], ["--ca-file", str(other_ca)]):
             r = _run_cli(base + extra, {"XCLP_TOKEN": c.tokens[s0]})
             assert r.returncode == 2, r.stderr

@@ -93,7 +93,7 @@ def test_the_agent_names_a_missing_column_in_one_line(tmp_path, capsys):
     _write(tmp_path / "a.csv")
     code = main(["agent", "run", "--coordinator", "http://127.0.0.1:9", "--site", "a", "--token", "t" * 32,
                  "--data", str(tmp_path / "a.csv"), "--label-column", "diagnosis", "--id-column", "mrn",
-                 "--out", str(tmp_path / "out")])
+                 "--out", str(tmp_path / "out"), "--trust-on-first-use"])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("xclp:")]  # (besides the agent's start log)
     assert code == 2 and len(errors) == 1 and "no ID column 'mrn'" in errors[0] and "Traceback" not in err

@@ -25,9 +25,15 @@ def predict(job, eps=None, gaussian=False, classes=3):
 
 
 def train(eps, delta=1e-6, algorithm="fedct"):
-    return {"kind": "train", "sites": ["a", "b"],
-            "params": {"algorithm": algorithm, "config": {"secure_aggregation": True, "dp_epsilon": eps,
-                                                         "dp_delta": delta}}}
+    """A training job's status as the coordinator reports it: its algorithm's validated config."""
+    from dataclasses import asdict
+
+    from xclp.training.algorithms import STRATEGIES
+
+    opts = {"secure_aggregation": True, "dp_epsilon": eps, "dp_delta": delta, "clip": 1.0, "rounds": 2,
+            "sites_per_round": 2}
+    cfg = asdict(STRATEGIES[algorithm].config_from_options(algorithm, opts, 2))
+    return {"kind": "train", "sites": ["a", "b"], "params": {"algorithm": algorithm, "config": cfg, "classes": 3}}
 
 
 def test_randomized_labels_of_one_p_are_spent_once(tmp_path):

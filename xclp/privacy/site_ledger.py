@@ -83,10 +83,9 @@ def job_releases(status: dict, covered: bool = False) -> list[dict]:
         if cfg.get("dp_epsilon") is None:
             return [{"mechanism": "unbounded"}]
         eps, delta = float(cfg["dp_epsilon"]), float(cfg.get("dp_delta", 1e-5))
-        from xclp.training.options import FEDAVG_ALGORITHMS
+        from xclp.training.algorithms import strategy_of_status
 
-        algorithm = str(params.get("algorithm", ""))
-        if algorithm in FEDAVG_ALGORITHMS and not algorithm.endswith("-xclp"):
+        if strategy_of_status(status).gaussian_releases:
             # DP-FedAvg releases Gaussians only, and its run stops within (ε, δ): together one Gaussian of
             # μ at most the μ whose ε(δ) is the stated ε (ε(δ) grows with μ; Dong, Roth & Su 2019)
             return [{"mechanism": "gaussian", "noise_multiplier": 1 / _gaussian_mu(eps, delta), "count": 1,

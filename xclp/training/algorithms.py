@@ -35,3 +35,13 @@ def strategy_for(algorithm: str, config: dict, n_classes: int, n_sites: int, *, 
     if algorithm not in STRATEGIES:
         raise ValueError(f"unknown training algorithm {algorithm!r}; choose from {ALGORITHMS}")
     return STRATEGIES[algorithm].from_config(config, n_classes, n_sites, n_features=n_features, n_public=n_public)
+
+
+def strategy_of_status(status: dict) -> Strategy:
+    """A training job's strategy from its status as a site sees it (params: algorithm, config, classes; its
+    sites): what a site's policy and ledger read of a run are this strategy's traits (weights in the clear,
+    the server's noise, Gaussian releases), never the algorithm's name. Sizes that only shape models do not
+    change them (one feature, one public point)."""
+    params = status.get("params") or {}
+    return strategy_for(str(params.get("algorithm")), dict(params.get("config") or {}), int(params.get("classes", 2)),
+                        max(len(status.get("sites") or ()), 2), n_public=1, n_features=1)

@@ -396,6 +396,14 @@ class FedAvgStrategy(Strategy):
     def secure_sum(self) -> bool:
         return bool(self.cfg.secure_aggregation)
 
+    @property
+    def weights_in_clear(self) -> bool:
+        return not self.cfg.secure_aggregation
+
+    @property
+    def gaussian_releases(self) -> bool:
+        return not self.runs_xclp  # (with XCLP, its randomized labels are released too)
+
     def secagg_threshold(self, n_participants: int) -> int:
         """τ of a masked sum over `n_participants` (double_masking.threshold, with the run's option)."""
         from xclp.training.double_masking import threshold

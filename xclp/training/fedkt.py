@@ -186,6 +186,10 @@ class FedKTStrategy(VotingStrategy):
         self.gamma = noise_gamma(cfg, len(self.u1), len(self.u2))
         self.noise_key: bytes | None = None  # the server's noise: os.urandom unless a simulation sets a key
 
+    @property
+    def server_noise(self) -> str | None:
+        return "FedKT's L1 noise on the vote counts" if self.cfg.levels == "L1" else None
+
     @classmethod
     def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FedKTConfig:
         known = {f.name for f in fields(FedKTConfig)}

@@ -127,6 +127,14 @@ class FREDYStrategy(VotingStrategy):
                                                 self.n_sites)
         self.noise_key: bytes | None = None  # os.urandom unless a simulation sets a key
 
+    @property
+    def weights_in_clear(self) -> bool:
+        return self.fedavg.weights_in_clear  # its FedAvg rounds
+
+    @property
+    def server_noise(self) -> str | None:
+        return "FREDY's noisy vote"
+
     @classmethod
     def config_from_options(cls, algorithm: str, options: dict, n_sites: int) -> FREDYConfig:
         known = {f.name for f in fields(FREDYConfig)}

@@ -141,6 +141,25 @@ class Strategy(ABC):
     # --- XCLP's share of a DP budget ---------------------------------------------------------------
     XCLP_SHARE: ClassVar[float] = 0.5  # of the budget, for the randomized labels XCLP propagates
 
+    # --- what a site's policy and ledger need to know of a run (traits: never re-derived from a name) ----
+    @property
+    def weights_in_clear(self) -> bool:
+        """Whether a site's model weights reach the coordinator unmasked in some round (a site refuses such a
+        run unless it allows it: --allow-unmasked-training)."""
+        return False
+
+    @property
+    def server_noise(self) -> str | None:
+        """The DP noise the server adds, described (a site cannot see it added, so it does not count toward a
+        site's --max-epsilon); None: every noise of the run is drawn at the sites."""
+        return None
+
+    @property
+    def gaussian_releases(self) -> bool:
+        """Whether everything the run releases under its budget is Gaussian (a site's ledger then composes
+        its runs in μ, xclp.privacy.site_ledger), as DP-FedAvg's noise shares without XCLP's labels."""
+        return False
+
     @property
     def runs_xclp(self) -> bool:
         return self.algorithm.endswith("-xclp")
