@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,9 @@ class Columns:
     truth: str = "y_true"
     id: str | None = None  # carried into the results, never a feature
     ignore: tuple[str, ...] = ()  # dropped
+    # the consortium's schema (xclp.schema): the table is read and encoded through it; its label and ID
+    # columns are the ones above (xclp.schema.with_schema)
+    schema: object | None = field(default=None, compare=False)
 
     def __post_init__(self):
         names = [self.label, self.site, self.truth]
@@ -78,6 +81,10 @@ def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
         raise DataError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use one of {', '.join(FORMATS)}")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    if columns.schema is not None:  # text categories, class names, missing cells: the schema's encoding
+        from xclp.schema import load_table
+
+        return load_table(path, columns.schema, columns, require_site)
     if suffix == ".npz":
         return _npz(path, columns, require_site)
     X, other, lines, features = (_read_csv if suffix == ".csv" else _read_parquet)(path, columns, require_site)
