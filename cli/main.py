@@ -447,9 +447,13 @@ def cmd_agent_run(args) -> int:
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta)
     membership = _membership(args)
+    columns = _columns(args)
+    if columns.schema is not None:  # the operators compare this digest: the same schema, the same columns
+        logging.getLogger("xclp.agent").info("site %s reads %s through the schema %s (%s)", args.site, args.data,
+                                             args.schema, columns.schema.digest())
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
-                  columns=_columns(args), max_poll=args.max_poll, membership=membership,
+                  columns=columns, max_poll=args.max_poll, membership=membership,
                   identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use)
     if membership:
         logging.getLogger("xclp.agent").info("site %s takes part only with the %d site(s) of %s", args.site,
@@ -784,7 +788,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "OUT/.agent-state/privacy-ledger.json, across jobs and runs; default: none, no DP required)")
     ar.add_argument("--max-delta", type=_positive_float, default=1e-5, help="... or a δ above this (default 1e-5)")
     ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
-                    ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
+                    ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features; text "
+                    "categories, class names, empty cells: --schema)")
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's results: <job>.npz (labels, confidence, "
                     "ids) and <job>.csv (id,label,confidence)")

@@ -14,6 +14,10 @@ file gets the same clear error whatever its format.
   row (the core install needs nothing more).
 - .parquet: the same columns; a null label is an unlabelled point. Read with pyarrow, the optional
   extra `pip install -e '.[parquet]'` (the error says so when it is missing).
+
+With the consortium's schema (`Columns.schema`, xclp/schema.py), a .csv or .parquet is read through
+it instead: text categories one-hot, missing cells filled, class names mapped to the schema's indices
+— the one path every driver (agent, Flower node, simulations) takes.
 """
 
 from __future__ import annotations

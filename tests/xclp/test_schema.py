@@ -279,3 +279,16 @@ def test_simulate_predict_reads_a_pooled_table_through_the_schema(tmp_path, sche
                  "--k", "5", "--no-baselines", "--quiet", "--json", str(tmp_path / "r.json")]) == 0
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["n"] == 60 and r["sites"] == 3 and r["classes"] == 3
+
+
+def test_many_problems_of_one_kind_are_counted_after_the_first_ones(tmp_path, schema_file, capsys):
+    rows = penguins(40)
+    for r in rows:
+        r[2] = "Atlantis"
+    path = write_csv(tmp_path / "a.csv", rows)
+    assert main(["data", "check", str(path), "--schema", str(schema_file), "--max-per-column", "3"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[3] == (f"{path}: column 'island': 37 more category problem(s) like the above "
+                                            "(lines 5–41); --all lists every one")
+    assert main(["data", "check", str(path), "--schema", str(schema_file), "--all"]) == 1
+    assert len(capsys.readouterr().out.splitlines()) == 40
