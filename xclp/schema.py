@@ -61,6 +61,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -493,7 +494,9 @@ def prepare(path: str | os.PathLike, schema: Schema, columns=None, require_site:
                     id_lines[v] = line
                 ids.append(v or "")
         if len(problems) == before:
-            blocks.append(np.asarray(ct.transform(table), dtype=np.float64))
+            with warnings.catch_warnings():  # "unknown": "ignore" is the schema's rule, not news
+                warnings.filterwarnings("ignore", message="Found unknown categories", category=UserWarning)
+                blocks.append(np.asarray(ct.transform(table), dtype=np.float64))
 
     block = []
     for line, r in rows:

@@ -4,6 +4,7 @@ scikit-learn's OneHotEncoder doing the encoding, and each rule for an unknown ca
 
 import csv
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -204,7 +205,9 @@ def test_a_category_outside_the_schema_gets_the_rules_outcome(tmp_path, rule, wa
         with pytest.raises(DataError, match=r"line 5, column 'island': 'Anvers' is not one of the schema's categories"):
             load_site(path, cols)
         return
-    site = load_site(path, cols)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rule is the schema's: no warning about it
+        site = load_site(path, cols)
     width = len(island["categories"])
     assert site.X[3, 1:1 + width].tolist() == want
     assert site.columns[1:1 + width] == tuple(f"island_{c}" for c in island["categories"])
@@ -227,11 +230,14 @@ def test_a_wrong_schema_is_one_clear_line(change, words):
         Schema.from_dict(d, "s.json")
 
 
-def test_flags_that_contradict_the_schema_are_refused(tmp_path, schema_file):
+def test_flags_that_contradict_the_schema_are_refused(tmp_path, schema_file, capsys):
     schema = Schema.load(schema_file)
     with pytest.raises(DataError, match="the label column is 'diagnosis' by --label-column"):
         with_schema(Columns(label="diagnosis"), schema)
     assert with_schema(Columns(label="species"), schema).label == "species"
+    (tmp_path / "wrong.json").write_text('{"label": "species", "features": []}')
+    assert main(["data", "check", str(tmp_path / "a.csv"), "--schema", str(tmp_path / "wrong.json")]) == 2
+    assert main(["data", "check", str(tmp_path / "a.csv")]) == 2  # no schema: a usage error
     np.savez(tmp_path / "a.npz", X=np.ones((3, 2)), y=np.zeros(3))
     with pytest.raises(DataError, match="give a .csv or .parquet file.*drop --schema"):
         load_data_file(tmp_path / "a.npz", with_schema(Columns(), schema), require_site=False)
