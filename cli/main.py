@@ -102,6 +102,10 @@ def _add_column_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-columns", default=None, metavar="A,B,…",
                    help="comma-separated columns that are neither features nor labels, dropped on reading "
                         "(default: none, every other column is a feature)")
+    p.add_argument("--schema", default=None, metavar="FILE",
+                   help="the consortium's schema (JSON, xclp/schema.py): the table's features, their categories "
+                        "(one-hot), fill values for missing cells, the label's class names; it names the label and "
+                        "ID columns (default: none, every feature a number and the labels integers)")
 
 
 def _positive_float(text: str) -> float:
@@ -118,8 +122,56 @@ def _positive_float(text: str) -> float:
 def _columns(args):
     from xclp.datafile import Columns, parse_column_list
 
-    return Columns(label=args.label_column, site=args.site_column, truth=args.truth_column, id=args.id_column,
-                   ignore=parse_column_list(args.ignore_columns))
+    columns = Columns(label=args.label_column, site=args.site_column, truth=args.truth_column, id=args.id_column,
+                      ignore=parse_column_list(args.ignore_columns))
+    if getattr(args, "schema", None):
+        from xclp.schema import Schema, with_schema
+
+        columns = with_schema(columns, Schema.load(args.schema))
+    return columns
+
+
+def cmd_data_check(args) -> int:
+    """Every problem of each file against the schema, one line each; exit 0 clean, 1 with problems."""
+    from xclp.schema import Problems, prepare
+
+    if not args.schema:
+        raise DataError("xclp data check needs the consortium's --schema FILE (a draft: xclp data schema FILE "
+                        "--label-column L)")
+    columns = _columns(args)
+    problems = Problems(keep=None if args.all else args.max_per_column)
+    found = 0
+    for path in args.files:
+        before = len(problems)
+        out, _ = prepare(path, columns.schema, columns, require_site=args.require_site, problems=problems)
+        if out is not None:
+            labelled = int((out["y"] >= 0).sum())
+            print(f"{path}: ok: {out['X'].shape[0]} rows ({labelled} labelled), {out['X'].shape[1]} feature columns "
+                  f"after the schema's encoding", file=sys.stderr)
+        found += len(problems) - before
+    for line in problems.lines():
+        print(line)
+    if found:
+        print(f"xclp data check: {found} problem(s) in {len(args.files)} file(s)", file=sys.stderr)
+    return 1 if found else 0
+
+
+def cmd_data_schema(args) -> int:
+    """A first schema from this site's file(s), for the consortium to agree on."""
+    from xclp.datafile import parse_column_list
+    from xclp.schema import draft
+
+    d = draft(args.files, args.label_column, args.id_column, args.site_column, args.truth_column,
+              parse_column_list(args.ignore_columns))
+    text = json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    print("xclp data schema: a DRAFT from your own file(s): it lists your site's categories and class names. "
+          "Agree every list with the consortium (a data dictionary) and settle its _todo before the sites use it.",
+          file=sys.stderr)
+    return 0
 
 
 def load_dataset(args):
@@ -395,9 +447,13 @@ def cmd_agent_run(args) -> int:
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta, min_colluders=args.min_colluders)
     membership = _membership(args)
+    columns = _columns(args)
+    if columns.schema is not None:  # the operators compare this digest: the same schema, the same columns
+        logging.getLogger("xclp.agent").info("site %s reads %s through the schema %s (%s)", args.site, args.data,
+                                             args.schema, columns.schema.digest())
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
-                  columns=_columns(args), max_poll=args.max_poll, membership=membership,
+                  columns=columns, max_poll=args.max_poll, membership=membership,
                   identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use)
     if membership:
         logging.getLogger("xclp.agent").info("site %s takes part only with the %d site(s) of %s", args.site,
@@ -736,7 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "OUT/.agent-state/privacy-ledger.json, across jobs and runs; default: none, no DP required)")
     ar.add_argument("--max-delta", type=_positive_float, default=1e-5, help="... or a δ above this (default 1e-5)")
     ar.add_argument("--data", required=True, help="the site's data: .npz with X (n×d) and y (−1 = unlabelled), "
-                    ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features)")
+                    ".csv or .parquet (a label column, empty or −1 = unlabelled; the other columns features; text "
+                    "categories, class names, empty cells: --schema)")
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's results: <job>.npz (labels, confidence, "
                     "ids) and <job>.csv (id,label,confidence)")
@@ -768,6 +825,31 @@ def build_parser() -> argparse.ArgumentParser:
     ai.add_argument("--identity-key", default=None, help="this site's key file, if not the default")
     ai.add_argument("--json", action="store_true", help='print {"sites": {NAME: FINGERPRINT}}')
     ai.set_defaults(func=cmd_agent_identity)
+
+    data = sub.add_parser("data", help="a site's data file against the consortium's schema").add_subparsers(
+        dest="what", required=True)
+    dc = data.add_parser("check", help="every problem of a .csv/.parquet against the schema, one line each (file, "
+                         "line, column); exit 0 when clean, 1 with problems, 2 when the schema or a flag is wrong")
+    dc.add_argument("files", nargs="+", metavar="FILE", help="the site's data file(s)")
+    _add_column_args(dc)
+    dc.add_argument("--require-site", action="store_true",
+                    help="the file is a simulation's (xclp simulate --data): it needs the site column (default: "
+                         "a site's own file, no site column needed)")
+    dc.add_argument("--max-per-column", type=int, default=20, metavar="N",
+                    help="list at most N problems of one kind per column, then count the rest (default 20)")
+    dc.add_argument("--all", action="store_true", help="list every problem")
+    dc.set_defaults(func=cmd_data_check)
+    ds = data.add_parser("schema", help="draft a schema from this site's own file(s) (JSON on stdout): every column "
+                         "but the label, ID, site and ignored ones a feature; for the consortium to agree on — it lists "
+                         "this site's categories and class names")
+    ds.add_argument("files", nargs="+", metavar="FILE", help="the site's .csv/.parquet file(s)")
+    ds.add_argument("--label-column", required=True, help="the label column")
+    ds.add_argument("--id-column", default=None, help="a column of point IDs (not a feature; default: none)")
+    ds.add_argument("--site-column", default=None, help="a simulation's site column, not a feature (default: none)")
+    ds.add_argument("--truth-column", default=None, help="a truth column, not a feature (default: none)")
+    ds.add_argument("--ignore-columns", default=None, metavar="A,B,…", help="columns to drop (default: none)")
+    ds.add_argument("--out", default=None, help="write the draft to this file (default: stdout)")
+    ds.set_defaults(func=cmd_data_schema)
 
     job = sub.add_parser("job", help="jobs (operator)").add_subparsers(dest="what", required=True)
     js = job.add_parser("submit", help="submit a job").add_subparsers(dest="kind", required=True)

@@ -48,6 +48,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     own.add_argument("--ignore-columns", default=None, metavar="A,B,…",
                      help="comma-separated columns of --data and --test that are dropped on reading (default: none, "
                           "every other column is a feature)")
+    own.add_argument("--schema", default=None, metavar="FILE",
+                     help="the consortium's schema (JSON, xclp/schema.py) that --data and --test are read through: "
+                          "categories one-hot, fills for missing cells, class names (default: none)")
     p.add_argument("--sites", type=int, default=5, help="number of simulated sites (default 5)")
     p.add_argument("--split", default="iid", help="iid or dirichlet:BETA (default iid)")
     p.add_argument("--labels", type=int, default=100, help="labels in all, over the labelled sites (default 100)")

@@ -14,6 +14,10 @@ file gets the same clear error whatever its format.
   row (the core install needs nothing more).
 - .parquet: the same columns; a null label is an unlabelled point. Read with pyarrow, the optional
   extra `pip install -e '.[parquet]'` (the error says so when it is missing).
+
+With the consortium's schema (`Columns.schema`, xclp/schema.py), a .csv or .parquet is read through
+it instead: text categories one-hot, missing cells filled, class names mapped to the schema's indices
+— the one path every driver (agent, Flower node, simulations) takes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +46,9 @@ class Columns:
     truth: str = "y_true"
     id: str | None = None  # carried into the results, never a feature
     ignore: tuple[str, ...] = ()  # dropped
+    # the consortium's schema (xclp.schema): the table is read and encoded through it; its label and ID
+    # columns are the ones above (xclp.schema.with_schema)
+    schema: object | None = field(default=None, compare=False)
 
     def __post_init__(self):
         names = [self.label, self.site, self.truth]
@@ -78,6 +85,10 @@ def load_data_file(path: str | os.PathLike, columns: Columns | None = None,
         raise DataError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use one of {', '.join(FORMATS)}")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    if columns.schema is not None:  # text categories, class names, missing cells: the schema's encoding
+        from xclp.schema import load_table
+
+        return load_table(path, columns.schema, columns, require_site)
     if suffix == ".npz":
         return _npz(path, columns, require_site)
     X, other, lines, features = (_read_csv if suffix == ".csv" else _read_parquet)(path, columns, require_site)

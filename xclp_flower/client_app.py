@@ -101,10 +101,17 @@ def _epsilon(value) -> float | None:
 
 def _columns(cfg) -> Columns:
     """The data file's columns from the node config, as the agent's flags name them: label-column=
-    (default label), id-column= (not a feature), ignore-columns=A,B (dropped), truth-column=."""
-    text = {k: str(cfg.get(k) or "").strip() for k in ("label-column", "id-column", "ignore-columns", "truth-column")}
-    return Columns(label=text["label-column"] or "label", truth=text["truth-column"] or "y_true",
-                   id=text["id-column"] or None, ignore=parse_column_list(text["ignore-columns"]))
+    (default label), id-column= (not a feature), ignore-columns=A,B (dropped), truth-column=, schema=FILE
+    (the consortium's schema: categories, fills, class names)."""
+    text = {k: str(cfg.get(k) or "").strip()
+            for k in ("label-column", "id-column", "ignore-columns", "truth-column", "schema")}
+    columns = Columns(label=text["label-column"] or "label", truth=text["truth-column"] or "y_true",
+                      id=text["id-column"] or None, ignore=parse_column_list(text["ignore-columns"]))
+    if text["schema"]:  # the consortium's schema (xclp/schema.py), as the agent's --schema
+        from xclp.schema import Schema, with_schema
+
+        columns = with_schema(columns, Schema.load(text["schema"]))
+    return columns
 
 
 class FlowerSite:

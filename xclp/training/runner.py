@@ -104,6 +104,7 @@ class TrainConfig:
     truth_column: str = "y_true"
     id_column: str | None = None  # not a feature (a simulation reports no per-point results)
     ignore_columns: str | None = None  # "a,b": dropped
+    schema: str | None = None  # the consortium's schema file (xclp/schema.py): --data and --test read through it
 
     def validate(self) -> TrainConfig:
         if self.algorithm not in ALGORITHMS:
@@ -200,6 +201,10 @@ def prepare_files(cfg: TrainConfig):
 
     columns = Columns(cfg.label_column, cfg.site_column, cfg.truth_column, id=cfg.id_column,
                       ignore=parse_column_list(cfg.ignore_columns))
+    if cfg.schema:
+        from xclp.schema import Schema, with_schema
+
+        columns = with_schema(columns, Schema.load(cfg.schema))
     ds = dataset_from_file(cfg.data, columns)
     if len(ds.sites) < 2:
         raise DataError(f"{cfg.data}: its site column names {len(ds.sites)} site(s); a federation needs at least 2")
