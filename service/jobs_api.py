@@ -134,12 +134,9 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
 
 
 def _label_dp(body: JobCreate) -> dict:
-    """The noise that meets the job's label-DP budget (none without one)."""
-    if body.dp_epsilon is None:
-        return {}
-    if body.label_dp == "rr":
-        return {"label_flip": label_dp.flip_for_budget(body.dp_epsilon, body.dp_delta, body.classes)}
-    return {"dp_noise": label_dp.multiplier_for_budget(body.dp_epsilon, body.dp_delta)}
+    """The noise that meets the job's label-DP budget (none without one): the one calibration the CLI and
+    the estimators use too (xclp.privacy.label_dp.job_fields)."""
+    return label_dp.job_fields(body.classes, body.dp_epsilon, body.dp_delta, body.label_dp)
 
 
 @router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403))
