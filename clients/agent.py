@@ -114,6 +114,7 @@ class Agent:
         self._last_work: dict | None = None
         self._left_logged: set[str] = set()  # jobs whose drop (or failure) this process has logged
         self._last_call = time.monotonic()  # when the loop last asked the coordinator anything (the heartbeat's)
+        self._beat_every = HEARTBEAT_SECONDS
         self.public = public
         self._trainer = None
         if public is not None:  # a bad --public file is an error at start, not at the first FedCT round
@@ -174,10 +175,11 @@ class Agent:
         return left
 
     def _heartbeat(self, stop: threading.Event) -> None:
-        """While one step computes for longer than HEARTBEAT_SECONDS, ask for work now and then: the
-        coordinator's idle limit counts the time since this site's last request."""
-        while not stop.wait(HEARTBEAT_SECONDS / 3):
-            if time.monotonic() - self._last_call >= HEARTBEAT_SECONDS:
+        """While one step computes for long, ask for work now and then: the coordinator's idle limit counts
+        the time since this site's last request. Every HEARTBEAT_SECONDS, or a quarter of the shortest
+        idle limit of this site's jobs (their status says it), whichever is shorter."""
+        while not stop.wait(min(1.0, self._beat_every / 3)):
+            if time.monotonic() - self._last_call >= self._beat_every:
                 self._last_call = time.monotonic()
                 try:
                     self.api.work()
@@ -452,6 +454,9 @@ class Agent:
             return False
         if not self._ours(job_id, status):
             return False
+        idle = (status.get("deadline") or {}).get("idle_limit_s")
+        if isinstance(idle, (int, float)) and idle > 0:
+            self._beat_every = max(0.5, min(self._beat_every, idle / 4))
         if job_id not in self._admitted:  # before this site sends anything for the job (once per job)
             got = self.admission.admit(Offer.of_status(job_id, status))
             if got["new"]:
