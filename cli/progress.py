@@ -91,8 +91,10 @@ def _wait_plain(client, job_id: str, timeout: float, interval: float):
             print(f"job {job_id}: {st['status']}, phase {st['phase']} ({where})", file=sys.stderr, flush=True)
             last = now
         awaited = tuple(st.get("awaited") or ())
-        quiet = [a for a in (st.get("awaited") or {}).values()
-                 if a.get("last_contact_s") is None or a["last_contact_s"] >= QUIET_NOTE]
+        limit = (st.get("deadline") or {}).get("idle_limit_s")
+        quiet = [a for a in (st.get("awaited") or {}).values()  # silent this long (a new coordinator: since its start)
+                 if (limit - a["idle_left_s"] if limit is not None and a.get("idle_left_s") is not None
+                     else a.get("last_contact_s") or 0) >= QUIET_NOTE]
         if st["status"] == "running" and quiet and (awaited != told or time.monotonic() - told_at > AWAITED_EVERY):
             for line in waiting_lines(st):
                 print(f"job {job_id}: {line}", file=sys.stderr, flush=True)
