@@ -839,7 +839,8 @@ class PredictSite:
     says what the site has sent, so that after a restart nothing is sent twice; every other input is
     fetched again from the inbox (the coordinator keeps it), and the session is rebuilt from it — except
     the live pair protocols, whose state lives in memory only: a site restarted inside SecureHamming
-    cannot finish its pairs and is dropped at the deadline (`lost_pairs`)."""
+    cannot finish its pairs (`lost_pairs`): its driver refuses the job if its part is still awaited
+    (the agent), else the phase's deadline drops it."""
 
     def __init__(self, session: SiteSession, record: dict | None = None):
         self.session = session
