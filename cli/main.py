@@ -463,6 +463,12 @@ def cmd_agent_run(args) -> int:
                                                 "on first use (--trust-on-first-use)", args.site)
     logging.getLogger("xclp.agent").info("site %s identity %s (give it to the other sites' operators: --pin %s=%s)",
                                          args.site, agent.identity.fingerprint, args.site, agent.identity.fingerprint)
+    import signal
+
+    def _stop(signum, frame):  # SIGTERM as Ctrl-C: the agent says "leaving" where a restart cannot resume
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
     agent.run(once=args.once)
     return 0
 
@@ -569,6 +575,10 @@ def cmd_job_status(args) -> int:
                   f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
+        from cli.progress import waiting_lines
+
+        for line in waiting_lines(st):
+            print("  " + line)
         for site, why in (st.get("refused") or {}).items():
             print(f"  {site} refused: {why}")
     return 0
@@ -586,14 +596,26 @@ def cmd_job_wait(args) -> int:
     st = wait_for_job(_admin(args), args.job, args.timeout, quiet=args.quiet)
     if st is None:
         print(f"job {args.job}: still running after {args.timeout} s", file=sys.stderr)
-        return 3
+        return WAIT_TIMEOUT
     if st["status"] == "failed":
         print(f"job {args.job} failed: {st['failure']}", file=sys.stderr)
         for site, why in (st.get("refused") or {}).items():
             print(f"  {site} refused: {why}", file=sys.stderr)
-        return 1
+        return WAIT_FAILED
     print(f"job {args.job} done" + (f" (dropped: {st['dropped']})" if st["dropped"] else ""))
+    if st["dropped"]:  # done, but not for every site: an unattended run must not read this as success
+        for site, phase in st["dropped"].items():
+            why = (st.get("refused") or {}).get(site) or "did not do its part before the phase's deadline"
+            print(f"  {site} dropped in {phase}, got no results: {why}", file=sys.stderr)
+        return WAIT_DROPPED
     return 0
+
+
+# `xclp job wait`'s exit codes (its --help and docs/operating.md list them)
+WAIT_FAILED, WAIT_TIMEOUT, WAIT_DROPPED = 1, 3, 4
+WAIT_CODES = ("exit codes: 0 done, every site got its results; 1 failed; 2 an error (unreachable coordinator, "
+              "unknown job); 3 still running after --timeout; 4 done, but a site was dropped (it got no results: "
+              "the lines on stderr say which and why); 130 interrupted")
 
 
 def cmd_demo(args) -> int:
@@ -713,7 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "none for PostgreSQL, where they stay in the database)")
     cs.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="default per-phase deadline of new jobs (setup, seed, counts, hamming, row_sums; repeatable; default: "
-                         "setup 10 min, hamming 1 h, the others 2–10 min)")
+                         "setup 10 min, hamming 1 h, the others 2–10 min), and idle=SECONDS: how long a site the "
+                         "phase awaits may go without contact before it is dropped (default 300)")
     cs.add_argument("--executor", choices=("process", "serial", "dask"), default="process",
                     help="where a blocked graph's heavy steps (candidate tables, influence columns) run: a process "
                          "pool on this machine (default; started only by a step with several tasks), in the "
@@ -869,7 +892,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graph_args(jp)
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="this job's deadline for a phase (setup, seed, counts, hamming, row_sums; repeatable; "
-                         "default: the coordinator's --deadline)")
+                         "default: the coordinator's --deadline); idle=SECONDS: a site the phase awaits that is "
+                         "silent this long is dropped (default 300)")
     jdp = jp.add_argument_group("label-DP of what the job releases about the sites' labels (docs/privacy.md)")
     _label_dp_args(jdp)
     jdp.add_argument("--dp-clip", type=_positive_float, default=1.0,
@@ -921,7 +945,9 @@ def build_parser() -> argparse.ArgumentParser:
     jc.add_argument("job", help="the job's id")
     coord_args(jc)
     jc.set_defaults(func=cmd_job_cancel)
-    jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout")
+    jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout, 4 if done "
+                                     "but a site was dropped", description="Wait for a job to finish, showing its "
+                                     "progress and the sites it awaits on stderr. " + WAIT_CODES + ".")
     jw.add_argument("job", help="the job's id")
     coord_args(jw)
     jw.add_argument("--timeout", type=float, default=3600, help="seconds to wait before giving up with exit 3")

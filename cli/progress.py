@@ -7,6 +7,9 @@ import time
 
 from xclp.job_kinds import job_kind
 
+AWAITED_EVERY = 30.0  # a plain `job wait` repeats who is awaited this often while it stays the same
+QUIET_NOTE = 10.0  # ... and names them once one of them has been quiet this long (a working site talks often)
+
 
 def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, interval: float = 0.25):
     """Poll a job until done or failed (returns its status) or until `timeout` (returns None)."""
@@ -26,7 +29,9 @@ def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, inter
                                bar_format="{desc}: {n_fmt}/{total_fmt} " + unit + " |{bar}| {postfix}")
                 bar.n = done
                 p = st["progress"]
-                bar.set_postfix_str(f"{st['phase']} {p['received']}/{p['expected']}", refresh=True)
+                awaited = st.get("awaited") or {}
+                bar.set_postfix_str(f"{st['phase']} {p['received']}/{p['expected']}"
+                                    + (f"; awaiting {', '.join(awaited)}" if awaited else ""), refresh=True)
             if st["status"] in ("done", "failed"):
                 return st
             time.sleep(interval)
@@ -34,6 +39,34 @@ def wait_for_job(client, job_id: str, timeout: float, quiet: bool = False, inter
     finally:
         if bar is not None:
             bar.close()
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never since the coordinator started"
+    seconds = max(0, round(seconds))
+    return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago"
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min"
+
+
+def waiting_lines(st: dict) -> list[str]:
+    """What a running job waits for, for a person: the sites the current phase awaits with their last
+    contact, and when the phase gives up (service.liveness). Empty for a finished job."""
+    awaited, deadline = st.get("awaited") or {}, st.get("deadline")
+    out = []
+    if awaited:
+        out.append("awaiting " + ", ".join(
+            f"{s} (last contact {_age(a.get('last_contact_s'))}"
+            + (f"; dropped if silent {_span(a['idle_left_s'])} more" if a.get("idle_left_s") is not None else "")
+            + ")" for s, a in awaited.items()))
+    if deadline:
+        out.append(f"phase {deadline['phase']} gives up on the sites it awaits at {deadline['at']} (in "
+                   f"{_span(deadline['left_s'])}); a site silent {_span(deadline['idle_limit_s'])} is dropped sooner")
+    return out
 
 
 def _steps(st: dict) -> tuple[int, int, str]:
@@ -47,8 +80,9 @@ def _steps(st: dict) -> tuple[int, int, str]:
 
 
 def _wait_plain(client, job_id: str, timeout: float, interval: float):
-    """Not a terminal: one line per phase change instead of a redrawn bar."""
-    end, last = time.monotonic() + timeout, None
+    """Not a terminal: one line per phase change instead of a redrawn bar; while an awaited site has been
+    quiet for QUIET_NOTE seconds, who is awaited (again when that changes, and every AWAITED_EVERY s)."""
+    end, last, told, told_at = time.monotonic() + timeout, None, None, 0.0
     while time.monotonic() < end:
         st = client.job(job_id)
         now = (st["status"], st["phase"], st["attempt"], st.get("round"))
@@ -56,6 +90,15 @@ def _wait_plain(client, job_id: str, timeout: float, interval: float):
             where = f"round {st['round']}" if st.get("kind") == "train" else f"attempt {st['attempt']}"
             print(f"job {job_id}: {st['status']}, phase {st['phase']} ({where})", file=sys.stderr, flush=True)
             last = now
+        awaited = tuple(st.get("awaited") or ())
+        limit = (st.get("deadline") or {}).get("idle_limit_s")
+        quiet = [a for a in (st.get("awaited") or {}).values()  # silent this long (a new coordinator: since its start)
+                 if (limit - a["idle_left_s"] if limit is not None and a.get("idle_left_s") is not None
+                     else a.get("last_contact_s") or 0) >= QUIET_NOTE]
+        if st["status"] == "running" and quiet and (awaited != told or time.monotonic() - told_at > AWAITED_EVERY):
+            for line in waiting_lines(st):
+                print(f"job {job_id}: {line}", file=sys.stderr, flush=True)
+            told, told_at = awaited, time.monotonic()
         if st["status"] in ("done", "failed"):
             return st
         time.sleep(interval)

@@ -10,8 +10,18 @@ restarted agent rebuilds its session by replaying what the coordinator holds for
 messages, label-count total, influence columns) and continues; every upload it repeats is
 byte-identical, which the coordinator accepts without storing anything twice. The one exception is
 an agent that dies in the middle of the Hamming phase: its half of the pair protocols is gone, so
-it waits and the coordinator drops it at the phase's deadline (the paper's outcome for a site that
-drops during SecureHamming).
+the job cannot use it any more (the paper's outcome for a site that drops during SecureHamming).
+
+Liveness, as the coordinator sees it (service.liveness; docs/operating.md, "A site went silent"):
+- every request is a contact; while one step computes for long, a heartbeat thread asks for work every
+  HEARTBEAT_SECONDS, so a working site is never taken for a silent one;
+- an agent that stops (SIGTERM, Ctrl-C) says so only for the jobs a restart could not resume: those
+  whose pair protocols it holds in memory while the coordinator still awaits its part (it refuses them:
+  the job goes on without it at once). Any other job it leaves without a word, so that a restart
+  resumes it;
+- an agent restarted inside the Hamming phase whose part the job still awaits says it lost that
+  state (a refusal: dropped at once, instead of at the phase's deadline);
+- an agent dropped from a job (or whose job failed) logs why at WARNING, from the job's status.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +54,7 @@ QUIET_SECONDS = 0.5  # while only waiting for pair messages: how long /work and 
 SWEEP_SECONDS = 30.0  # how often the agent looks for keys of jobs that failed or dropped it
 MAX_IDLE_POLL = 3.0  # with no job to work on, the wait between polls doubles from --poll up to this
 IDLE_WAIT = 10.0  # with no job to work on, how long the coordinator may hold a request for work (GET /work?wait=)
+HEARTBEAT_SECONDS = 30.0  # a step computing longer than this still asks for work this often (the idle limit)
 
 
 class AgentError(Exception):
@@ -100,6 +112,9 @@ class Agent:
         self._lock_fd: int | None = None
         self._quiet_until: dict[str, tuple[float, dict]] = {}  # job -> (until, its status), see _quiet
         self._last_work: dict | None = None
+        self._left_logged: set[str] = set()  # jobs whose drop (or failure) this process has logged
+        self._last_call = time.monotonic()  # when the loop last asked the coordinator anything (the heartbeat's)
+        self._beat_every = HEARTBEAT_SECONDS
         self.public = public
         self._trainer = None
         if public is not None:  # a bad --public file is an error at start, not at the first FedCT round
@@ -135,9 +150,57 @@ class Agent:
         except ApiError as err:  # the job is over, or this site was dropped already: nothing to tell
             log.info("job %s: the refusal was not taken: %s", job_id, err)
 
+    def leaving(self) -> list[str]:
+        """The agent stops (SIGTERM, Ctrl-C): for each job whose state a restart cannot restore — pair
+        protocols held in memory only — and whose part the coordinator still awaits, refuse it now, so the
+        job goes on without this site at once instead of waiting out the idle limit. Every other job is
+        left without a word: a restarted agent resumes it. Returns the jobs it left."""
+        left = []
+        self.api.retries = min(getattr(self.api, "retries", 1), 1)  # stopping: no long retries
+        for job_id, machine in list(self.machines.items()):
+            if machine.pairs is None or machine.result is not None:
+                continue
+            try:
+                status = self.api.job(job_id)
+                if status["status"] != "running" or self.site not in status.get("awaited", {self.site: None}):
+                    continue
+                self.api.put(job_id, REFUSE, refusal("the site's agent stopped inside the Hamming phase: its half "
+                                                     "of the pair protocols (memory only) cannot be restored"))
+            except ApiError as exc:
+                log.info("job %s: could not tell the coordinator this site leaves it: %s", job_id, exc)
+                continue
+            log.warning("job %s: stopping inside the Hamming phase; told the coordinator this site leaves the job "
+                        "(its pair protocols cannot be restored)", job_id)
+            left.append(job_id)
+        return left
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        """While one step computes for long, ask for work now and then: the coordinator's idle limit counts
+        the time since this site's last request. Every HEARTBEAT_SECONDS, or a quarter of the shortest
+        idle limit of this site's jobs (their status says it), whichever is shorter."""
+        while not stop.wait(min(1.0, self._beat_every / 3)):
+            if time.monotonic() - self._last_call >= self._beat_every:
+                self._last_call = time.monotonic()
+                try:
+                    self.api.work()
+                except Exception as exc:  # noqa: BLE001 — the loop itself reports what goes wrong
+                    log.debug("heartbeat: %s", exc)
+
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, once: bool = False, stop_after_idle: float | None = None) -> None:
         self.lock()
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(stop,), name="xclp-agent-heartbeat", daemon=True)
+        beat.start()
+        try:
+            self._loop(once, stop_after_idle)
+        except KeyboardInterrupt:  # SIGINT, or SIGTERM as the command line raises it (cli.main)
+            self.leaving()
+            raise
+        finally:
+            stop.set()
+
+    def _loop(self, once: bool, stop_after_idle: float | None) -> None:
         idle_since = time.monotonic()
         next_sweep = 0.0
         delay = self.poll
@@ -147,7 +210,10 @@ class Agent:
             try:
                 if stop_after_idle is not None and wait:
                     wait = min(wait, max(0.1, stop_after_idle - (time.monotonic() - idle_since)))
+                self._last_call = time.monotonic()
+                before = set((self._last_work or {}).get("jobs", []))
                 work = self._work(wait)
+                self._gone(before - set(work["jobs"]) - set(work["done"]))
                 if time.monotonic() >= next_sweep:  # keys of jobs that failed or dropped this site
                     self.sweep_keys()
                     next_sweep = time.monotonic() + SWEEP_SECONDS
@@ -286,9 +352,37 @@ class Agent:
             if status["status"] in ("failed", "done") or self.site not in status.get("live", []):
                 reason = "failed" if status["status"] == "failed" else ("finished" if status["status"] == "done"
                                                                         else "dropped")
+                self._note_left(job_id, status)
                 if self.wipe_keys(job_id, reason):
                     wiped.append(job_id)
         return wiped
+
+    def _gone(self, jobs: set[str]) -> None:
+        """Jobs that left this site's work since the last poll without finishing here: failed, or this
+        site was dropped. Say why now (the sweep wipes their keys), not at the next sweep."""
+        for job_id in sorted(jobs - self.given_up - self.not_ours):
+            try:
+                status = self.api.job(job_id)
+            except ApiError:
+                continue
+            if status["status"] == "failed" or self.site not in status.get("live", []):
+                self._note_left(job_id, status)
+
+    def _note_left(self, job_id: str, status: dict) -> None:
+        """Log once, at WARNING, that this site is out of a job and why (the job's status says: the phase it
+        was dropped in, the coordinator's or this site's reason), or that the job failed."""
+        if job_id in self._left_logged or job_id in self.given_up:  # (a job it gave up on was logged then)
+            return
+        if status["status"] == "failed":
+            self._left_logged.add(job_id)
+            log.warning("job %s failed: %s", job_id, status.get("failure") or "no reason given")
+        elif self.site not in status.get("live", [self.site]):
+            self._left_logged.add(job_id)
+            phase = (status.get("dropped") or {}).get(self.site, "?")
+            why = (status.get("refused") or {}).get(self.site) or (
+                "it did not do its part before the phase's deadline")
+            log.warning("job %s: this site was dropped in phase %s and gets no results from it: %s; the job "
+                        "goes on (or ended) without it", job_id, phase, why)
 
     def result_path(self, job_id: str) -> Path:
         return job_file(self.out, job_id, ".npz")
@@ -355,10 +449,14 @@ class Agent:
             return False  # finished here
         status = self._status(job_id)
         if status["status"] == "failed" or self.site not in status["live"]:
+            self._note_left(job_id, status)
             self.wipe_keys(job_id, "failed" if status["status"] == "failed" else "dropped")
             return False
         if not self._ours(job_id, status):
             return False
+        idle = (status.get("deadline") or {}).get("idle_limit_s")
+        if isinstance(idle, (int, float)) and idle > 0:
+            self._beat_every = max(0.5, min(self._beat_every, idle / 4))
         if job_id not in self._admitted:  # before this site sends anything for the job (once per job)
             got = self.admission.admit(Offer.of_status(job_id, status))
             if got["new"]:
@@ -370,10 +468,21 @@ class Agent:
         machine = self.machine(job_id, status)
         progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id, self.long_poll),
                                   lambda m: self._send(job_id, m))
-        if machine.lost_pairs and not self.state(job_id)["lost_hamming_logged"]:
-            log.warning("job %s: restarted inside the Hamming phase; this site's half of the pair protocols "
-                        "is lost, so the coordinator will drop it at the deadline", job_id)
-            self.state(job_id)["lost_hamming_logged"] = True
+        if machine.lost_pairs and job_id not in self.given_up:
+            # Its part can no longer come: say so, and the job goes on without this site at once (else it
+            # would wait for the idle limit). A site whose part is already in stays: the job needs nothing more.
+            if self.site in status.get("awaited", {self.site: None}):
+                log.warning("job %s: restarted inside the Hamming phase; this site's half of the pair protocols "
+                            "is lost, so it leaves the job (told the coordinator)", job_id)
+                self.given_up.add(job_id)
+                self._left_logged.add(job_id)
+                self.refuse(job_id, DataError("the site's agent restarted inside the Hamming phase: its half of "
+                                              "the pair protocols (memory only) is lost"))
+                return True
+            if not self.state(job_id)["lost_hamming_logged"]:
+                log.info("job %s: restarted inside the Hamming phase; this site's part is in, so it waits for "
+                         "the job's end", job_id)
+                self.state(job_id)["lost_hamming_logged"] = True
         self._set_quiet(job_id, status if machine.waiting else None)
         if machine.result is not None:
             self._write_result(job_id, machine.result)

@@ -32,7 +32,8 @@ from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
 from service.db import Message, make_sessionmaker
 from service.engine import JobEngine
 from service.guard import RequestGuard, Throttle, origin_of
-from service.lifecycle import DEFAULT_DEADLINES
+from service.lifecycle import DEFAULT_DEADLINES, DEFAULT_IDLE_LIMIT, IDLE
+from service.liveness import Contacts
 from service.messages_api import make_messages_router
 from service.migrate import open_database
 
@@ -46,7 +47,7 @@ class Settings:
     admin_token: str = ""
     max_body_bytes: int = 1 << 30
     engine_interval: float = 0.2
-    default_deadlines: dict = field(default_factory=lambda: dict(DEFAULT_DEADLINES))
+    default_deadlines: dict = field(default_factory=lambda: {**DEFAULT_DEADLINES, IDLE: DEFAULT_IDLE_LIMIT})
     # Message bodies of at least blob_threshold bytes are kept as files in blob_dir (service.blobs)
     # instead of the database. None: next to a SQLite database file (<file>.blobs); with PostgreSQL
     # or an in-memory database, no folder (every body in the database) unless one is given here.
@@ -145,7 +146,8 @@ def create_app(settings: Settings) -> FastAPI:
     fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
     blobs = BlobStore(blob_dir, settings.blob_threshold, fsync) if blob_dir else None
     Session = make_sessionmaker(engine, blobs)
-    job_engine = JobEngine(Session, settings.engine_interval, executor=open_executor(settings))
+    contacts = Contacts()  # each site's last authenticated request (service.liveness; memory only)
+    job_engine = JobEngine(Session, settings.engine_interval, executor=open_executor(settings), contacts=contacts)
     registry = CollectorRegistry()
     metrics = Metrics(registry, Counter("xclp_requests_total", "HTTP requests", ["method", "status"], registry=registry),
                       Counter("xclp_upload_bytes_total", "bytes of accepted uploads", registry=registry),
@@ -174,7 +176,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.auth_throttle = Throttle(settings.auth_failures, settings.auth_window)
     app.state.token_known = lambda token: token_known(Session, token)
     app.state.work_waits = {}  # site -> its long polls for work waiting now (service.sites_api; event loop only)
-    app.state.last_seen = {}  # the dashboard's (service.ui_api): each site's last authenticated request
+    app.state.last_seen = contacts  # each site's last authenticated request: the dashboard's, the idle limit's
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
     @app.exception_handler(RequestValidationError)

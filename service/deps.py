@@ -46,8 +46,9 @@ def require_admin(request: Request, token: str = Depends(bearer)) -> None:
 
 
 def _seen(request: Request, site: str) -> None:
-    """A site's last authenticated request (the dashboard's "last contact"; memory only)."""
-    request.app.state.last_seen[site] = utcnow()
+    """A site's last authenticated request (the dashboard's "last contact", and the idle limit's:
+    service.liveness; memory only)."""
+    request.app.state.last_seen[site] = utcnow()  # (service.liveness.Contacts: the idle limit reads it too)
 
 
 def iso(when) -> str:

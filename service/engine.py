@@ -18,6 +18,7 @@ from sqlalchemy import delete, select
 
 from service.db import Job, Message, PrunedBytes, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
+from service.liveness import Contacts, silent_sites
 from service.training_engine import train_state, train_step
 from xclp.executor import Executor
 from xclp.job_kinds import job_kind
@@ -36,8 +37,11 @@ def job_params(job: Job) -> JobParams:
 class JobEngine:
     """Polls running jobs and advances them; one engine per coordinator process."""
 
-    def __init__(self, sessionmaker, interval: float = 0.2, executor=None):
+    def __init__(self, sessionmaker, interval: float = 0.2, executor=None, contacts: Contacts | None = None):
+        """`contacts`: each site's last contact (service.liveness), which the app's requests keep; with it,
+        an awaited site silent past its job's idle limit is dropped (without it, only deadlines drop)."""
         self.sessionmaker = sessionmaker
+        self.contacts = contacts
         self.interval = interval
         # where a blocked graph's heavy tasks run (xclp.executor): the machine's, not the job's choice
         self.executor = executor if executor is not None else Executor()
@@ -82,7 +86,7 @@ class JobEngine:
                 for _ in range(8):  # a phase may complete right after the previous one
                     job = db.get(Job, job_id)
                     try:
-                        step = advance(db, job, self.executor)
+                        step = advance(db, job, self.executor, self.contacts)
                         db.commit()  # each step commits: no write lock held across the next one
                     except Exception as exc:
                         db.rollback()
@@ -144,14 +148,15 @@ def obsolete_messages(db, job: Job) -> list[int]:
     return [mid for mid, topic in rows if rules.obsolete(topic, state)]
 
 
-def advance(db, job: Job, executor=None) -> bool:
+def advance(db, job: Job, executor=None, contacts: Contacts | None = None) -> bool:
     """Take the step the job's messages allow now, if any. Returns True if anything changed. `executor`:
-    where a prediction job's blocked-graph tasks run (xclp.executor; None: here)."""
+    where a prediction job's blocked-graph tasks run (xclp.executor; None: here); `contacts`: the sites'
+    last contacts, for the idle limit (service.liveness; None: deadlines alone)."""
     if job.status != "running":
         return False
     before = (job.phase, job.attempt, job.round, tuple(job.live))
     if job.kind != "train":
-        _predict_step(db, job, executor)
+        _predict_step(db, job, executor, silent_sites(job, contacts))
     else:
         train_step(db, job)
     return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
@@ -163,13 +168,14 @@ def refusals(db, job: Job) -> dict[str, str]:
     return job_refusals(DbMailbox(db, job.id), job.sites)
 
 
-def _predict_step(db, job: Job, executor=None) -> None:
+def _predict_step(db, job: Job, executor=None, silent: dict[str, str] | None = None) -> None:
     """One decision of the core's machine (xclp.prediction_job) on what the database holds; the job's row
     keeps the machine's state, so a restarted coordinator goes on where it was. What is left here is the
-    clock: a phase's deadline, and the seconds each phase took."""
+    clock: a phase's deadline, the sites silent past the idle limit (`silent`), and the seconds each
+    phase took."""
     before = PredictState.of(job)
     machine = PredictCoordinator(job_params(job), PredictState.of(job), executor=executor)
-    for m in machine.step(DbMailbox(db, job.id), expired(job)):
+    for m in machine.step(DbMailbox(db, job.id), expired(job), silent=silent):
         put_message(db, job.id, m.sender, m.recipient, m.topic, m.body)
     after = machine.state
     drop(job, set(before.live) - set(after.live))  # (logs each drop; the machine named the phase)

@@ -15,7 +15,8 @@ from sqlalchemy import func, or_, select
 from service.db import Job, Message
 from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.engine import DbMailbox, cancel, refusals
-from service.lifecycle import DEFAULT_DEADLINES
+from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS
+from service.liveness import liveness
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import train_progress
@@ -45,8 +46,9 @@ class JobCreate(RequestBody):
                                                 "false keeps the raw features")
     key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
                                                               "they accept; 2048 by default)")
-    deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(default_factory=dict,
-                                                                         description="phase -> seconds")
+    deadlines: dict[Literal[PREDICT_DEADLINE_KEYS], Seconds] = Field(
+        default_factory=dict, description="phase -> seconds; 'idle': the idle limit, seconds an awaited site may go "
+                                          "without contact before it is dropped (default 300)")
     # Bounds that every budget inside them can be met with: below ε = 0.01 no noise leaves anything to
     # learn (and the Gaussian shares would outgrow the fixed-point sums), and a δ below 1e-15 is not a
     # number the accountant resolves.
@@ -99,6 +101,14 @@ class JobStatus(BaseModel):
     parent: str | None = Field(None, description="a predict job started by a training job's round: that job")
     training: dict = Field(default_factory=dict, description="training jobs: per-round metrics ('history'), "
                                                              "the final evaluation ('final')")
+    awaited: dict[str, dict] = Field(default_factory=dict, description=(
+        "a running predict job: each live site whose part of the current phase has not arrived, with "
+        "'last_contact' (ISO time of its last request to the coordinator, null: none since the coordinator "
+        "started), 'last_contact_s' (its age, seconds) and 'idle_left_s' (seconds of silence left before the "
+        "idle limit drops it)"))
+    deadline: dict | None = Field(None, description=(
+        "a running predict job: when the current phase gives up on the sites it still awaits ('phase', 'at', "
+        "'left_s') and the idle limit ('idle_limit_s'); null once the job is over"))
 
 
 @router.post("/jobs", response_model=JobCreated, status_code=201,
@@ -112,9 +122,10 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     if len(set(body.sites)) != len(body.sites):
         raise HTTPException(422, "a site is named twice")
     check_roster(db, body.sites)  # registered, and none revoked
-    bad = set(body.deadlines) - set(DEFAULT_DEADLINES)
+    bad = set(body.deadlines) - set(PREDICT_DEADLINE_KEYS)
     if bad or any(v <= 0 for v in body.deadlines.values()):
-        raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(DEFAULT_DEADLINES)}")
+        raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(DEFAULT_DEADLINES)} "
+                                 f"and {IDLE!r} (the idle limit)")
     job_id = uuid.uuid4().hex[:16]
     try:
         params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
@@ -148,11 +159,11 @@ def list_jobs(db=Depends(get_db)):
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 403, 404, 422))
-def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
+def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Depends(get_db)):
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    return JobStatus(job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
+    return JobStatus(**liveness(db, job, getattr(request.app.state, "last_seen", None)),job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
                      sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
                      dropped=job.dropped, attempts=job.attempts, params=job.params,
                      refused={s: r for s, r in refusals(db, job).items() if who == "admin" or s == who},
@@ -166,7 +177,7 @@ def job_status(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobStatus, dependencies=[Depends(require_admin)],
              responses=errors(401, 403, 404, 409, 422))
-def cancel_job(job_id: str, db=Depends(get_db)):
+def cancel_job(job_id: str, request: Request, db=Depends(get_db)):
     """End a running job (with its round's XCLP job): it fails with "cancelled by the operator", and
     every site wipes its keys for it at its next sweep (a few seconds to SWEEP_SECONDS)."""
     job = load_job(db, job_id)
@@ -174,7 +185,7 @@ def cancel_job(job_id: str, db=Depends(get_db)):
         raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
     cancel(db, job)
     db.commit()
-    return job_status(job_id, "admin", db)
+    return job_status(job_id, request, "admin", db)
 
 
 def _training_view(job: Job, who: str) -> dict:

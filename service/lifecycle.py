@@ -19,6 +19,12 @@ log = logging.getLogger("xclp.engine")
 # A predict job's phase deadlines, in seconds (a job stores its own, whole, at submission).
 DEFAULT_DEADLINES = {"setup": 600.0, "seed": 120.0, "counts": 120.0, "hamming": 3600.0, "row_sums": 600.0}
 assert tuple(DEFAULT_DEADLINES) == job_kind("predict").steps, "a deadline for every phase of a job"
+# The idle limit, kept among a predict job's deadlines under this key (`--deadline idle=SECONDS`): a site
+# the current phase awaits that has not been heard from (no authenticated request) for this long leaves
+# the job at once (service.liveness); a site that keeps in contact has the phase's own deadline.
+IDLE = "idle"
+DEFAULT_IDLE_LIMIT = 300.0
+PREDICT_DEADLINE_KEYS = (*DEFAULT_DEADLINES, IDLE)
 
 
 def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: bytes) -> None:
@@ -49,12 +55,23 @@ def drop(job: Job, sites: set[str]) -> None:
     log.info(json.dumps({"event": "dropped", "job": job.id, "phase": job.phase, "sites": sorted(sites)}))
 
 
+def phase_limit(job: Job) -> float:
+    """The current phase's deadline in seconds. A job's deadlines are stored whole at submission; the
+    table is the fallback."""
+    return float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
+
+
+def idle_limit(job: Job) -> float:
+    """Seconds an awaited site may go without contact before it is dropped (a job from before the idle
+    limit, or a training round's, has the default)."""
+    return float((job.deadlines or {}).get(IDLE, DEFAULT_IDLE_LIMIT))
+
+
 def expired(job: Job, since=None) -> bool:
     """True once the current phase has run past its deadline, counted from `since` (default: the
-    phase's start). A job's deadlines are stored whole at submission; the table is the fallback."""
-    limit = float(job.deadlines.get(job.phase, DEFAULT_DEADLINES.get(job.phase, 600.0)))
+    phase's start)."""
     start = job.phase_started_at if since is None else max(since, job.phase_started_at)
-    return (utcnow() - start).total_seconds() > limit
+    return (utcnow() - start).total_seconds() > phase_limit(job)
 
 
 class DbMailbox:

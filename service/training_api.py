@@ -16,7 +16,7 @@ from pydantic import Field, create_model
 
 from service.db import COORDINATOR, Job, message_body
 from service.deps import caller, check_roster, get_db, load_job, require_admin
-from service.lifecycle import DEFAULT_DEADLINES
+from service.lifecycle import PREDICT_DEADLINE_KEYS
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec, train_state
@@ -53,7 +53,7 @@ class _TrainJobFields(RequestBody):
     max_missed_rounds: int = Field(3, ge=1, le=100_000, description="a site left out of this many planned rounds in a row is dropped")
     deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
                                                                       description="setup / round / evaluate -> seconds")
-    xclp_deadlines: dict[Literal[tuple(DEFAULT_DEADLINES)], Seconds] = Field(
+    xclp_deadlines: dict[Literal[PREDICT_DEADLINE_KEYS], Seconds] = Field(
         default_factory=dict, description="phase deadlines of XCLP child jobs")
 
 

@@ -265,8 +265,10 @@ def progress_bar(job: Job, progress: dict) -> dict:
     return {"fraction": round(min(fraction, 1.0), 3), "state": job.status}
 
 
-def job_detail(db, job: Job, v: Viewer) -> dict:
+def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
+    """The job page's facts; `contacts`: the sites' last contacts (service.liveness), for who the phase awaits."""
     from service.jobs_api import _progress, _training_view
+    from service.liveness import liveness
 
     phases = job_kind(job.kind).phases
     reached = phases.index(job.phase) if job.phase in phases else len(phases) - 1
@@ -294,7 +296,7 @@ def job_detail(db, job: Job, v: Viewer) -> dict:
                                                       "rounds", "label_flip", "dp_noise") if k in job.params},
             "history": _curves(training.get("history") or []), "final": training.get("final"),
             "privacy": privacy if privacy and privacy.get("epsilon") is not None else None,
-            "children": children}
+            "children": children, **liveness(db, job, contacts)}
 
 
 def _curves(history: list[dict]) -> list[dict]:
@@ -333,11 +335,11 @@ def api_jobs(v: Viewer = Depends(viewer), db=Depends(get_db)):
 
 
 @router.get("/api/jobs/{job_id}")
-def api_job(job_id: str, v: Viewer = Depends(viewer), db=Depends(get_db)):
+def api_job(job_id: str, request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
     job = load_job(db, job_id)
     if not v.admin and v.who not in job.sites:
         raise _forbidden(f"job {job_id}")
-    return job_detail(db, job, v)
+    return job_detail(db, job, v, request.app.state.last_seen)
 
 
 @router.get("/api/sites")
@@ -360,7 +362,7 @@ def job_page(request: Request, job_id: str, v: Viewer = Depends(viewer), db=Depe
     job = load_job(db, job_id)
     if not v.admin and v.who not in job.sites:
         raise _forbidden(f"job {job_id}")
-    return templates.TemplateResponse(request, "job.html", {"viewer": v, "job": job_detail(db, job, v)})
+    return templates.TemplateResponse(request, "job.html", {"viewer": v, "job": job_detail(db, job, v, request.app.state.last_seen)})
 
 
 @router.get("/sites/{name}", response_class=HTMLResponse)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -372,6 +372,11 @@ class _WithSent:
         return got
 
 
+# Round plans as decoded, by their bytes, across machines: a driver makes a new machine per decision
+# and per status request (who the round awaits), and a round's plans take seconds to decode at scale.
+_DECODED_PLANS: dict[tuple, tuple[int, int, dict]] = {}
+
+
 class PredictCoordinator:
     """The coordinator's side of a prediction job's order. `run(mail, expired)` takes every decision
     the arrived messages allow (and, with `expired`, the current phase's deadline) and returns what to
@@ -391,14 +396,16 @@ class PredictCoordinator:
         self._plans: dict[tuple[int, str], tuple[int, int, dict]] = {}
 
     # --- the driver's entry ---------------------------------------------------------------------------
-    def step(self, mail: Mailbox, expired: bool = False) -> list[Send]:
+    def step(self, mail: Mailbox, expired: bool = False, silent: Mapping[str, str] | None = None) -> list[Send]:
         """One decision: what to send. A driver that commits between decisions (the service) calls this;
-        `run` takes every decision in a row."""
+        `run` takes every decision in a row. `silent`: sites the driver's clock found silent past its idle
+        limit (site → why, in the driver's words); those of them the current phase awaits (`awaited`)
+        leave at once, by the rules of a refusal, and are told why (`LEFT_OUT`)."""
         out: list[Send] = []
         st = self.state
         if st.status != "running":
             return out
-        if not self._take_refusals(mail):
+        if not self._take_refusals(mail) and not self._take_silent(mail, silent or {}, out):
             getattr(self, "_" + st.phase)(mail, expired, out)
         if len(st.live) < 2 and st.status == "running":
             self._fail(f"fewer than two sites left after {st.phase} (dropped: {st.dropped})")
@@ -464,13 +471,72 @@ class PredictCoordinator:
         gone = mail.senders(COORDINATOR, REFUSE) & set(st.live)
         if not gone:
             return False
-        if st.phase in ("counts", "row_sums"):
-            _, st.attempt = restart_without(st.live, gone, st.attempt)
-        self._drop(gone)
+        self._leave(gone)
         if len(st.live) < 2:
             why = "; ".join(r if r.startswith(s) else f"{s}: {r}" for s, r in self.refusals(mail).items())
             self._fail(f"fewer than two sites left in {st.phase}: {why}")
         return True
+
+    def _leave(self, gone: set[str]) -> None:
+        """Sites leave now (a refusal, or silent past the idle limit): dropped as at the deadline; a
+        masked sum in progress restarts without them (fresh masks)."""
+        st = self.state
+        if st.phase in ("counts", "row_sums"):
+            _, st.attempt = restart_without(st.live, gone, st.attempt)
+        self._drop(gone)
+
+    def _take_silent(self, mail: Mailbox, silent: Mapping[str, str], out: list[Send]) -> bool:
+        """The sites the driver found silent that the current phase still awaits leave now (a silent site
+        the phase no longer needs stays: its part is in). Each is told why (`LEFT_OUT`), which is also
+        what the operator reads among the refusals."""
+        st = self.state
+        candidates = set(silent) & set(st.live)
+        gone = candidates & set(self.awaited(mail)) if candidates else set()
+        if not gone:
+            return False
+        for s in sorted(gone):
+            if mail.body(COORDINATOR, s, LEFT_OUT) is None:
+                out.append(Send(COORDINATOR, s, LEFT_OUT, refusal(silent[s])))
+        self._leave(gone)
+        if len(st.live) < 2:
+            self._fail(f"fewer than two sites left in {st.phase}: "
+                       + "; ".join(f"{s}: {silent[s]}" for s in sorted(gone)))
+        return True
+
+    def awaited(self, mail: Mailbox) -> list[str]:
+        """The live sites whose part of the current phase (or round) has not arrived, in roster order: who
+        the job waits for now. (A site waiting only on a peer's pair messages counts too: its share of
+        that pair is missing; the peer that went silent is the one a driver's idle limit drops.)"""
+        st = self.state
+        if st.status != "running":
+            return []
+        order = st.order
+        phase = st.phase
+        if phase == "setup":
+            got = mail.senders(COORDINATOR, "announce")
+            waiting = {s for s in order if s not in got}
+        elif phase == "seed":
+            waiting = {s for s in order if not {r for r in order if r != s} <= mail.recipients(s, "seed")}
+        elif phase in ("counts", "row_sums"):
+            topic = Topic.counts(st.attempt) if phase == "counts" else Topic.rows(st.attempt)
+            waiting = set(order) - mail.senders(COORDINATOR, topic)
+        elif phase == "hamming" and self.graph_mode(mail) == "blocked":
+            r = st.attempt
+            if r == 0:
+                waiting = {s for s in order for t in self._blocked_inputs() if s not in mail.senders(COORDINATOR, t)}
+            else:
+                fresh, kept = self._plan(mail, r, order), self._kept(mail, r, order)
+                waiting = set()
+                for p in set(fresh) | set(kept):
+                    waiting |= (set(p) if p in fresh else {p[0]}) - mail.senders(COORDINATOR, Topic.block_share(r, *p))
+        elif phase == "hamming":
+            waiting = set(order) - mail.senders(COORDINATOR, "intra")
+            for i, a in enumerate(order):
+                for b in order[i + 1:]:
+                    waiting |= {a, b} - mail.senders(COORDINATOR, Topic.share(a, b))
+        else:
+            waiting = set()
+        return [s for s in order if s in waiting]
 
     def _masked_sum_ready(self, mail: Mailbox, topic: str, expired: bool) -> bool:
         """True when every live site has sent `topic`. Past the deadline the sites that have not are
@@ -617,8 +683,17 @@ class PredictCoordinator:
                 continue
             got = self._plans.get((r, s))
             if got is None or got[:2] != (len(body), hash(body)):
-                got = (len(body), hash(body), decode_plan(body, coord_n[s], self.state.sites,
-                                                          max_bytes=self.params.max_message_bytes))
+                key = (len(body), hash(body), coord_n[s], tuple(self.state.sites), self.params.max_message_bytes)
+                got = _DECODED_PLANS.get(key)  # (a status request's machine is new each time: see awaited)
+                if got is None:
+                    got = (len(body), hash(body), decode_plan(body, coord_n[s], self.state.sites,
+                                                              max_bytes=self.params.max_message_bytes))
+                    if len(_DECODED_PLANS) >= 64:
+                        try:  # (the engine's thread and the status requests' share it)
+                            _DECODED_PLANS.pop(next(iter(_DECODED_PLANS)), None)
+                        except (StopIteration, RuntimeError):
+                            pass
+                    _DECODED_PLANS[key] = got
                 self._plans[(r, s)] = got
             plans[s] = got[2]
         return plans
@@ -799,7 +874,8 @@ class PredictSite:
     says what the site has sent, so that after a restart nothing is sent twice; every other input is
     fetched again from the inbox (the coordinator keeps it), and the session is rebuilt from it — except
     the live pair protocols, whose state lives in memory only: a site restarted inside SecureHamming
-    cannot finish its pairs and is dropped at the deadline (`lost_pairs`)."""
+    cannot finish its pairs (`lost_pairs`): its driver refuses the job if its part is still awaited
+    (the agent), else the phase's deadline drops it."""
 
     def __init__(self, session: SiteSession, record: dict | None = None):
         self.session = session

@@ -90,6 +90,28 @@ def test_a_silent_site_is_dropped_only_when_the_deadline_passes(ds):
     assert coord.state.attempt == 1 and coord.state.live == ["site0", "site1"]  # fresh masks, without it
 
 
+def test_the_machine_names_who_it_awaits_and_drops_a_silent_awaited_site_at_once(ds):
+    params = JobParams(job_id="m5", n_classes=10, bits=64, k=5)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    assert coord.awaited(mail) == list(ds.sites)  # setup: nobody has announced
+    drive(coord, sites, mail, lambda st: st.phase == "row_sums")
+    for s in ("site0", "site1"):
+        sites[s].step(coord.state, mail.inbox(s), mail.put)
+    assert coord.awaited(mail) == ["site2"]
+    # silent sites the phase does not await stay (their part is in); an awaited one leaves now, told why
+    assert coord.run(mail) == [] and coord.step(mail, silent={"site0": "quiet"}) == []
+    assert coord.state.live == list(ds.sites)
+    out = coord.step(mail, silent={"site0": "quiet", "site2": "no contact for 301 s"})
+    st = coord.state
+    assert [(m.recipient, m.topic) for m in out] == [("site2", "left-out")]
+    assert st.live == ["site0", "site1"] and st.attempt == 1 and st.dropped == {"site2": "row_sums"}
+    for m in out:
+        mail.put(m)
+    assert coord.refusals(mail) == {"site2": "left out by the coordinator: no contact for 301 s"}
+    assert coord.awaited(mail) == ["site0", "site1"]  # the masked sum restarts without it: fresh masks
+
+
 def test_the_machines_give_the_simulations_labels(ds):
     params = JobParams(job_id="m4", n_classes=10, bits=64, k=5)
     coord, sites = machines(ds, params)

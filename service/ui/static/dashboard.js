@@ -140,6 +140,15 @@ const XCLP = (() => {
       document.getElementById("progress-text").textContent = job.status === "running" ?
         `${job.progress.received} of ${job.progress.expected} parts of this phase received` :
         job.status === "failed" ? `stopped in phase ${job.phase}` : "";
+      // who the phase waits for, and when it gives up on them (service.liveness)
+      const secs = (v) => v == null ? "never since the coordinator started" : v < 120 ? `${Math.round(v)} s ago` :
+        `${Math.floor(v / 60)} min ago`;
+      document.getElementById("awaited").replaceChildren(...Object.entries(job.awaited || {}).map(
+        ([site, a]) => el("li", {"data-site": site, text: `awaiting ${site}: last contact ${secs(a.last_contact_s)}` +
+          (a.idle_left_s == null ? "" : `; dropped if silent ${Math.round(a.idle_left_s)} s more`)})));
+      document.getElementById("deadline").textContent = job.deadline ?
+        `phase ${job.deadline.phase} gives up on the sites it awaits at ${job.deadline.at} (in ` +
+        `${Math.max(0, Math.round(job.deadline.left_s))} s); a site silent ${job.deadline.idle_limit_s} s is dropped sooner` : "";
       document.getElementById("failure").textContent = job.failure || "";
       const cancelForm = document.getElementById("cancel-form");  // (the operator's page only)
       if (cancelForm) cancelForm.hidden = job.status !== "running";
