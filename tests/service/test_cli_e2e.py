@@ -42,6 +42,7 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
         code, out = cli(capsys, "site", "add", last, *coord, "--json")
         assert code == 0 and json.loads(out)["site"] == last
         c.tokens[last] = json.loads(out)["token"]
+        c.write_membership(ds.sites)  # the consortium's membership, agreed with the third hospital in it
         for s in ds.sites:
             c.start_agent(s)
         names = ",".join(ds.sites)
