@@ -156,7 +156,10 @@ class Agent:
         job goes on without this site at once instead of waiting out the idle limit. Every other job is
         left without a word: a restarted agent resumes it. Returns the jobs it left."""
         left = []
-        self.api.retries = min(getattr(self.api, "retries", 1), 1)  # stopping: no long retries
+        if not self.machines:  # nothing in flight: nothing to tell (and no request to make while stopping)
+            return left
+        if isinstance(getattr(self.api, "retries", None), int):
+            self.api.retries = min(self.api.retries, 1)  # stopping: no long retries
         for job_id, machine in list(self.machines.items()):
             if machine.pairs is None or machine.result is not None:
                 continue
