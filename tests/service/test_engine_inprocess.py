@@ -230,21 +230,29 @@ def test_a_site_that_requires_dp_refuses_jobs_without_a_budget_or_above_its_own(
     policy.check("j", base)
     with pytest.raises(PolicyError, match="δ = 0.001 is above"):
         policy.check("j", {**base, "params": {**base["params"], "dp_delta": 1e-3}})
-    train = {"kind": "train", "sites": ["a", "b"], "params": {"algorithm": "fedct", "config": {"dp_epsilon": 3.0}}}
-    policy.check("j", train)
+    def train(algorithm, **opts):  # a training job's status as the coordinator reports it: a validated config
+        from dataclasses import asdict
+
+        from xclp.training.algorithms import STRATEGIES
+
+        opts = {"rounds": 2, "sites_per_round": 2, "clip": 1.0, **opts}
+        cfg = asdict(STRATEGIES[algorithm].config_from_options(algorithm, opts, 2))
+        return {"kind": "train", "sites": ["a", "b"], "params": {"algorithm": algorithm, "config": cfg, "classes": 10,
+                                                                "public_size": 200}}
+
+    policy.check("j", train("fedct", dp_epsilon=3.0))
     with pytest.raises(PolicyError, match="states no DP budget"):
-        policy.check("j", {**train, "params": {"algorithm": "fedct", "config": {"noise_multiplier": 1.0}}})
+        policy.check("j", train("fedct"))
     with pytest.raises(PolicyError, match="ε = 16 is above"):
-        policy.check("j", {**train, "params": {"algorithm": "fedct", "config": {"dp_epsilon": 16.0}}})
+        policy.check("j", train("fedct", dp_epsilon=16.0))
     # noise the server adds does not count: the site cannot see it added
     with pytest.raises(PolicyError, match="FREDY's noisy vote, added by the server"):
-        policy.check("j", {**train, "params": {"algorithm": "fredy", "config": {"dp_epsilon": 2.0,
-                                                                                "secure_aggregation": True}}})
+        policy.check("j", train("fredy", dp_epsilon=2.0, secure_aggregation=True))
     with pytest.raises(PolicyError, match="FedKT's L1 noise"):
-        policy.check("j", {**train, "params": {"algorithm": "fedkt", "config": {"dp_epsilon": 2.0}}})
-    policy.check("j", {**train, "params": {"algorithm": "fedkt", "config": {"dp_epsilon": 2.0, "levels": "L2"}}})
+        policy.check("j", train("fedkt", dp_epsilon=2.0))
+    policy.check("j", train("fedkt", dp_epsilon=2.0, levels="L2"))
     with pytest.raises(PolicyError, match="without secure aggregation"):  # FREDY's FedAvg rounds send weights
-        SitePolicy().check("j", {**train, "params": {"algorithm": "fredy", "config": {"secure_aggregation": False}}})
+        SitePolicy().check("j", train("fredy", secure_aggregation=False))
 
 
 def test_shares_that_do_not_combine_are_blamed_as_in_the_simulation(rig, monkeypatch):

@@ -44,4 +44,5 @@ def strategy_of_status(status: dict) -> Strategy:
     change them (one feature, one public point)."""
     params = status.get("params") or {}
     return strategy_for(str(params.get("algorithm")), dict(params.get("config") or {}), int(params.get("classes", 2)),
-                        max(len(status.get("sites") or ()), 2), n_public=1, n_features=1)
+                        max(len(status.get("sites") or ()), 2), n_public=int(params.get("public_size") or 1 << 16),
+                        n_features=1)
