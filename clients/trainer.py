@@ -14,15 +14,14 @@ Randomness is (seed, round, site) only, so an agent restarted mid-round repeats 
 byte. What it keeps on disk per job, in its private state folder: the pseudo-labels it last adopted
 (FedAvg with R > 1 reuses them) and its FedCT learner after each exchange. What it writes to its
 output folder when the job is done: `<job>.npz` (labels and confidence for its own points, from the
-final model) and the model itself (`<job>.model.npz`: FedAvg weights; `<job>.model.pkl`: the site's
-own FedCT learner, a pickle meant for this site only).
+final model) and the model itself (`<job>.model.npz`: FedAvg weights, or a FedCT/FedKT/FREDY torch
+learner's; `<job>.model.skops`: a scikit-learn learner — xclp.training.saved_learners, never a pickle).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from xclp.training.fedct import PublicSet
 from xclp.training.holdout import TrainingLabels, training_labels
 from xclp.training.messages import dump_state
 from xclp.training.models import predict_proba_array, torch_threads
+from xclp.training.saved_learners import model_file, pickle_refused
 from xclp.training.site_metrics import eval_metrics, pseudo_metrics  # noqa: F401 — (also this module's API)
 from xclp.training.strategy import Strategy
 from xclp.training_job import RunSpec, TrainSite, TrainState, Weights
@@ -205,7 +205,8 @@ class Trainer:
             if learner is None:
                 raise ProtocolError(f"job {job_id}: the server labelled none of the queries: there is no final model")
             proba = np.eye(int(status["params"]["classes"]))[np.asarray(learner.predict(X), dtype=np.int64)]
-            _atomic_write(job_file(self.agent.out, job_id, ".model.pkl"), pickle.dumps(learner))
+            suffix, body = model_file(learner)
+            _atomic_write(job_file(self.agent.out, job_id, suffix), body)
         else:
             state, _ = s.site_state(self.env(job_id, status))
             learner = state.learner
@@ -213,7 +214,8 @@ class Trainer:
             if proba is None:
                 labels = np.asarray(learner.predict(X), dtype=np.int64)
                 proba = np.eye(int(status["params"]["classes"]))[labels]
-            _atomic_write(job_file(self.agent.out, job_id, ".model.pkl"), pickle.dumps(learner))
+            suffix, body = model_file(learner)
+            _atomic_write(job_file(self.agent.out, job_id, suffix), body)
         tmp = path.with_name(path.stem + ".partial.npz")
         np.savez(tmp, labels=proba.argmax(axis=1), confidence=proba.max(axis=1))
         os.replace(tmp, path)
@@ -246,7 +248,8 @@ class _Env:
     def __init__(self, trainer: Trainer, job_id: str, status: dict):
         self.trainer, self.job_id, self.status = trainer, job_id, status
         self.site, self.sites, self.public = trainer.site_data(), list(status["sites"]), trainer.public
-        self.store = _FileKeep(trainer.agent.state_dir, job_id, ".store-", named=STORE_FILES)
+        self.store = _FileKeep(trainer.agent.state_dir, job_id, ".store-", named=STORE_FILES,
+                               old=OLD_STORE_FILES)
 
     def broadcast(self, topic: str) -> bytes | None:
         return self.trainer.api.shared(self.job_id, topic)
@@ -277,8 +280,10 @@ class _TrainInbox:
         return self.api.shared(self.job_id, topic)
 
 
-# The strategies' site store, in the files an agent of an earlier release kept (a job in flight goes on)
-STORE_FILES = {"update": ".update.npz", "pseudo": ".pseudo.npz", "learner": ".learner.pkl", "votes": ".votes.npy"}
+# The strategies' site store, in the files an agent of an earlier release kept (a job in flight goes on);
+# the FedCT learner is no longer a pickle (.learner.pkl): a job whose agent kept one is refused, one line
+STORE_FILES = {"update": ".update.npz", "pseudo": ".pseudo.npz", "learner": ".learner.npz", "votes": ".votes.npy"}
+OLD_STORE_FILES = {"learner": ".learner.pkl"}
 
 
 class _FileKeep(MutableMapping):
@@ -286,8 +291,9 @@ class _FileKeep(MutableMapping):
     the site machine must send again byte for byte (a round's masked update, its unmask answer), and
     the strategy's site store (its trained update, pseudo-labels, learner, votes)."""
 
-    def __init__(self, state_dir: Path, job_id: str, prefix: str = ".keep-", named: dict[str, str] | None = None):
-        self.state_dir, self.job_id, self.prefix, self.named = state_dir, job_id, prefix, named or {}
+    def __init__(self, state_dir: Path, job_id: str, prefix: str = ".keep-", named: dict[str, str] | None = None,
+                 old: dict[str, str] | None = None):
+        self.state_dir, self.job_id, self.prefix, self.named, self.old = state_dir, job_id, prefix, named or {}, old or {}
 
     def _path(self, key: str) -> Path:
         return job_file(self.state_dir, self.job_id, self.named.get(key) or self.prefix + key.replace("/", "-"))
@@ -295,6 +301,9 @@ class _FileKeep(MutableMapping):
     def __getitem__(self, key: str) -> bytes:
         path = self._path(key)
         if not path.exists():
+            old = self.old.get(key) and job_file(self.state_dir, self.job_id, self.old[key])
+            if old and old.exists():  # never unpickled, and never silently started afresh
+                raise pickle_refused(f"{old}")
             raise KeyError(key)
         return path.read_bytes()
 

@@ -321,9 +321,9 @@ class FlowerSite:
         return Pins(self.out / "known_sites.json", membership=self.membership, trust_on_first_use=self.tofu)
 
 
-    def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.pkl", **arrays) -> Path:
-        """`out/NAME.npz` (and the model: `out/NAME.model.pkl`, or .model.npz for a network's weights),
-        written whole or not at all."""
+    def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.npz", **arrays) -> Path:
+        """`out/NAME.npz` (and the model: `out/NAME.model.npz`, a network's weights, or `.model.skops`, a
+        scikit-learn learner: xclp.training.saved_learners, never a pickle), written whole or not at all."""
         self.out.mkdir(parents=True, exist_ok=True)
         path = job_file(self.out, name, ".npz")
         tmp = path.with_name(path.stem + ".partial.npz")

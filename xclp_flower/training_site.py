@@ -19,9 +19,7 @@ from the CSPRNG, and kept there: nothing is replayed.
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
 from collections.abc import MutableMapping
 from dataclasses import asdict
 
@@ -251,12 +249,13 @@ def _finish(site, spec: RunSpec, view: TrainState, env: FlowerEnv) -> ConfigReco
             proba = predict_proba_array(model, X)
         path = site.write_result(name, labels=proba.argmax(axis=1), confidence=proba.max(axis=1),
                                  model=dump_state(model.state_dict()), model_suffix=".model.npz")
-    else:  # the site's own learner, as it kept it after its last exchange (a pickle for this site only)
+    else:  # the site's own learner, as it kept it after its last exchange (.model.npz or .model.skops, no pickle)
+        from xclp.training.saved_learners import model_file
+
         state, _ = s.site_state(env)
         labels = np.asarray(state.learner.predict(X), dtype=np.int64)
-        buf = io.BytesIO()
-        pickle.dump(state.learner, buf)
-        path = site.write_result(name, labels=labels, confidence=np.ones(labels.size), model=buf.getvalue())
+        suffix, body = model_file(state.learner)
+        path = site.write_result(name, labels=labels, confidence=np.ones(labels.size), model=body, model_suffix=suffix)
     return ConfigRecord({"written": str(path)})
 
 

@@ -133,10 +133,9 @@ def test_flower_deployment_gives_each_site_the_simulations_labels(flower, crypto
 
 
 def test_flower_deployment_runs_fedct_rounds_like_the_simulation(flower):
-    import pickle
-
     from xclp.training.fedavg import Site
     from xclp.training.fedct import FedCTConfig
+    from xclp.training.saved_learners import load_model_file, model_path
     from xclp.training.simulation import run_fedct
 
     ds, U, summary = _fedct(flower)
@@ -145,8 +144,8 @@ def test_flower_deployment_runs_fedct_rounds_like_the_simulation(flower):
              for s in ds.sites]
     sim = run_fedct(sites, U, (U[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", rounds=2, seed=4))
     for i, s in enumerate(ds.sites):
-        with open(summary["written"][s].replace(".npz", ".model.pkl"), "rb") as f:
-            assert np.array_equal(pickle.load(f).predict(U), sim["models"][i].predict(U)), s
+        model = load_model_file(model_path(summary["written"][s]))
+        assert np.array_equal(model.predict(U), sim["models"][i].predict(U)), s
 
 
 def test_flower_deployment_runs_secure_fedavg_rounds_like_the_simulation(flower):

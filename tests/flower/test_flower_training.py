@@ -2,7 +2,6 @@
 model equals the simulation's after the same rounds (FedCT is deterministic given its seed), the
 XCLP pseudo-labels reach the sites, and a site with another public set is refused clearly."""
 
-import pickle
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from xclp.data import load_arrays  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
 from xclp.training.fedavg import Site  # noqa: E402
 from xclp.training.fedct import FedCTConfig, public_digest  # noqa: E402
+from xclp.training.saved_learners import load_model_file, model_path  # noqa: E402
 from xclp.training.simulation import run_fedct  # noqa: E402
 from xclp_flower.client_app import app as client_app  # noqa: E402
 from xclp_flower.grid import InProcessGrid  # noqa: E402
@@ -54,7 +54,7 @@ def test_flower_fedct_gives_every_site_the_simulations_model(federation):
              for s in ds.sites]
     sim = run_fedct(sites, U, (U[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", rounds=3, seed=4))
     for i, s in enumerate(ds.sites):
-        model = pickle.loads(open(out["written"][s].replace(".npz", ".model.pkl"), "rb").read())
+        model = load_model_file(model_path(out["written"][s]))  # a .model.skops: no pickle
         assert np.array_equal(model.predict(U), sim["models"][i].predict(U)), s
         assert np.load(out["written"][s])["labels"].size == (ds.site == s).sum()
     assert [h["public_coverage"] for h in out["history"]] == pytest.approx(

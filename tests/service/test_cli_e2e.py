@@ -74,7 +74,7 @@ def test_operator_cli_runs_prediction_and_training_jobs(tmp_path, capsys):
         # the status says the accuracy is on them, with how many
         assert code == 0 and "round 2/2 done" in out and "final: accuracy on held-out labelled points (" in out
         assert st["params"]["holdout"] == 0.2
-        assert c.result(job, last, ".model.pkl").stat().st_size > 0
+        assert c.result(job, last, ".model.skops").stat().st_size > 0
 
         # an unknown site or a bad U is refused before anything is stored
         assert cli(capsys, "job", "submit", "train", *coord, "--sites", "site0,nobody", "--classes", "10",

@@ -5,7 +5,6 @@ so the same job in process and through the service must give the same model, bit
 when the coordinator is killed with SIGKILL between rounds and restarted on the same database.
 """
 
-import pickle
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from xclp.training.fedkt import FedKTConfig
 from xclp.training.fredy import FREDYConfig
 from xclp.training.messages import load_state
 from xclp.training.models import build_network
+from xclp.training.saved_learners import load_model_file
 from xclp.training.simulation import run_fedavg, run_fedct, run_fedkt, run_fredy
 
 pytestmark = pytest.mark.slow
@@ -205,8 +205,7 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     assert [r["round"] for r in hist] == [1, 2, 3] and all(r["left_out"] == [] for r in hist)
     sim = run_fedct(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", **cfg))
     for i, s in enumerate(c.ds.sites):  # the same consensus rounds give the same local models
-        with open(c.result(job, s, ".model.pkl"), "rb") as f:
-            learner = pickle.load(f)
+        learner = load_model_file(c.result(job, s, ".model.skops"))
         assert np.array_equal(learner.predict(c.public_X), sim["models"][i].predict(c.public_X)), s
     assert [h["public_coverage"] for h in hist] == pytest.approx([h["public_coverage"] for h in sim["history"]])
 
@@ -246,8 +245,8 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     assert all(r["left_out"] == [] for r in hist3)
     differ = []
     for i, s in enumerate(c.ds.sites):  # trained on a noisy consensus, the local models are not the noise-free ones
-        with open(c.result(job3, s, ".model.pkl"), "rb") as f:
-            differ.append(not np.array_equal(pickle.load(f).predict(c.public_X), sim["models"][i].predict(c.public_X)))
+        model = load_model_file(c.result(job3, s, ".model.skops"))
+        differ.append(not np.array_equal(model.predict(c.public_X), sim["models"][i].predict(c.public_X)))
     assert any(differ)
 
 
@@ -263,8 +262,8 @@ def test_a_fedkt_job_gives_every_site_the_simulations_final_model_and_accounts_i
     sim = run_fedkt(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10,
                     FedKTConfig(teacher="tree", **cfg))
     for s in c.ds.sites:  # one upload a party, the server's labels back, the same final model at every site
-        with open(c.result(job, s, ".model.pkl"), "rb") as f:
-            assert np.array_equal(pickle.load(f).predict(c.public_X), sim["model"].predict(c.public_X)), s
+        model = load_model_file(c.result(job, s, ".model.skops"))
+        assert np.array_equal(model.predict(c.public_X), sim["model"].predict(c.public_X)), s
         assert np.load(c.result(job, s))["labels"].size == (c.ds.site == s).sum()
     # under L2 noise each party draws once, keeps its votes, and the ledger spends 2·s·|U1| counts
     job2 = c.admin.submit_train(algorithm="fedkt", sites=c.ds.sites, classes=10, model="tree", levels="L2",
@@ -295,8 +294,8 @@ def test_a_fredy_job_runs_fedavg_then_the_vote_and_gives_every_site_the_simulati
     sim = run_fredy(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10,
                     FREDYConfig(model="mlp", student="tree", secure_aggregation=True, **cfg))
     for s in c.ds.sites:
-        with open(c.result(job, s, ".model.pkl"), "rb") as f:
-            assert np.array_equal(pickle.load(f).predict(c.public_X), sim["model"].predict(c.public_X)), s
+        model = load_model_file(c.result(job, s, ".model.skops"))
+        assert np.array_equal(model.predict(c.public_X), sim["model"].predict(c.public_X)), s
 
 
 @sqlite_only

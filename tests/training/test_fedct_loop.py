@@ -1,9 +1,12 @@
 """FedCT's loop: the pseudo-labelled public set is replaced each exchange, never accumulated."""
 
+import json
+
 import numpy as np
 import pytest
 
 import xclp.training.fedct as fedct
+import xclp.training.saved_learners as saved_learners
 from xclp.training.fedavg import Site
 from xclp.training.fedct import FedCTConfig, PublicSet, local_training_set
 from xclp.training.simulation import run_fedct
@@ -36,6 +39,19 @@ def test_public_pseudo_labels_replace_the_previous_ones(monkeypatch):
         return spies[-1]
 
     monkeypatch.setattr(fedct, "make_learner", fake_make_learner)
+    # the site keeps its learner between exchanges (saved_learners: no pickle); the spy's record as JSON
+    dump, load = saved_learners.dump_learner, saved_learners.load_learner
+    monkeypatch.setattr(saved_learners, "dump_learner", lambda learner, training=True: json.dumps(vars(learner)).encode()
+                        if isinstance(learner, SpyLearner) else dump(learner, training))
+
+    def load_spy(body, what="saved learner"):
+        if not body.startswith(b"{"):
+            return load(body, what)
+        spy = SpyLearner(0)
+        vars(spy).update(json.loads(body))
+        return spy
+
+    monkeypatch.setattr(saved_learners, "load_learner", load_spy)
     rng = np.random.default_rng(0)
     sites = [Site(f"site{j}", rng.normal(size=(20, 4)), np.array([0, 1, 2] + [-1] * 17)) for j in range(3)]
     U = rng.normal(size=(100, 4))

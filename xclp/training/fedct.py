@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import pickle
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -381,21 +380,21 @@ class FedCTStrategy(VotingStrategy):
         """The site's learner as it kept it after its last exchange (and that exchange's round), or a
         new one (seeded by the run's seed and the site's index in the roster)."""
         kept = env.store.get("learner")
-        if kept is not None:  # written by this site into its own private store only
-            saved = pickle.loads(kept)  # noqa: S301
-            saved["state"].site = env.site
-            return saved["state"], int(saved["exchange"])
+        if kept is not None:  # never a pickle: the store may pass through hands the site does not control
+            from xclp.training.saved_learners import load_site_state
+
+            return load_site_state(kept, env.site)
         idx = env.sites.index(env.site.name)
         return new_site_state(env.site, self.cfg.learner_names(len(env.sites))[idx], idx, self.n_classes,
                               env.public.digest, self.cfg), 0
 
     @staticmethod
     def keep_site_state(env, state: SiteState, exchange: int) -> None:
-        site, state.site = state.site, None  # the data stay in the site's files; the pickle holds the model
-        try:
-            env.store["learner"] = pickle.dumps({"state": state, "exchange": exchange})
-        finally:
-            state.site = site
+        """The learner, its exchange, the pinned digest and the XCLP labels (xclp.training.saved_learners:
+        .npz and skops, no pickle); the data stay in the site's files."""
+        from xclp.training.saved_learners import dump_site_state
+
+        env.store["learner"] = dump_site_state(state, exchange)
 
     def site_round(self, env, t: int, plan: dict) -> bytes | None:
         """One exchange at the site: its learner one step on its data ∪ the last consensus (∪ its XCLP
