@@ -16,15 +16,21 @@ from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
 
 
+def split(n_sites: int = 3):
+    """The sites' data: 40 digits each, 30 % labelled."""
+    X, y = load_arrays("digits", limit=40 * n_sites, seed=3)
+    return simulate_sites(X, y, n_sites, "iid", 0.3, seed=3)
+
+
 class InProcess:
-    def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, blob_threshold: int = 512):
+    def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, blob_threshold: int = 512, own_blobs: bool = True):
+        """own_blobs: a blob folder in `tmp` (False: the coordinator's default, beside a SQLite file)."""
         self.tmp = tmp
         self.settings = Settings(database=db_url, admin_token=ADMIN, engine_interval=0.02,
-                                 blob_dir=str(tmp / "blobs"), blob_threshold=blob_threshold)
+                                 blob_dir=str(tmp / "blobs") if own_blobs else None, blob_threshold=blob_threshold)
         self.tc = TestClient(create_app(self.settings))
         self.tc.__enter__()
-        X, y = load_arrays("digits", limit=40 * n_sites, seed=3)
-        self.ds = simulate_sites(X, y, n_sites, "iid", 0.3, seed=3)
+        self.ds = split(n_sites)
         self.admin = self.client(ADMIN)
 
     @property
