@@ -115,6 +115,7 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         # the row as the previous release left it, but for the raw features it was submitted with,
         # written out now that standardisation is on by default (revision 0005)
         assert params(after) == {**params(before), "standardize": False}
+        assert after.pop("purged_at") is None  # (revision 0006: not purged)
         assert after == before
         for s in ds.sites:
             idx = np.flatnonzero(ds.site == s)

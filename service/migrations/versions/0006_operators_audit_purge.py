@@ -23,6 +23,20 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # only what is missing (as 0004): a database taken back to an older revision keeps what it has
+    offline = op.get_context().as_sql  # `migrate --dry-run` prints the SQL: nothing to look at
+    inspector = None if offline else sa.inspect(op.get_bind())
+    tables = set() if offline else set(inspector.get_table_names())
+    if "operators" not in tables:
+        _operators()
+    if "audit_log" not in tables:
+        _audit_log()
+    if offline or "purged_at" not in {c["name"] for c in inspector.get_columns("jobs")}:
+        # a plain ADD COLUMN on both (no table copy: messages and pruned_bytes refer to jobs)
+        op.add_column("jobs", sa.Column("purged_at", sa.DateTime(), nullable=True))
+
+
+def _operators() -> None:
     op.create_table(
         "operators",
         sa.Column("name", sa.String(64), primary_key=True),
@@ -32,6 +46,9 @@ def upgrade() -> None:
         sa.Column("revoked_at", sa.DateTime(), nullable=True),
     )
     op.create_index("ix_operators_token_hash", "operators", ["token_hash"], unique=True)
+
+
+def _audit_log() -> None:
     op.create_table(
         "audit_log",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -45,8 +62,6 @@ def upgrade() -> None:
     )
     op.create_index("ix_audit_log_at", "audit_log", ["at"])
     op.create_index("ix_audit_log_action", "audit_log", ["action"])
-    # a plain ADD COLUMN on both (no table copy: messages and pruned_bytes refer to jobs)
-    op.add_column("jobs", sa.Column("purged_at", sa.DateTime(), nullable=True))
 
 
 def downgrade() -> None:
