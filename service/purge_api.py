@@ -72,7 +72,7 @@ def _purge_one(request: Request, db, job: Job, force: bool = False) -> JobPurged
 @router.post("/jobs/purge", response_model=JobsPurged, dependencies=[Depends(require_admin)],
              responses=errors(401, 403, 422))
 def purge_old_jobs(request: Request, db=Depends(get_db),
-                   older_than_days: float = Query(gt=0, le=1e6, allow_inf_nan=False,
+                   older_than_days: float = Query(gt=0, le=36500, allow_inf_nan=False,
                                                   description="purge every finished job (done or failed) that "
                                                               "finished more than this many days ago")):
     """Retention: purge the finished jobs older than `older_than_days` (each as `POST /jobs/{id}/purge`)."""
