@@ -121,7 +121,7 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             procs.append(start_agent(tmp_path, url, s, tokens[s], tmp_path / f"{s}.npz", tmp_path / f"out-{s}",
-                                     options=["--allow-plaintext"]))
+                                     options=["--allow-plaintext", "--trust-on-first-use"]))
         admin = CoordinatorClient(url, ADMIN, retries=20)
         end = time.monotonic() + 300
         while (st := admin.job(job))["status"] == "running":
