@@ -152,3 +152,18 @@ def test_the_cli_adds_an_operator_whose_actions_the_log_names(app_client, tmp_pa
     assert out[0].split()[:4] == ["WHEN", "(UTC)", "WHO", "ACTION"] and "dana" in out[1] and "hospital-a" in out[1]
     assert main(["log", *url, *dana, "--since", "yesterday"]) == 2
     assert "--since" in capsys.readouterr().err
+
+
+def test_site_list_marks_a_site_silent_past_the_limit_stale(app_client):
+    import datetime as dt
+
+    for s in ("a", "b", "c"):
+        app_client.post("/sites", json={"name": s}, headers=_h(ADMIN))
+    app_client.post("/sites/c/revoke", headers=_h(ADMIN))
+    seen = app_client.app.state.last_seen
+    seen.since -= dt.timedelta(hours=1)  # the coordinator has been up an hour
+    seen["a"] = seen.since + dt.timedelta(minutes=30)  # a: silent 30 min; b: never heard from; c: revoked
+    out = app_client.get("/sites", params={"stale_after": 600}, headers=_h(ADMIN)).json()
+    assert set(out["stale"]) == {"a", "b"} and 1790 < out["stale"]["a"] < 1900 and out["stale_after_s"] == 600
+    assert app_client.get("/sites", params={"stale_after": 7200}, headers=_h(ADMIN)).json()["stale"] == {}
+    assert set(app_client.get("/sites", headers=_h(ADMIN)).json()["stale"]) == {"a", "b"}  # (default 600 s)
