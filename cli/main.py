@@ -417,7 +417,18 @@ def cmd_site_rotate_token(args) -> int:
 def cmd_site_list(args) -> int:
     from cli.tables import print_sites
 
-    return print_sites(_admin(args).sites(), args.json)
+    return print_sites(_admin(args).sites(stale_after=args.stale_after * 60), args.json)
+
+
+def _ops(name: str):
+    """A command of cli.operations, with the operator's client."""
+
+    def run(args) -> int:
+        import cli.operations
+
+        return getattr(cli.operations, name)(_admin(args), args)
+
+    return run
 
 
 def cmd_job_list(args) -> int:
@@ -789,7 +800,56 @@ def build_parser() -> argparse.ArgumentParser:
     sl = site.add_parser("list", help="the registered sites, and when each last contacted the coordinator")
     coord_args(sl)
     sl.add_argument("--json", action="store_true", help="print the sites as JSON instead of a table")
+    sl.add_argument("--stale-after", type=_positive_float, default=10.0, metavar="MINUTES",
+                    help="mark a site in service 'stale' when its last contact is older than this (default: 10 minutes)")
     sl.set_defaults(func=cmd_site_list)
+    srd = site.add_parser("readmit", help="admit a revoked site again under its name and registered identity, with "
+                                          "a new token (the revoked one stays refused)")
+    srd.add_argument("name", help="the revoked site's name")
+    coord_args(srd)
+    srd.add_argument("--json", action="store_true", help="print {\"site\": …, \"token\": …} as JSON")
+    srd.add_argument("--token-file", type=Path, default=None, metavar="PATH",
+                     help="write the new token to PATH (a new file, mode 0600) instead of printing it (default: printed)")
+    srd.set_defaults(func=_ops("site_readmit"))
+    sp = site.add_parser("purge", help="delete a revoked site's data: every message it sent or was sent (its "
+                                       "uploads, its results); its name and identity stay")
+    sp.add_argument("name", help="the revoked site's name")
+    coord_args(sp)
+    sp.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
+    sp.set_defaults(func=_ops("site_purge"))
+
+    op = sub.add_parser("operator", help="operators, each with a token of their own (the audit log names them)") \
+        .add_subparsers(dest="what", required=True)
+    oa = op.add_parser("add", help="add an operator and print its token once (the coordinator keeps its SHA-256)")
+    oa.add_argument("name", help="the operator's name (letters, digits, . _ -), as the audit log will show it")
+    coord_args(oa)
+    oa.add_argument("--json", action="store_true", help="print {\"operator\": …, \"token\": …} as JSON")
+    oa.add_argument("--token-file", type=Path, default=None, metavar="PATH",
+                    help="write the token to PATH (a new file, mode 0600) instead of printing it (default: printed)")
+    oa.set_defaults(func=_ops("operator_add"))
+    ol = op.add_parser("list", help="the operators: the bootstrap 'admin', and each added one (active or revoked)")
+    coord_args(ol)
+    ol.add_argument("--json", action="store_true", help="print the operators as JSON instead of a table")
+    ol.set_defaults(func=_ops("operator_list"))
+    orv = op.add_parser("revoke", help="revoke an operator: its token stops working at once")
+    orv.add_argument("name", help="the operator's name")
+    coord_args(orv)
+    orv.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
+    orv.set_defaults(func=_ops("operator_revoke"))
+
+    lg = sub.add_parser("log", help="the audit log: who did what, when, from where (operators' and sites' actions, "
+                                    "refused tokens)")
+    coord_args(lg)
+    lg.add_argument("--since", default=None, metavar="WHEN",
+                    help="only records since WHEN: an ISO time in UTC (2026-11-27T09:00) or an age (30m, 2h, 7d; "
+                         "default: all)")
+    lg.add_argument("--action", default=None, help="only this action (job.submit, site.revoke, auth.failed, …) or "
+                                                   "a prefix ending in '.' (site.; default: all)")
+    lg.add_argument("--who", default=None, help="only this operator's or site's records (default: everyone's)")
+    lg.add_argument("--target", default=None, help="only records about this job or site (default: all)")
+    lg.add_argument("--limit", type=int, default=1000, help="at most this many records, the newest (default 1000)")
+    lg.add_argument("--json", action="store_true", help="print the records as JSON instead of a table")
+    lg.set_defaults(func=_ops("audit_log"))
 
     agent = sub.add_parser("agent", help="the site agent").add_subparsers(dest="what", required=True)
     ar = agent.add_parser("run", help="run this site's agent until stopped")
@@ -945,6 +1005,17 @@ def build_parser() -> argparse.ArgumentParser:
     jc.add_argument("job", help="the job's id")
     coord_args(jc)
     jc.set_defaults(func=cmd_job_cancel)
+    jpu = job.add_parser("purge", help="delete a finished job's messages, blob files and results (its row stays as a "
+                                       "tombstone), or with --older-than every finished job older than that")
+    jpu.add_argument("job", nargs="?", default=None, help="the job's id (or give --older-than)")
+    coord_args(jpu)
+    jpu.add_argument("--force", action="store_true",
+                     help="a running job is cancelled first (default: a running job is refused)")
+    jpu.add_argument("--older-than", type=_positive_float, default=None, metavar="DAYS",
+                     help="purge every job that finished (done or failed) more than DAYS days ago: a retention "
+                          "rule to run from cron (default: none, give a job's id)")
+    jpu.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
+    jpu.set_defaults(func=_ops("job_purge"))
     jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout, 4 if done "
                                      "but a site was dropped", description="Wait for a job to finish, showing its "
                                      "progress and the sites it awaits on stderr. " + WAIT_CODES + ".")

@@ -32,10 +32,30 @@ def print_sites(out: dict, as_json: bool) -> int:
         return 0
     fps = out.get("fingerprints") or {}
     revoked = out.get("revoked") or {}
+    stale = out.get("stale") or {}
+
+    def status(s: str) -> str:
+        if s in revoked:
+            return f"revoked {_when(revoked[s])}"
+        if s in stale:
+            return f"stale ({_silence(stale[s])} silent)"
+        return "active"
+
     _table(["SITE", "STATUS", "LAST CONTACT (UTC, since the coordinator started)", "IDENTITY"],
-           [[s, f"revoked {_when(revoked[s])}" if s in revoked else "active", _when(seen.get(s)), fps.get(s, "-")]
-            for s in out["sites"]])
+           [[s, status(s), _when(seen.get(s)), fps.get(s, "-")] for s in out["sites"]])
+    if stale:
+        print(f"stale: no contact for more than {_silence(out.get('stale_after_s') or 0)} (is its agent running?)",
+              file=sys.stderr)
     return 0
+
+
+def _silence(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def print_jobs(jobs: list[dict], as_json: bool) -> int:

@@ -91,8 +91,33 @@ class CoordinatorClient:
     def add_site(self, name: str, fingerprint: str | None = None) -> dict:
         return self.call("POST", "/sites", json={"name": name, **({"fingerprint": fingerprint} if fingerprint else {})})
 
-    def sites(self) -> dict:
-        return self.call("GET", "/sites")
+    def sites(self, stale_after: float | None = None) -> dict:
+        return self.call("GET", "/sites", params={"stale_after": stale_after} if stale_after else None)
+
+    def readmit_site(self, name: str) -> dict:
+        return self.call("POST", f"/sites/{name}/readmit")
+
+    def purge_site(self, name: str) -> dict:
+        return self.call("POST", f"/sites/{name}/purge")
+
+    def purge_job(self, job_id: str, force: bool = False) -> dict:
+        return self.call("POST", f"/jobs/{job_id}/purge", params={"force": "true"} if force else None)
+
+    def purge_jobs_older_than(self, days: float) -> dict:
+        return self.call("POST", "/jobs/purge", params={"older_than_days": days})
+
+    def add_operator(self, name: str) -> dict:
+        return self.call("POST", "/operators", json={"name": name})
+
+    def operators(self) -> list[dict]:
+        return self.call("GET", "/operators")["operators"]
+
+    def revoke_operator(self, name: str) -> dict:
+        return self.call("POST", f"/operators/{name}/revoke")
+
+    def audit(self, **filters) -> list[dict]:
+        """The audit log's records, oldest first (filters: since (ISO time), action, who, target, limit)."""
+        return self.call("GET", "/audit", params={k: v for k, v in filters.items() if v is not None})["records"]
 
     def revoke_site(self, name: str) -> dict:
         return self.call("POST", f"/sites/{name}/revoke")

@@ -9,7 +9,8 @@ attempt, size, shape) before anything is stored; an identical replay stores noth
 
 This module builds the app (settings, database, blob store, job engine, error handlers) and mounts
 one router per resource: service.ops_api (health, metrics), service.sites_api, service.jobs_api,
-service.messages_api and service.training_api; their dependencies (database session, operator,
+service.messages_api, service.training_api, service.operators_api, service.purge_api and
+service.audit_api (what is recorded: service.audit); their dependencies (database session, operator,
 site, job) are in service.deps, the request and error schemas in service.schemas.
 """
 
@@ -27,7 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import jobs_api, ops_api, sites_api, training_api, ui_api
+from service import audit_api, jobs_api, operators_api, ops_api, purge_api, sites_api, training_api, ui_api
+from service.audit import record_refusal
 from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
 from service.db import Message, make_sessionmaker
 from service.engine import JobEngine
@@ -84,6 +86,9 @@ class Settings:
     # `workers`, default min(4, cores), started only by a step that has several tasks), "serial", or
     # "dask" on the scheduler at `dask_address` (coordinator machines beyond this one).
     executor: str = "process"
+    # `GET /sites` marks a site in service "stale" after this many seconds without contact (a request
+    # may ask for another limit: `xclp site list --stale-after MINUTES`).
+    stale_after: float = 600.0
     workers: int | None = None
     dask_address: str | None = None
 
@@ -174,7 +179,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = metrics
     app.state.login_throttle = Throttle(settings.login_failures, settings.login_window)
     app.state.auth_throttle = Throttle(settings.auth_failures, settings.auth_window)
-    app.state.token_known = lambda token: token_known(Session, token)
+    app.state.token_owner = lambda token: token_owner(Session, token)
+    app.state.operator_of = lambda token: operator_token(Session, token)
+    app.state.record_refusal = lambda client, owner, where: record_refusal(Session, client, owner, where)
     app.state.work_waits = {}  # site -> its long polls for work waiting now (service.sites_api; event loop only)
     app.state.last_seen = contacts  # each site's last authenticated request: the dashboard's, the idle limit's
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
@@ -206,7 +213,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(CountRequests, counter=metrics.requests)
 
     messages = make_messages_router(Session, settings, blobs, job_engine, metrics.upload_bytes, registry)
-    routers = (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, ui_api.router)
+    routers = (ops_api.router, sites_api.router, jobs_api.router, messages, training_api.router, operators_api.router,
+               purge_api.router, audit_api.router, ui_api.router)
     for router in routers:
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=str(ui_api.UI / "static")), name="ui-static")
@@ -224,14 +232,21 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def token_known(Session, token: str) -> bool:
-    """Whether a token that is not the admin's is a site's (revoked or not): one the coordinator issued,
-    not a guess, whatever it is refused for."""
-    from service.db import Site
-    from service.deps import hash_token
+def token_owner(Session, token: str) -> tuple[str, str] | None:
+    """("site" | "operator", name) of a token the coordinator issued (revoked or not: a mistake, not a
+    guess, whatever it is refused for); None for any other."""
+    from service.deps import token_owner as owner
 
     with Session() as db:
-        return db.scalar(select(Site.name).where(Site.token_hash == hash_token(token))) is not None
+        return owner(db, token)
+
+
+def operator_token(Session, token: str) -> str | None:
+    """The operator (not revoked) whose token this is, other than the bootstrap one (service.guard's check)."""
+    from service.deps import active_operator
+
+    with Session() as db:
+        return active_operator(db, token)
 
 
 def allowed_methods(routes, path: str) -> str:

@@ -110,6 +110,9 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     phase_started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    # when the operator purged the job (`xclp job purge`): its messages, blobs and results are gone and
+    # this row is its tombstone (its id, kind, roster, status and times; its state emptied)
+    purged_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
     @property
     def training(self) -> TrainingState:
@@ -168,6 +171,36 @@ class UISession(Base):
     id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     who: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
+
+
+class Operator(Base):
+    """A person who operates the coordinator (`xclp operator add`): a name and the SHA-256 of a token
+    of 32 random bytes (never the token). The bootstrap token ($XCLP_ADMIN_TOKEN) is the operator
+    "admin" and has no row. A revoked operator keeps its row, so that the audit log's name stays one
+    person's and cannot be given to someone else."""
+
+    __tablename__ = "operators"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(64))
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class AuditRecord(Base):
+    """One action that changed the coordinator's state, or a refused credential (service.audit): who
+    (an operator's name, a site's name, or "-" for a token that is nobody's), in which role, what,
+    on what, when, from which address, and a few words of detail (never a token, never a body)."""
+
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    who: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))  # operator | site | unknown
+    action: Mapped[str] = mapped_column(String(32), index=True)
+    target: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    client: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
 
 
 COORDINATOR = "coordinator"
@@ -244,6 +277,9 @@ def _make_engine(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
+            # a deleted row's bytes are overwritten, not left in a free page: a purged job or site
+            # (service.purge) is gone from the file, not only from the tables
+            cur.execute("PRAGMA secure_delete=ON")
             cur.close()
 
     return engine

@@ -10,7 +10,7 @@ import hmac
 from fastapi import Depends, HTTPException, Request
 from sqlalchemy import select
 
-from service.db import Job, Site, utcnow
+from service.db import Job, Operator, Site, utcnow
 from service.guard import auth_failed, client_of
 
 
@@ -34,15 +34,47 @@ def is_admin(request: Request, token: str) -> bool:
     return hmac.compare_digest(token.encode(), request.app.state.settings.admin_token.encode())
 
 
+def active_operator(db, token: str) -> str | None:
+    """The operator (`xclp operator add`) whose token this is, if not revoked."""
+    return db.scalar(select(Operator.name).where(Operator.token_hash == hash_token(token), Operator.revoked_at.is_(None)))
+
+
+def token_owner(db, token: str) -> tuple[str, str] | None:
+    """("site" | "operator", name) of a token the coordinator issued, revoked or not; None for any other."""
+    digest = hash_token(token)
+    site = db.scalar(select(Site.name).where(Site.token_hash == digest))
+    if site is not None:
+        return "site", site
+    op = db.scalar(select(Operator.name).where(Operator.token_hash == digest))
+    return None if op is None else ("operator", op)
+
+
+def operator_of(request: Request, token: str, db=None) -> str | None:
+    """The operator a token is: "admin" (the bootstrap token, $XCLP_ADMIN_TOKEN), an operator's name,
+    or None."""
+    if is_admin(request, token):
+        return "admin"
+    if db is not None:
+        return active_operator(db, token)
+    with request.app.state.sessionmaker() as own:
+        return active_operator(own, token)
+
+
 def wrong_token(request: Request, token: str) -> None:
-    """Count a refused token against the client's address (service.guard: 429 past the limit)."""
-    auth_failed(request.app.state, client_of(request.scope), token)
+    """Count a refused token against the client's address (service.guard: 429 past the limit), and
+    record it in the audit log (service.audit: whose it was, never the token)."""
+    auth_failed(request.app.state, client_of(request.scope), token, f"{request.method} {request.url.path}")
 
 
-def require_admin(request: Request, token: str = Depends(bearer)) -> None:
-    if not is_admin(request, token):
+def require_admin(request: Request, token: str = Depends(bearer)) -> str:
+    """An operator's call: the bootstrap admin token or an operator's (not revoked). The operator's
+    name is the request's (`request.state.operator`), for the audit log."""
+    who = operator_of(request, token)
+    if who is None:
         wrong_token(request, token)
-        raise HTTPException(403, "this call needs the admin token")
+        raise HTTPException(403, "this call needs the admin token or an operator's token")
+    request.state.operator = who
+    return who
 
 
 def _seen(request: Request, site: str) -> None:
@@ -84,11 +116,16 @@ def require_site_briefly(request: Request, token: str = Depends(bearer)) -> str:
 
 
 def caller(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
-    """'admin' or the site's name."""
+    """'admin' (any operator: its name is `request.state.operator`) or the site's name."""
     if is_admin(request, token):
+        request.state.operator = "admin"
         return "admin"
     site = site_of_token(db, token)
     if site is None:
+        op = active_operator(db, token)
+        if op is not None:
+            request.state.operator = op
+            return "admin"
         wrong_token(request, token)
         raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
     _seen(request, site)

@@ -52,6 +52,7 @@ class JobEngine:
         # of the coordinator's written): the sites' long polls (GET /work?wait=, and for a message of the
         # coordinator's) look at the database again when it moves.
         self.changes = 0
+        self.stepping: str | None = None  # the job whose step the engine is taking now, if any
 
     def notify(self) -> None:
         """Jobs changed outside the engine (submitted, a site revoked): step now, and wake the long polls."""
@@ -80,28 +81,32 @@ class JobEngine:
     def tick(self) -> None:
         with self.sessionmaker() as db:
             ids = db.scalars(select(Job.id).where(Job.status == "running")).all()
-        for job_id in ids:
-            changed = False
-            with self.sessionmaker() as db:
-                for _ in range(8):  # a phase may complete right after the previous one
-                    job = db.get(Job, job_id)
-                    try:
-                        step = advance(db, job, self.executor, self.contacts)
-                        db.commit()  # each step commits: no write lock held across the next one
-                    except Exception as exc:
-                        db.rollback()
-                        log.exception("job %s failed in phase %s", job_id, job.phase)
+        try:
+            for job_id in ids:
+                changed = False
+                self.stepping = job_id  # (service.purge waits for a cancelled job's step in flight to end)
+                with self.sessionmaker() as db:
+                    for _ in range(8):  # a phase may complete right after the previous one
                         job = db.get(Job, job_id)
-                        fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
-                        db.commit()
-                        step = True
-                    changed |= step
-                    if not step or job.status != "running":
-                        break
-                changed |= bool(db.info.pop("messages_put", False))  # (committed, or rolled back: a look costs little)
-            if changed:
-                self.notify()
-                self._prune(job_id)
+                        try:
+                            step = advance(db, job, self.executor, self.contacts)
+                            db.commit()  # each step commits: no write lock held across the next one
+                        except Exception as exc:
+                            db.rollback()
+                            log.exception("job %s failed in phase %s", job_id, job.phase)
+                            job = db.get(Job, job_id)
+                            fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
+                            db.commit()
+                            step = True
+                        changed |= step
+                        if not step or job.status != "running":
+                            break
+                    changed |= bool(db.info.pop("messages_put", False))  # (committed, or rolled back: a look costs little)
+                if changed:
+                    self.notify()
+                    self._prune(job_id)
+        finally:
+            self.stepping = None
 
     def _prune(self, job_id: str) -> None:
         """Delete the messages no later step of the job reads (`obsolete_messages`), in a transaction

@@ -19,7 +19,8 @@ every request, from its method, path and headers alone:
    request's scheme and Host when that Host is one of its allowed names — else 403. Without either header, 403 as well: every browser sends
    Origin with a POST, so only a non-browser client lacks both, and it has no business posting forms.
 2. **Who it is.** The routes that take a body are the operator's JSON calls (POST /sites, /jobs,
-   /jobs/train: the admin token, checked here — 401 without a bearer token, 403 with another one),
+   /jobs/train, /operators: the admin token or an operator's, checked here — 401 without a bearer
+   token, 403 with another one),
    a site's message upload (PUT /jobs/…/messages/…: 401 without a bearer token; the route's own
    dependency then checks the token and who may send what before it reads the body) and the
    dashboard's login and logout forms (open to anyone, small).
@@ -49,7 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
 SAFE = {"GET", "HEAD", "OPTIONS"}
-ADMIN_BODY = {("POST", "/sites"), ("POST", "/jobs"), ("POST", "/jobs/train")}
+ADMIN_BODY = {("POST", "/sites"), ("POST", "/jobs"), ("POST", "/jobs/train"), ("POST", "/operators")}
 UPLOAD = re.compile(r"^/jobs/[^/]+/messages/.+$")
 CONTROL_BYTES = 1 << 20  # the operator's JSON calls: a job's options are a few hundred bytes
 LOGIN_BYTES = 4096  # the login form: a token is 43 characters
@@ -155,12 +156,18 @@ def client_of(scope) -> str:
     return client[0] if client else "an unknown address"
 
 
-def auth_failed(state, client: str, token: str) -> None:
+def auth_failed(state, client: str, token: str, where: str = "") -> None:
     """A bearer token was refused: a failure of `client`'s, unless the token is one the coordinator
-    issued (a site's, revoked or not, calling what it may not: a mistake, not a guess)."""
+    issued (a site's or an operator's, revoked or not, calling what it may not: a mistake, not a
+    guess); recorded in the audit log either way (service.audit, never the token itself)."""
+    owner_of = getattr(state, "token_owner", None)
+    owner = owner_of(token) if owner_of is not None else None
     throttle = getattr(state, "auth_throttle", None)
-    if throttle is not None and not state.token_known(token):
+    if throttle is not None and owner is None:
         throttle.fail(client)
+    record = getattr(state, "record_refusal", None)
+    if record is not None:
+        record(client, owner, where)
 
 
 def bearer_token(headers: dict[str, str]) -> str | None:
@@ -211,11 +218,14 @@ class RequestGuard:
                                           {"WWW-Authenticate": "Bearer"})
             if (method, path.rstrip("/")) in ADMIN_BODY and not hmac.compare_digest(
                     token.encode(), self.settings.admin_token.encode()):
-                if self.state is not None:
-                    from starlette.concurrency import run_in_threadpool
+                from starlette.concurrency import run_in_threadpool
 
-                    await run_in_threadpool(auth_failed, self.state, client_of(scope), token)
-                return await self._refuse(scope, receive, send, 403, "this call needs the admin token")
+                operator_of = getattr(self.state, "operator_of", None)  # an operator's (`xclp operator add`)?
+                if operator_of is None or await run_in_threadpool(operator_of, token) is None:
+                    if self.state is not None:
+                        await run_in_threadpool(auth_failed, self.state, client_of(scope), token, f"{method} {path}")
+                    return await self._refuse(scope, receive, send, 403,
+                                              "this call needs the admin token or an operator's token")
         limit = limit_of(method, path, self.settings.max_body_bytes)
         upload = method == "PUT" and UPLOAD.match(path)
         declared = headers.get("content-length")

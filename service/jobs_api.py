@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import func, or_, select
 
+from service.audit import record
 from service.db import Job, Message
 from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.engine import DbMailbox, cancel, refusals
@@ -106,6 +107,8 @@ class JobStatus(BaseModel):
         "'last_contact' (ISO time of its last request to the coordinator, null: none since the coordinator "
         "started), 'last_contact_s' (its age, seconds) and 'idle_left_s' (seconds of silence left before the "
         "idle limit drops it)"))
+    purged_at: str | None = Field(None, description="when the operator purged the job's messages and results "
+                                                     "(`xclp job purge`): this is its tombstone")
     deadline: dict | None = Field(None, description=(
         "a running predict job: when the current phase gives up on the sites it still awaits ('phase', 'at', "
         "'left_s') and the idle limit ('idle_limit_s'); null once the job is over"))
@@ -114,6 +117,7 @@ class JobStatus(BaseModel):
 @router.post("/jobs", response_model=JobCreated, status_code=201,
              dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 409, 413, 422))
 def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
+    """A prediction job; recorded in the audit log with the operator who submitted it (one transaction)."""
     if body.kind != "predict":
         raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "
                                  "training jobs go to POST /jobs/train")
@@ -138,6 +142,7 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
                deadlines={**request.app.state.settings.default_deadlines, **body.deadlines}))
+    record(db, request, "job.submit", job_id, kind="predict", sites=list(body.sites), crypto=body.crypto)
     db.commit()
     request.app.state.engine.notify()  # (and the sites' long polls for work)
     log.info("job %s submitted: %s sites, crypto=%s", job_id, len(body.sites), body.crypto)
@@ -152,10 +157,12 @@ def _label_dp(body: JobCreate) -> dict:
 
 @router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403))
 def list_jobs(db=Depends(get_db)):
-    rows = db.execute(select(Job.id, Job.status, Job.phase, Job.kind, Job.sites, Job.created_at, Job.parent)
-                      .order_by(Job.created_at)).all()
+    rows = db.execute(select(Job.id, Job.status, Job.phase, Job.kind, Job.sites, Job.created_at, Job.parent,
+                             Job.finished_at, Job.purged_at).order_by(Job.created_at)).all()
+    when = lambda t: None if t is None else t.isoformat() + "Z"  # noqa: E731
     return {"jobs": [{"job": r.id, "status": r.status, "phase": r.phase, "kind": r.kind, "sites": r.sites,
-                      "created_at": r.created_at.isoformat() + "Z", "parent": r.parent} for r in rows]}
+                      "created_at": r.created_at.isoformat() + "Z", "parent": r.parent,
+                      "finished_at": when(r.finished_at), "purged_at": when(r.purged_at)} for r in rows]}
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 403, 404, 422))
@@ -172,7 +179,8 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
                      timings=job.timings,
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
                      finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
-                     round=job.round or 0, parent=job.parent, training=_training_view(job, who))
+                     round=job.round or 0, parent=job.parent, training=_training_view(job, who),
+                     purged_at=None if job.purged_at is None else job.purged_at.isoformat(timespec="seconds") + "Z")
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobStatus, dependencies=[Depends(require_admin)],
@@ -184,6 +192,7 @@ def cancel_job(job_id: str, request: Request, db=Depends(get_db)):
     if job.status != "running":
         raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
     cancel(db, job)
+    record(db, request, "job.cancel", job_id, kind=job.kind, phase=job.phase)
     db.commit()
     return job_status(job_id, request, "admin", db)
 

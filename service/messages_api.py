@@ -16,10 +16,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from crypto.errors import ProtocolError
+from service.audit import SITE, record
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, Site, message_ref, new_message
 from service.deps import bearer, load_job, require_site
 from service.engine import DbMailbox, job_params, job_state
+from service.guard import client_of
 from service.schemas import errors
 from service.training_engine import check_train_upload
 from xclp.job_kinds import job_kind
@@ -80,9 +82,10 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
                 key, size = await run_in_threadpool(spill.finish)
                 # Checks and the database write run in a worker thread: they must not stall the
                 # event loop that serves every other site's polls.
-                result = await run_in_threadpool(store, job_id, site, to, topic, None, key, size)
+                result = await run_in_threadpool(store, job_id, site, to, topic, None, key, size, client_of(request.scope))
             else:
-                result = await run_in_threadpool(store, job_id, site, to, topic, b"".join(chunks))
+                result = await run_in_threadpool(store, job_id, site, to, topic, b"".join(chunks), None, None,
+                                                 client_of(request.scope))
         finally:
             if spill is not None:
                 spill.abort()  # (nothing left to remove once finished)
@@ -101,7 +104,7 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
             return limit, job_kind(job.kind).opaque(topic)
 
     def store(job_id: str, site: str, to: str, topic: str, body: bytes | None, key: str | None = None,
-              size: int | None = None) -> dict:
+              size: int | None = None, client: str | None = None) -> dict:
         """Check and store an upload: `body`, or (body None) the opaque body already in the blob
         store as `key` of `size` bytes."""
         size = len(body) if body is not None else size
@@ -119,6 +122,8 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
                         return {"stored": False, "detail": "identical message already stored"}
                     raise HTTPException(409, f"{topic!r} from {site} to {to} was already uploaded with other content")
                 db.add(new_message(db, job_id, site, to, topic, body, key, size))  # a large body: its file first
+                if topic == REFUSE:  # the site leaves the job: its own action, in the audit log with it
+                    record(db, None, "site.refuse", job_id, who=site, role=SITE, client=client)
                 try:
                     db.commit()
                 except IntegrityError:

@@ -1,5 +1,6 @@
-"""Sites: registered by the operator (each gets a token once), revoked or given a new token by the
-operator, and what a site asks for work (a bounded long poll while it has none)."""
+"""Sites: registered by the operator (each gets a token once), revoked, readmitted or given a new token
+by the operator (each recorded in the audit log, service.audit), and what a site asks for work (a
+bounded long poll while it has none)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import re
 import secrets
 import time
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
+from service.audit import record
 from service.db import COORDINATOR, Job, Site, UISession, has_messages, utcnow
 from service.deps import get_db, hash_token, iso, require_admin, require_site_briefly
 from service.lifecycle import put_message
@@ -24,6 +26,7 @@ from xclp.protocol import REFUSE, refusal
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 router = APIRouter(tags=["sites"])
 RECHECK_SECONDS = 1.0  # a waiting poll for work reads the database at least this often
+STALE_AFTER = 600.0  # seconds without contact after which `GET /sites` marks a site stale (by default)
 
 
 class SiteCreate(RequestBody):
@@ -52,30 +55,43 @@ def new_token() -> str:
     return token
 
 
-@router.post("/sites", response_model=SiteCreated, status_code=201, dependencies=[Depends(require_admin)],
-             responses=errors(400, 401, 403, 409, 413, 422))
-def add_site(body: SiteCreate, db=Depends(get_db)):
+@router.post("/sites", response_model=SiteCreated, status_code=201, responses=errors(400, 401, 403, 409, 413, 422))
+def add_site(body: SiteCreate, request: Request, _=Depends(require_admin), db=Depends(get_db)):
     if not NAME.match(body.name) or body.name in (COORDINATOR, "admin"):
         raise HTTPException(422, f"invalid site name {body.name!r}: letters, digits, '_', '.', '-' (≤ 64)")
     token = new_token()
     db.add(Site(name=body.name, token_hash=hash_token(token), fingerprint=body.fingerprint))
     try:
-        db.commit()
+        db.flush()
     except IntegrityError:
         db.rollback()
-        raise HTTPException(409, f"site {body.name!r} already exists") from None
+        old = db.get(Site, body.name)
+        again = (f": it was revoked at {iso(old.revoked_at)}; `xclp site readmit {body.name}` admits it again under "
+                 "its name and identity") if old is not None and old.revoked_at is not None else ""
+        raise HTTPException(409, f"site {body.name!r} already exists{again}") from None
+    record(db, request, "site.add", body.name, fingerprint=body.fingerprint)
+    db.commit()
     return SiteCreated(site=body.name, token=token)
 
 
-@router.get("/sites", dependencies=[Depends(require_admin)], responses=errors(401, 403))
-def list_sites(request: Request, db=Depends(get_db)):
-    """The sites' names, and when each last made an authenticated request to this coordinator process."""
+@router.get("/sites", dependencies=[Depends(require_admin)], responses=errors(401, 403, 422))
+def list_sites(request: Request, db=Depends(get_db),
+               stale_after: float | None = Query(None, gt=0, le=1e9, allow_inf_nan=False,
+                                                 description="seconds without contact after which a site in "
+                                                             f"service is 'stale' (default {STALE_AFTER:g})")):
+    """The sites' names, and when each last made an authenticated request to this coordinator process;
+    `stale`: each site in service silent for longer than `stale_after` seconds (counted from the
+    coordinator's start for a site not heard from since), with its seconds of silence."""
     rows = db.execute(select(Site.name, Site.fingerprint, Site.revoked_at).order_by(Site.name)).all()
     names = [r.name for r in rows]
     seen = request.app.state.last_seen
+    limit = stale_after or getattr(request.app.state.settings, "stale_after", STALE_AFTER)
+    silence = {r.name: round(seen.silence(r.name), 1) for r in rows if r.revoked_at is None} \
+        if hasattr(seen, "silence") else {}
     return {"sites": names, "last_seen": {s: seen[s].isoformat() + "Z" for s in names if s in seen},
             "fingerprints": {r.name: r.fingerprint for r in rows if r.fingerprint},
-            "revoked": {r.name: iso(r.revoked_at) for r in rows if r.revoked_at is not None}}
+            "revoked": {r.name: iso(r.revoked_at) for r in rows if r.revoked_at is not None},
+            "stale": {s: q for s, q in silence.items() if q > limit}, "stale_after_s": limit}
 
 
 def _site(db, name: str) -> Site:
@@ -83,20 +99,20 @@ def _site(db, name: str) -> Site:
     if site is None:
         raise HTTPException(404, f"unknown site {name!r}")
     if site.revoked_at is not None:
-        raise HTTPException(409, f"site {name!r} was revoked at {iso(site.revoked_at)}: add it again under a "
-                                 "new name if it is to take part again")
+        raise HTTPException(409, f"site {name!r} was revoked at {iso(site.revoked_at)}: `xclp site readmit {name}` "
+                                 "admits it again (a new token, the same name and identity)")
     return site
 
 
-@router.post("/sites/{name}/revoke", response_model=SiteRevoked, dependencies=[Depends(require_admin)],
-             responses=errors(401, 403, 404, 409, 422))
-def revoke_site(request: Request, name: str, db=Depends(get_db)):
+@router.post("/sites/{name}/revoke", response_model=SiteRevoked, responses=errors(401, 403, 404, 409, 422))
+def revoke_site(request: Request, name: str, _=Depends(require_admin), db=Depends(get_db)):
     """Take a site out of service: its token stops working at once (401, saying when it was revoked),
     no new job may name it, and each running job it is in drops it at once, by the job's rules for a
     site that refuses ("revoked by the operator", recorded on its behalf)."""
     site = _site(db, name)
     site.revoked_at = utcnow()
     db.execute(delete(UISession).where(UISession.who == name))  # its dashboard logins end too
+    record(db, request, "site.revoke", name)
     db.commit()
     why = refusal(f"revoked by the operator at {iso(site.revoked_at)}")
     jobs = []
@@ -113,23 +129,42 @@ def revoke_site(request: Request, name: str, db=Depends(get_db)):
     return SiteRevoked(site=name, revoked_at=iso(site.revoked_at), jobs=jobs)
 
 
-@router.post("/sites/{name}/token", response_model=SiteCreated, dependencies=[Depends(require_admin)],
-             responses=errors(401, 403, 404, 409, 422))
-def rotate_token(name: str, db=Depends(get_db)):
+@router.post("/sites/{name}/token", response_model=SiteCreated, responses=errors(401, 403, 404, 409, 422))
+def rotate_token(name: str, request: Request, _=Depends(require_admin), db=Depends(get_db)):
     """A new token for the site, shown once; the old one stops working at once. The site keeps its
     identity fingerprint and its jobs (its agent goes on with them once restarted with the new token)."""
     site = _site(db, name)
     token = new_token()
     site.token_hash = hash_token(token)
     db.execute(delete(UISession).where(UISession.who == name))  # logins made with the old token end
+    record(db, request, "site.token", name)
     db.commit()
+    return SiteCreated(site=name, token=token)
+
+
+@router.post("/sites/{name}/readmit", response_model=SiteCreated, responses=errors(401, 403, 404, 409, 422))
+def readmit_site(name: str, request: Request, _=Depends(require_admin), db=Depends(get_db)):
+    """Admit a revoked site again under its name and registered identity (fingerprint), with a new
+    token shown once (the revoked one stays refused). It may be named by new jobs again; the running
+    jobs it was dropped from go on without it."""
+    site = db.get(Site, name)
+    if site is None:
+        raise HTTPException(404, f"unknown site {name!r}")
+    if site.revoked_at is None:
+        raise HTTPException(409, f"site {name!r} is in service: only a revoked site can be readmitted")
+    token = new_token()
+    record(db, request, "site.readmit", name, revoked_at=iso(site.revoked_at), fingerprint=site.fingerprint)
+    site.token_hash, site.revoked_at = hash_token(token), None
+    db.commit()
+    request.app.state.engine.notify()
     return SiteCreated(site=name, token=token)
 
 
 def _work(Session, site: str) -> dict:
     with Session() as db:
         # Only the columns it needs: a training job's state (its round history) grows with every round.
-        jobs = db.execute(select(Job.id, Job.status, Job.live).where(Job.status != "failed")).all()
+        jobs = db.execute(select(Job.id, Job.status, Job.live).where(Job.status != "failed",
+                                                                     Job.purged_at.is_(None))).all()
     return {"site": site,  # whose token this is: an agent started with another site's name stops at once
             "jobs": [j.id for j in jobs if site in j.live and j.status == "running"],
             "done": [j.id for j in jobs if site in j.live and j.status == "done"]}

@@ -14,6 +14,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import Field, create_model
 
+from service.audit import record
 from service.db import COORDINATOR, Job, message_body
 from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.lifecycle import PREDICT_DEADLINE_KEYS
@@ -122,6 +123,8 @@ def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
                deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
+    record(db, request, "job.submit", job_id, kind="train", sites=list(body.sites), algorithm=body.algorithm,
+           crypto=body.crypto)
     db.commit()
     request.app.state.engine.notify()  # (and the sites' long polls for work)
     return {"job": job_id}

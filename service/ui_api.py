@@ -39,8 +39,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import delete, func, select
 
+from service.audit import OPERATOR, SITE, record, record_refusal
 from service.db import Job, Message, PrunedBytes, Site, UISession, utcnow
-from service.deps import get_db, hash_token, is_admin, load_job
+from service.deps import active_operator, get_db, hash_token, is_admin, load_job, token_owner
 from service.engine import cancel, refusals
 from service.guard import LOGIN_BYTES
 from xclp.job_kinds import JOB_KINDS, job_kind
@@ -54,14 +55,23 @@ MAX_LOGIN_BYTES = LOGIN_BYTES  # a token is 43 characters; the form is refused l
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
+OPERATOR_PREFIX = "operator:"  # a session's `who` for an operator of `xclp operator add` (not a site name: no ':')
+
+
 @dataclass
 class Viewer:
-    who: str  # "admin" or a site's name
+    who: str  # "admin", "operator:NAME" or a site's name
     expires: dt.datetime
 
     @property
     def admin(self) -> bool:
-        return self.who == "admin"
+        """An operator (the bootstrap token's or one's own): sees and may do what the admin token may."""
+        return self.who == "admin" or self.who.startswith(OPERATOR_PREFIX)
+
+    @property
+    def operator(self) -> str | None:
+        """The operator's name, as the audit log records it."""
+        return self.who.removeprefix(OPERATOR_PREFIX) if self.admin else None
 
 
 def _id_hash(sid: str) -> str:
@@ -156,11 +166,17 @@ async def login(request: Request, db=Depends(get_db)):
         who = "admin"
     elif token:
         who = db.scalar(select(Site.name).where(Site.token_hash == hash_token(token), Site.revoked_at.is_(None)))
+        if who is None and (op := active_operator(db, token)) is not None:
+            who = OPERATOR_PREFIX + op
     if who is None:
         throttle.fail(client)
+        record_refusal(request.app.state.sessionmaker, client, token_owner(db, token) if token else None,
+                       "POST /ui/login")
         return templates.TemplateResponse(request, "login.html",
                                           {"error": "unknown token: give the admin token or a site's token"},
                                           status_code=401)
+    operator = who.removeprefix(OPERATOR_PREFIX) if who == "admin" or who.startswith(OPERATOR_PREFIX) else None
+    record(db, request, "ui.login", None, who=operator or who, role=OPERATOR if operator else SITE)
     response = RedirectResponse("/ui", status_code=303)
     response.set_cookie(COOKIE, open_session(db, who), max_age=SESSION_SECONDS, path="/ui",
                         httponly=True, samesite="strict", secure=secure_cookies(request))
@@ -287,7 +303,7 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
         privacy = JobParams(**job.params).privacy()
     children = [] if job.kind != "train" else [
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
-    refused = {s: r for s, r in refusals(db, job).items() if v.who == "admin" or s == v.who}
+    refused = {s: r for s, r in refusals(db, job).items() if v.admin or s == v.who}
     progress = _progress(db, job)
     return {**job_row(job, revoked_sites(db)), "attempt": job.attempt, "live": job.live, "dropped": job.dropped,
             "failure": failure_sentence(job), "refused": refused, "progress": progress,
@@ -387,6 +403,7 @@ def cancel_from_page(request: Request, job_id: str, v: Viewer = Depends(viewer),
     if job.status != "running":
         raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
     cancel(db, job)
+    record(db, request, "job.cancel", job_id, who=v.operator, kind=job.kind, phase=job.phase, via="dashboard")
     db.commit()
     request.app.state.engine.notify()
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)

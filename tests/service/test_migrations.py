@@ -30,20 +30,21 @@ from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
 PREVIOUS = "215b981"  # the last release without migrations: its create_all made the baseline
+PREVIOUS_HEAD = "c009c00"  # the last release before revision 0006 (operators, audit_log, jobs.purged_at)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _previous_release(tmp: Path) -> Path:
+def _previous_release(tmp: Path, commit: str = PREVIOUS) -> Path:
     """The previous release's source tree (git archive), or skip where the history is not here."""
     try:
-        subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], check=True,
+        subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], check=True,
                        capture_output=True)
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"git history with the previous release ({PREVIOUS}) is not available (a shallow clone or "
+        pytest.skip(f"git history with the previous release ({commit}) is not available (a shallow clone or "
                     "no git); .ci/run makes a full clone")
     tree = tmp / "previous"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", PREVIOUS, "xclp", "crypto", "service", "clients",
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "xclp", "crypto", "service", "clients",
                               "cli"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     return tree
@@ -114,12 +115,13 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         # the row as the previous release left it, but for the raw features it was submitted with,
         # written out now that standardisation is on by default (revision 0005)
         assert params(after) == {**params(before), "standardize": False}
+        assert after.pop("purged_at") is None  # (revision 0006: not purged)
         assert after == before
         for s in ds.sites:
             idx = np.flatnonzero(ds.site == s)
             np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             procs.append(start_agent(tmp_path, url, s, tokens[s], tmp_path / f"{s}.npz", tmp_path / f"out-{s}",
-                                     options=["--allow-plaintext"]))
+                                     options=["--allow-plaintext", "--trust-on-first-use"]))
         admin = CoordinatorClient(url, ADMIN, retries=20)
         end = time.monotonic() + 300
         while (st := admin.job(job))["status"] == "running":
@@ -274,3 +276,52 @@ def test_revision_0005_keeps_the_raw_features_of_jobs_stored_before_standardisat
             assert s.get(Job, "q").params["standardize"] is True  # said explicitly: kept
     finally:
         engine.dispose()
+
+
+@pytest.mark.slow
+def test_the_previous_head_s_database_with_a_job_in_flight_gets_the_audit_log_and_the_job_finishes(tmp_path, db_url):
+    """0005 -> 0006 (operators, audit_log, jobs.purged_at), on a database the previous release's own
+    coordinator wrote, killed with a job in its first phase: the current coordinator migrates it at start,
+    the job's row is as it was (not purged), the bootstrap token still works as the operator "admin", the
+    job finishes with the current agents, and what is done with it now is in the audit log."""
+    from inprocess import InProcess, split
+
+    tree = _previous_release(tmp_path, PREVIOUS_HEAD)
+    port = free_port()
+    old = _start_previous(tree, tmp_path, port, db_url)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120)
+        admin = CoordinatorClient(url, ADMIN, retries=20)
+        c_sites = split(3).sites
+        tokens = {s: admin.add_site(s)["token"] for s in c_sites}
+        job = admin.submit_job(kind="predict", sites=c_sites, crypto="plaintext", bits=32, k=4, classes=10)
+        assert admin.job(job)["status"] == "running"
+    finally:
+        old.send_signal(signal.SIGKILL)
+        old.wait()
+    before = _job_row(db_url, job)
+    engine = make_engine(db_url)
+    assert schema_state(engine).current == "0005_raw_features_kept"
+    engine.dispose()
+
+    c = InProcess(tmp_path, db_url, own_blobs=False)
+    try:
+        engine = make_engine(db_url)
+        assert schema_state(engine).current == head()
+        engine.dispose()
+        after = _job_row(db_url, job)
+        assert after.pop("purged_at") is None
+        for row in (before, after):  # (SQLite hands JSON columns back as text)
+            for k, v in row.items():
+                if isinstance(v, str) and v[:1] in "[{":
+                    row[k] = json.loads(v)
+        assert after == before
+        assert c.admin.audit() == [] and c.admin.operators() == []
+        # the job, in flight across the upgrade, finishes with the current agents
+        st = c.drive([c.agent(s, tokens[s]) for s in c_sites], job, lambda st: st["status"] != "running")
+        assert st["status"] == "done" and st["dropped"] == {}, st
+        assert c.tc.post(f"/jobs/{job}/purge", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+        assert [(x["who"], x["action"], x["target"]) for x in c.admin.audit()] == [("admin", "job.purge", job)]
+    finally:
+        c.close()
