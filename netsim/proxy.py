@@ -7,8 +7,10 @@ it forwards every connection to the upstream address and applies the current con
 - `up_mbit` / `down_mbit`: bandwidth cap client→server / server→client (a serialising link: a chunk
   leaves when the previous one has, then travels `delay_ms`);
 - `mode`: "pass"; "stall" (connections are accepted and their bytes read, but nothing is forwarded
-  or answered — what a half-dead middlebox does; leaving stall resets the stalled connections, whose
-  bytes are lost); "drop" (every connection is reset at once, new ones as soon as they are accepted);
+  or answered — what a half-dead middlebox does; a connection stalled once stays a black hole until
+  its client gives up on it, as the peer would never hear of the end of the stall: only connections
+  made after it pass); "drop" (every connection is reset at once, new ones as soon as they are
+  accepted);
 - `reset_every`: reset every open connection each N seconds;
 - `schedule`: [[AT_SECONDS, {changes}], ...], changes applied AT seconds after the conditions were set
   (e.g. a cut from 5 s to 25 s: [[5, {"mode": "drop"}], [25, {"mode": "pass"}]]).
@@ -185,7 +187,7 @@ class Proxy:
             self._loop.call_soon_threadsafe(self._apply, new, True)
 
     def _apply(self, new: Conditions, fresh: bool) -> None:
-        old, self.cond = self.cond, new
+        self.cond = new
         if fresh:
             for t in self._schedule_handles:
                 t.cancel()
@@ -194,9 +196,6 @@ class Proxy:
             self._reset_at = self._loop.time() + (new.reset_every or 0)
         if new.mode == "drop":
             self._reset_all()
-        elif old.mode == "stall" and new.mode != "stall":
-            for c in [c for c in self.conns if c.stalled]:  # their bytes were swallowed: they cannot go on
-                self._reset(c)
 
     def _reset(self, conn: _Conn) -> None:
         self.stats.resets += 1

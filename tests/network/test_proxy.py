@@ -95,7 +95,7 @@ def test_bandwidth_cap_per_direction(echo):
         assert time.monotonic() - t >= 0.35  # 400 kB at 1 MB/s: 0.4 s (less a first chunk)
 
 
-def test_stall_accepts_and_never_answers_then_resets(echo):
+def test_stall_accepts_and_never_answers(echo):
     with ProxyThread(echo) as px:
         with _connect(px.port) as old:
             assert _roundtrip(old, b"before") == b"before"
@@ -108,15 +108,14 @@ def test_stall_accepts_and_never_answers_then_resets(echo):
                 old.sendall(b"and you?")
                 with pytest.raises(TimeoutError):
                     old.recv(1)
-                px.set(mode="pass")  # the stalled connections lost bytes: they are reset
-                new.settimeout(5)
-                with pytest.raises((ConnectionResetError, TimeoutError)) as exc:
-                    assert new.recv(1) == b""
-                assert exc.type is ConnectionResetError
-        with _connect(px.port) as again:
+                px.set(mode="pass")  # a stalled connection stays dead (its bytes were swallowed)...
+                new.sendall(b"still there?")
+                with pytest.raises(TimeoutError):
+                    new.recv(1)
+        with _connect(px.port) as again:  # ...and a new one passes
             assert _roundtrip(again, b"after") == b"after"
         st = px.stats
-    assert st["stalled"] == 2 and st["resets"] >= 2
+    assert st["stalled"] == 2
 
 
 def test_drop_resets_open_and_new_connections(echo):
