@@ -6,7 +6,8 @@ the coordinator's address. The test process (root namespace) reaches the coordin
 forwarding proxy whose upstream sockets are made inside the coordinator's namespace, so `url` is a
 loopback URL of the test's, and nothing is configured in the root namespace.
 
-Mix it in before the cluster class: `class C(NetClusterMixin, LocalCluster)` (or ProcessCluster).
+Mix it in before the cluster class: `class C(NetClusterMixin, LocalCluster)` (or ProcessCluster), and
+give `hosts`, the site names (one host each); the other arguments are the cluster class's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
+from pathlib import Path  # noqa: F401 (the paths of the cluster class)
 
 from cli.demo import _repo_root, stop_processes, wait_healthy, xclp_command
 from netsim.hosts import Network
@@ -33,7 +34,7 @@ def _env(**extra) -> dict:
 
 
 class NetClusterMixin:
-    def __init__(self, work: Path, sites: dict, *args, proxied=(), conditions: dict | None = None, **kw):
+    def __init__(self, *args, hosts: list[str], proxied=(), conditions: dict | None = None, **kw):
         self.net = Network()
         self.proxies: dict[str, subprocess.Popen] = {}
         self.forward: ProxyThread | None = None
@@ -43,13 +44,11 @@ class NetClusterMixin:
         self._conditions = dict(conditions or {})
         try:
             self.coord_host = self.net.add_host("coord")
-            self.site_hosts = {s: self.net.add_host(s) for s in sites}
+            self.site_hosts = {s: self.net.add_host(s) for s in hosts}
             # The test's way in: a loopback port here, connected inside the coordinator's namespace.
             self.forward = ProxyThread((self.coord_host.address, COORD_PORT), upstream_netns=self.coord_host.ns)
             self.forward.__enter__()
-            for s in self.proxied:
-                self.start_proxy(s)
-            super().__init__(work, sites, *args, **kw)
+            super().__init__(*args, **kw)
         except BaseException:
             self.close()
             raise
@@ -112,6 +111,8 @@ class NetClusterMixin:
         return f"http://127.0.0.1:{PROXY_PORT}" if s in self.proxied else self.coord_url
 
     def start_agent(self, s: str) -> None:
+        if s in self.proxied and (s not in self.proxies or self.proxies[s].poll() is not None):
+            self.start_proxy(s)  # (at the agent's first start: the cluster's folder is known by then)
         data = self.data_files.get(s, self.work / f"{s}.npz")
         cmd = xclp_command() + ["agent", "run", "--coordinator", self.site_url(s), "--site", s, "--data", str(data),
                                 "--out", str(self.out(s)), "--poll", "0.05", "--max-poll", "0.5",
