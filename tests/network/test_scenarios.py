@@ -77,3 +77,67 @@ def test_100ms_rtt_and_10_mbit_per_site(cluster):
     c.assert_labels_as_in_process(job)
     stats = [c.proxy_stats(s) for s in c.ds.sites]
     assert all(s["requests"] > 0 and s["resets"] == 0 for s in stats), stats  # every site's traffic went through
+
+
+def _mid_phase(c, job):
+    """Once the job is inside SecureHamming (every site has a part left in it and after it)."""
+    return c.wait(job, lambda st: st["phase"] == "hamming", what="hamming")["phase"]
+
+
+def test_a_sites_link_cut_for_25_s_mid_phase(cluster):
+    c = cluster()
+    c.start_all()
+    job = c.submit()
+    gone = c.ds.sites[-1]
+    _mid_phase(c, job)
+    c.cut(gone)
+    try:
+        time.sleep(25)
+        st = c.admin.job(job)
+        assert st["status"] == "running" and st["dropped"] == {}, st  # the others wait for it
+    finally:
+        c.mend(gone)
+    t = time.monotonic()
+    st = c.wait_done(job, timeout=150)
+    assert st["dropped"] == {}
+    c.assert_labels_as_in_process(job)
+    print(f"done {time.monotonic() - t:.1f} s after the link came back")
+
+
+def test_b_a_stalled_connection_times_out_and_the_agent_recovers(cluster):
+    c = cluster(proxied=["site2"])
+    c.start_all()
+    job = c.submit()
+    _mid_phase(c, job)
+    before = c.proxy_stats("site2")
+    # A middlebox that accepts and never answers, for 30 s; connections it swallowed stay dead after.
+    c.condition("site2", mode="stall", schedule=[[30, {"mode": "pass"}]])
+    t = time.monotonic()
+    st = c.wait_done(job, timeout=100)  # with the old 120 s read timeout, one stalled read alone took longer
+    after = c.proxy_stats("site2")
+    assert st["dropped"] == {}
+    assert after["stalled"] >= 1 and after["connections"] > before["connections"], (before, after)
+    assert after["resets"] == 0  # nothing reset them: the agent gave up on them by itself
+    c.assert_labels_as_in_process(job)
+    print(f"done {time.monotonic() - t:.1f} s after the stall began; {after['stalled']} connection(s) stalled")
+
+
+def test_c_coordinator_restarts_while_a_sites_link_is_down(cluster):
+    c = cluster()
+    c.start_all()
+    job = c.submit()
+    gone = c.ds.sites[-1]
+    _mid_phase(c, job)
+    c.cut(gone)
+    try:
+        t = time.monotonic()
+        c.kill_coordinator()
+        time.sleep(2)
+        c.start_coordinator()
+        assert c.admin.job(job)["status"] == "running"
+        time.sleep(max(0.0, 20 - (time.monotonic() - t)))
+    finally:
+        c.mend(gone)
+    st = c.wait_done(job, timeout=150)
+    assert st["dropped"] == {}
+    c.assert_labels_as_in_process(job)
