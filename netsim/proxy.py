@@ -9,8 +9,9 @@ it forwards every connection to the upstream address and applies the current con
 - `mode`: "pass"; "stall" (connections are accepted and their bytes read, but nothing is forwarded
   or answered — what a half-dead middlebox does; a connection stalled once stays a black hole until
   its client gives up on it, as the peer would never hear of the end of the stall: only connections
-  made after it pass); "drop" (every connection is reset at once, new ones as soon as they are
-  accepted);
+  made after it pass); "mute" (requests pass, answers are swallowed: the request took effect and the
+  client never hears of it — what a retried request must survive; a connection muted once stays so);
+  "drop" (every connection is reset at once, new ones as soon as they are accepted);
 - `reset_every`: reset every open connection each N seconds;
 - `schedule`: [[AT_SECONDS, {changes}], ...], changes applied AT seconds after the conditions were set
   (e.g. a cut from 5 s to 25 s: [[5, {"mode": "drop"}], [25, {"mode": "pass"}]]).
@@ -55,8 +56,8 @@ class Conditions:
     schedule: tuple = ()
 
     def __post_init__(self):
-        if self.mode not in ("pass", "stall", "drop"):
-            raise ValueError(f"mode {self.mode!r}: expected pass, stall or drop")
+        if self.mode not in ("pass", "stall", "mute", "drop"):
+            raise ValueError(f"mode {self.mode!r}: expected pass, stall, mute or drop")
 
     def rate(self, direction: str) -> float | None:
         """Bytes per second in `direction` ("up": client→server), None for no cap."""
@@ -79,6 +80,7 @@ class Stats:
     bytes_down: int = 0
     resets: int = 0
     stalled: int = 0
+    muted: int = 0
     refused: int = 0
     upstream_failures: int = 0
     routes: dict = field(default_factory=collections.Counter)
@@ -156,7 +158,7 @@ def _abort(writer: asyncio.StreamWriter) -> None:
 class _Conn:
     def __init__(self, client: asyncio.StreamWriter):
         self.writers = [client]
-        self.stalled = False
+        self.stalled = self.muted = False
 
     def abort(self) -> None:
         for w in self.writers:
@@ -308,6 +310,11 @@ class Proxy:
                         conn.stalled = True
                         self.stats.stalled += 1
                     continue  # swallowed: never forwarded, never answered
+                if data and direction == "down" and (self.cond.mode == "mute" or conn.muted):
+                    if not conn.muted:
+                        conn.muted = True
+                        self.stats.muted += 1
+                    continue  # the answer to a request that did reach the server, lost
                 if data:
                     if observe is not None:
                         observe(data)
@@ -336,7 +343,7 @@ class Proxy:
                 wait = free_at + cond.delay_ms / 1000 - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                if conn.stalled:
+                if conn.stalled or (conn.muted and direction == "down"):
                     continue
                 try:
                     writer.write(data)

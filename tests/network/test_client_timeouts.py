@@ -104,3 +104,41 @@ def test_a_post_is_retried_when_no_connection_was_made():
     assert exc.value.status == 503 and "unreachable" in exc.value.detail
     assert time.monotonic() - t >= 0.01 * (1 + 2 + 4) * 0.5  # it did back off between the tries
     api.close()
+
+
+def test_an_upload_whose_answer_is_lost_is_sent_again(server):
+    with ProxyThread(server.server_address) as px:
+        api = CoordinatorClient(f"http://127.0.0.1:{px.port}", "t", timeout=0.5, backoff=0.05)
+        px.set(mode="mute", schedule=[[1.0, {"mode": "pass"}]])  # it arrives; its answer does not
+        assert api.put("j1", "announce", b"x" * 100)["ok"]
+        st = px.stats
+        api.close()
+    assert server.seen["PUT /jobs/j1/messages/announce"] >= 2 and st["muted"] >= 1  # (the coordinator: one effect)
+
+
+def test_a_repeated_upload_that_lost_the_race_to_its_first_try_is_compared_again():
+    """The coordinator's unique row refuses a second insert while the first try is being stored ("was
+    already uploaded"): on a repeated PUT that means "ask again", and the next answer compares the bytes."""
+    answers = iter([
+        (None, None),  # the first try: its answer lost
+        (409, "'announce' from s to coordinator was already uploaded"),
+        (200, '{"stored": false, "detail": "identical message already stored"}'),
+    ])
+    import httpx
+
+    def handler(request):
+        status, text = next(answers)
+        if status is None:
+            raise httpx.ReadTimeout("lost", request=request)
+        if status == 200:
+            return httpx.Response(status, text=text, headers={"Content-Type": "application/json"})
+        return httpx.Response(status, json={"detail": text})
+
+    api = CoordinatorClient("http://testserver", "t", backoff=0.01, transport=httpx.MockTransport(handler))
+    assert api.put("j1", "announce", b"x")["detail"] == "identical message already stored"
+    # …but not on a first try, nor when the coordinator compared and found other bytes
+    other = iter([(409, "'announce' from s to coordinator was already uploaded with other content")])
+    api2 = CoordinatorClient("http://testserver", "t", backoff=0.01, transport=httpx.MockTransport(
+        lambda request: httpx.Response(409, json={"detail": next(other)[1]})))
+    with pytest.raises(ApiError, match="with other content"):
+        api2.put("j1", "announce", b"y")
