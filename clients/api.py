@@ -78,7 +78,10 @@ class CoordinatorClient:
                 # A POST that may have reached the coordinator (the connection was made) is not sent
                 # twice: a second job or token would be a duplicate effect. The caller sees the error.
                 sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if attempt == self.retries or (sent and not repeatable):
+                if sent and not repeatable:
+                    raise ApiError(503, f"coordinator unreachable at {self.url}: {exc!r}; the {method} {path} may "
+                                        "have reached it (not sent again): look before repeating it") from exc
+                if attempt == self.retries:
                     raise ApiError(503, f"coordinator unreachable at {self.url}: {exc!r}") from exc
                 log.info("%s %s: %r; trying again in about %.1f s", method, path, exc, delay)
             else:

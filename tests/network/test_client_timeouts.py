@@ -40,6 +40,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_POST = _answer
 
+    def handle(self):
+        try:
+            super().handle()
+        except OSError:  # the client gave up on the answer (that is the point of these tests)
+            pass
+
     def log_message(self, *a):
         pass
 
@@ -82,7 +88,7 @@ def test_a_post_that_may_have_arrived_is_not_sent_twice(server):
     server.hold["/jobs/j1"] = 1.5
     api = CoordinatorClient(f"http://127.0.0.1:{server.server_address[1]}", "t", timeout=0.5, backoff=0.05,
                             retries=2)
-    with pytest.raises(ApiError):
+    with pytest.raises(ApiError, match="may have reached it"):
         api.submit_job(kind="predict")
     with pytest.raises(ApiError):
         api.job("j1")
