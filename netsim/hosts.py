@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -52,6 +53,22 @@ def unavailable() -> str | None:
         ip("netns", "del", name, check=False)
 
 
+_TAG = re.compile(r"^xn(\d+)n\d+-")
+
+
+def sweep_leftovers() -> list[str]:
+    """Delete the namespaces this harness made in a process that is gone (killed before its close():
+    the namespace names carry the maker's pid). Those of live processes, and any other, are left alone."""
+    gone = []
+    for line in ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = _TAG.match(name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            ip("netns", "del", name, check=False)
+            gone.append(name)
+    return gone
+
+
 class Host:
     def __init__(self, net: Network, name: str, ns: str, address: str, port_name: str):
         self.net, self.name, self.ns, self.address, self.port_name = net, name, ns, address, port_name
@@ -81,7 +98,8 @@ class Network:
 
     def __init__(self, subnet: str = "10.203.0"):
         self.subnet = subnet
-        self.tag = f"xn{os.getpid() % 100000}n{next(_counter)}"
+        sweep_leftovers()
+        self.tag = f"xn{os.getpid()}n{next(_counter)}"
         self.switch = f"{self.tag}-sw"
         self.hosts: dict[str, Host] = {}
         self._made: list[str] = []

@@ -1,6 +1,7 @@
 """netsim.hosts: hosts in namespaces reach each other over the switch, a cut link silences a host,
 the test reaches a host through a socket made in its namespace, and nothing is left behind."""
 
+import os
 import subprocess
 import sys
 import time
@@ -58,3 +59,19 @@ def test_close_deletes_every_namespace(netns_ok):
     assert tag in ip("netns", "list").stdout
     net.close()
     assert tag not in ip("netns", "list").stdout
+
+
+def test_namespaces_left_by_a_killed_run_are_swept(netns_ok):
+    from netsim.hosts import ip, sweep_leftovers
+
+    dead = next(p for p in range(4_000_000, 4_100_000) if not os.path.exists(f"/proc/{p}"))
+    name, live = f"xn{dead}n0-sw", f"xn{os.getpid()}n999-sw"
+    for n in (name, live):
+        ip("netns", "add", n)
+    try:
+        assert name in sweep_leftovers()
+        listed = ip("netns", "list").stdout
+        assert name not in listed and live in listed  # a live process's namespaces stay
+    finally:
+        for n in (name, live):
+            ip("netns", "del", n, check=False)
