@@ -117,7 +117,8 @@ def test_b_a_stalled_connection_times_out_and_the_agent_recovers(cluster):
     after = c.proxy_stats("site2")
     assert st["dropped"] == {}
     assert after["stalled"] >= 1 and after["connections"] > before["connections"], (before, after)
-    assert after["resets"] == 0  # nothing reset them: the agent gave up on them by itself
+    assert after["resets"] == 0  # nothing reset them: the agent gave up on them by itself...
+    assert "ReadTimeout" in (c.work / "agent-site2.log").read_text()  # ...when its read timed out
     c.assert_labels_as_in_process(job)
     print(f"done {time.monotonic() - t:.1f} s after the stall began; {after['stalled']} connection(s) stalled")
 
