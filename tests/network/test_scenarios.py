@@ -142,3 +142,15 @@ def test_c_coordinator_restarts_while_a_sites_link_is_down(cluster):
     st = c.wait_done(job, timeout=150)
     assert st["dropped"] == {}
     c.assert_labels_as_in_process(job)
+
+
+def test_e_connections_reset_every_2_s(cluster):
+    """Every site's connections reset every 2 s for the whole job: requests cut mid-upload or after they
+    arrived are sent again, and the job's answer does not change (a repeated upload has one effect)."""
+    c = cluster(proxied=["site0", "site1", "site2"], conditions={"reset_every": 2.0, "delay_ms": 5})
+    c.start_all()
+    job = c.submit()
+    st = c.wait_done(job, timeout=240)
+    assert st["dropped"] == {}
+    c.assert_labels_as_in_process(job)
+    assert all(c.proxy_stats(s)["resets"] > 0 for s in c.ds.sites)
