@@ -1,7 +1,13 @@
 """A small HTTP client for the coordinator's API (httpx), with retries for transient errors.
 
 Transient = the coordinator cannot be reached, or answers 5xx/429: retried with exponential
-backoff (a coordinator restart is invisible to the caller). A 4xx is the caller's mistake and is
+backoff and jitter (a coordinator restart is invisible to the caller; sites cut off together do not
+come back in lockstep). A read that hears nothing for READ_TIMEOUT seconds (a long poll: its wait
+more) is a transient error too: a connection a middlebox or a cut link left half-dead is given up
+and the request sent again on a new one, instead of hanging for minutes (issue 36). Only requests
+that are safe to repeat are repeated after they may have reached the coordinator: GET, and PUT (an
+upload of the same bytes is stored once). A POST (a new job, a new site, a token) is retried only
+when it surely did not arrive (no connection was made) or the coordinator answered 429/503. A 4xx is the caller's mistake and is
 raised at once as ApiError with the coordinator's message. A certificate that does not verify is
 not retried either: it raises clients.urls.CoordinatorTLSError (a ValueError) naming --ca-file. The
 URL is checked by clients.urls before anything connects (http:// only to a loopback host unless
@@ -11,6 +17,7 @@ URL is checked by clients.urls before anything connects (http:// only to a loopb
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 import httpx
@@ -18,6 +25,17 @@ import httpx
 from clients.urls import check_url, tls_failure, verify_context
 
 log = logging.getLogger("xclp.client")
+
+
+CONNECT_TIMEOUT = 10.0  # a coordinator that does not accept a connection in 10 s is not there (for now)
+READ_TIMEOUT = 20.0  # no byte for this long (beyond a long poll's wait) on an open connection: it is dead
+WRITE_TIMEOUT = 30.0  # an upload that cannot send a byte for this long: the link is gone
+MAX_BACKOFF = 5.0
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+def _timeout(read: float) -> httpx.Timeout:
+    return httpx.Timeout(connect=CONNECT_TIMEOUT, read=read, write=WRITE_TIMEOUT, pool=CONNECT_TIMEOUT)
 
 
 class ApiError(RuntimeError):
@@ -31,13 +49,13 @@ class NotTheApi(ApiError):
 
 
 class CoordinatorClient:
-    def __init__(self, url: str, token: str, *, timeout: float = 120.0, retries: int = 8, backoff: float = 0.25,
+    def __init__(self, url: str, token: str, *, timeout: float = READ_TIMEOUT, retries: int = 8, backoff: float = 0.25,
                  transport: httpx.BaseTransport | None = None, ca_file: str | None = None,
                  insecure_http: bool = False):
         # A transport given by the caller (the tests' in-process ASGI app) is no network: the URL only names it.
         self.url = check_url(url, insecure_http=insecure_http or transport is not None, ca_file=ca_file)
-        self.retries, self.backoff = retries, backoff
-        self.http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport,
+        self.retries, self.backoff, self.read_timeout = retries, backoff, timeout
+        self.http = httpx.Client(base_url=self.url, timeout=_timeout(timeout), transport=transport,
                                  verify=verify_context(ca_file), headers={"Authorization": f"Bearer {token}"})
 
     def close(self) -> None:
@@ -45,6 +63,10 @@ class CoordinatorClient:
 
     def request(self, method: str, path: str, *, ok404: bool = False, **kw) -> httpx.Response | None:
         delay = self.backoff
+        wait = float((kw.get("params") or {}).get("wait") or 0)
+        if wait > 0 and "timeout" not in kw:  # a long poll: the coordinator holds it `wait` s before answering
+            kw["timeout"] = _timeout(self.read_timeout + wait)
+        repeatable = method.upper() in IDEMPOTENT
         for attempt in range(self.retries + 1):
             try:
                 r = self.http.request(method, path, **kw)
@@ -53,9 +75,15 @@ class CoordinatorClient:
             except httpx.TransportError as exc:
                 if (bad_cert := tls_failure(exc, self.url)) is not None:
                     raise bad_cert from None
+                # A POST that may have reached the coordinator (the connection was made) is not sent
+                # twice: a second job or token would be a duplicate effect. The caller sees the error.
+                sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if sent and not repeatable:
+                    raise ApiError(503, f"coordinator unreachable at {self.url}: {exc!r}; the {method} {path} may "
+                                        "have reached it (not sent again): look before repeating it") from exc
                 if attempt == self.retries:
-                    raise ApiError(503, f"coordinator unreachable at {self.url}: {exc}") from exc
-                log.debug("retrying %s %s after %s", method, path, exc)
+                    raise ApiError(503, f"coordinator unreachable at {self.url}: {exc!r}") from exc
+                log.info("%s %s: %r; trying again in about %.1f s", method, path, exc, delay)
             else:
                 if r.status_code == 404 and ok404:
                     return None
@@ -66,12 +94,23 @@ class CoordinatorClient:
                         detail = r.json().get("detail", r.text)
                     except (ValueError, AttributeError):
                         raise NotTheApi(r.status_code, self._not_api(r)) from None
-                    raise ApiError(r.status_code, str(detail))
-                if attempt == self.retries:
+                    if not (self._lost_race(method, attempt, r.status_code, str(detail)) and attempt < self.retries):
+                        raise ApiError(r.status_code, str(detail))
+                if attempt == self.retries or (not repeatable and r.status_code not in (429, 503)):
                     raise ApiError(r.status_code, r.text)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            # jitter: sites that lost the coordinator together do not all come back at the same instant
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, MAX_BACKOFF)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _lost_race(method: str, attempt: int, status: int, detail: str) -> bool:
+        """A repeated upload that met its own first try still being stored: the coordinator's unique
+        row refused the second insert ("… was already uploaded", without "with other content", which is
+        the answer once it can compare the bytes). Sent once more, it is compared with the stored copy:
+        identical bytes are accepted, other bytes refused — so a timed-out upload has one effect."""
+        return (method.upper() == "PUT" and attempt > 0 and status == 409
+                and detail.endswith("was already uploaded"))
 
     def _not_api(self, r: httpx.Response) -> str:
         """The complaint about a reply that is not the API's JSON (an HTML page, a redirect, another server)."""
