@@ -281,6 +281,10 @@ class JobParams:
             from crypto.lattice_hamming import MAX_BITS
             if self.bits > MAX_BITS:
                 raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
+        if self.crypto == "masked":
+            from crypto.masked_hamming import MAX_BITS as MASKED_MAX_BITS
+            if self.bits > MASKED_MAX_BITS:
+                raise ValueError(f"crypto='masked' takes bits ≤ {MASKED_MAX_BITS}, got {self.bits}")
         if self.k < MIN_K:
             raise ValueError(f"k must be at least {MIN_K}, got {self.k}")
         if not 0.0 < self.alpha < 1.0:
