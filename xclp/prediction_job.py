@@ -606,7 +606,8 @@ class PredictCoordinator:
     # dropped; a pair whose round has a share missing at the deadline, or whose shares do not combine,
     # is incomplete, and `blame` picks the sites to drop; the job goes on without them.
     def _blocked_inputs(self) -> tuple[str, ...]:
-        return ("tags", "knn") + (("codes",) if self.params.crypto == "plaintext" else ())
+        codes = self.params.crypto == "plaintext" or traits(self.params.crypto).runs_pairs
+        return ("tags", "knn") + (("codes",) if codes else ())
 
     def _round_plans(self, mail: Mailbox, r: int, order: list[str]) -> dict[str, dict]:
         """The plans of round r the coordinator sent the sites of `order` (site → peer → its part)."""
@@ -673,6 +674,8 @@ class PredictCoordinator:
                 coord.receive_intra_knn(s, mail.body(s, COORDINATOR, "knn"))
                 if self.params.crypto == "plaintext":
                     coord.receive_plaintext_codes(s, mail.body(s, COORDINATOR, "codes"))
+                elif traits(self.params.crypto).runs_pairs:  # masked: each site's masked codes, once
+                    coord.receive_masked_codes(s, mail.body(s, COORDINATOR, "codes"))
             except ProtocolError as exc:
                 log.warning(json.dumps({"event": "bad_blocked_inputs", "site": s, "why": str(exc)}))
                 bad.add(s)
@@ -986,7 +989,7 @@ class PredictSite:
         sess = self.session
         progressed = False
         inputs = {"tags": sess.tags_message, "knn": sess.intra_knn_message}
-        if sess.params.crypto == "plaintext":
+        if sess.params.crypto == "plaintext" or traits(sess.params.crypto).runs_pairs:
             inputs["codes"] = sess.codes_message
         for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
             progressed |= self._once(send, topic, make)

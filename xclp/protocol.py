@@ -63,7 +63,7 @@ from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.lattice_blocks import BlockLayout, BlockView, PackedPartyA, combine_values
 from crypto.lattice_hamming import lattice_params
 from crypto.lattice_kept import KeptResults, KeptView, combine_kept
-from crypto.masked_hamming import PairView, combine_views
+from crypto.masked_hamming import PairView, combine_views, read_codes
 from crypto.secure_sum import (
     mask_rows,
     prg_uint64,
@@ -991,11 +991,16 @@ class SiteSession:
                             "dist": np.where(knn.idx >= 0, knn.dist, 0).astype(np.uint16)})
 
     def codes_message(self) -> bytes:
-        """crypto="plaintext" only: this site's packed codes, what its plaintext pair protocol sends
-        the coordinator anyway; sent once, the coordinator measures every block from them."""
+        """crypto="plaintext": this site's packed codes, what its plaintext pair protocol sends the
+        coordinator anyway; sent once, the coordinator measures every block from them. crypto="masked"
+        (traits().runs_pairs): its codes MASKED under its own key (crypto.masked_hamming.codes_message),
+        sent once; the pair runs then send one value per candidate."""
         self._expect("hamming")
+        if traits(self.params.crypto).runs_pairs:
+            proto = self._hamming = self._hamming or hamming_protocol(self.params)
+            return proto.codes_message(self.hash(), self.params.bits)
         if self.params.crypto != "plaintext":
-            raise ProtocolError(f"{self.site}: codes go to the coordinator only with crypto='plaintext'")
+            raise ProtocolError(f"{self.site}: codes go to the coordinator only with crypto='plaintext' or 'masked'")
         return self.hash().tobytes()
 
     def block_party(self, peer: str, rows: np.ndarray) -> ChannelParty:
@@ -1284,6 +1289,7 @@ class CoordinatorSession:
     mode: str | None = None
     # crypto="masked": distances of pair runs combined before (`receive_pair_run`), kept by the caller
     pair_cache: dict | None = None
+    masked_codes: dict[str, np.ndarray] = field(default_factory=dict)  # crypto="masked": each site's, once
 
     def __post_init__(self):
         self.params.validate()
@@ -1397,10 +1403,13 @@ class CoordinatorSession:
         key = (a, b, run.view_a.digest, run.view_b.digest, len(share_a), hash(share_a), len(share_b), hash(share_b))
         cache = self.pair_cache
         if cache is not None and key in cache:
-            i, j = run.view_a.rows[run.view_a.a_ordinal()], run.view_b.rows[run.view_b.cols]
+            i, j = run.view_a.pairs()
             h = cache[key]
         else:
-            i, j, h = combine_views(share_a, share_b, run.view_a, run.view_b, self.params.bits)
+            if a not in self.masked_codes or b not in self.masked_codes:
+                raise ProtocolError(f"candidates ({a}, {b}): a site's masked codes are missing")
+            i, j, h = combine_views(share_a, share_b, run.view_a, run.view_b, self.params.bits,
+                                    self.masked_codes[a], self.masked_codes[b])
             if cache is not None:
                 cache[key] = h.astype(np.uint16)
         self._blocked_state().add_pairs(a, b, i, j, h.astype(np.int32, copy=False))
@@ -1415,6 +1424,19 @@ class CoordinatorSession:
         layout = BlockLayout.from_views(run.view_a, run.view_b)
         h = combine_values(share_a, share_b, layout, self.params.bits, self.params.max_message_bytes)
         self._blocked_state().add_pairs(a, b, *layout.pairs(), h)
+
+    def receive_masked_codes(self, site: str, body: bytes) -> None:
+        """crypto="masked": a site's masked codes, once (crypto.masked_hamming.read_codes), kept for its pair
+        runs; unpacked once per upload where a `pair_cache` is kept."""
+        key = ("codes", site, len(body), hash(body))
+        cache = self.pair_cache
+        if cache is not None and key in cache:
+            self.masked_codes[site] = cache[key]
+            return
+        codes = read_codes(body, self.roster[site].n, self.params.bits, f"{site}'s masked codes")
+        if cache is not None:
+            cache[key] = codes
+        self.masked_codes[site] = codes
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the
