@@ -23,7 +23,9 @@ A blocked graph (xclp.blocking) asks for many small blocks rows_a × rows_b of o
 protocol whose traits say `packs_blocks` (lattice: crypto.lattice_blocks) runs them all in one run:
 `party_a_blocks(bits, n_bits, blocks, n_b)` / `party_b_blocks(bits, n_bits, blocks, n_a)` over each
 site's whole bit matrix, then `combine_blocks(...)` (each block's matrix) or `combine_pairs(...)`
-(each candidate pair once); `run_blocks` runs a pair's blocks in process either way.
+(each candidate pair once); `run_blocks` runs a pair's blocks in process either way. A protocol whose
+traits say `runs_pairs` (masked: crypto.masked_hamming) runs a pair's candidate ENTRIES in one run,
+each site given its PairView, with each site's masked codes uploaded once per job.
 
 Every party saves itself to bytes between messages, `party.state()`, and the protocol rebuilds it
 over the same bits, `protocol.restore_party(bits, n_bits, data)` (crypto/state.py's framing: no

@@ -8,7 +8,7 @@ from distributions import ALPHA, chi2_uniform
 
 from crypto import masked_hamming as mh
 from crypto.errors import ProtocolError
-from crypto.hamming_api import PairDriver, exchange, plaintext_hamming, run_blocks, run_pair, traits
+from crypto.hamming_api import PairDriver, plaintext_hamming, run_blocks, run_pair, traits
 from crypto.masked_hamming import MaskedHamming, combine_views, log_t, pair_views
 from xclp.site_policy import PolicyError, SitePolicy
 

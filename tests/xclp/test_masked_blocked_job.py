@@ -114,3 +114,9 @@ def test_a_site_refuses_a_view_past_the_rounds_bounds_or_twice(ds):
     _, vb = pair_views(i, j, na, nb)
     with pytest.raises(ViewRefused):
         sites[b].session.blocks_party(a, vb, 1)
+
+
+def test_the_exact_graph_runs_every_entry_and_gives_the_plaintext_labels(ds):
+    params = dict(n_classes=10, bits=128, graph="exact")
+    masked = run_xclp(ds, JobParams(job_id="me", crypto="masked", **params), seed=1)
+    assert np.array_equal(masked.labels, run_xclp(ds, JobParams(job_id="me", **params), seed=1).labels)
