@@ -199,7 +199,8 @@ class PairView:
             raise ProtocolError("masked: a view's points of B must increase within each point of A")
         if np.bincount(cols, minlength=self.m_b).min() < 1:
             raise ProtocolError("masked: every point of B in a view needs a candidate")
-        self.rows_a, self.rows_b, self.ptr, self.cols = rows_a, rows_b, ptr, cols
+        # (the ordinals in 32 bits: a round's views of 28.7 M candidates are held by both sites and the coordinator)
+        self.rows_a, self.rows_b, self.ptr, self.cols = rows_a, rows_b, ptr, cols.astype(np.int32)
         self.candidates = int(cols.size)
         h = hashlib.sha256(b"xclp/masked/shape/v2" + struct.pack("<QQ", self.n_a, self.n_b))
         for x in (rows_a, rows_b, ptr, cols):
@@ -217,7 +218,7 @@ class PairView:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"meta": np.array([self.side == "b", self.n_a, self.n_b], dtype=np.int64), "rows_a": self.rows_a,
-                "rows_b": self.rows_b, "ptr": self.ptr, "cols": self.cols}
+                "rows_b": self.rows_b, "ptr": self.ptr, "cols": self.cols.astype(np.int64)}
 
     @classmethod
     def from_arrays(cls, get) -> PairView:
