@@ -1,5 +1,6 @@
 """Hamming distances at a pair's candidate entries only, from codes masked under keys the coordinator
-does not hold: the "masked" protocol. Its work grows with the candidates and its bytes with the points
+does not hold: the "masked" protocol. (About 570 lines: the construction and its argument, the views,
+both parties with their saved state, the coordinator's step and the whole-site runs — one scheme.) Its work grows with the candidates and its bytes with the points
 and the candidates, never with n_a × n_b (issue 35) — and it trusts the coordinator not to collude with
 a site (Traits.trusts_coordinator).
 
