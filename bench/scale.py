@@ -1,10 +1,11 @@
 """XCLP without all pairs (issue 23): the blocked graph against exact XCLP, time and memory vs n.
 
     nice -n 10 .venv/bin/python -m bench.scale [--sizes 10000 20000 40000 60000] [--exact-max-n 20000]
-        [--executor serial|process] [--crypto plaintext|lattice] [--json bench/results/scale.json]
+        [--executor serial|process] [--crypto plaintext|lattice|masked] [--json bench/results/scale.json]
 
 Fashion-MNIST training images (a seeded subset of size n; 60,000 is all of them), 10 sites,
-Dirichlet 0.5, 10 % labelled, L = 1024, plaintext (--crypto lattice: the secure job, in process). For each n, each measurement in a fresh process
+Dirichlet 0.5, 10 % labelled, L = 1024, plaintext (--crypto lattice or masked: the secure job, in process). For
+each n, each measurement in a fresh process
 (so each has its own peak memory, ru_maxrss):
 
 - blocked: `run_xclp` with graph="blocked" — seconds per phase, peak memory, candidate pairs;
@@ -17,7 +18,10 @@ Dirichlet 0.5, 10 % labelled, L = 1024, plaintext (--crypto lattice: the secure 
 
 Reported: labels identical to the reference, accuracy of both on the unlabelled points, recall@10
 of the blocked kNN lists against the all-pairs ones, and the fitted log-log slope of blocked time
-vs n (1: linear, 2: all pairs).
+vs n (1: linear, 2: all pairs). A blocked run keeps its labels under /tmp
+(xclp-scale-labels-<n>-<seed>-<crypto>.npy); a secure run whose plaintext run is there reports the share of
+labels equal to it (`labels_equal_plaintext`: the same seed, so 1.0 unless the protocol errs). Each run
+records the machine's load average before and after (`load`: it shares its cores).
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def reference(n: int, seed: int) -> dict:
     return out
 
 
-def one(n: int, mode: str, seed: int, executor: str, crypto: str = "plaintext") -> dict:
+def one(n: int, mode: str, seed: int, executor: str, crypto: str = "plaintext", with_reference: bool = True) -> dict:
     """One measurement in this process (the parent reads its JSON line)."""
     from xclp.blocking import recall_at_k
     from xclp.executor import make_executor
@@ -107,6 +111,9 @@ def one(n: int, mode: str, seed: int, executor: str, crypto: str = "plaintext") 
         t0 = time.perf_counter()
         reference(n, seed)
         return {"n": n, "mode": mode, "seconds": time.perf_counter() - t0, "peak_bytes": peak()}
+    import os
+
+    load_before = os.getloadavg()
     with make_executor(executor) as ex:
         t0 = time.perf_counter()
         res = run_xclp(ds, params(mode, crypto), seed=seed, executor=ex)
@@ -114,13 +121,23 @@ def one(n: int, mode: str, seed: int, executor: str, crypto: str = "plaintext") 
     out = {"n": n, "mode": mode, "crypto": crypto, "bytes_hamming": res.bytes["by_phase"].get("hamming", 0),
            "seconds": seconds, "phases": res.timings, "solver": res.solver,
            "peak_bytes": peak(), "accuracy": unlabelled_accuracy(ds, res.labels),
-           "bytes_influence": res.bytes["by_phase"].get("influence", 0)}
+           "bytes_influence": res.bytes["by_phase"].get("influence", 0), "bytes_total": res.bytes.get("total"),
+           "load": {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}}
+    if mode == "blocked":
+        mine = Path(f"/tmp/xclp-scale-labels-{n}-{seed}-{crypto}.npy")
+        np.save(mine, res.labels)
+        plain = Path(f"/tmp/xclp-scale-labels-{n}-{seed}-plaintext.npy")
+        if crypto != "plaintext" and plain.exists():
+            out["labels_equal_plaintext"] = float(np.mean(np.load(plain) == res.labels))
+    if mode == "blocked":
+        out["candidate_pairs_cross"] = res.coordinator.blocked.pair_count()
+    if not with_reference:  # (--no-reference: the all-pairs reference is not computed; labels vs plaintext only)
+        return out
     ref = reference(n, seed)
     out["labels_identical"] = float(np.mean(res.labels == ref["labels"]))
     out["reference_accuracy"] = unlabelled_accuracy(ds, ref["labels"])
     if mode == "blocked":
         st = res.coordinator.blocked
-        out["candidate_pairs_cross"] = st.pair_count()
         out["all_pairs"] = n * (n - 1) // 2
         out["recall_at_10"] = recall_at_k(st.knn(st.sites).idx, ref["knn_idx"])
     return out
@@ -168,16 +185,19 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--executor", default="serial", choices=("serial", "process", "dask"))
     ap.add_argument("--json", default="bench/results/scale.json")
-    ap.add_argument("--crypto", default="plaintext", choices=("plaintext", "lattice"),
-                    help="the blocked and exact jobs' SecureHamming (lattice: the secure job, in process)")
+    ap.add_argument("--crypto", default="plaintext", choices=("plaintext", "lattice", "masked"),
+                    help="the blocked and exact jobs' SecureHamming (lattice, masked: the secure job, in process)")
     ap.add_argument("--one", nargs=2, metavar=("N", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-reference", action="store_true",
+                    help="with --one: skip the all-pairs reference (labels_identical, recall); a secure run still "
+                         "compares its labels with the plaintext run's, where that ran first")
     ap.add_argument("--table", metavar="JSON", help="print the Markdown table of a result and stop")
     a = ap.parse_args(argv)
     if a.table:
         print(table(json.loads(Path(a.table).read_text())))
         return
     if a.one:
-        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.executor, a.crypto)))
+        print(json.dumps(one(int(a.one[0]), a.one[1], a.seed, a.executor, a.crypto, not a.no_reference)))
         return
     rows = []
     for n in a.sizes:

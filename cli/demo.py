@@ -186,6 +186,15 @@ def stop_processes(procs, timeout: float = 10) -> None:
             p.wait()
 
 
+def _opt_in(crypto: str) -> list[str] | None:
+    """The demo's user runs every site: asking for a weaker protocol is also each site's opt-in to it."""
+    from crypto.hamming_api import traits
+
+    t = traits(crypto)
+    return (["--allow-plaintext"] if not t.secure else []) + (["--allow-trusted-coordinator"]
+                                                              if t.trusts_coordinator else []) or None
+
+
 def _workdir(workdir: str | None) -> Path:
     work = Path(workdir or tempfile.mkdtemp(prefix="xclp-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -218,7 +227,7 @@ def run_demo(crypto: str = "lattice", json_out: Path | None = None, bits: int = 
     try:
         # The demo's user runs every site: asking for plaintext is also each site's opt-in to it.
         cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names},
-                               agent_options=["--allow-plaintext"] if crypto == "plaintext" else None)
+                               agent_options=_opt_in(crypto))
         job = cluster.admin.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits, k=10, alpha=0.99,
                                        classes=ds.n_classes)
         st = wait_for_job(cluster.admin, job, timeout=600)
@@ -282,7 +291,7 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     cluster = None
     try:
         cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names},
-                               agent_options=["--allow-plaintext"] if crypto == "plaintext" else None)
+                               agent_options=_opt_in(crypto))
         job = cluster.admin.submit_train(algorithm=algorithm, sites=names, classes=ds.n_classes, crypto=crypto,
                                          **knobs)
         st = wait_for_job(cluster.admin, job, timeout=1200)

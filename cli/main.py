@@ -455,6 +455,7 @@ def cmd_agent_run(args) -> int:
     from xclp.site_policy import SitePolicy
 
     policy = SitePolicy(allow_plaintext=args.allow_plaintext, allow_unmasked=args.allow_unmasked_training,
+                        allow_trusted_coordinator=args.allow_trusted_coordinator,
                         min_key_bits=args.min_key_bits, min_bits=args.min_bits, min_sites=args.min_sites,
                         max_epsilon=args.max_epsilon, max_delta=args.max_delta, min_colluders=args.min_colluders)
     membership = _membership(args)
@@ -860,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--token-file", default=None, help="file whose first line is the site's token (default: $XCLP_TOKEN)")
     ar.add_argument("--allow-plaintext", action="store_true",
                     help="take part in predict jobs with crypto=plaintext (LSH bits and sums in the clear)")
+    ar.add_argument("--allow-trusted-coordinator", action="store_true",
+                    help="take part in predict jobs whose crypto trusts the coordinator not to collude with a site "
+                         "(crypto=masked: fast at scale; a coordinator with one site would learn this site's codes)")
     ar.add_argument("--allow-unmasked-training", action="store_true",
                     help="take part in FedAvg jobs without secure aggregation (weights in the clear)")
     ar.add_argument("--min-key-bits", type=int, default=2048, help="refuse Paillier keys below this size")

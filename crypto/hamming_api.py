@@ -23,7 +23,9 @@ A blocked graph (xclp.blocking) asks for many small blocks rows_a × rows_b of o
 protocol whose traits say `packs_blocks` (lattice: crypto.lattice_blocks) runs them all in one run:
 `party_a_blocks(bits, n_bits, blocks, n_b)` / `party_b_blocks(bits, n_bits, blocks, n_a)` over each
 site's whole bit matrix, then `combine_blocks(...)` (each block's matrix) or `combine_pairs(...)`
-(each candidate pair once); `run_blocks` runs a pair's blocks in process either way.
+(each candidate pair once); `run_blocks` runs a pair's blocks in process either way. A protocol whose
+traits say `runs_pairs` (masked: crypto.masked_hamming) runs a pair's candidate ENTRIES in one run,
+each site given its PairView, with each site's masked codes uploaded once per job.
 
 Every party saves itself to bytes between messages, `party.state()`, and the protocol rebuilds it
 over the same bits, `protocol.restore_party(bits, n_bits, data)` (crypto/state.py's framing: no
@@ -48,7 +50,11 @@ class Traits:
     key size (a site's policy sets a minimum; one key pair per site and job); `packs_blocks` — it runs
     all candidate blocks of a site pair in one run (`party_a_blocks`, `party_b_blocks`,
     `combine_blocks`: crypto.lattice_blocks), the others one run per block (`run_blocks` does
-    either). (Every protocol's parties
+    either); `runs_pairs` — it runs a pair's candidate ENTRIES in one run, each site given its view of
+    them (crypto.masked_hamming: `pair_views`, `party_a_pairs` / `party_b_pairs`, `combine_views`);
+    `trusts_coordinator` — its security rests on the coordinator not colluding with a site (a coordinator
+    with one site learns the peer's codes): a site takes part only if its policy says so
+    (xclp.site_policy: allow_trusted_coordinator). (Every protocol's parties
     save their state to bytes and restore from it — `state()`, `restore_party` —, so no trait says
     which may run where a site keeps nothing between messages: all do.)"""
 
@@ -57,6 +63,8 @@ class Traits:
     secure: bool
     key_bits: bool = False
     packs_blocks: bool = False
+    runs_pairs: bool = False
+    trusts_coordinator: bool = False
 
 
 # Every protocol, once: the command line, the service's schemas, the protocol core, the site policy and
@@ -68,6 +76,10 @@ REGISTRY = {
     "paillier": Traits("crypto.paillier_hamming", "PaillierHamming", secure=True, key_bits=True),
     "paillier-naive": Traits("crypto.paillier_hamming", "PaillierNaiveHamming", secure=True, key_bits=True),
     "ot": Traits("crypto.ot_hamming", "OTHamming", secure=True),
+    # fast at scale (work and bytes follow the candidates), secure only while the coordinator does not
+    # collude with a site: a site must opt in (docs/security.md, "The masked protocol")
+    "masked": Traits("crypto.masked_hamming", "MaskedHamming", secure=True, runs_pairs=True,
+                     trusts_coordinator=True),
 }
 PROTOCOLS = tuple(REGISTRY)
 DEFAULT_SECURE = "lattice"
@@ -278,7 +290,7 @@ def run_blocks(protocol: HammingProtocol, bits_a: np.ndarray, bits_b: np.ndarray
     else one run per block (Paillier, OT, plaintext). Each block's rows_a × rows_b matrix, in order."""
     if not blocks:
         raise ProtocolError("no blocks to run")
-    if traits(protocol.name).packs_blocks:
+    if traits(protocol.name).runs_pairs or traits(protocol.name).packs_blocks:
         share_a, share_b = exchange(protocol.party_a_blocks(bits_a, n_bits, blocks, bits_b.shape[0]),
                                     protocol.party_b_blocks(bits_b, n_bits, blocks, bits_a.shape[0]), transcript)
         return protocol.combine_blocks(share_a, share_b, blocks, bits_a.shape[0], bits_b.shape[0], n_bits)

@@ -20,7 +20,10 @@ Also here: the coordinator's message that hands a site its part of a round (`pla
 - a packed run: its VIEW of the pair (crypto.lattice_blocks.BlockView) — A: per group of its points,
   how many rows of B and, for each anonymous row, which of A's points are its candidates; B: per
   group, its own rows. Neither gets a row index of its peer. The coordinator rebuilds the pair's
-  candidate entries from the two views it sent (`pair_blocks`).
+  candidate entries from the two views it sent (`pair_blocks`);
+- a run over candidate entries (traits().runs_pairs: crypto.masked_hamming): its PairView — its own
+  candidate rows and the entries as (its row ordinal, the peer's row ordinal): the candidate graph
+  between its points and pseudonymous rows of the peer, no index of the peer's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing
 from crypto.lattice_blocks import BlockLayout, BlockView, blocks_from_views
 from crypto.lattice_kept import kept_view
+from crypto.masked_hamming import PairView, pair_views
 from crypto.state import Nested, State, pack
 from xclp import blocking
 from xclp.wire import dump_bundle, load_bundle
@@ -186,8 +190,8 @@ def _one_row_blocks(i: np.ndarray, j: np.ndarray) -> list[tuple[np.ndarray, np.n
 
 def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None,
           kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None, pad: float | None = None,
-          answered: dict[tuple[str, str], tuple[set[bytes], list[np.ndarray]]] | None = None
-          ) -> dict[str, dict[str, list[np.ndarray] | BlockView | KeptPlan]]:
+          answered: dict[tuple[str, str], tuple[set[bytes], list[np.ndarray]]] | None = None, pairs: bool = False
+          ) -> dict[str, dict[str, list[np.ndarray] | BlockView | KeptPlan | PairView]]:
     """Each site's part of a round, per peer: its own rows of each block (ring_n None: one run per
     block), or its view of the pair's packed run (ring_n: the lattice ring's degree N). `kept`: per
     pair, the two views of its first packed run, whose results A keeps: the round's entries answered
@@ -196,9 +200,14 @@ def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, 
     later rounds find their entries in A's kept results. `answered`: per pair, what A has answered in
     the rounds before (`answered_before`: its fresh views' digests, and per group of the kept run the
     keys) — A refuses either again (xclp.view_bounds): a kept entry answered before is left out (its
-    distance is in the lists already), a fresh view equal to an earlier one runs all of B's rows."""
+    distance is in the lists already), a fresh view equal to an earlier one runs all of B's rows.
+    `pairs`: a protocol that runs candidate entries (crypto.masked_hamming): each site its PairView."""
     out: dict[str, dict] = {}
     for (a, b), bl in blocks.items():
+        if pairs:
+            va, vb = pair_views(*blocking.block_pairs(bl, sizes[a], sizes[b]), sizes[a], sizes[b])
+            out.setdefault(a, {})[b], out.setdefault(b, {})[a] = va, vb
+            continue
         if ring_n is None:
             out.setdefault(a, {})[b] = [x.rows_a for x in bl]
             out.setdefault(b, {})[a] = [x.rows_b for x in bl]
@@ -243,6 +252,17 @@ def answered_before(first: tuple[BlockView, BlockView] | None, kept_plans: list[
 
 
 @dataclass(frozen=True)
+class PairRun:
+    """A pair's run over candidate entries (crypto.masked_hamming) as the coordinator planned it: the two
+    views it sent (combined by `CoordinatorSession.receive_blocks`)."""
+
+    a: str
+    b: str
+    view_a: PairView
+    view_b: PairView
+
+
+@dataclass(frozen=True)
 class PackedRun:
     """A pair's packed run of a round as the coordinator planned it: the two views it sent (combined by
     `CoordinatorSession.receive_blocks` from the views themselves: BlockLayout.from_views)."""
@@ -264,6 +284,11 @@ def pair_blocks(a: str, b: str, mine_a, mine_b) -> list[blocking.Block] | Packed
         mine_a = mine_a.view
     if mine_a is None and mine_b is None:
         return None
+    if isinstance(mine_a, PairView) or isinstance(mine_b, PairView):
+        if not (isinstance(mine_a, PairView) and isinstance(mine_b, PairView) and mine_a.side == "a"
+                and mine_b.side == "b" and mine_a.shape_digest == mine_b.shape_digest):
+            raise ProtocolError(f"the plans of ({a}, {b}) disagree")
+        return PairRun(a, b, mine_a, mine_b)
     if isinstance(mine_a, BlockView) and isinstance(mine_b, BlockView):
         if mine_a.side != "a" or mine_b.side != "b":
             raise ProtocolError(f"the plans of ({a}, {b}) disagree")
@@ -287,6 +312,11 @@ def encode_plan(blocks_by_peer: dict[str, list[np.ndarray] | BlockView]) -> byte
         if isinstance(rows, BlockView):
             out.update({f"view_{i}_{k}": v for k, v in rows.arrays().items()})
             continue
+        if isinstance(rows, PairView):  # the peer's ordinals in 16 bits where they fit (2 bytes a candidate)
+            arrays = rows.arrays()
+            arrays["cols"] = arrays["cols"].astype(np.uint16 if rows.m_b <= 1 << 16 else np.uint32)
+            out.update({f"pairs_{i}_{k}": v for k, v in arrays.items()})
+            continue
         out[f"indptr_{i}"] = np.cumsum([0] + [r.size for r in rows]).astype(np.int64)
         out[f"rows_{i}"] = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
     return dump_bundle(out)
@@ -307,6 +337,16 @@ def decode_plan(data: bytes, n: int, peers: list[str], max_bytes: int = 1 << 31
             if x is not None and (x.dtype != np.int64 or x.ndim != 1):
                 raise ProtocolError(f"blocks with {peer}: a malformed view")
             return x
+        if f"pairs_{i}_meta" in b:
+            def get_pairs(k, i=i, peer=peer):
+                x = b.get(f"pairs_{i}_{k}")
+                if x is not None and (x.dtype not in (np.int64, np.uint16, np.uint32) or x.ndim != 1):
+                    raise ProtocolError(f"blocks with {peer}: a malformed view of candidate entries")
+                return x
+            out[peer] = PairView.from_arrays(get_pairs)
+            if out[peer].n_a != n and out[peer].n_b != n:
+                raise ProtocolError(f"blocks with {peer}: a view of candidate entries for another size")
+            continue
         view = BlockView.from_arrays(get) if f"view_{i}_meta" in b else None
         if f"kept_{i}_keys" in b:  # checked against the kept run's view by the site (KeptView)
             keys, ptr = get("keys", part="kept"), get("ptr", part="kept")

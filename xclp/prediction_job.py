@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from crypto.errors import ProtocolError
-from crypto.hamming_api import MAX_PAIR_MESSAGES
+from crypto.hamming_api import MAX_PAIR_MESSAGES, traits
 from crypto.lattice_blocks import BlockView
 from xclp import blocking, view_bounds
 from xclp.block_protocol import KeptPlan, answered_before, decode_plan, encode_plan, kept_shares, pair_blocks, plans
@@ -394,6 +394,8 @@ class PredictCoordinator:
         # a blocked graph's round plans as decoded, per (round, site): the same bytes decode the same, and
         # at 60,000 points a round's plans (candidate views) take seconds to decode, asked for every tick
         self._plans: dict[tuple[int, str], tuple[int, int, dict]] = {}
+        # crypto="masked": each pair run's distances, combined once (CoordinatorSession.receive_pair_run)
+        self._pair_cache: dict = {}
 
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False, silent: Mapping[str, str] | None = None) -> list[Send]:
@@ -670,7 +672,8 @@ class PredictCoordinator:
     # dropped; a pair whose round has a share missing at the deadline, or whose shares do not combine,
     # is incomplete, and `blame` picks the sites to drop; the job goes on without them.
     def _blocked_inputs(self) -> tuple[str, ...]:
-        return ("tags", "knn") + (("codes",) if self.params.crypto == "plaintext" else ())
+        codes = self.params.crypto == "plaintext" or traits(self.params.crypto).runs_pairs
+        return ("tags", "knn") + (("codes",) if codes else ())
 
     def _round_plans(self, mail: Mailbox, r: int, order: list[str]) -> dict[str, dict]:
         """The plans of round r the coordinator sent the sites of `order` (site → peer → its part)."""
@@ -736,7 +739,7 @@ class PredictCoordinator:
         inputs and every completed round's shares. Returns it and the sites to drop: those whose inputs
         do not load, and those `blame` picks for pairs whose shares do not combine."""
         st = self.state
-        coord = CoordinatorSession(self.params, executor=self.executor)
+        coord = CoordinatorSession(self.params, executor=self.executor, pair_cache=self._pair_cache)
         for s in [s for s in st.sites if st.dropped.get(s) != "setup"]:  # the roster, as the sites got it
             coord.register(s, mail.body(s, COORDINATOR, "announce"))
         bad: set[str] = set()
@@ -746,6 +749,8 @@ class PredictCoordinator:
                 coord.receive_intra_knn(s, mail.body(s, COORDINATOR, "knn"))
                 if self.params.crypto == "plaintext":
                     coord.receive_plaintext_codes(s, mail.body(s, COORDINATOR, "codes"))
+                elif traits(self.params.crypto).runs_pairs:  # masked: each site's masked codes, once
+                    coord.receive_masked_codes(s, mail.body(s, COORDINATOR, "codes"))
             except ProtocolError as exc:
                 log.warning(json.dumps({"event": "bad_blocked_inputs", "site": s, "why": str(exc)}))
                 bad.add(s)
@@ -812,7 +817,8 @@ class PredictCoordinator:
         # find their entries there (KEEP_PAD)
         parts = plans(blocks, {s: coord.roster[s].n for s in order}, packed, kept,
                       pad=KEEP_PAD if keep and r == 0 else None,
-                      answered=self._answered(mail, r, order, kept) if packed and r >= 1 else None)
+                      answered=self._answered(mail, r, order, kept) if packed and r >= 1 else None,
+                      pairs=traits(self.params.crypto).runs_pairs)
         for s in order:
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
         st.attempt = r + 1
@@ -1059,7 +1065,7 @@ class PredictSite:
         sess = self.session
         progressed = False
         inputs = {"tags": sess.tags_message, "knn": sess.intra_knn_message}
-        if sess.params.crypto == "plaintext":
+        if sess.params.crypto == "plaintext" or traits(sess.params.crypto).runs_pairs:
             inputs["codes"] = sess.codes_message
         for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
             progressed |= self._once(send, topic, make)

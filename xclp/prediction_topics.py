@@ -74,6 +74,10 @@ def max_body(topic: str, site: str, params: JobParams, state: PredictState, mail
         return SLACK + 8 * rows_length(params, state, mail) * params.n_classes
     if kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: n × m tags, n × k lists, n packed codes
         per_point = {"tags": 8 * params.blocking_tables, "knn": 10 * params.k, "codes": (params.bits + 7) // 8}
+        if kind == "codes" and params.crypto == "masked":  # masked codes: k bits a coordinate
+            from crypto.masked_hamming import codes_size
+
+            return SLACK + codes_size(announced(site).n, params.bits)
         return SLACK + announced(site).n * per_point[kind]
     return None
 
@@ -144,6 +148,10 @@ def _check_blocked_input(kind: str, body: bytes, n: int, params: JobParams) -> N
     """A blocked graph's round-0 upload of a site with n points: ProtocolError if malformed."""
     if kind == "tags":
         load_array(body, dtype="uint64", shape=(n, params.blocking_tables), what="tags")
+    elif kind == "codes" and params.crypto == "masked":
+        from crypto.masked_hamming import read_codes
+
+        read_codes(body, n, params.bits, "masked codes")
     elif kind == "codes":
         if len(body) != n * ((params.bits + 7) // 8):
             raise ProtocolError(f"codes: {len(body)} bytes, expected {n * ((params.bits + 7) // 8)}")

@@ -63,6 +63,7 @@ from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
 from crypto.lattice_blocks import BlockLayout, BlockView, PackedPartyA, combine_values
 from crypto.lattice_hamming import lattice_params
 from crypto.lattice_kept import KeptResults, KeptView, combine_kept
+from crypto.masked_hamming import PairView, combine_views, read_codes
 from crypto.secure_sum import (
     mask_rows,
     prg_uint64,
@@ -75,7 +76,7 @@ from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contrib
 from crypto.state import Nested, State, pack
 from xclp import blocked_graph, blocking, lsh, push, view_bounds
 from xclp import graph as graphs
-from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, PackedRun, is_kept_round, split_shares
+from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, PackedRun, PairRun, is_kept_round, split_shares
 from xclp.data import validate_features, validate_labels
 from xclp.job_files import check_job_id
 from xclp.privacy import label_dp
@@ -281,6 +282,10 @@ class JobParams:
             from crypto.lattice_hamming import MAX_BITS
             if self.bits > MAX_BITS:
                 raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
+        if self.crypto == "masked":
+            from crypto.masked_hamming import MAX_BITS as MASKED_MAX_BITS
+            if self.bits > MASKED_MAX_BITS:
+                raise ValueError(f"crypto='masked' takes bits ≤ {MASKED_MAX_BITS}, got {self.bits}")
         if self.k < MIN_K:
             raise ValueError(f"k must be at least {MIN_K}, got {self.k}")
         if not 0.0 < self.alpha < 1.0:
@@ -986,11 +991,16 @@ class SiteSession:
                             "dist": np.where(knn.idx >= 0, knn.dist, 0).astype(np.uint16)})
 
     def codes_message(self) -> bytes:
-        """crypto="plaintext" only: this site's packed codes, what its plaintext pair protocol sends
-        the coordinator anyway; sent once, the coordinator measures every block from them."""
+        """crypto="plaintext": this site's packed codes, what its plaintext pair protocol sends the
+        coordinator anyway; sent once, the coordinator measures every block from them. crypto="masked"
+        (traits().runs_pairs): its codes MASKED under its own key (crypto.masked_hamming.codes_message),
+        sent once; the pair runs then send one value per candidate."""
         self._expect("hamming")
+        if traits(self.params.crypto).runs_pairs:
+            proto = self._hamming = self._hamming or hamming_protocol(self.params)
+            return proto.codes_message(self.hash(), self.params.bits)
         if self.params.crypto != "plaintext":
-            raise ProtocolError(f"{self.site}: codes go to the coordinator only with crypto='plaintext'")
+            raise ProtocolError(f"{self.site}: codes go to the coordinator only with crypto='plaintext' or 'masked'")
         return self.hash().tobytes()
 
     def block_party(self, peer: str, rows: np.ndarray) -> ChannelParty:
@@ -1006,7 +1016,10 @@ class SiteSession:
         protocol that packs blocks (lattice) runs ONE packed run from our view of the pair (`blocks`, a
         BlockView: no row of the peer's in it); the others one run per block of our own rows. As A of
         round 1 we keep the run's decrypted results; a later round's KeptPlan is answered from them
-        (and a fresh packed run for the rest, if any)."""
+        (and a fresh packed run for the rest, if any). A protocol that runs candidate entries (masked)
+        runs ONE run from our PairView of the pair."""
+        if traits(self.params.crypto).runs_pairs:
+            return self._pairs_party(peer, blocks, round_)
         if not traits(self.params.crypto).packs_blocks:
             if isinstance(blocks, BlockView | KeptPlan):
                 raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs one protocol per block, "
@@ -1029,6 +1042,34 @@ class SiteSession:
         if self.order.index(self.site) < self.order.index(peer) and blocks.side == "a":
             self._check_view(peer, round_, blocks)
         return self._packed_party(peer, blocks, round_)
+
+    def _pairs_party(self, peer: str, view, round_: int) -> ChannelParty:
+        """Our side of a run over candidate entries (crypto.masked_hamming) from our view of the pair. Both
+        sites' shares reveal there (the coordinator needs the two), so each checks its view as A checks a
+        packed one (xclp.view_bounds): a round the job has, no point of ours and no row of the peer's with
+        more entries than the round can need, no view answered before."""
+        if not isinstance(view, PairView):
+            raise ProtocolError(f"{self.site}: crypto={self.params.crypto!r} runs a pair's candidate entries: its "
+                                "plan is a view of them, not blocks")
+        first = self.order.index(self.site) < self.order.index(peer)
+        n_a, n_b = (self.X.shape[0], self.roster[peer].n) if first else (self.roster[peer].n, self.X.shape[0])
+        if view.side != ("a" if first else "b") or (view.n_a, view.n_b) != (n_a, n_b):
+            raise ProtocolError(f"{self.site}: the view of the pair with {peer} is not ours (side {view.side}, "
+                                f"{view.n_a} × {view.n_b} points)")
+        who = f"{self.site}, candidates with {peer}"
+        if round_:
+            view_bounds.check_round(round_, self.params.descent_rounds, who)
+        a_ord = view.a_ordinal()
+        own, other = (a_ord, view.cols) if first else (view.cols, a_ord)
+        view_bounds.check_counts(own, other, view_bounds.round_cap(self.params, max(round_, 1)), max(round_, 1), who)
+        done = self.views_answered.setdefault(peer, [])
+        if view.digest.hex() in done:
+            raise ViewRefused(f"{who}: round {round_}'s view is one this site has answered before in this job")
+        done.append(view.digest.hex())
+        proto = self._hamming = self._hamming or hamming_protocol(self.params)
+        party = (proto.party_a_pairs(self.hash(), self.params.bits, view) if first
+                 else proto.party_b_pairs(self.hash(), self.params.bits, view))
+        return ChannelParty(party, self.channels[peer], "hamming")
 
     def _check_view(self, peer: str, round_: int, fresh: BlockView | None, kept: KeptView | None = None) -> None:
         """As A of a round of blocks with `peer` (the site that reveals: the coordinator reads its u):
@@ -1082,6 +1123,9 @@ class SiteSession:
 
     def _restore_block_driver(self, key: str, peer: str, data: bytes) -> PairDriver:
         proto = self._hamming = self._hamming or hamming_protocol(self.params)
+        if traits(self.params.crypto).runs_pairs:  # one party over our candidate rows
+            return PairDriver.restore(data, lambda b: ChannelParty(proto.restore_party(self.bits, self.params.bits, b),
+                                                                   self.channels[peer], "hamming"))
         if traits(self.params.crypto).packs_blocks:  # one packed party over all our points
 
             def packed(b: bytes) -> ChannelParty:
@@ -1243,6 +1287,9 @@ class CoordinatorSession:
     # The job's graph mode where this session's roster is not the job's (the row sums: the graph's sites
     # only; xclp.prediction_job.graph_mode); None: from the roster here.
     mode: str | None = None
+    # crypto="masked": distances of pair runs combined before (`receive_pair_run`), kept by the caller
+    pair_cache: dict | None = None
+    masked_codes: dict[str, np.ndarray] = field(default_factory=dict)  # crypto="masked": each site's, once
 
     def __post_init__(self):
         self.params.validate()
@@ -1304,7 +1351,10 @@ class CoordinatorSession:
         if isinstance(blocks, PackedRun):  # a round the coordinator planned: combined from the views it sent
             self.receive_packed_run(blocks, share_a, share_b)
             return
-        if traits(self.params.crypto).packs_blocks:
+        if isinstance(blocks, PairRun):
+            self.receive_pair_run(blocks, share_a, share_b)
+            return
+        if traits(self.params.crypto).packs_blocks or traits(self.params.crypto).runs_pairs:
             self.receive_packed_blocks(blocks, share_a, share_b)
             return
         a, b = blocks[0].a, blocks[0].b
@@ -1340,6 +1390,30 @@ class CoordinatorSession:
                                                               self.roster[a].n, self.roster[b].n, self.params.bits)
         self._blocked_state().add_pairs(a, b, i, j, h)
 
+    def receive_pair_run(self, run: PairRun, share_a: bytes, share_b: bytes) -> None:
+        """The two shares of a run over candidate entries (crypto.masked_hamming), against the two views the
+        sites were given. `pair_cache` (a dict the caller keeps across rebuilds of this session, or None):
+        the distances of shares combined before, by the shares' lengths and hashes — the coordinator
+        combines every round again at each round's end (xclp.prediction_job), and this step is not free."""
+        a, b = run.a, run.b
+        if a not in self.roster or b not in self.roster or self.order.index(a) >= self.order.index(b):
+            raise ProtocolError(f"candidates ({a}, {b}) are not of a pair in roster order")
+        if (run.view_a.n_a, run.view_a.n_b) != (self.roster[a].n, self.roster[b].n):
+            raise ProtocolError(f"the views of ({a}, {b}) are not of the sites' sizes")
+        key = (a, b, run.view_a.digest, run.view_b.digest, len(share_a), hash(share_a), len(share_b), hash(share_b))
+        cache = self.pair_cache
+        if cache is not None and key in cache:
+            i, j = run.view_a.pairs()
+            h = cache[key]
+        else:
+            if a not in self.masked_codes or b not in self.masked_codes:
+                raise ProtocolError(f"candidates ({a}, {b}): a site's masked codes are missing")
+            i, j, h = combine_views(share_a, share_b, run.view_a, run.view_b, self.params.bits,
+                                    self.masked_codes[a], self.masked_codes[b])
+            if cache is not None:
+                cache[key] = h.astype(np.uint16)
+        self._blocked_state().add_pairs(a, b, i, j, h.astype(np.int32, copy=False))
+
     def receive_packed_run(self, run: PackedRun, share_a: bytes, share_b: bytes) -> None:
         """The two shares of a packed run, against the two views the sites were given."""
         a, b = run.a, run.b
@@ -1350,6 +1424,19 @@ class CoordinatorSession:
         layout = BlockLayout.from_views(run.view_a, run.view_b)
         h = combine_values(share_a, share_b, layout, self.params.bits, self.params.max_message_bytes)
         self._blocked_state().add_pairs(a, b, *layout.pairs(), h)
+
+    def receive_masked_codes(self, site: str, body: bytes) -> None:
+        """crypto="masked": a site's masked codes, once (crypto.masked_hamming.read_codes), kept for its pair
+        runs; unpacked once per upload where a `pair_cache` is kept."""
+        key = ("codes", site, len(body), hash(body))
+        cache = self.pair_cache
+        if cache is not None and key in cache:
+            self.masked_codes[site] = cache[key]
+            return
+        codes = read_codes(body, self.roster[site].n, self.params.bits, f"{site}'s masked codes")
+        if cache is not None:
+            cache[key] = codes
+        self.masked_codes[site] = codes
 
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the

@@ -6,7 +6,9 @@ its LSH bits, raw class counts and unmasked scores (from which the labels follow
 job without secure aggregation makes every site send its weights in the clear. So each agent checks
 every job against its own policy before it sends anything, and gives the job up with a clear
 message when it falls short. Weaker settings are the site's explicit choice, never the default:
-``xclp agent run --allow-plaintext --allow-unmasked-training``.
+``xclp agent run --allow-plaintext --allow-unmasked-training``. So is a protocol whose security rests on
+the coordinator not colluding with any site (Traits.trusts_coordinator: crypto="masked", fast at scale; a
+coordinator with one site learns the peer's codes): ``--allow-trusted-coordinator``.
 
 A site may also ask for differential privacy (``--max-epsilon E [--max-delta D]``): it then takes part
 only in jobs that state a budget ε ≤ E at δ ≤ D whose noise it adds itself — a predict job with
@@ -38,6 +40,7 @@ class PolicyError(DataError):
 class SitePolicy:
     allow_plaintext: bool = False  # predict jobs with crypto="plaintext": bits and sums in the clear
     allow_unmasked: bool = False  # FedAvg training without secure aggregation: weights in the clear
+    allow_trusted_coordinator: bool = False  # predict jobs whose crypto trusts the coordinator not to collude
     min_key_bits: int = 2048  # Paillier moduli (NIST SP 800-57: at least 2048 bits for 112-bit security)
     min_bits: int = 1  # LSH length L
     min_sites: int = 2  # participants of a job
@@ -67,6 +70,10 @@ class SitePolicy:
             if not kind.secure and not self.allow_plaintext:
                 why = ("it asks for crypto='plaintext': this site's LSH bits, label counts and scores would reach "
                        "the coordinator in the clear (start the agent with --allow-plaintext to accept)")
+            elif kind.trusts_coordinator and not self.allow_trusted_coordinator:
+                why = (f"it asks for crypto={crypto!r}, secure only while the coordinator colludes with no site: a "
+                       "coordinator with one site would learn this site's LSH codes (start the agent with "
+                       "--allow-trusted-coordinator to accept)")
             elif kind.key_bits and int(params.get("key_bits", 0)) < self.min_key_bits:
                 why = f"its Paillier key of {params.get('key_bits')} bits is below this site's minimum of {self.min_key_bits}"
             elif int(params.get("bits", 0)) < self.min_bits:

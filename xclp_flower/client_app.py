@@ -6,7 +6,8 @@ The node's configuration names the site and its data (`flower-supernode --node-c
 stay at the site: a step's reply carries only what the same step sends to the coordinator in the
 service (announce, sealed site-to-site messages, masked sums, the pair protocol's shares). The
 site's policy is the agent's (xclp/site_policy.py), checked at every step: no plaintext job unless
-`allow-plaintext=true`, no FedAvg without secure aggregation unless `allow-unmasked-training=true`,
+`allow-plaintext=true`, no crypto that trusts the coordinator not to collude with a site (crypto=masked)
+unless `allow-trusted-coordinator=true`, no FedAvg without secure aggregation unless `allow-unmasked-training=true`,
 and with `max-epsilon=E` no job that states no DP budget, or one above E, nor one that would take the
 site's total about its data file past E: the node keeps the agent's ledger of what it has released across
 jobs and runs (xclp.privacy.site_ledger) in `out/.agent-state/privacy-ledger.json` — Context.state does
@@ -127,6 +128,8 @@ class FlowerSite:
         self.identity_key = Path(str(cfg.get("identity-key") or self.out / "identity.key"))
         self.policy = SitePolicy(allow_plaintext=flag(cfg.get("allow-plaintext", "false"), "allow-plaintext"),
                                  allow_unmasked=flag(cfg.get("allow-unmasked-training", "false"), "allow-unmasked-training"),
+                                 allow_trusted_coordinator=flag(cfg.get("allow-trusted-coordinator", "false"),
+                                                                "allow-trusted-coordinator"),
                                  max_epsilon=_epsilon(cfg.get("max-epsilon")),
                                  min_colluders=_count(cfg.get("min-colluders"), "min-colluders"))
         self.X, y, y_true, self.ids, self.columns = load_site(str(cfg["data-path"]), _columns(cfg))

@@ -29,7 +29,7 @@ def test_one_list_of_protocol_names():
     from xclp.training.options import CRYPTO_CHOICES as TRAIN_CHOICES
 
     assert DEFAULT_SECURE == "lattice" and "lattice" in PROTOCOLS
-    assert set(PROTOCOLS) == {"plaintext", "lattice", "paillier", "paillier-naive", "ot"}
+    assert set(PROTOCOLS) == {"plaintext", "lattice", "paillier", "paillier-naive", "ot", "masked"}
     assert CRYPTO_CHOICES == PROTOCOLS and TRAIN_CHOICES == PROTOCOLS
 
 

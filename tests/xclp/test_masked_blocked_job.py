@@ -1,0 +1,122 @@
+"""crypto="masked" in a blocked job (issue 35): each site uploads its masked codes once and is planned its
+PairView of each pair (the candidate entries, no code), the labels are the plaintext job's, the
+coordinator and a site restart mid-phase, a spoiled share is blamed, and a site refuses a view past the
+round's bounds."""
+
+import numpy as np
+import pytest
+
+from crypto.errors import ProtocolError, ViewRefused
+from crypto.masked_hamming import PairView, pair_views
+from xclp.block_protocol import decode_plan
+from xclp.data import load_arrays
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, Send, Topic
+from xclp.protocol import JobParams, SiteSession
+from xclp.simulation import run_xclp
+from xclp.splits import simulate_sites
+
+from .test_blocked_job import BLOCKED, drive, finish, machines
+
+MASKED = {**BLOCKED, "descent_rounds": 2}
+
+
+@pytest.fixture(scope="module")
+def ds():
+    X, y = load_arrays("digits", limit=300, seed=5)
+    return simulate_sites(X, y, 3, "iid", 0.2, seed=5)  # (three rounds: the candidates and two descent rounds)
+
+
+def test_labels_equal_plaintext_through_the_simulation(ds):
+    plain = run_xclp(ds, JobParams(job_id="m", **MASKED), seed=4)
+    masked = run_xclp(ds, JobParams(job_id="m", crypto="masked", **MASKED), seed=4)
+    assert masked.job.attempts["hamming"] == 3  # round 1 and both descent rounds ran secure
+    assert np.array_equal(masked.labels, plain.labels)
+    assert np.array_equal(masked.confidence, plain.confidence)
+
+
+def test_views_codes_once_and_restarts_mid_phase_go_on(ds):
+    params = JobParams(job_id="mv", crypto="masked", **MASKED)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
+    order = coord.state.order
+    n = {s: int((ds.site == s).sum()) for s in order}
+    plan = {s: decode_plan(mail.inbox(s).get(Topic.blocks(1)), n[s], order) for s in order}
+    pairs = 0
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            va, vb = plan[a].get(b), plan[b].get(a)
+            if va is None:
+                continue
+            pairs += 1
+            assert isinstance(va, PairView) and isinstance(vb, PairView) and (va.side, vb.side) == ("a", "b")
+            assert (va.n_a, va.n_b) == (n[a], n[b]) and va.rows_a.max() < n[a] and va.rows_b.max() < n[b]
+            assert va.shape_digest == vb.shape_digest and va.digest != vb.digest
+            with pytest.raises(ProtocolError, match="not ours"):
+                sites[a].session.blocks_party(b, vb)
+    assert pairs >= 2
+    # round 0: each site's codes, masked (k = 7 bits a coordinate at L = 64), once
+    from crypto.masked_hamming import codes_size
+    for s in order:
+        assert len(mail.body(s, "coordinator", "codes")) == codes_size(n[s], params.bits)
+    # the coordinator restarted from its saved state, and one site from its saved session (bytes only)
+    coord = PredictCoordinator(params, PredictState.from_bytes(coord.state.to_bytes()))
+    s0 = order[1]
+    drive(coord, sites, mail, lambda st: st.attempt == 2)
+    sites[s0].session = SiteSession.from_bytes(sites[s0].session.to_bytes(), ds.X[ds.site == s0], ds.y[ds.site == s0])
+    sites[s0].pairs = None
+    labels = finish(coord, sites, mail)
+    assert coord.state.dropped == {}
+    ref = run_xclp(ds, JobParams(job_id="mv", **MASKED),
+                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s, got in labels.items():
+        assert np.array_equal(got, ref.predictions[s].labels), s
+
+
+def test_a_spoiled_share_is_blamed_and_the_job_goes_on(ds):
+    params = JobParams(job_id="mb", crypto="masked", **MASKED)
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+
+    def send(m: Send):  # site2 spoils the view digest its round-1 shares carry: refused, always
+        if m.sender == "site2" and m.topic.startswith("bshare/1/"):
+            body = bytearray(m.body)
+            body[20] ^= 0xFF  # (the header is 20 bytes: the digest's first byte)
+            m = Send(m.sender, m.recipient, m.topic, bytes(body))
+        mail.put(m)
+
+    drive(coord, sites, mail, lambda st: bool(st.dropped) or st.reached("row_sums"), send=send)
+    assert coord.state.dropped == {"site2": "hamming"}
+    finish(coord, sites, mail)
+    assert coord.state.graph_sites == ["site0", "site1"]
+
+
+def test_a_site_refuses_a_view_past_the_rounds_bounds_or_twice(ds):
+    params = JobParams(job_id="mr", crypto="masked", **MASKED)
+    a, b = "site0", "site1"
+    coord, sites = machines(ds, params)
+    mail = MemoryMailbox()
+    drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
+    na, nb = int((ds.site == a).sum()), int((ds.site == b).sum())
+    sess = sites[a].session
+    # every entry of the pair: far more per point than a round can need (tables·(max_bucket − 1) = 20)
+    i, j = np.divmod(np.arange(na * nb), nb)
+    va, _ = pair_views(i, j, na, nb)
+    with pytest.raises(ViewRefused, match="more than the round can need"):
+        sess.blocks_party(b, va, 1)
+    with pytest.raises(ViewRefused, match="rounds 1 to"):
+        sess.blocks_party(b, pair_views(np.array([0]), np.array([0]), na, nb)[0], 9)
+    small, _ = pair_views(np.array([0, 1]), np.array([2, 3]), na, nb)
+    sess.blocks_party(b, small, 2)
+    with pytest.raises(ViewRefused, match="answered before"):
+        sess.blocks_party(b, small, 3)
+    # B checks too: its own rows and A's ordinals
+    _, vb = pair_views(i, j, na, nb)
+    with pytest.raises(ViewRefused):
+        sites[b].session.blocks_party(a, vb, 1)
+
+
+def test_the_exact_graph_runs_every_entry_and_gives_the_plaintext_labels(ds):
+    params = dict(n_classes=10, bits=128, graph="exact")
+    masked = run_xclp(ds, JobParams(job_id="me", crypto="masked", **params), seed=1)
+    assert np.array_equal(masked.labels, run_xclp(ds, JobParams(job_id="me", **params), seed=1).labels)
