@@ -1,4 +1,6 @@
 """The site agent: a long-running process that does this site's side of every job it is part of.
+(About 550 lines: the loop, its polling and its liveness — heartbeat, leaving, warnings — are one
+process's behaviour, and split they would share every field.)
 
 It polls the coordinator for work and drives `xclp.protocol.SiteSession` (the same code as the
 in-process simulation) over HTTP. The site's data, keys and results stay here: the agent writes

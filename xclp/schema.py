@@ -1,4 +1,6 @@
 """The consortium's schema: one JSON file every site shares, saying how a table becomes the job's vectors.
+(About 700 lines: the format's parser with one message per mistake, and the one-pass reader that finds every
+problem of a file at once — the two halves of one mechanism, kept together.)
 
 A real table has text categories, class names and empty cells; XCLP needs the same numeric columns,
 in the same order, at every site. The schema states, once for all sites, everything that decides
@@ -414,15 +416,13 @@ def _csv_table(path: Path, problems: Problems):
 # ---- one pass over a file: every problem, and the arrays when there is none
 
 
-def prepare(path: str | os.PathLike, schema: Schema, columns=None, require_site: bool = False,
+def prepare(path: str | os.PathLike, schema: Schema, columns, require_site: bool = False,
             problems: Problems | None = None) -> tuple[dict | None, Problems]:
     """Read a .csv or .parquet through the schema: (the arrays X, y, and where present site, y_true,
     id, columns — as xclp.datafile.load_data_file gives them — or None, the problems). Every problem
-    of the file is found in this one pass; the arrays come only from a file without any."""
-    from xclp.datafile import Columns
-
+    of the file is found in this one pass; the arrays come only from a file without any. `columns`: the
+    file's columns (xclp.datafile.Columns: site, truth and ignored columns besides the schema's)."""
     path = Path(path)
-    columns = columns or Columns(label=schema.label, id=schema.id)
     problems = problems if problems is not None else Problems()
     before = len(problems)
     if not path.is_file():

@@ -741,10 +741,12 @@ class TrainSite:
                         inbox: TrainInbox) -> bytes:
         from xclp.training.fedavg import site_upload
 
+        record = SiteRecord.from_json(self.record.get("secagg"))
+        if s.secure_sum and str(t) in record.masked:  # the once rule first: its refusal says what the server asked
+            record.claim_upload(self.me, t, list(view.participants))
         planned = self._planned(s, view, plan)
         if not s.secure_sum:
             return site_upload(s, up.state, up.template, up.meta, planned=planned, me=self.me)
-        record = SiteRecord.from_json(self.record.get("secagg"))
         body = site_upload(s, up.state, up.template, up.meta, planned=planned, me=self.me,
                            private=self._key(), public_keys=self._peer_keys(inbox),
                            participants=list(view.participants), job=self.spec.job_id, t=t, record=record,

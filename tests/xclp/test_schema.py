@@ -169,7 +169,7 @@ def test_missing_columns_semicolons_and_missing_values_without_a_fill(tmp_path, 
     write_csv(tmp_path / "few.csv", [["P1", "Adelie", "Biscoe", "", "2007"]],
               ["animal", "species", "island", "sex", "year"])
     schema = Schema.load(schema_file)
-    _, problems = prepare(tmp_path / "few.csv", schema)
+    _, problems = prepare(tmp_path / "few.csv", schema, Columns(label=schema.label, id=schema.id))
     text = "\n".join(problems.lines())
     assert "column 'bill_length_mm': missing: the schema's feature column is not in the file" in text
     assert "column 'flipper_length_mm': missing" in text and len(problems) == 2  # a blank sex is filled
@@ -180,7 +180,8 @@ def test_missing_columns_semicolons_and_missing_values_without_a_fill(tmp_path, 
     del strict["features"][0]["fill"]
     rows = [r[:3] + ["40.0" if r[3] == "NA" else r[3]] + r[4:] for r in penguins(20)]
     rows[4][3] = "NA"
-    _, problems = prepare(write_csv(tmp_path / "a.csv", rows), Schema.from_dict(strict))
+    _, problems = prepare(write_csv(tmp_path / "a.csv", rows), Schema.from_dict(strict),
+                          Columns(label=Schema.from_dict(strict).label))
     assert [str(p) for p in problems.items] == [f"{tmp_path / 'a.csv'}: line 6, column 'bill_length_mm': a missing "
                                                 "value, and the schema gives this column no \"fill\""]
     assert main(["data", "check", str(tmp_path / "a.csv"), "--schema", str(schema_file)]) == 0

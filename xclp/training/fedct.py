@@ -383,7 +383,8 @@ class FedCTStrategy(VotingStrategy):
         if kept is not None:  # never a pickle: the store may pass through hands the site does not control
             from xclp.training.saved_learners import load_site_state
 
-            return load_site_state(kept, env.site)
+            learner, pinned, labels, weights, exchange = load_site_state(kept, env.site)
+            return SiteState(env.site, learner, pinned, labels, weights), exchange
         idx = env.sites.index(env.site.name)
         return new_site_state(env.site, self.cfg.learner_names(len(env.sites))[idx], idx, self.n_classes,
                               env.public.digest, self.cfg), 0

@@ -294,8 +294,9 @@ def dump_site_state(state, exchange: int) -> bytes:
 
 
 def load_site_state(body: bytes, site, what: str = "the site's saved FedCT state"):
-    """(SiteState, exchange) from `dump_site_state`'s bytes, over the site's own data `site`."""
-    from xclp.training.fedct import SiteState
+    """(learner, pinned digest, XCLP labels, weights, exchange) from `dump_site_state`'s bytes, checked
+    against the site's own data `site` (fedct.SiteState is built from them there: this module stays below
+    the strategies)."""
     from xclp.training.messages import load_json
 
     body = bytes(body)
@@ -318,4 +319,4 @@ def load_site_state(body: bytes, site, what: str = "the site's saved FedCT state
                 or weights.shape != (n,) or not np.all(np.isfinite(weights))):
             raise ProtocolError(f"{what}: XCLP labels and weights do not fit the site's {n} points")
     learner = load_learner(b["learner"].tobytes(), what=f"{what}: learner")
-    return SiteState(site, learner, pinned, labels, weights), exchange
+    return learner, pinned, labels, weights, exchange
