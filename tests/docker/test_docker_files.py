@@ -428,7 +428,9 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
     declared = compose.get("volumes") or {}
     for site in AGENTS:
         svc = services[site]
-        ca = mount_of(svc, parse(command_argv(svc)).ca_file)  # the one mount the agents share: read-only, public
+        # the mounts the agents share, read-only and public: the CA certificate and the consortium's membership
+        ca = mount_of(svc, parse(command_argv(svc)).ca_file)
+        members = mount_of(svc, parse(command_argv(svc)).membership)
         argv = [str(a) for a in svc["command"]]
         # A token on the command line shows in `ps` and `docker inspect`: the agent reads $XCLP_TOKEN.
         assert not any(a == "--token" or a.startswith("--token=") for a in argv), f"{site}: token in argv"
@@ -438,7 +440,7 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
         assert len(names) == 1 and raw.startswith("${"), f"{site}: the token must come from an env var, not {raw!r}"
         tokens |= names
         for m in mounts(svc):
-            if m == ca:
+            if m in (ca, members):
                 assert m["read_only"]
                 continue
             sources.append(m["source"])
