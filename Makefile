@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test check lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 3 --dist loadscope  # tests/conftest.py says why
+
+# The daily tier: ruff and every test not marked slow (no process clusters, no network namespaces, no
+# end-to-end jobs): a few minutes. `make test` (CI's) runs them all.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n 3 --dist loadscope -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
