@@ -113,9 +113,8 @@ def test_the_dealt_shares_need_tau_holders():
 
 
 def test_the_agents_policy_reaches_the_site_machine():
-    from clients.policy import SitePolicy
-
     from cli.main import build_parser
+    from xclp.site_policy import SitePolicy
 
     args = build_parser().parse_args(["agent", "run", "--site", "a", "--coordinator", "https://c", "--data", "a.npz",
                                       "--out", "o", "--min-colluders", "2"])
@@ -138,7 +137,7 @@ def test_through_flower_a_site_with_a_floor_refuses_the_round_and_sends_no_updat
     for s in ds.sites:
         m = ds.site == s
         np.savez(tmp_path / f"{s}.npz", X=ds.X[m], y=ds.y[m], y_true=ds.y_true[m])
-        configs.append({"site": s, "data-path": str(tmp_path / f"{s}.npz"), "out": str(tmp_path / f"out-{s}"),
+        configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp_path / f"{s}.npz"), "out": str(tmp_path / f"out-{s}"),
                         **({"min-colluders": "2"} if s == "site0" else {})})
     grid = InProcessGrid(client_app, configs)
     said = []

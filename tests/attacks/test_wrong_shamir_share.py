@@ -192,7 +192,7 @@ def flower_federation(tmp_path):
     for s in ds.sites:
         m = ds.site == s
         np.savez(tmp_path / f"{s}.npz", X=ds.X[m], y=ds.y[m], y_true=ds.y_true[m])
-        configs.append({"site": s, "data-path": str(tmp_path / f"{s}.npz"), "out": str(tmp_path / f"out-{s}")})
+        configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp_path / f"{s}.npz"), "out": str(tmp_path / f"out-{s}")})
     return ds, configs
 
 
