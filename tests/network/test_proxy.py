@@ -152,7 +152,7 @@ def test_reset_every_and_schedule(echo):
             s.sendall(b"c")
             if s.recv(1) == b"":
                 raise ConnectionResetError
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60
         while px.stats["refused"] == 0 or px.proxy.cond.mode != "pass":
             assert time.monotonic() < end
             time.sleep(0.05)
@@ -232,7 +232,7 @@ def test_command_line_proxy_follows_its_control_file(echo, tmp_path):
         with _connect(port) as s:
             assert _roundtrip(s, b"one") == b"one"
         control.write_text(json.dumps({"mode": "drop"}))
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60  # (generous: a loaded machine may be slow to run the proxy's control poll)
         while True:
             with _connect(port) as s:
                 try:
@@ -243,7 +243,7 @@ def test_command_line_proxy_follows_its_control_file(echo, tmp_path):
                     break
             assert time.monotonic() < end, "the control file's drop did not act"
             time.sleep(0.1)
-        end = time.monotonic() + 5
+        end = time.monotonic() + 60
         while json.loads(stats.read_text() if stats.exists() else "{}").get("refused", 0) < 1:
             assert time.monotonic() < end
             time.sleep(0.05)
