@@ -60,7 +60,7 @@ from xclp.job_files import job_file
 from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
 from xclp.protocol import JobParams, SiteSession
-from xclp.site_admission import PREDICT, Offer, SiteAdmission, run_record
+from xclp.site_admission import PREDICT, Offer, SiteAdmission
 from xclp.site_policy import PolicyError, SitePolicy
 from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
 from xclp_flower import flag
@@ -70,6 +70,7 @@ RUN = "xclp-run"  # the node's secrets for the whole run (its label-noise secret
 RESULT = "xclp-result"  # the last XCLP job's labels and confidence at this site (training rounds use them)
 ENDED = "xclp-ended"  # a prediction run's job is over here: no other job of the run is taken
 TRAINING = "training"  # a training run's settings and site machine ("training-*": its stores; xclp_flower.training_site)
+ACCEPTED = TRAINING + "-accepted"  # the training runs this site admitted (xclp.site_admission), wiped with the run
 
 app = ClientApp()
 
@@ -370,23 +371,22 @@ class FlowerSite:
 
 
 class _AcceptedRun:
-    """The training run a Flower site accepted in this run (its TRAINING record), as xclp.site_admission
-    asks for accepted runs; the record itself is written by the training driver (xclp_flower.training_site)."""
+    """The training runs a Flower site admitted in this run, as xclp.site_admission keeps them for the
+    agent (AcceptedRuns), in Context.state's ACCEPTED record: written when the admission takes the run,
+    wiped with the run's other TRAINING* records when it ends here."""
 
     def __init__(self, site: FlowerSite):
         self.site = site
 
+    def _all(self) -> dict:
+        kept = self.site.state.get(ACCEPTED)
+        return {} if kept is None else json.loads(str(kept["runs"]))
+
     def get(self, run: str) -> dict | None:
-        kept = self.site.state.get(TRAINING)
-        if kept is None or "spec" not in kept:
-            return None
-        spec = json.loads(str(kept["spec"]))
-        if spec["job_id"] != run:
-            return None
-        return run_record(spec, json.loads(str(kept["sites"])), child_sep=spec.get("child_sep", ""))
+        return self._all().get(run)
 
     def __setitem__(self, run: str, record: dict) -> None:
-        pass  # kept by the training driver with the run's settings
+        self.site.state[ACCEPTED] = ConfigRecord({"runs": json.dumps({**self._all(), run: record}, sort_keys=True)})
 
 
 def _arrived(step: ConfigRecord) -> dict[tuple[str, str], bytes]:

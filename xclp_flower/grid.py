@@ -42,6 +42,11 @@ class InProcessGrid(Grid):
     def run(self):
         return None
 
+    @property
+    def run_id(self) -> int:
+        """The run every node's Context carries (a training run's job is named after it)."""
+        return self._run_id
+
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
                        ttl: float | None = None) -> Message:  # (deprecated in Flower: the ServerApp builds Messages)
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)

@@ -46,14 +46,17 @@ class FlowerTraining:
 
     def __init__(self, grid: Grid, algorithm: str, options: dict, n_classes: int, public_sha256: str = "",
                  public_size: int = 0, timeout: float = 600.0, say: Callable[[str], None] | None = None,
-                 nodes: int = 2, run_id: int = 0, max_missed: int = 3):
+                 nodes: int = 2, run_id: int | None = None, max_missed: int = 3):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS} inside Flower, got {algorithm!r}")
         if max_missed < 1:
             raise ValueError(f"max-missed-rounds must be at least 1, got {max_missed}")
         self.algorithm, self.n_classes = algorithm, int(n_classes)
         self.public_sha256, self.public_size = public_sha256 or None, int(public_size) or None
-        self.run_id, self.max_missed = run_id, int(max_missed)
+        # the run's id names its job ("flower-ID") and each site checks it against its own Context's run:
+        # by default the Grid's (the in-process grid says which; a deployment's ServerApp passes its own)
+        self.run_id = int(getattr(grid, "run_id", 0) if run_id is None else run_id)
+        self.max_missed = int(max_missed)
         self.say = say or (lambda _m: None)
         self.options = {"crypto": "lattice", **options}  # XCLP inside Flower: the secure default
         self.link = FlowerLink(grid, timeout, nodes)

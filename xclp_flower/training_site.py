@@ -189,11 +189,13 @@ def _pinned(site, step: ConfigRecord) -> tuple[RunSpec, ConfigRecord]:
                                 "start")
         raise ProtocolError(f"{site.name}: a second start of this run (a site trains once per run)")
     spec = RunSpec(**json.loads(str(step["start"])))
+    if spec.job_id != f"flower-{site.run_id}":  # the run this node is in, as its own Context says
+        raise ProtocolError(f"{site.name}: a start naming run {spec.job_id!r}, but this node is in run flower-{site.run_id}")
     sites = list(TrainState.from_bytes(bytes(step["view"])).sites)
     params = {"algorithm": spec.algorithm, "config": spec.config, "classes": spec.classes}
     strategy_for(spec.algorithm, spec.config, spec.classes, len(sites), n_public=spec.public_size)  # else refused here
     site.admit_training(run_xclp_params(str(step["start"]), f"flower-{site.run_id}-r0", len(sites)))
-    site.admission().admit(Offer(f"flower-{site.run_id}", TRAIN, params, tuple(sites)))  # (after its ledger check)
+    site.admission().admit(Offer(spec.job_id, TRAIN, params, tuple(sites)))  # (after its ledger check)
     return spec, ConfigRecord({"spec": str(step["start"]), "sites": json.dumps(sites), "record": "{}"})
 
 

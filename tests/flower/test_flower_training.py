@@ -91,6 +91,15 @@ def test_under_a_dp_budget_a_flower_site_reports_no_statistics_of_its_data(feder
     assert all("eval_correct" in m for m in meta)
 
 
+def test_a_run_named_after_another_run_is_refused_by_every_site(federation):
+    """The run's job id is what a site admits and what its XCLP jobs name as their parent: a ServerApp
+    that names another run than the one each node's own Context is in gets no site."""
+    ds, U, configs, _ = federation
+    with pytest.raises(SiteFailed, match=r"fewer than 2 sites.*naming run 'flower-5', but this node is in run flower-1"):
+        FlowerTraining(InProcessGrid(client_app, configs, run_id=1), "fedct", OPTIONS, 10, public_digest(U), len(U),
+                       run_id=5).run()
+
+
 def test_flower_fedct_refuses_a_site_with_another_public_set(federation):
     ds, U, configs, tmp = federation
     forged = U.copy()
@@ -173,7 +182,7 @@ def test_flower_fedavg_xclp_labels_over_the_round_models_embeddings(federation):
     # an XCLP job (lattice) before every round over the planned sites, its labels adopted by each
     assert all(r["pseudo_label_accuracy"] is not None and r["pseudo_label_accuracy"] > 0.5 for r in hist)
     jobs = {str(fields["job"]) for way, _, fields in grid.seen if way == "to" and "job" in fields}
-    assert jobs == {f"flower-0-r{t}" for t in (1, 2, 3)}
+    assert jobs == {f"flower-{grid.run_id}-r{t}" for t in (1, 2, 3)}
     # the same accuracy on the sites' points as the simulation's fedavg-xclp (same k and L), within 0.05:
     # the LSH seed differs (the sites draw it at random inside Flower, the simulation from its seed)
     from xclp.training.models import predict_proba_array
