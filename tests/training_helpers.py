@@ -4,6 +4,9 @@ noise draws a run makes. Each was written again in two test files."""
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
 import torch
 
 from crypto.keys import SiteKeyPair
@@ -11,6 +14,27 @@ from xclp.privacy import discrete_laplace as dl
 from xclp.training.fedavg import Site, labelled_only
 from xclp.training.models import build_network, torch_threads
 from xclp.training_job import Weights
+
+
+def toy_site(name: str, i: int) -> Site:
+    """A small site of the machine tests: 20 points, 4 features, half of them labelled (x₀ > 0)."""
+    rng = np.random.default_rng(i)
+    X = rng.normal(size=(20, 4)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    y[10:] = -1
+    return Site(name, X, y)
+
+
+def draws(site: str):
+    """The site's injected CSPRNG for a test: SHA-256 in counter mode over a fixed seed (a site uses
+    os.urandom), so that a run repeats exactly."""
+    n = [0]
+
+    def draw(k):
+        n[0] += 1
+        return hashlib.sha256(f"{site}/{n[0]}".encode()).digest()[:k]
+
+    return draw
 
 
 class FedAvgWork:

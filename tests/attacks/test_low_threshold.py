@@ -5,40 +5,21 @@ machine computes τ itself, from the participants it would mask over and the run
 refuses the round before it trains, masks or deals a share. A run may raise τ (secagg_threshold), never
 lower it below ⌈(m − 1)/2⌉."""
 
-import hashlib
 
 import numpy as np
 import pytest
-from training_helpers import FedAvgWork
+from training_helpers import FedAvgWork, draws, toy_site
 
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
 from xclp.prediction_job import MemoryMailbox
 from xclp.training import double_masking as dm
-from xclp.training.fedavg import FedAvgConfig, FedAvgStrategy, Site
+from xclp.training.fedavg import FedAvgConfig, FedAvgStrategy
 from xclp.training.messages import load_masked_meta
 from xclp.training_job import MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState
 
 CONFIG = {"algorithm": "fedavg", "rounds": 1, "sites_per_round": 3, "local_epochs": 1, "secure_aggregation": True,
           "lr": 0.1, "seed": 3}
-
-
-def data(name: str, i: int) -> Site:
-    rng = np.random.default_rng(i)
-    X = rng.normal(size=(20, 4)).astype(np.float32)
-    y = (X[:, 0] > 0).astype(np.int64)
-    y[10:] = -1
-    return Site(name, X, y)
-
-
-def draws(site: str):
-    n = [0]
-
-    def draw(k):
-        n[0] += 1
-        return hashlib.sha256(f"{site}/{n[0]}".encode()).digest()[:k]
-
-    return draw
 
 
 class Counting(FedAvgWork):
@@ -54,7 +35,7 @@ def run_to_round_1(sites: list[str], config: dict, floors: dict[str, int]):
     spec = RunSpec("job", "fedavg", {**CONFIG, **config}, 2)
     mail = MemoryMailbox()
     coord = TrainCoordinator(spec, TrainState.new(sites))
-    machines = {x: TrainSite(x, spec, Counting(data(x, i)), draw=draws(x), n_features=4,
+    machines = {x: TrainSite(x, spec, Counting(toy_site(x, i)), draw=draws(x), n_features=4,
                              min_colluders=floors.get(x, 0)) for i, x in enumerate(sites)}
     raised = {}
     for _ in range(6):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from training_helpers import FedAvgWork, masked_federation
+from training_helpers import FedAvgWork, draws, masked_federation, toy_site
 
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
@@ -113,24 +113,6 @@ CONFIG = {"algorithm": "fedavg", "rounds": 1, "sites_per_round": 5, "local_epoch
           "lr": 0.1, "seed": 3}
 
 
-def data(i: int) -> Site:
-    rng = np.random.default_rng(i)
-    X = rng.normal(size=(20, 4)).astype(np.float32)
-    y = (X[:, 0] > 0).astype(np.int64)
-    y[10:] = -1
-    return Site(SITES[i], X, y)
-
-
-def draws(site: str):
-    n = [0]
-
-    def draw(k):
-        n[0] += 1
-        return hashlib.sha256(f"{site}/{n[0]}".encode()).digest()[:k]
-
-    return draw
-
-
 class Recording(FedAvgWork):
     """FedAvgWork that keeps the weights it hands its site machine: the plaintext the sum is checked against."""
 
@@ -148,7 +130,7 @@ def test_the_coordinator_names_a_site_whose_share_is_wrong_and_decodes_the_round
     spec = RunSpec("job", "fedavg", CONFIG, 2)
     mail, kept = MemoryMailbox(), {}
     coord = TrainCoordinator(spec, TrainState.new(SITES))
-    sites = {x: TrainSite(x, spec, Recording(data(i), kept), draw=draws(x), n_features=4) for i, x in enumerate(SITES)}
+    sites = {x: TrainSite(x, spec, Recording(toy_site(SITES[i], i), kept), draw=draws(x), n_features=4) for i, x in enumerate(SITES)}
 
     def put(m):  # c, lying: one bit of its share of a's seed flipped on the way out
         if m.sender == "c" and m.topic.startswith("reveal/"):

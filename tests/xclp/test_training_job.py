@@ -3,42 +3,20 @@ goes on where it was, a site that misses rounds is struck and dropped by the rul
 recovers a dropout without anyone masking again, a site refuses a second masked upload or a second
 unmask, and a run with fewer than two sites left fails at once with the reason."""
 
-import hashlib
 
-import numpy as np
 import pytest
 import torch
-from training_helpers import FedAvgWork
+from training_helpers import FedAvgWork, draws, toy_site
 
 from crypto.errors import ProtocolError
 from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
 from xclp.protocol import REFUSE, refusal
-from xclp.training.fedavg import Site
 from xclp.training.messages import load_json
 from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState
 
 SITES = ["a", "b", "c"]
 CONFIG = {"algorithm": "fedavg", "rounds": 3, "sites_per_round": 3, "local_epochs": 1, "secure_aggregation": True,
           "lr": 0.1, "seed": 3}
-
-
-def data(i: int) -> Site:
-    rng = np.random.default_rng(i)
-    X = rng.normal(size=(20, 4)).astype(np.float32)
-    y = (X[:, 0] > 0).astype(np.int64)
-    y[10:] = -1
-    return Site(SITES[i], X, y)
-
-
-def draws(site: str):
-    """The site's injected CSPRNG: SHA-256 in counter mode over a fixed seed (a test's; a site uses os.urandom)."""
-    n = [0]
-
-    def draw(k):
-        n[0] += 1
-        return hashlib.sha256(f"{site}/{n[0]}".encode()).digest()[:k]
-
-    return draw
 
 
 class Run:
@@ -48,7 +26,7 @@ class Run:
         self.spec = RunSpec("job", "fedavg", {**CONFIG, **(config or {})}, 2, max_missed=max_missed)
         self.mail = MemoryMailbox()
         self.coord = TrainCoordinator(self.spec, TrainState.new(SITES))
-        self.sites = {x: TrainSite(x, self.spec, FedAvgWork(data(i)), draw=draws(x), n_features=4)
+        self.sites = {x: TrainSite(x, self.spec, FedAvgWork(toy_site(SITES[i], i)), draw=draws(x), n_features=4)
                       for i, x in enumerate(SITES)}
         self.silent = set(silent)
 
@@ -192,7 +170,7 @@ def test_fewer_than_two_sites_left_fail_the_run_at_once_with_the_reason():
 def test_a_run_that_cannot_learn_fails_at_setup_with_the_reason():
     r = Run()
     for i, x in enumerate(SITES):
-        d = data(i)
+        d = toy_site(SITES[i], i)
         d.y[:] = -1
         r.sites[x].work = FedAvgWork(d)
     r.sites_step()
