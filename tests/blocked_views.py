@@ -3,12 +3,13 @@
 it sends site A for one it crafted, and A's machine must refuse it."""
 
 import numpy as np
+from prediction_rig import drive, machines  # noqa: F401 (the attacks drive the job with it)
 
 from crypto.lattice_blocks import BlockLayout
 from xclp.block_protocol import decode_plan, encode_plan
 from xclp.data import load_arrays
-from xclp.prediction_job import COORDINATOR, MemoryMailbox, PredictCoordinator, PredictSite, PredictState
-from xclp.protocol import JobParams, SiteSession, Topic
+from xclp.prediction_job import COORDINATOR, MemoryMailbox
+from xclp.protocol import JobParams, Topic
 from xclp.splits import simulate_sites
 
 # two sites of ~110 points: a padded group of A holds every row of B, more than a round admits per point
@@ -25,23 +26,7 @@ def dataset():
 def job(name: str, **over):
     ds = dataset()
     params = JobParams(job_id=name, **{**PARAMS, **over})
-    sessions = {s: SiteSession(params, s, ds.X[ds.site == s], ds.y[ds.site == s], contribution=bytes([i + 1]) * 32)
-                for i, s in enumerate(ds.sites)}
-    coord = PredictCoordinator(params, PredictState.new(list(ds.sites)))
-    return ds, coord, {s: PredictSite(x) for s, x in sessions.items()}, MemoryMailbox()
-
-
-def drive(coord, sites, mail, until):
-    """Sites and coordinator in turn until `until(state)` (a round where nothing moves is a deadline)."""
-    st = coord.state
-    for _ in range(400):
-        if until(st):
-            return
-        moved = False
-        for s in list(st.live):
-            moved |= sites[s].step(st, mail.inbox(s), mail.put)
-        coord.settle(mail, moved)
-    raise AssertionError(st)
+    return ds, *machines(ds, params), MemoryMailbox()
 
 
 def planned(coord, mail, r: int):

@@ -5,6 +5,7 @@ blame, a state that saves to bytes mid-phase, and labels that do not depend on t
 
 import numpy as np
 import pytest
+from prediction_rig import drive, finish, machines
 
 from crypto import lattice_blocks, lattice_hamming
 from xclp import graph as graphs
@@ -15,12 +16,11 @@ from xclp.prediction_job import (
     Inadmissible,
     MemoryMailbox,
     PredictCoordinator,
-    PredictSite,
     PredictState,
     Send,
     admit,
 )
-from xclp.protocol import JobParams, SiteSession
+from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
@@ -32,34 +32,6 @@ BLOCKED = dict(n_classes=10, bits=64, k=5, graph="blocked", blocking_tables=4, m
 def ds():
     X, y = load_arrays("digits", limit=90, seed=3)
     return simulate_sites(X, y, 3, "iid", 0.2, seed=3)
-
-
-def machines(ds, params):
-    sessions = {s: SiteSession(params, s, ds.X[ds.site == s], ds.y[ds.site == s], contribution=bytes([i + 1]) * 32)
-                for i, s in enumerate(ds.sites)}
-    return PredictCoordinator(params, PredictState.new(list(ds.sites))), {s: PredictSite(x) for s, x in sessions.items()}
-
-
-def drive(coord, sites, mail, until, silent=(), send=None):
-    """Sites and coordinator in turn until `until(state)`; a round where nothing moves is a deadline."""
-    st = coord.state
-    for _ in range(400):
-        if until(st):
-            return
-        moved = False
-        for s in list(st.live):
-            if s not in silent:
-                moved |= sites[s].step(st, mail.inbox(s), send or mail.put)
-        coord.settle(mail, moved)
-    raise AssertionError(st)
-
-
-def finish(coord, sites, mail):
-    drive(coord, sites, mail, lambda st: st.status != "running")
-    assert coord.state.status == "done", coord.state.failure
-    for s in coord.state.live:
-        sites[s].step(coord.state, mail.inbox(s), mail.put)
-    return {s: m.result.labels for s, m in sites.items() if m.result is not None}
 
 
 def test_every_pair_a_candidate_gives_the_exact_graph_through_the_machines(ds, monkeypatch):

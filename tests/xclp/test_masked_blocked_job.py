@@ -5,6 +5,7 @@ round's bounds."""
 
 import numpy as np
 import pytest
+from prediction_rig import drive, finish, machines
 
 from crypto.errors import ProtocolError, ViewRefused
 from crypto.masked_hamming import PairView, pair_views
@@ -15,7 +16,7 @@ from xclp.protocol import JobParams, SiteSession
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
-from .test_blocked_job import BLOCKED, drive, finish, machines
+from .test_blocked_job import BLOCKED
 
 MASKED = {**BLOCKED, "descent_rounds": 2}
 
