@@ -2,7 +2,10 @@
 the machine tests (tests/xclp/test_prediction_job.py, test_blocked_job.py, test_masked_blocked_job.py)
 and of the attacks on a round's views (tests/blocked_views.py). Written once: each had its own copy."""
 
-from xclp.prediction_job import PredictCoordinator, PredictSite, PredictState
+import numpy as np
+
+from xclp.block_protocol import decode_plan
+from xclp.prediction_job import PredictCoordinator, PredictSite, PredictState, Topic
 from xclp.protocol import SiteSession
 
 
@@ -37,3 +40,23 @@ def finish(coord, sites, mail):
     for s in coord.state.live:
         sites[s].step(coord.state, mail.inbox(s), mail.put)
     return {s: m.result.labels for s, m in sites.items() if m.result is not None}
+
+
+def round_views(ds, coord, mail, r: int = 1):
+    """The views the coordinator planned for round r of a blocked job: (each site's number of points,
+    [(a, b, A's view, B's view)] for every pair of sites in roster order that the plan names)."""
+    order = coord.state.order
+    n = {s: int((ds.site == s).sum()) for s in order}
+    plan = {s: decode_plan(mail.inbox(s).get(Topic.blocks(r)), n[s], order) for s in order}
+    return n, [(a, b, plan[a][b], plan[b].get(a)) for i, a in enumerate(order) for b in order[i + 1:]
+               if plan[a].get(b) is not None]
+
+
+def labels_equal_plaintext(ds, sites, labels, params) -> None:
+    """Each site's labels equal the plaintext job's with the same seed contributions (`params`: the
+    job's parameters without crypto)."""
+    from xclp.simulation import run_xclp
+
+    ref = run_xclp(ds, params, contributions={s: sites[s].session.my_contribution() for s in ds.sites})
+    for s, got in labels.items():
+        assert np.array_equal(got, ref.predictions[s].labels), s

@@ -5,7 +5,7 @@ blame, a state that saves to bytes mid-phase, and labels that do not depend on t
 
 import numpy as np
 import pytest
-from prediction_rig import drive, finish, machines
+from prediction_rig import drive, finish, labels_equal_plaintext, machines, round_views
 
 from crypto import lattice_blocks, lattice_hamming
 from xclp import graph as graphs
@@ -134,44 +134,32 @@ def test_each_site_is_planned_its_view_of_each_pair_and_no_row_of_its_peer(ds):
     # positions among A's points; B: its own rows — and a site refuses a view that is not its own
     from crypto.errors import ProtocolError
     from crypto.lattice_blocks import BlockLayout, BlockView
-    from xclp.block_protocol import decode_plan
-    from xclp.prediction_job import KEEP_PAD, Topic
+    from xclp.prediction_job import KEEP_PAD
 
     params = JobParams(job_id="views", crypto="lattice", **BLOCKED)
     coord, sites = machines(ds, params)
     mail = MemoryMailbox()
     drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
     order = coord.state.order
-    n = {s: int((ds.site == s).sum()) for s in order}
-    plan = {s: decode_plan(mail.inbox(s).get(Topic.blocks(1)), n[s], order) for s in order}
-    pairs = 0
-    for i, a in enumerate(order):
-        for b in order[i + 1:]:
-            va, vb = plan[a].get(b), plan[b].get(a)
-            if va is None:
-                continue
-            pairs += 1
-            assert isinstance(va, BlockView) and isinstance(vb, BlockView) and (va.side, vb.side) == ("a", "b")
-            assert set(va.arrays()) == {"meta", "ks", "counts", "keys", "key_ptr"}  # no row of b's
-            assert set(vb.arrays()) == {"meta", "ks", "counts", "rows"}  # its own rows only
-            assert (va.n_a, va.n_b) == (vb.n_a, vb.n_b) == (n[a], n[b])
-            # the coordinator combines the round from the views it sent; they are a function of the
-            # candidate entries and the padding rule (round 1: a group met by ≥ KEEP_PAD of B's rows runs
-            # all of them, for the descent rounds' kept results)
-            run = coord._plan(mail, 1, order)[(a, b)]
-            assert (run.view_a.digest, run.view_b.digest) == (va.digest, vb.digest)
-            layout = BlockLayout([(x.rows_a, x.rows_b) for x in run.blocks()], n[a], n[b], pad=KEEP_PAD)
-            assert (layout.view_a().digest, layout.view_b().digest) == (va.digest, vb.digest)
-            with pytest.raises(ProtocolError, match="not ours"):
-                sites[a].session.blocks_party(b, vb)
-            with pytest.raises(ProtocolError, match="not ours"):
-                sites[b].session.blocks_party(a, va)
-    assert pairs >= 2
-    labels = finish(coord, sites, mail)
-    ref = run_xclp(ds, JobParams(job_id="views", **BLOCKED),
-                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
-    for s, got in labels.items():
-        assert np.array_equal(got, ref.predictions[s].labels), s
+    n, pairs = round_views(ds, coord, mail)
+    for a, b, va, vb in pairs:
+        assert isinstance(va, BlockView) and isinstance(vb, BlockView) and (va.side, vb.side) == ("a", "b")
+        assert set(va.arrays()) == {"meta", "ks", "counts", "keys", "key_ptr"}  # no row of b's
+        assert set(vb.arrays()) == {"meta", "ks", "counts", "rows"}  # its own rows only
+        assert (va.n_a, va.n_b) == (vb.n_a, vb.n_b) == (n[a], n[b])
+        # the coordinator combines the round from the views it sent; they are a function of the
+        # candidate entries and the padding rule (round 1: a group met by ≥ KEEP_PAD of B's rows runs
+        # all of them, for the descent rounds' kept results)
+        run = coord._plan(mail, 1, order)[(a, b)]
+        assert (run.view_a.digest, run.view_b.digest) == (va.digest, vb.digest)
+        layout = BlockLayout([(x.rows_a, x.rows_b) for x in run.blocks()], n[a], n[b], pad=KEEP_PAD)
+        assert (layout.view_a().digest, layout.view_b().digest) == (va.digest, vb.digest)
+        with pytest.raises(ProtocolError, match="not ours"):
+            sites[a].session.blocks_party(b, vb)
+        with pytest.raises(ProtocolError, match="not ours"):
+            sites[b].session.blocks_party(a, va)
+    assert len(pairs) >= 2
+    labels_equal_plaintext(ds, sites, finish(coord, sites, mail), JobParams(job_id="views", **BLOCKED))
 
 
 def test_a_protocol_that_does_not_pack_runs_one_run_per_block_in_the_machines(ds):
@@ -187,11 +175,7 @@ def test_a_protocol_that_does_not_pack_runs_one_run_per_block_in_the_machines(ds
     s = coord.state.order[0]
     plan = decode_plan(mail.inbox(s).get(Topic.blocks(1)), int((ds.site == s).sum()), coord.state.order)
     assert plan and all(isinstance(v, list) for v in plan.values())
-    labels = finish(coord, sites, mail)
-    ref = run_xclp(ds, JobParams(job_id="ot", **BLOCKED),
-                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
-    for s, got in labels.items():
-        assert np.array_equal(got, ref.predictions[s].labels), s
+    labels_equal_plaintext(ds, sites, finish(coord, sites, mail), JobParams(job_id="ot", **BLOCKED))
 
 
 @pytest.mark.parametrize("crypto", ["plaintext", "lattice"])

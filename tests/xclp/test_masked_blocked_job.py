@@ -5,13 +5,12 @@ round's bounds."""
 
 import numpy as np
 import pytest
-from prediction_rig import drive, finish, machines
+from prediction_rig import drive, finish, labels_equal_plaintext, machines, round_views
 
 from crypto.errors import ProtocolError, ViewRefused
 from crypto.masked_hamming import PairView, pair_views
-from xclp.block_protocol import decode_plan
 from xclp.data import load_arrays
-from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, Send, Topic
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, Send
 from xclp.protocol import JobParams, SiteSession
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
@@ -41,21 +40,14 @@ def test_views_codes_once_and_restarts_mid_phase_go_on(ds):
     mail = MemoryMailbox()
     drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 1)
     order = coord.state.order
-    n = {s: int((ds.site == s).sum()) for s in order}
-    plan = {s: decode_plan(mail.inbox(s).get(Topic.blocks(1)), n[s], order) for s in order}
-    pairs = 0
-    for i, a in enumerate(order):
-        for b in order[i + 1:]:
-            va, vb = plan[a].get(b), plan[b].get(a)
-            if va is None:
-                continue
-            pairs += 1
-            assert isinstance(va, PairView) and isinstance(vb, PairView) and (va.side, vb.side) == ("a", "b")
-            assert (va.n_a, va.n_b) == (n[a], n[b]) and va.rows_a.max() < n[a] and va.rows_b.max() < n[b]
-            assert va.shape_digest == vb.shape_digest and va.digest != vb.digest
-            with pytest.raises(ProtocolError, match="not ours"):
-                sites[a].session.blocks_party(b, vb)
-    assert pairs >= 2
+    n, pairs = round_views(ds, coord, mail)
+    for a, b, va, vb in pairs:
+        assert isinstance(va, PairView) and isinstance(vb, PairView) and (va.side, vb.side) == ("a", "b")
+        assert (va.n_a, va.n_b) == (n[a], n[b]) and va.rows_a.max() < n[a] and va.rows_b.max() < n[b]
+        assert va.shape_digest == vb.shape_digest and va.digest != vb.digest
+        with pytest.raises(ProtocolError, match="not ours"):
+            sites[a].session.blocks_party(b, vb)
+    assert len(pairs) >= 2
     # round 0: each site's codes, masked (k = 7 bits a coordinate at L = 64), once
     from crypto.masked_hamming import codes_size
     for s in order:
@@ -68,10 +60,7 @@ def test_views_codes_once_and_restarts_mid_phase_go_on(ds):
     sites[s0].pairs = None
     labels = finish(coord, sites, mail)
     assert coord.state.dropped == {}
-    ref = run_xclp(ds, JobParams(job_id="mv", **MASKED),
-                   contributions={s: sites[s].session.my_contribution() for s in ds.sites})
-    for s, got in labels.items():
-        assert np.array_equal(got, ref.predictions[s].labels), s
+    labels_equal_plaintext(ds, sites, labels, JobParams(job_id="mv", **MASKED))
 
 
 def test_a_spoiled_share_is_blamed_and_the_job_goes_on(ds):
