@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import ipaddress
-import os
 import ssl
 import sys
 from pathlib import Path
+
+from crypto.private_file import write_private
 
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -88,12 +89,7 @@ def _san(names: list[str]):
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_private(path, data, mode)
 
 
 def make_dev_ca(out: Path, names: list[str], days: int = 365) -> dict[str, Path]:

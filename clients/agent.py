@@ -42,6 +42,7 @@ from clients.site_state import JobState, load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
+from crypto.private_file import sweep_partials
 from xclp.data import DataError
 from xclp.datafile import Columns
 from xclp.job_files import JOB_ID, job_file, make_folder
@@ -99,6 +100,9 @@ class Agent:
         self.X, self.y, self.y_true, self.ids, self.columns = load_site(data, columns)
         self.out = make_folder(out, "--out")
         self.state_dir = make_folder(self.out / ".agent-state", "--out", mode=0o700)
+        for left in sweep_partials(self.state_dir):  # a save cut short by SIGKILL or a power cut
+            log.warning("removed %s: a private file's save that did not finish (the agent was killed mid-write)",
+                        left.name)
         self.identity = Identity.load_or_create(identity_key or self.state_dir / "identity.key")
         self.pins = Pins(self.state_dir / "known_sites.json", given=pins, membership=membership,
                          trust_on_first_use=trust_on_first_use)

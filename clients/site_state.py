@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from crypto.private_file import write_private
 from xclp.data import DataError, validate_features, validate_labels
 from xclp.datafile import Columns, load_data_file
 
@@ -51,13 +52,7 @@ class JobState:
         self.data = json.loads(path.read_text()) if path.exists() else {}
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(self.data))
 
     def __getitem__(self, k):
         return self.data.get(k)

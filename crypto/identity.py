@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from crypto.encoding import lp
 from crypto.errors import IntegrityError, ProtocolError
+from crypto.private_file import write_private
 
 _DOMAIN = b"xclp/announce/v1"
 
@@ -225,8 +226,4 @@ class Pins:
     def _save(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.known, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(self.known, indent=1, sort_keys=True))

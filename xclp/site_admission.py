@@ -36,6 +36,7 @@ from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from crypto.private_file import write_private
 from xclp.site_policy import PolicyError, SitePolicy
 
 PREDICT, TRAIN = "predict", "train"
@@ -79,13 +80,7 @@ class AcceptedRuns:
         if data.get(run) == record:
             return
         data[run] = record
-        tmp = self.path.with_name(self.FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=1, sort_keys=True))
 
     def _read(self) -> dict:
         return json.loads(self.path.read_text()) if self.path.exists() else {}

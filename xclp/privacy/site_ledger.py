@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from crypto.private_file import write_private
+
 FILE = "privacy-ledger.json"
 VERSION = 1
 
@@ -185,13 +187,7 @@ class SiteLedger:
         return data
 
     def _write(self, data: dict) -> None:
-        tmp = self.path.with_name(FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=1))
 
     def _file(self, data: dict, digest: str) -> dict:
         return data["files"].setdefault(digest, {"label_secret": os.urandom(32).hex(), "jobs": {}})
