@@ -205,9 +205,9 @@ def _peak_memory() -> int:
 
 def cmd_simulate_predict(args) -> int:
     from xclp.baselines import centralized_lp, per_site_lp
+    from xclp.job_params import JobParams
     from xclp.privacy import label_dp
     from xclp.privacy.ledger import PrivacyLedger, no_privacy
-    from xclp.protocol import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
 
     ds, source = load_dataset(args)

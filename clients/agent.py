@@ -45,9 +45,12 @@ from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
 from xclp.job_files import JOB_ID, job_file, make_folder
-from xclp.prediction_job import COORDINATOR, PredictSite, PredictState, Send
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Send
+from xclp.prediction_job import PredictSite, PredictState
 from xclp.privacy.site_ledger import SiteLedger, data_digest
-from xclp.protocol import REFUSE, JobParams, SiteSession, refusal
+from xclp.protocol import SiteSession
+from xclp.refusal import REFUSE, refusal
 from xclp.site_admission import AcceptedRuns, Offer, SiteAdmission
 from xclp.site_policy import PolicyError, SitePolicy
 

@@ -22,9 +22,9 @@ from service.liveness import Contacts, silent_sites
 from service.training_engine import train_state, train_step
 from xclp.executor import Executor
 from xclp.job_kinds import job_kind
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator, PredictState
 from xclp.prediction_job import refusals as job_refusals
-from xclp.protocol import JobParams
 
 log = logging.getLogger("xclp.engine")
 

@@ -21,10 +21,11 @@ from service.liveness import liveness
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import train_progress
-from xclp.prediction_job import PredictState, graph_mode
+from xclp.job_params import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+from xclp.prediction_job import PredictState
 from xclp.prediction_job import progress as phase_progress
+from xclp.prediction_topics import graph_mode
 from xclp.privacy import label_dp
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 
 log = logging.getLogger("xclp.service")
 router = APIRouter(tags=["jobs"])

@@ -18,8 +18,8 @@ import datetime as dt
 
 from service.db import Job, utcnow
 from service.lifecycle import DbMailbox, idle_limit, phase_limit
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator, PredictState
-from xclp.protocol import JobParams
 
 
 class Contacts(dict):

@@ -25,14 +25,10 @@ from service.guard import client_of
 from service.schemas import errors
 from service.training_engine import check_train_upload
 from xclp.job_kinds import job_kind
-from xclp.prediction_job import Inadmissible, graph_mode
+from xclp.mail import Inadmissible
 from xclp.prediction_job import admit as admit_upload
-from xclp.prediction_topics import check_body
-from xclp.protocol import (
-    MAX_REFUSAL_BODY,
-    REFUSE,
-    read_refusal,
-)
+from xclp.prediction_topics import check_body, graph_mode
+from xclp.refusal import MAX_REFUSAL_BODY, REFUSE, read_refusal
 
 
 class _BlobResponse(FileResponse):

@@ -21,7 +21,7 @@ from service.lifecycle import PREDICT_DEADLINE_KEYS
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors
 from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec, train_state
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+from xclp.job_params import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TRAINING_OPTIONS, Option
 from xclp.training_job import TrainCoordinator

@@ -298,7 +298,7 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
     training = _training_view(job, v.who) if job.kind == "train" else {}
     privacy = training.get("privacy") if job.kind == "train" else None
     if job.kind == "predict":
-        from xclp.protocol import JobParams
+        from xclp.job_params import JobParams
 
         privacy = JobParams(**job.params).privacy()
     children = [] if job.kind != "train" else [

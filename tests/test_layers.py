@@ -134,10 +134,10 @@ def test_no_driver_imports_a_jobs_order():
 
 def test_the_order_check_sees_a_lazy_import_of_a_phase_list(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from xclp.training.simulation import MAX_STEPS\n    from xclp.protocol import Topic\n"
+    bad.write_text("def f():\n    from xclp.training.simulation import MAX_STEPS\n    from xclp.prediction_topics import Topic\n"
                    "    from xclp import protocol as p\n    import xclp.training_topics\n"
                    "    return p.JOB_PHASES, xclp.training_topics.TRAIN_PHASES\n")
-    assert _order_names(bad) == {"xclp.training.simulation.MAX_STEPS", "xclp.protocol.Topic",
+    assert _order_names(bad) == {"xclp.training.simulation.MAX_STEPS", "xclp.prediction_topics.Topic",
                                  "xclp.protocol.JOB_PHASES", "xclp.training_topics.TRAIN_PHASES"}
 
 

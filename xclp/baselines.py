@@ -18,7 +18,7 @@ from xclp import lsh
 from xclp.data import Dataset
 from xclp.influence import propagate
 from xclp.propagation import Prediction, class_counts, label_matrix, predict_from_scores
-from xclp.protocol import standardisation_stats, standardise
+from xclp.standardisation import standardisation_stats, standardise
 
 
 def standardised(X: np.ndarray) -> np.ndarray:

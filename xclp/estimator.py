@@ -43,19 +43,12 @@ from xclp.blocking import DEFAULT_MAX_BUCKET as _MAX_BUCKET
 from xclp.blocking import DEFAULT_TABLES as _BLOCKING_TABLES
 from xclp.data import UNLABELLED, DataError, make_dataset
 from xclp.influence import SOLVERS, propagate
+from xclp.job_params import GRAPH_MODES, LSH_MAX_BITS, MIN_K, SIMILARITIES, JobParams
 from xclp.lsh import l2_normalise
 from xclp.privacy import label_dp
 from xclp.propagation import class_counts, label_matrix, predict_from_scores
-from xclp.protocol import (
-    GRAPH_MODES,
-    LSH_MAX_BITS,
-    MIN_K,
-    SIMILARITIES,
-    JobParams,
-    standardisation_stats,
-    standardise,
-)
 from xclp.push import DEFAULT_RANK as _INFLUENCE_RANK
+from xclp.standardisation import standardisation_stats, standardise
 
 PREDICT_CHUNK = 2048  # new points per block of similarities in predict_proba
 
@@ -255,7 +248,7 @@ class FederatedXCLP(_InductiveMixin, ClassifierMixin, BaseEstimator):
     apart in the folds (GroupKFold) and route the groups into fit (sklearn's metadata routing:
     ``sklearn.set_config(enable_metadata_routing=True)`` and ``FederatedXCLP(...).set_fit_request(groups=True)``).
 
-    Parameters (the job's, xclp.protocol.JobParams, with its bounds)
+    Parameters (the job's, xclp.job_params.JobParams, with its bounds)
     ----------
     k, alpha, power, bits, similarity ("lsh"; "exact" with crypto="plaintext" only), crypto (one of
     crypto.hamming_api.PROTOCOLS; "plaintext" is the reference with no security), key_bits (Paillier),

@@ -49,7 +49,7 @@ def _train_obsolete(topic: str, state: Any) -> bool:
 
 
 JOB_KINDS = {
-    "predict": JobKind(protocol.JOB_PHASES, protocol.topic_phase, prediction_topics.max_body,
+    "predict": JobKind(protocol.JOB_PHASES, prediction_topics.topic_phase, prediction_topics.max_body,
                        prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete,
                        prediction_topics.TOPIC_KINDS),
     "train": JobKind(training_topics.TRAIN_PHASES, training_topics.topic_phase, _train_max_body,

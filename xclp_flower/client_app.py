@@ -57,9 +57,11 @@ from crypto.state import State, pack
 from xclp.data import DataError
 from xclp.datafile import Columns, parse_column_list
 from xclp.job_files import job_file
-from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
+from xclp.job_params import JobParams
+from xclp.mail import Send
+from xclp.prediction_job import DictInbox, PredictSite, PredictState
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
-from xclp.protocol import JobParams, SiteSession
+from xclp.protocol import SiteSession
 from xclp.site_admission import PREDICT, Offer, SiteAdmission, run_record
 from xclp.site_policy import PolicyError, SitePolicy
 from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels

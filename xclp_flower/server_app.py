@@ -33,7 +33,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.training.options import TRAINING_OPTIONS
 from xclp_flower import flag
 from xclp_flower.prediction import MESSAGE_TYPE, FlowerLink, FlowerXCLP, SiteFailed  # noqa: F401 — re-exported

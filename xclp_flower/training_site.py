@@ -28,7 +28,7 @@ from flwr.app import ConfigRecord
 
 from crypto.errors import ProtocolError
 from xclp.data import DataError
-from xclp.prediction_job import Send
+from xclp.mail import Send
 from xclp.site_admission import TRAIN, Offer
 from xclp.training.algorithms import strategy_for
 from xclp.training.strategy import Strategy

@@ -31,7 +31,7 @@ class _Announces:
     """A mailbox holding only the sites' announces (all a prediction job's size limits read)."""
 
     def __init__(self, sizes: dict[str, int]):
-        from xclp.protocol import encode_announce
+        from xclp.announce import encode_announce
 
         self.bodies = {s: encode_announce(s, b"k" * 32, n, np.zeros(0, np.int64), b"c" * 32, features=4)
                        for s, n in sizes.items()}
@@ -42,9 +42,9 @@ class _Announces:
 
 
 def test_a_prediction_jobs_limits_opaque_bodies_and_pruning_come_from_its_kind():
+    from xclp.job_params import JobParams
     from xclp.prediction_job import PredictState
     from xclp.prediction_topics import SLACK
-    from xclp.protocol import JobParams
 
     predict, train = job_kind("predict"), job_kind("train")
     params = JobParams(job_id="j", n_classes=3, k=5, bits=64, blocking_tables=4)

@@ -10,8 +10,10 @@ from crypto.errors import ProtocolError, ViewRefused
 from crypto.masked_hamming import PairView, pair_views
 from xclp.block_protocol import decode_plan
 from xclp.data import load_arrays
-from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, Send, Topic
-from xclp.protocol import JobParams, SiteSession
+from xclp.job_params import JobParams
+from xclp.mail import Send
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, Topic
+from xclp.protocol import SiteSession
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 

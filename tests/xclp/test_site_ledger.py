@@ -8,10 +8,11 @@ import stat
 import numpy as np
 import pytest
 
+from xclp.job_params import JobParams
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import gaussian_epsilon
 from xclp.privacy.site_ledger import SiteLedger, TotalExceeded, data_digest, job_releases
-from xclp.protocol import JobParams, SiteSession
+from xclp.protocol import SiteSession
 from xclp.site_policy import PolicyError, SitePolicy
 
 

@@ -91,7 +91,7 @@ def job_releases(status: dict, covered: bool = False) -> list[dict]:
             return [{"mechanism": "gaussian", "noise_multiplier": 1 / _gaussian_mu(eps, delta), "count": 1,
                      "stated": [eps, delta]}]
         return [{"mechanism": "epsilon_delta", "epsilon": eps, "delta": delta}]
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     p = JobParams(**params)
     out = []

@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from xclp.job_params import JobParams
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
-from xclp.protocol import JobParams
 from xclp.training.messages import dump_votes, load_votes
 from xclp.wire import dump_array, load_array
 
