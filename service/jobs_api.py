@@ -9,7 +9,7 @@ import uuid
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 from sqlalchemy import func, or_, select
 
 from service.audit import record
@@ -19,9 +19,10 @@ from service.engine import DbMailbox, cancel, refusals
 from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS
 from service.liveness import liveness
 from service.schemas import Request as RequestBody
-from service.schemas import Seconds, SiteName, errors
+from service.schemas import Seconds, SiteName, errors, option_field
 from service.training_engine import train_progress
-from xclp.job_params import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+from xclp.job_options import JOB_OPTIONS, SECURE_DEFAULTS
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictState
 from xclp.prediction_job import progress as phase_progress
 from xclp.prediction_topics import graph_mode
@@ -31,23 +32,13 @@ log = logging.getLogger("xclp.service")
 router = APIRouter(tags=["jobs"])
 
 
-class JobCreate(RequestBody):
+class _JobFields(RequestBody):
     kind: Literal["predict"] = Field("predict", description="'predict': one-shot transductive prediction "
                                                             "(training jobs: POST /jobs/train)")
     sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
                                   description="participating sites (at least two, each once), in roster order")
-    crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="'plaintext' has no security")
-    bits: int = Field(1024, ge=1, le=65535, description="LSH length L")
-    k: int = Field(10, ge=1, le=10_000, description="neighbours per point in the kNN graph")
-    alpha: float = Field(0.99, gt=0, lt=1)
-    power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
     classes: int = Field(ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site (required: "
                          "no job assumes a class count)")
-    standardize: bool = Field(True, strict=True, description="federated standardisation: every site scales each feature to the "
-                                                "mean and variance of all sites' points (a secure sum) before hashing; "
-                                                "false keeps the raw features")
-    key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
-                                                              "they accept; 2048 by default)")
     deadlines: dict[Literal[PREDICT_DEADLINE_KEYS], Seconds] = Field(
         default_factory=dict, description="phase -> seconds; 'idle': the idle limit, seconds an awaited site may go "
                                           "without contact before it is dropped (default 300)")
@@ -62,15 +53,12 @@ class JobCreate(RequestBody):
                                                                   "gaussian: noise shares inside the secure sums")
     dp_clip: float = Field(1.0, gt=0, allow_inf_nan=False,
                            description="gaussian: L2 bound of each influence column over the other sites' rows")
-    graph: Literal["exact", "blocked", "auto"] = Field(
-        "exact", description="exact: every pair's distance (n²); blocked: candidate pairs from keyed multi-index "
-                             "hashing and NN-Descent, sparse influence columns (docs/scale.md); auto: exact up to "
-                             "20,000 points, blocked above")
-    blocking_tables: int = Field(64, ge=1, le=65535, description="blocked graph: substrings of the LSH code (tables)")
-    max_bucket: int = Field(48, ge=2, le=1 << 20, description="blocked graph: points per bucket chunk")
-    descent_rounds: int = Field(2, ge=0, le=16, description="blocked graph: NN-Descent rounds")
-    influence_rank: int = Field(192, ge=0, le=4096, description="blocked graph: rank of the influence columns' "
-                                                                 "spectral correction (0: push alone)")
+
+
+# The request's fields: its own, and every XCLP job option (xclp.job_options), so that the command line's
+# flags, this body and Flower's run config are made from one definition.
+JobCreate = create_model("JobCreate", __base__=_JobFields,
+                         **{o.name: option_field(o, SECURE_DEFAULTS) for o in JOB_OPTIONS})
 
 
 class JobCreated(BaseModel):
@@ -133,12 +121,8 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
                                  f"and {IDLE!r} (the idle limit)")
     job_id = uuid.uuid4().hex[:16]
     try:
-        params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
-                           power=body.power, crypto=body.crypto, key_bits=body.key_bits, dp_delta=body.dp_delta,
-                           dp_clip=body.dp_clip, standardize=body.standardize, graph=body.graph,
-                           blocking_tables=body.blocking_tables, max_bucket=body.max_bucket,
-                           descent_rounds=body.descent_rounds, influence_rank=body.influence_rank,
-                           **_label_dp(body)).validate()
+        params = JobParams(job_id=job_id, n_classes=body.classes, dp_delta=body.dp_delta, dp_clip=body.dp_clip,
+                           **{o.name: getattr(body, o.name) for o in JOB_OPTIONS}, **_label_dp(body)).validate()
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),

@@ -1,6 +1,8 @@
 """A prediction job's parameters: everything the parties must agree on before a job starts (`JobParams`,
 which travels with the job), their bounds, and their one validation (`JobParams.validate`), shared by
-every driver. The Hamming protocol a job's `crypto` names is made here too (`hamming_protocol`)."""
+every driver. The parameters a user sets are defined, with their defaults and bounds, in ONE table
+(xclp.job_options.JOB_OPTIONS); the fields below take their defaults from it and `validate` its bounds.
+The Hamming protocol a job's `crypto` names is made here too (`hamming_protocol`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingProtocol, make_
 from xclp import blocked_graph, blocking, push
 from xclp import graph as graphs
 from xclp.job_files import check_job_id
+from xclp.job_options import JOB_DEFAULTS, JOB_OPTIONS, OPTION
 from xclp.privacy import label_dp
 
 CRYPTO_CHOICES = PROTOCOLS
@@ -17,12 +20,10 @@ DEFAULT_SECURE_CRYPTO = DEFAULT_SECURE  # the fastest secure protocol: the defau
 SECURE_ROW_SUMS_FRAC_BITS = 40
 
 
-# The bounds of the job's parameters, stated once: JobParams.validate checks them, and the estimators
-# (xclp.estimator) declare them as scikit-learn `_parameter_constraints`.
-MIN_K = 1  # kNN neighbours: at least one
-LSH_MAX_BITS = 65535  # LSH length L: 1..LSH_MAX_BITS (a lattice job less: crypto.lattice_hamming.MAX_BITS)
+# The bounds of the job's parameters are the option table's (xclp.job_options): JobParams.validate checks
+# them, and the estimators (xclp.estimator) declare them as scikit-learn `_parameter_constraints`.
+MIN_K, MAX_K = OPTION["k"].ge, OPTION["k"].le  # kNN neighbours
 SIMILARITIES = ("lsh", "exact")
-GRAPH_MODES = ("exact", "blocked", "auto")
 
 
 @dataclass(frozen=True)
@@ -31,24 +32,24 @@ class JobParams:
 
     job_id: str
     n_classes: int
-    bits: int = 1024  # LSH length L
-    k: int = 10  # kNN neighbours
-    alpha: float = 0.99
-    power: float = 3.0  # edge weight = cos(πH/L) ** power
+    bits: int = JOB_DEFAULTS["bits"]  # LSH length L
+    k: int = JOB_DEFAULTS["k"]  # kNN neighbours
+    alpha: float = JOB_DEFAULTS["alpha"]
+    power: float = JOB_DEFAULTS["power"]  # edge weight = cos(πH/L) ** power
     similarity: str = "lsh"  # "exact" (true cosine, plaintext reference only)
-    crypto: str = "plaintext"
+    crypto: str = JOB_DEFAULTS["crypto"]
     normalise: bool = True  # L2-normalise vectors before hashing
     # federated standardisation: every feature to the mean and variance of ALL sites' points, from
     # sums that ride on the label-count secure sum (`standardisation_stats`); the coordinator never
     # learns them, every site does. On by default: LSH hashes angles, so one feature on a scale of
     # thousands (an age in days, a count) would otherwise decide every neighbour (docs/benchmarks.md,
     # the breast-cancer table); False keeps the raw features.
-    standardize: bool = True
+    standardize: bool = JOB_DEFAULTS["standardize"]
     balanced: bool = True  # class-balanced label matrix
     solver: str = "auto"
     tol: float = 1e-8
     frac_bits: int = SECURE_ROW_SUMS_FRAC_BITS
-    key_bits: int = 2048  # Paillier modulus
+    key_bits: int = JOB_DEFAULTS["key_bits"]  # Paillier modulus
     max_message_bytes: int = 1 << 31
     # Label-DP of the released sums (xclp.privacy.label_dp), by either or both of: randomized response
     # on each site's labels before they enter any sum (noise parameter p; 0: none), and Gaussian noise
@@ -60,16 +61,16 @@ class JobParams:
     # The graph: "exact" — every pair's distance (all pairs, n²); "blocked" — candidate pairs from keyed
     # multi-index hashing and NN-Descent, influence columns by push + spectral correction (xclp.blocking,
     # xclp.blocked_graph, xclp.push); "auto" — exact up to blocked_graph.AUTO_EXACT_MAX_N points, blocked above.
-    graph: str = "exact"
-    blocking_tables: int = blocking.DEFAULT_TABLES
-    max_bucket: int = blocking.DEFAULT_MAX_BUCKET
-    descent_rounds: int = 2
+    graph: str = JOB_DEFAULTS["graph"]
+    blocking_tables: int = JOB_DEFAULTS["blocking_tables"]
+    max_bucket: int = JOB_DEFAULTS["max_bucket"]
+    descent_rounds: int = JOB_DEFAULTS["descent_rounds"]
     # lattice, blocked graph: A keeps the decrypted results of its first packed run with each peer and
     # answers the descent rounds' entries from them, with no new ciphertexts (crypto.lattice_kept);
     # False runs every round afresh (the benchmark's baseline)
     keep_first_round: bool = True
     push_eps: float = push.DEFAULT_EPS
-    influence_rank: int = push.DEFAULT_RANK
+    influence_rank: int = JOB_DEFAULTS["influence_rank"]
 
     def graph_mode(self, n: int) -> str:
         """"exact" or "blocked" for a job over n points (the roster's total: every party agrees)."""
@@ -77,14 +78,12 @@ class JobParams:
 
     def validate(self) -> JobParams:
         check_job_id(self.job_id)  # the one check of an id that names files at every site, for every driver
-        if self.crypto not in CRYPTO_CHOICES:
-            raise ValueError(f"crypto must be one of {CRYPTO_CHOICES}, got {self.crypto!r}")
+        for o in JOB_OPTIONS:  # each parameter's type and bounds, as every driver's flags and fields have them
+            o.check(getattr(self, o.name))
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"similarity must be 'lsh' or 'exact', got {self.similarity!r}")
         if self.similarity == "exact" and self.secure:
             raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
-        if not 1 <= self.bits <= LSH_MAX_BITS:
-            raise ValueError(f"bits must be in 1..{LSH_MAX_BITS}, got {self.bits}")
         if self.crypto == "lattice":
             from crypto.lattice_hamming import MAX_BITS
             if self.bits > MAX_BITS:
@@ -93,19 +92,11 @@ class JobParams:
             from crypto.masked_hamming import MAX_BITS as MASKED_MAX_BITS
             if self.bits > MASKED_MAX_BITS:
                 raise ValueError(f"crypto='masked' takes bits ≤ {MASKED_MAX_BITS}, got {self.bits}")
-        if self.k < MIN_K:
-            raise ValueError(f"k must be at least {MIN_K}, got {self.k}")
-        if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.power <= 0:
-            raise ValueError(f"power must be positive, got {self.power}")
         if self.n_classes < 2:
             raise ValueError(f"n_classes must be at least 2, got {self.n_classes}")
         label_dp.validate(self.dp_noise, self.dp_clip, self.label_flip)
         if not 0 < self.dp_delta < 1:
             raise ValueError(f"dp_delta must be in (0, 1), got {self.dp_delta}")
-        if self.graph not in GRAPH_MODES:
-            raise ValueError(f"graph must be 'exact', 'blocked' or 'auto', got {self.graph!r}")
         if self.graph != "exact":
             if self.similarity != "lsh":
                 raise ValueError("graph='blocked' or 'auto' works on LSH codes: similarity must be 'lsh'")

@@ -33,6 +33,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
+from xclp.job_options import JOB_OPTIONS
 from xclp.job_params import JobParams
 from xclp.training.options import TRAINING_OPTIONS
 from xclp_flower import flag
@@ -53,6 +54,11 @@ TRAIN_KEYS = {"algorithm": str, "model": str, "public-sha256": str, "public-size
               "secure-aggregation": lambda v: flag(v, "secure-aggregation"),
               **{o.key: o.check for o in TRAINING_OPTIONS}}
 
+# The job's keys of the run config: the class count, and every XCLP job option (xclp.job_options), each
+# read with its option's own check (type and bounds) — a k out of bounds is refused here as by the REST
+# schema and the command line.
+JOB_KEYS = {"classes": int, **{o.key: (lambda v, o=o: flag(v, o.key)) if o.type is bool else o.check for o in JOB_OPTIONS}}
+
 RUN_KEYS = {"timeout": float, "nodes": int, "max-missed-rounds": int}  # how the ServerApp runs, for any job
 
 # A Flower app declares every run config key with a value (TOML has no null): 0 or "" stands for "the
@@ -62,10 +68,7 @@ ZERO_IS_DEFAULT = {"model", "local-epochs", "dp-delta"} | {o.key for o in TRAINI
 
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
-    known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float,
-             "key-bits": int, "standardize": lambda v: flag(v, "standardize"),
-             # the graph (docs/scale.md): exact | blocked | auto, and the blocked graph's knobs
-             "graph": str, "blocking-tables": int, "max-bucket": int, "descent-rounds": int, "influence-rank": int}
+    known = JOB_KEYS
     bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - set(RUN_KEYS))
     if bad:
         raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")
