@@ -1,6 +1,6 @@
 """The `xclp` command line.
 
-(About 750 lines: the parser of every command and the thin handlers that call into the packages, kept
+(About 1,050 lines: the parser of every command and the thin handlers that call into the packages, kept
 in one file so that the whole command surface reads in one place; the work itself is elsewhere.)
 """
 
@@ -553,7 +553,9 @@ def cmd_job_status(args) -> int:
         print(json.dumps(st, indent=2))
     else:
         p = st["progress"]
-        if st["kind"] == "train":
+        from xclp.job_kinds import job_kind
+
+        if job_kind(st["kind"]).rounds:
             hist = st["training"].get("history") or []
             last = hist[-1] if hist else {}
             final = st["training"].get("final") or {}

@@ -21,6 +21,7 @@ from service.liveness import liveness
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
 from service.training_engine import train_progress
+from xclp.job_kinds import job_kind
 from xclp.job_options import JOB_OPTIONS, SECURE_DEFAULTS
 from xclp.job_params import JobParams
 from xclp.prediction_job import PredictState
@@ -107,9 +108,6 @@ class JobStatus(BaseModel):
              dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 409, 413, 422))
 def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     """A prediction job; recorded in the audit log with the operator who submitted it (one transaction)."""
-    if body.kind != "predict":
-        raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "
-                                 "training jobs go to POST /jobs/train")
     if len(body.sites) < 2:
         raise HTTPException(422, "a job needs at least two sites")
     if len(set(body.sites)) != len(body.sites):
@@ -159,7 +157,7 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
                      sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
                      dropped=job.dropped, attempts=job.attempts, params=job.params,
                      refused={s: r for s, r in refusals(db, job).items() if who == "admin" or s == who},
-                     privacy=JobParams(**job.params).privacy() if job.kind == "predict" else {},
+                     privacy=job_kind(job.kind).privacy(job.params),
                      progress=_progress(db, job),
                      timings=job.timings,
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
@@ -186,7 +184,7 @@ def _training_view(job: Job, who: str) -> dict:
     """Child predict jobs show which features they run on; training jobs their history and result.
     The operator sees every site's metrics; a site sees the aggregates and only its own metrics (how
     many labels another site holds, or how well its model does, is that site's business)."""
-    if job.kind != "train":
+    if not job_kind(job.kind).rounds:
         child = job.round_xclp
         return {} if child is None else child.model_dump()
     view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants",
@@ -209,7 +207,7 @@ def _training_view(job: Job, who: str) -> dict:
 
 def _progress(db, job: Job) -> dict:
     """How far the current phase is: parts received out of parts expected."""
-    if job.kind == "train":
+    if job_kind(job.kind).rounds:
         return train_progress(job, db)
     state = PredictState.of(job)
     blocked = state.phase == "hamming" and graph_mode(JobParams(**job.params), DbMailbox(db, job.id), state) == "blocked"

@@ -21,6 +21,7 @@ from service.lifecycle import PREDICT_DEADLINE_KEYS
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
 from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec, train_state
+from xclp.job_kinds import job_kind
 from xclp.job_options import OPTION, SECURE_DEFAULTS, TRAIN_JOB_OPTIONS
 from xclp.job_params import JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
@@ -132,7 +133,7 @@ def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    topic = TrainCoordinator(run_spec(job), train_state(job)).model_topic() if job.kind == "train" else None
+    topic = TrainCoordinator(run_spec(job), train_state(job)).model_topic() if job_kind(job.kind).rounds else None
     if topic is None:
         raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
     done = len(job.training.history)

@@ -277,8 +277,8 @@ def take_replies(replies: dict, mail: MemoryMailbox, check: Callable[[str, str, 
     moved = False
     for x, rec in replies.items():
         for key in rec:
-            kind, _, rest = str(key).partition(":")
-            if kind != "out":
+            direction, _, rest = str(key).partition(":")
+            if direction != "out":
                 continue
             to, _, topic = rest.partition(":")
             body = bytes(rec[key])

@@ -208,8 +208,8 @@ def train_step(site, step: ConfigRecord) -> tuple[ConfigRecord, dict[str, Config
                for name in (KEEP, STORE, INBOX)}
     inbox_map = RecordMap(records[INBOX])
     for key in step:
-        kind, _, rest = str(key).partition(":")
-        if kind == "in":
+        direction, _, rest = str(key).partition(":")
+        if direction == "in":
             to, _, topic = rest.partition(":")
             if to not in (site.name, "*"):
                 raise ProtocolError(f"{site.name}: a message for {to} in this site's inbox")

@@ -78,7 +78,9 @@ def job_releases(status: dict, covered: bool = False) -> list[dict]:
     params = status.get("params") or {}
     if covered:
         return []
-    if status.get("kind") == "train":
+    from xclp.job_kinds import job_kind
+
+    if job_kind(status.get("kind") or "predict").rounds:
         cfg = params.get("config") or {}
         if cfg.get("dp_epsilon") is None:
             return [{"mechanism": "unbounded"}]
