@@ -79,10 +79,10 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             check_dp_budget(body.algorithm)
         except ValueError as exc:
             raise ValueError(f"dp_epsilon: {exc}") from None
-    if (body.clip is not None or body.noise_multiplier is not None) and kind.family != "fedavg":
+    if (body.clip is not None or body.noise_multiplier is not None) and not kind.clips_updates:
         raise ValueError("clip and noise_multiplier are DP-FedAvg's: this algorithm would ignore them")
     cfg = kind.config_from_options(body.algorithm, body.model_dump(), len(body.sites))
-    if kind.family == "fedavg" and cfg.dp:
+    if kind.clips_updates and cfg.dp:
         kind(cfg, body.classes).noise_multiplier  # noqa: B018 — a noise multiplier past the budget: 422 now, not later
     params["config"] = dataclasses.asdict(cfg)
     return params

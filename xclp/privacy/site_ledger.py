@@ -51,6 +51,9 @@ import numpy as np
 
 FILE = "privacy-ledger.json"
 VERSION = 1
+# The releases the site ledger accounts, by mechanism (xclp.privacy.ledger.EVENTS reads each): "unbounded"
+# besides, which no accountant bounds.
+ACCOUNTED = ("randomized_response", "gaussian", "epsilon_delta")
 
 
 class TotalExceeded(ValueError):
@@ -130,11 +133,11 @@ def total(jobs: dict, delta: float) -> float:
             # Nothing to account: and no accountant to load, which costs a site ~2 s of CPU (dp_accounting
             # imports scipy.signal) at the start of every job without DP, ten sites at once on a shared host.
             return math.inf
-        if m not in ("randomized_response", "gaussian", "epsilon_delta"):
+        if m not in ACCOUNTED:
             break
     import dp_accounting as dpa
 
-    from xclp.privacy.ledger import EpsilonDeltaEvent, PrivacyLedger
+    from xclp.privacy.ledger import EVENTS, PrivacyLedger
 
     ledger, seen = PrivacyLedger(delta), set()
     for entry in jobs.values():
@@ -148,10 +151,8 @@ def total(jobs: dict, delta: float) -> float:
                 seen.add(_rr_key(r))
                 ledger.spend(entry["job"], dpa.RandomizedResponseDpEvent(
                     noise_parameter=float(r["noise_parameter"]), num_buckets=int(r["num_buckets"])))
-            elif m == "gaussian":
-                ledger.spend(entry["job"], dpa.GaussianDpEvent(float(r["noise_multiplier"])), int(r["count"]))
-            elif m == "epsilon_delta":
-                ledger.spend(entry["job"], EpsilonDeltaEvent(float(r["epsilon"]), float(r["delta"])))
+            elif m in ACCOUNTED:  # a Gaussian (each time, `count` of them) or a stated (ε, δ), each time
+                ledger.spend(entry["job"], EVENTS[m](r), int(r.get("count", 1)))
             else:
                 raise ValueError(f"unknown release in a site's privacy ledger: {r!r}")
     eps = ledger.epsilon()

@@ -366,6 +366,7 @@ class FedAvgStrategy(Strategy):
     averages their models; a site trains from the global model on its labels and pseudo-labels."""
 
     family = "fedavg"
+    clips_updates = True
     upload = "update"
     broadcast = "model"
     global_model = True
