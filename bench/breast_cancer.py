@@ -29,7 +29,7 @@ import numpy as np
 
 from xclp.baselines import label_spreading, standardised
 from xclp.data import make_dataset
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp, unlabelled_accuracy
 from xclp.splits import hide_labels
 

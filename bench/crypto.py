@@ -64,7 +64,7 @@ def pair_part(protocols: list[str], bits: int, sizes: tuple[int, int], key_bits:
 
 def sim_part(cfg: dict, seed: int = 0) -> dict:
     from xclp.data import load_arrays
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
     from xclp.splits import simulate_sites
 

@@ -65,7 +65,7 @@ def _dataset(cfg: dict):
 
 
 def _params(ds, cfg: dict, job: str):
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     return JobParams(job_id=job, n_classes=ds.n_classes, bits=cfg["bits"], k=cfg["k"], alpha=cfg["alpha"],
                      crypto=cfg["crypto"]).validate()

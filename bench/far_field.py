@@ -18,7 +18,8 @@ import time
 
 def measure(n: int, seed: int = 0) -> dict:
     from bench.scale import dataset, params
-    from xclp.protocol import CoordinatorSession, encode_sparse_columns
+    from xclp.far_field import encode_sparse_columns
+    from xclp.protocol import CoordinatorSession
     from xclp.simulation import run_xclp
     from xclp.wire import dump_bundle
 

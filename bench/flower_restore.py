@@ -45,7 +45,7 @@ def worker(args) -> dict:
 
     import crypto.lattice_hamming as lh
     from xclp.data import load_arrays
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp.splits import simulate_sites
     from xclp_flower.client_app import app as client_app
     from xclp_flower.grid import InProcessGrid

@@ -40,7 +40,7 @@ from bench.scale import dataset
 
 
 def job_params(crypto: str, graph: str = "blocked", keep: bool = True):
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     return JobParams(job_id="scale-bench", n_classes=10, bits=1024, graph=graph, crypto=crypto,
                      keep_first_round=keep)

@@ -48,7 +48,7 @@ def dataset(n: int, seed: int):
 
 
 def params(graph: str, crypto: str = "plaintext"):
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     return JobParams(job_id="scale-bench", n_classes=10, bits=1024, graph=graph, crypto=crypto)
 
@@ -74,7 +74,7 @@ def reference(n: int, seed: int) -> dict:
     if p.standardize:  # the jobs hash each site's points after federated standardisation (JobParams.standardize):
         # every feature to the mean and variance of all sites' points; the same moments, summed in
         # floating point here instead of at the secure sum's 2^-32 grain
-        from xclp.protocol import standardisation_stats, standardise
+        from xclp.standardisation import standardisation_stats, standardise
 
         X = standardise(ds.X, sum(standardisation_stats(ds.X[r]) for r in rows))[0]
     codes = np.concatenate([lsh.hash_vectors(X[r], key, p.bits, p.normalise) for r in rows])

@@ -65,7 +65,7 @@ def cpu() -> float:
 
 
 def params(graph: str = "blocked", crypto: str = "plaintext", rank: int | None = None):
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     kw = {} if rank is None else {"influence_rank": rank}
     return JobParams(job_id="scale-curve", n_classes=10, bits=1024, graph=graph, crypto=crypto, **kw)
@@ -95,16 +95,10 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None, 
     one worker also where the sites' LSH, tags and within-site lists run, all sites at once.
     `memory`: a running bench.tree_memory.TreeMemory; each step's peak PSS of the process tree goes
     into `tree_pss_phases`."""
+    from xclp.announce import decode_roster, encode_roster
     from xclp.measured import split_by_site
     from xclp.propagation import label_matrix, predict_from_scores
-    from xclp.protocol import (
-        CoordinatorSession,
-        SiteSession,
-        decode_roster,
-        encode_roster,
-        simulation_contribution,
-        simulation_noise_seed,
-    )
+    from xclp.protocol import CoordinatorSession, SiteSession, simulation_contribution, simulation_noise_seed
 
     timings: dict[str, float] = {}
     cpu_timings: dict[str, float] = {}  # CPU seconds per step: on shared cores wall time says how loaded they were
@@ -201,14 +195,14 @@ def blocked_pipeline(ds, p, seed: int = 0, say=lambda msg: None, executor=None, 
         cY = cY + cols.coef @ Yj
         U = cols.basis
         # the site's message (CoordinatorSession.influence_message): the basis on its own rows only; the
-        # row sums carry the far field's r rows after the n score rows (protocol.far_field_rows)
+        # row sums carry the far field's r rows after the n score rows (xclp.far_field.far_field_rows)
         far = cols.coef.shape[0]
         sizes[s]["influence"] = (cols.x.nnz * 16 + (cols.x.shape[1] + 1) * 8 + sess.X.shape[0] * far * 8
                                  + cols.coef.size * 8)
         sizes[s]["row_sums_up"] = (n + far) * C * 8
         sizes[s]["row_sums_down"] = (sess.X.shape[0] + far) * C * 8
     # The secure sum adds fixed-point values on a 2^-frac_bits grid: the near field and the far field's
-    # r × C total each (protocol.far_field_rows), then each site puts U[R_j]·Σ c_j Y_j + near back on the
+    # r × C total each (xclp.far_field.far_field_rows), then each site puts U[R_j]·Σ c_j Y_j + near back on the
     # grid; a score below it is 0 there (an unreached point, label −1).
     def grid(a):
         return np.round(a * 2.0**p.frac_bits) * 2.0**-p.frac_bits

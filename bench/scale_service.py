@@ -31,7 +31,7 @@ def dataset(n: int, seed: int):
 
 
 def params(job_id: str):
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     return JobParams(job_id=job_id, n_classes=10, bits=1024, graph="blocked", crypto="plaintext")
 

@@ -197,7 +197,7 @@ def service_run(ds, cfg: dict, keep: bool = False) -> dict:
 
 
 def in_process_run(ds, cfg: dict, job: str, contributions: dict) -> dict:
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp.simulation import run_xclp
 
     params = JobParams(job_id=job, n_classes=ds.n_classes, bits=cfg["bits"], k=cfg["k"], alpha=cfg["alpha"],
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="600 points, 2 repeats (a smoke test)")
     ap.add_argument("--bits", type=int, default=None, help="LSH length L (default 256)")
-    from xclp.protocol import CRYPTO_CHOICES
+    from xclp.job_params import CRYPTO_CHOICES
 
     ap.add_argument("--crypto", choices=CRYPTO_CHOICES, default="ot",
                     help="the job's protocol (default ot: the results in docs/benchmarks_service.md)")

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from cli.demo import LocalCluster
     from cli.progress import wait_for_job
     from xclp.data import load_arrays
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
     from xclp.splits import simulate_sites
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from xclp.data import make_dataset
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp
 from xclp.training import simulation as sim_mod
 from xclp.training.fedavg import FedAvgConfig, sample_sites
@@ -388,7 +388,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="with --crypto: timed refreshes per protocol")
     args = ap.parse_args(argv)
     if args.crypto is not None:
-        from xclp.protocol import CRYPTO_CHOICES
+        from xclp.job_params import CRYPTO_CHOICES
 
         if args.crypto not in CRYPTO_CHOICES or args.crypto == "plaintext":
             ap.error(f"--crypto must be a secure protocol, one of {[c for c in CRYPTO_CHOICES if c != 'plaintext']}")

@@ -34,7 +34,8 @@ def rounds(n: int, setting: str, seed: int = 0) -> list[dict]:
     from crypto.seed import derive_seed
     from xclp import blocking, lsh
     from xclp.blocked_graph import BlockedGraph, local_knn
-    from xclp.protocol import JobParams, simulation_contribution
+    from xclp.job_params import JobParams
+    from xclp.protocol import simulation_contribution
     from xclp.view_bounds import round_cap
 
     ds = dataset(n, seed)

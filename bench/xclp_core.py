@@ -69,7 +69,7 @@ def make_ds(cfg: dict, seed: int):
 
 def accuracy_part(cfg: dict, seeds: list[int], extra_seeds: list[int]) -> dict:
     from xclp.baselines import centralized_lp, per_site_lp, standardised
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
 
     kw = dict(k=cfg["k"], alpha=cfg["alpha"], power=cfg["power"])

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from xclp.data import DataError, load_arrays
+from xclp.job_params import JobParams
 from xclp.privacy import label_dp
-from xclp.protocol import JobParams
 from xclp.simulation import run_xclp, unlabelled_accuracy
 from xclp.splits import simulate_sites
 

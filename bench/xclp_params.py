@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.breast_cancer import deal, load
 from xclp.data import load_arrays
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp, unlabelled_accuracy
 from xclp.splits import simulate_sites
 

@@ -228,7 +228,7 @@ def run_demo(crypto: str = "lattice", json_out: Path | None = None, bits: int = 
         # The demo's user runs every site: asking for plaintext is also each site's opt-in to it.
         cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names},
                                agent_options=_opt_in(crypto))
-        job = cluster.admin.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits, k=10, alpha=0.99,
+        job = cluster.admin.submit_job(kind="predict", sites=names, crypto=crypto, bits=bits,
                                        classes=ds.n_classes)
         st = wait_for_job(cluster.admin, job, timeout=600)
         if st is None or st["status"] != "done":
@@ -240,7 +240,7 @@ def run_demo(crypto: str = "lattice", json_out: Path | None = None, bits: int = 
         seconds = time.perf_counter() - t0
         # scaled as the job scales (federated standardisation, the default): each site by its own
         # points' moments, the pooled reference by all points'
-        base = {"per_site": per_site_lp(ds, k=10, standardize=True), "centralized": centralized_lp(ds, k=10, standardize=True)}
+        base = {"per_site": per_site_lp(ds, standardize=True), "centralized": centralized_lp(ds, standardize=True)}
         acc = {"xclp": unlabelled_accuracy(ds, labels)} | {k: unlabelled_accuracy(ds, v) for k, v in base.items()}
         per_site = {s: {"xclp": unlabelled_accuracy(ds, labels, ds.site == s)}
                     | {k: unlabelled_accuracy(ds, v, ds.site == s) for k, v in base.items()} for s in names}
@@ -285,7 +285,7 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, stratify=y, random_state=seed)
     ds = simulate_sites(Xtr, ytr, sites, "iid", 0.05, seed=seed)
     names = ds.sites
-    knobs = dict(rounds=rounds, sites_per_round=sites, local_epochs=2, lr=0.1, bits=bits, k=10, alpha=0.99, seed=seed)
+    knobs = dict(rounds=rounds, sites_per_round=sites, local_epochs=2, lr=0.1, bits=bits, seed=seed)
     print(f"xclp demo --train {algorithm}: {ds.n} digits over {sites} sites (iid, 5% labelled), {rounds} rounds, "
           f"crypto={crypto}, L={bits}; {len(yte)} held-out digits for testing; working in {work}", file=sys.stderr)
     cluster = None

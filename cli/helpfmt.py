@@ -28,17 +28,6 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-# The flags that shape a job, in the words every command that takes them uses.
-CRYPTO_HELP = ("secure protocol for the Hamming distances and row sums: lattice (Ring-LWE, the fastest secure one), "
-               "paillier, paillier-naive or ot; plaintext has no security (a reference: agents refuse it unless "
-               "started with --allow-plaintext)")
-BITS_HELP = ("LSH length L, bits per point's hash: longer estimates the cosine similarity more closely and costs "
-             "linearly more in the secure Hamming phase (256 for a quick try, 1024 usual, 2048+ for many features)")
-K_HELP = ("neighbours per point in the kNN graph: 5–20 is usual; more smooths over noisy points and helps with "
-          "few labels, fewer keeps small classes apart")
-ALPHA_HELP = ("propagation α in (0, 1), the weight of the graph against the given labels: near 1 (0.99) spreads "
-              "labels far, which suits few labels; 0.5–0.9 trusts the given labels more")
-KEY_BITS_HELP = ("Paillier modulus size in bits, used only with --crypto paillier or paillier-naive "
-                 "(2048 or more; agents refuse keys below their --min-key-bits)")
+# The flags that shape a job: xclp.job_options (each option's sentence); the class count, which has no default:
 CLASSES_HELP = ("number of classes C of the job: every site's labels must be 0..C−1 (a site with a label outside "
                 "refuses the job and says so); required, there is no default")

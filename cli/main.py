@@ -1,6 +1,6 @@
 """The `xclp` command line.
 
-(About 750 lines: the parser of every command and the thin handlers that call into the packages, kept
+(About 1,050 lines: the parser of every command and the thin handlers that call into the packages, kept
 in one file so that the whole command surface reads in one place; the work itself is elsewhere.)
 """
 
@@ -15,29 +15,22 @@ from pathlib import Path
 
 import numpy as np
 
-from cli.helpfmt import ALPHA_HELP, BITS_HELP, CLASSES_HELP, CRYPTO_HELP, K_HELP, KEY_BITS_HELP
-from crypto.hamming_api import DEFAULT_SECURE as DEFAULT_SECURE_CRYPTO
+from cli.helpfmt import CLASSES_HELP
+from cli.job_args import add_job_options
 from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES
 from xclp.data import DataError
+from xclp.job_options import JOB_OPTIONS, SECURE_DEFAULTS, TRAIN_JOB_OPTIONS
 
-GRAPH_HELP = ("exact: every pair's distance (n², the default); blocked: candidate pairs from keyed multi-index hashing "
-              "and NN-Descent, sparse influence columns (docs/scale.md); auto: exact up to 20,000 points, blocked above")
+GRAPH_OPTIONS = ("graph", "blocking_tables", "max_bucket", "descent_rounds", "influence_rank")
 
 
 def _add_graph_args(p: argparse.ArgumentParser) -> None:
     """The graph's flags, one set for `simulate predict` and `job submit predict`."""
-    p.add_argument("--graph", choices=["exact", "blocked", "auto"], default="exact", help=GRAPH_HELP)
-    p.add_argument("--blocking-tables", type=int, default=64,
-                   help="blocked graph: substrings of the LSH code, one tag table each (default 64)")
-    p.add_argument("--max-bucket", type=int, default=48, help="blocked graph: points per bucket chunk (default 48)")
-    p.add_argument("--descent-rounds", type=int, default=2, help="blocked graph: NN-Descent rounds (default 2)")
-    p.add_argument("--influence-rank", type=int, default=192,
-                   help="blocked graph: rank of the influence columns' spectral correction (default 192; 0: push alone)")
+    add_job_options(p, GRAPH_OPTIONS)
 
 
 def _graph_params(args) -> dict:
-    return {"graph": args.graph, "blocking_tables": args.blocking_tables, "max_bucket": args.max_bucket,
-            "descent_rounds": args.descent_rounds, "influence_rank": args.influence_rank}
+    return {name: getattr(args, name) for name in GRAPH_OPTIONS}
 
 
 def _add_predict_args(p: argparse.ArgumentParser) -> None:
@@ -53,18 +46,10 @@ def _add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labeled-fraction", type=float, default=0.1, help="labelled fraction per site (default 0.1)")
     p.add_argument("--unlabelled-sites", type=int, default=0,
                    help="how many sites (the last ones) hold no labels at all (default 0)")
-    p.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
-    p.add_argument("--k", type=int, default=10, help=K_HELP)
-    p.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
-    p.add_argument("--power", type=float, default=3.0, help="edge weight power (default 3)")
-    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                   help="federated standardisation: each feature scaled to the mean and variance of all sites' "
-                        "points, from a secure sum, before hashing (default: on; --no-standardize keeps the raw "
-                        "features)")
+    add_job_options(p, ("bits", "k", "alpha", "power", "standardize"))
     p.add_argument("--similarity", choices=["lsh", "exact"], default="lsh",
                    help="lsh (private) or exact cosine (plaintext reference only)")
-    p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext", help=CRYPTO_HELP)
-    p.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    add_job_options(p, ("crypto", "key_bits"))  # plaintext by default: a simulation is the reference
     p.add_argument("--solver", choices=["auto", "cg", "minres", "dense"], default="auto",
                    help="linear solver for the influence columns (auto picks by size)")
     _add_graph_args(p)
@@ -205,9 +190,9 @@ def _peak_memory() -> int:
 
 def cmd_simulate_predict(args) -> int:
     from xclp.baselines import centralized_lp, per_site_lp
+    from xclp.job_params import JobParams
     from xclp.privacy import label_dp
     from xclp.privacy.ledger import PrivacyLedger, no_privacy
-    from xclp.protocol import JobParams
     from xclp.simulation import run_xclp, unlabelled_accuracy
 
     ds, source = load_dataset(args)
@@ -532,10 +517,9 @@ def cmd_job_submit(args) -> int:
     sites = _site_names(args.sites)
     dp = {} if args.dp_epsilon is None else {"dp_epsilon": args.dp_epsilon, "dp_delta": args.dp_delta,
                                              "label_dp": args.label_dp, "dp_clip": args.dp_clip}
-    job = _admin(args).submit_job(kind="predict", sites=sites, crypto=args.crypto, bits=args.bits, k=args.k,
-                                  alpha=args.alpha, classes=args.classes, key_bits=args.key_bits,
-                                  standardize=args.standardize, deadlines=_deadlines(args.deadline),
-                                  **_graph_params(args), **dp)
+    options = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}  # every one is a flag of `job submit predict`
+    job = _admin(args).submit_job(kind="predict", sites=sites, classes=args.classes, deadlines=_deadlines(args.deadline),
+                                  **options, **dp)
     print(json.dumps({"job": job}) if args.json else job)
     return 0
 
@@ -544,8 +528,8 @@ def cmd_job_submit_train(args) -> int:
     sites = _site_names(args.sites)
     from xclp.training.options import TRAINING_OPTIONS
 
-    body = {k: getattr(args, k) for k in ("algorithm", "classes", "crypto", "bits", "k", "alpha", "key_bits",
-                                           "max_missed_rounds", "secure_aggregation", "standardize")}
+    body = {k: getattr(args, k) for k in ("algorithm", "classes", "max_missed_rounds", "secure_aggregation",
+                                           *TRAIN_JOB_OPTIONS)}
     body.update({o.name: getattr(args, o.name) for o in TRAINING_OPTIONS})  # the request's fields, by the flags' names
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
@@ -569,7 +553,9 @@ def cmd_job_status(args) -> int:
         print(json.dumps(st, indent=2))
     else:
         p = st["progress"]
-        if st["kind"] == "train":
+        from xclp.job_kinds import job_kind
+
+        if job_kind(st["kind"]).rounds:
             hist = st["training"].get("history") or []
             last = hist[-1] if hist else {}
             final = st["training"].get("final") or {}
@@ -692,8 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--protocol", choices=CRYPTO_CHOICES, required=True, help="the protocol to measure")
     bh.add_argument("--sizes", type=int, nargs=2, metavar=("NA", "NB"), default=[100, 100],
                     help="points at each of the two sites")
-    bh.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
-    bh.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    add_job_options(bh, ("bits", "key_bits"))
     bh.add_argument("--seed", type=int, default=0, help="random seed of the points and keys")
     bh.add_argument("--json", type=Path, help="write the measurements as JSON to this file (default: none)")
     bh.set_defaults(func=cmd_bench_hamming)
@@ -943,16 +928,9 @@ def build_parser() -> argparse.ArgumentParser:
     jp = js.add_parser("predict", help="one-shot transductive prediction")
     coord_args(jp)
     jp.add_argument("--sites", required=True, help="comma-separated site names, in roster order")
-    jp.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
-    jp.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
-    jp.add_argument("--k", type=int, default=10, help=K_HELP)
-    jp.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
+    add_job_options(jp, ("crypto", "bits", "k", "alpha", "power"), **SECURE_DEFAULTS)
     jp.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
-    jp.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                    help="federated standardisation: each feature scaled to the mean and variance of all sites' "
-                         "points, from a secure sum the coordinator cannot read, before hashing (default: on; "
-                         "--no-standardize keeps the raw features)")
-    jp.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
+    add_job_options(jp, ("standardize", "key_bits"))
     _add_graph_args(jp)
     jp.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="this job's deadline for a phase (setup, seed, counts, hamming, row_sums; repeatable; "
@@ -978,14 +956,8 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--public-sha256", default=None, help="FedCT: pin U by digest instead of --public (default: none)")
     jt.add_argument("--public-size", type=int, default=None,
                     help="FedCT: the number of points of U pinned by --public-sha256 (default: none)")
-    jt.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
-    jt.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
-    jt.add_argument("--k", type=int, default=10, help=K_HELP)
-    jt.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
+    add_job_options(jt, TRAIN_JOB_OPTIONS, **SECURE_DEFAULTS)  # the XCLP child jobs'
     jt.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
-    jt.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
-    jt.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                    help="the XCLP child jobs' federated standardisation (default: on; --no-standardize: raw)")
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "
@@ -1036,7 +1008,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flower_parser(sub)
 
     demo = sub.add_parser("demo", help="coordinator + 3 agents as processes on 127.0.0.1, one secure job")
-    demo.add_argument("--crypto", choices=CRYPTO_CHOICES, default=DEFAULT_SECURE_CRYPTO, help=CRYPTO_HELP)
+    add_job_options(demo, ("crypto",), **SECURE_DEFAULTS)
     demo.add_argument("--bits", type=int, default=None, help="LSH bits (default 1024; 256 with --train)")
     demo.add_argument("--train", choices=["fedavg-xclp", "fedavg-per-site-lp", "fedavg-network", "fedavg"],
                       default=None, help="run a FedAvg training job instead of a prediction job (default: a prediction job)")

@@ -71,10 +71,11 @@ def waiting_lines(st: dict) -> list[str]:
 
 def _steps(st: dict) -> tuple[int, int, str]:
     """(done, total, unit): a training job counts rounds, a prediction job its phases."""
-    if st.get("kind") == "train":
+    kind = job_kind(st.get("kind") or "predict")
+    if kind.rounds:
         p = st["progress"]
         return int(p.get("rounds_done", 0)), int(p.get("rounds") or 1), "rounds"
-    phases = job_kind(st.get("kind") or "predict").phases
+    phases = kind.phases
     done = phases.index(st["phase"]) if st["status"] != "done" else len(phases) - 1
     return done, len(phases) - 1, "phases"
 
@@ -87,7 +88,7 @@ def _wait_plain(client, job_id: str, timeout: float, interval: float):
         st = client.job(job_id)
         now = (st["status"], st["phase"], st["attempt"], st.get("round"))
         if now != last:
-            where = f"round {st['round']}" if st.get("kind") == "train" else f"attempt {st['attempt']}"
+            where = f"round {st['round']}" if job_kind(st.get("kind") or "predict").rounds else f"attempt {st['attempt']}"
             print(f"job {job_id}: {st['status']}, phase {st['phase']} ({where})", file=sys.stderr, flush=True)
             last = now
         awaited = tuple(st.get("awaited") or ())

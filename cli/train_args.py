@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from cli.helpfmt import BITS_HELP, CRYPTO_HELP
-from xclp.training.options import ALGORITHMS, CRYPTO_CHOICES, TRAINING_OPTIONS, Option
-
-
-def _typed(o: Option):
-    def parse(text: str):
-        try:
-            return o.check(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = o.type.__name__
-    return parse
+from cli.job_args import add_job_options, add_option
+from xclp.training.options import ALGORITHMS, TRAINING_OPTIONS
 
 
 def add_training_options(p) -> None:
     """The training options every driver shares (xclp.training.options.TRAINING_OPTIONS), as flags."""
     for o in TRAINING_OPTIONS:
-        p.add_argument(o.flag, type=_typed(o), default=o.default, choices=o.choices, help=o.help)
+        add_option(p, o)
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -59,15 +48,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="mlp|cnn (FedAvg; default mlp) or tree|forest|boosting|logreg|mlp|cnn (FedCT; default tree; "
                         "a comma list is a mixture, cycled over the sites)")
     p.add_argument("--public-size", type=int, default=500, help="FedCT, FedKT: size of the public unlabelled set U")
-    p.add_argument("--crypto", choices=CRYPTO_CHOICES, default="plaintext", help=CRYPTO_HELP)
-    p.add_argument("--bits", type=int, default=1024, help=BITS_HELP)
+    add_job_options(p, ("crypto", "bits"))  # the XCLP jobs' (xclp.job_options), plaintext: a simulation
     p.add_argument("--json", default=None, help="write the result as JSON to this file (default: none)")
     p.add_argument("--plot", default=None, help="write the accuracy curve as PNG to this file (default: none)")
     p.add_argument("--train-size", type=int, default=None, help="use a seeded subset of the training pool (default: all)")
     p.add_argument("--test-size", type=int, default=None, help="use a seeded subset of the test set (default: all)")
-    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                   help="XCLP's federated standardisation of the features (FedAvg: of the embeddings) before hashing "
-                        "(default: on; --no-standardize keeps them raw)")
+    add_job_options(p, ("standardize",))  # (FedAvg: of the embeddings)
     p.add_argument("--public-in-graph", action="store_true", help="FedCT+XCLP: U with consensus labels joins the graph")
     p.add_argument("--secure-aggregation", action="store_true",
                    help="FedAvg: average in the fixed-point arithmetic of the service's secure aggregation "

@@ -46,9 +46,13 @@ from crypto.private_file import sweep_partials
 from xclp.data import DataError
 from xclp.datafile import Columns
 from xclp.job_files import JOB_ID, job_file, make_folder
-from xclp.prediction_job import COORDINATOR, PredictSite, PredictState, Send
+from xclp.job_kinds import job_kind
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Send
+from xclp.prediction_job import PredictSite, PredictState
 from xclp.privacy.site_ledger import SiteLedger, data_digest
-from xclp.protocol import REFUSE, JobParams, SiteSession, refusal
+from xclp.protocol import SiteSession
+from xclp.refusal import REFUSE, refusal
 from xclp.site_admission import AcceptedRuns, Offer, SiteAdmission
 from xclp.site_policy import PolicyError, SitePolicy
 
@@ -472,7 +476,7 @@ class Agent:
                 log.info("job %s: recorded in this site's privacy ledger: ε = %.4g about its data (was %.4g)",
                          job_id, got["epsilon"], got["epsilon_before"])
             self._admitted.add(job_id)
-        if status["kind"] == "train":
+        if job_kind(status["kind"]).rounds:
             return self.trainer.step(job_id, status)
         machine = self.machine(job_id, status)
         progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id, self.long_poll),
@@ -517,13 +521,13 @@ class Agent:
         if work.get("site", self.site) != self.site:  # (an older coordinator does not say)
             raise AgentError(f"the token given belongs to site {work['site']!r}, not to --site {self.site!r}: start "
                              "the agent with the token `xclp site add` printed (or wrote) for this site")
-        for kind in ("jobs", "done"):
-            bad = [j for j in work.get(kind, []) if not (isinstance(j, str) and JOB_ID.fullmatch(j))]
+        for listing in ("jobs", "done"):
+            bad = [j for j in work.get(listing, []) if not (isinstance(j, str) and JOB_ID.fullmatch(j))]
             for j in bad:
                 if j not in self.given_up:
                     log.error("coordinator: ignoring the job id %r, which is not a plain name", j)
                     self.given_up.add(j)
-            work[kind] = [j for j in work.get(kind, []) if j not in bad]
+            work[listing] = [j for j in work.get(listing, []) if j not in bad]
         self._last_work = work
         return self._last_work
 

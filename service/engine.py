@@ -22,9 +22,9 @@ from service.liveness import Contacts, silent_sites
 from service.training_engine import train_state, train_step
 from xclp.executor import Executor
 from xclp.job_kinds import job_kind
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator, PredictState
 from xclp.prediction_job import refusals as job_refusals
-from xclp.protocol import JobParams
 
 log = logging.getLogger("xclp.engine")
 
@@ -139,7 +139,7 @@ class JobEngine:
 
 def job_state(job: Job):
     """The job's machine state, from its row: a training run's (TrainState) or a prediction job's."""
-    return train_state(job) if job.kind == "train" else PredictState.of(job)
+    return train_state(job) if job_kind(job.kind).rounds else PredictState.of(job)
 
 
 def obsolete_messages(db, job: Job) -> list[int]:
@@ -160,7 +160,7 @@ def advance(db, job: Job, executor=None, contacts: Contacts | None = None) -> bo
     if job.status != "running":
         return False
     before = (job.phase, job.attempt, job.round, tuple(job.live))
-    if job.kind != "train":
+    if not job_kind(job.kind).rounds:
         _predict_step(db, job, executor, silent_sites(job, contacts))
     else:
         train_step(db, job)

@@ -9,7 +9,7 @@ import uuid
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 from sqlalchemy import func, or_, select
 
 from service.audit import record
@@ -19,34 +19,27 @@ from service.engine import DbMailbox, cancel, refusals
 from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS
 from service.liveness import liveness
 from service.schemas import Request as RequestBody
-from service.schemas import Seconds, SiteName, errors
+from service.schemas import Seconds, SiteName, errors, option_field
 from service.training_engine import train_progress
-from xclp.prediction_job import PredictState, graph_mode
+from xclp.job_kinds import job_kind
+from xclp.job_options import JOB_OPTIONS, SECURE_DEFAULTS
+from xclp.job_params import JobParams
+from xclp.prediction_job import PredictState
 from xclp.prediction_job import progress as phase_progress
+from xclp.prediction_topics import graph_mode
 from xclp.privacy import label_dp
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
 
 log = logging.getLogger("xclp.service")
 router = APIRouter(tags=["jobs"])
 
 
-class JobCreate(RequestBody):
+class _JobFields(RequestBody):
     kind: Literal["predict"] = Field("predict", description="'predict': one-shot transductive prediction "
                                                             "(training jobs: POST /jobs/train)")
     sites: list[SiteName] = Field(min_length=2, json_schema_extra={"uniqueItems": True},
                                   description="participating sites (at least two, each once), in roster order")
-    crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="'plaintext' has no security")
-    bits: int = Field(1024, ge=1, le=65535, description="LSH length L")
-    k: int = Field(10, ge=1, le=10_000, description="neighbours per point in the kNN graph")
-    alpha: float = Field(0.99, gt=0, lt=1)
-    power: float = Field(3.0, gt=0, le=64, allow_inf_nan=False)
     classes: int = Field(ge=2, le=1 << 16, description="number of classes C; labels are 0..C−1 at every site (required: "
                          "no job assumes a class count)")
-    standardize: bool = Field(True, strict=True, description="federated standardisation: every site scales each feature to the "
-                                                "mean and variance of all sites' points (a secure sum) before hashing; "
-                                                "false keeps the raw features")
-    key_bits: int = Field(2048, ge=1024, le=16384, description="Paillier modulus (the sites' policy decides what "
-                                                              "they accept; 2048 by default)")
     deadlines: dict[Literal[PREDICT_DEADLINE_KEYS], Seconds] = Field(
         default_factory=dict, description="phase -> seconds; 'idle': the idle limit, seconds an awaited site may go "
                                           "without contact before it is dropped (default 300)")
@@ -61,15 +54,12 @@ class JobCreate(RequestBody):
                                                                   "gaussian: noise shares inside the secure sums")
     dp_clip: float = Field(1.0, gt=0, allow_inf_nan=False,
                            description="gaussian: L2 bound of each influence column over the other sites' rows")
-    graph: Literal["exact", "blocked", "auto"] = Field(
-        "exact", description="exact: every pair's distance (n²); blocked: candidate pairs from keyed multi-index "
-                             "hashing and NN-Descent, sparse influence columns (docs/scale.md); auto: exact up to "
-                             "20,000 points, blocked above")
-    blocking_tables: int = Field(64, ge=1, le=65535, description="blocked graph: substrings of the LSH code (tables)")
-    max_bucket: int = Field(48, ge=2, le=1 << 20, description="blocked graph: points per bucket chunk")
-    descent_rounds: int = Field(2, ge=0, le=16, description="blocked graph: NN-Descent rounds")
-    influence_rank: int = Field(192, ge=0, le=4096, description="blocked graph: rank of the influence columns' "
-                                                                 "spectral correction (0: push alone)")
+
+
+# The request's fields: its own, and every XCLP job option (xclp.job_options), so that the command line's
+# flags, this body and Flower's run config are made from one definition.
+JobCreate = create_model("JobCreate", __base__=_JobFields,
+                         **{o.name: option_field(o, SECURE_DEFAULTS) for o in JOB_OPTIONS})
 
 
 class JobCreated(BaseModel):
@@ -118,9 +108,6 @@ class JobStatus(BaseModel):
              dependencies=[Depends(require_admin)], responses=errors(400, 401, 403, 404, 409, 413, 422))
 def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     """A prediction job; recorded in the audit log with the operator who submitted it (one transaction)."""
-    if body.kind != "predict":
-        raise HTTPException(422, f"unknown job kind {body.kind!r}: POST /jobs takes 'predict' jobs; "
-                                 "training jobs go to POST /jobs/train")
     if len(body.sites) < 2:
         raise HTTPException(422, "a job needs at least two sites")
     if len(set(body.sites)) != len(body.sites):
@@ -132,12 +119,8 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
                                  f"and {IDLE!r} (the idle limit)")
     job_id = uuid.uuid4().hex[:16]
     try:
-        params = JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
-                           power=body.power, crypto=body.crypto, key_bits=body.key_bits, dp_delta=body.dp_delta,
-                           dp_clip=body.dp_clip, standardize=body.standardize, graph=body.graph,
-                           blocking_tables=body.blocking_tables, max_bucket=body.max_bucket,
-                           descent_rounds=body.descent_rounds, influence_rank=body.influence_rank,
-                           **_label_dp(body)).validate()
+        params = JobParams(job_id=job_id, n_classes=body.classes, dp_delta=body.dp_delta, dp_clip=body.dp_clip,
+                           **{o.name: getattr(body, o.name) for o in JOB_OPTIONS}, **_label_dp(body)).validate()
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
@@ -174,7 +157,7 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
                      sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
                      dropped=job.dropped, attempts=job.attempts, params=job.params,
                      refused={s: r for s, r in refusals(db, job).items() if who == "admin" or s == who},
-                     privacy=JobParams(**job.params).privacy() if job.kind == "predict" else {},
+                     privacy=job_kind(job.kind).privacy(job.params),
                      progress=_progress(db, job),
                      timings=job.timings,
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
@@ -201,7 +184,7 @@ def _training_view(job: Job, who: str) -> dict:
     """Child predict jobs show which features they run on; training jobs their history and result.
     The operator sees every site's metrics; a site sees the aggregates and only its own metrics (how
     many labels another site holds, or how well its model does, is that site's business)."""
-    if job.kind != "train":
+    if not job_kind(job.kind).rounds:
         child = job.round_xclp
         return {} if child is None else child.model_dump()
     view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants",
@@ -224,7 +207,7 @@ def _training_view(job: Job, who: str) -> dict:
 
 def _progress(db, job: Job) -> dict:
     """How far the current phase is: parts received out of parts expected."""
-    if job.kind == "train":
+    if job_kind(job.kind).rounds:
         return train_progress(job, db)
     state = PredictState.of(job)
     blocked = state.phase == "hamming" and graph_mode(JobParams(**job.params), DbMailbox(db, job.id), state) == "blocked"

@@ -75,7 +75,7 @@ def expired(job: Job, since=None) -> bool:
 
 
 class DbMailbox:
-    """The job's messages in the database, as the core's machine reads them (xclp.prediction_job.Mailbox)."""
+    """The job's messages in the database, as the core's machine reads them (xclp.mail.Mailbox)."""
 
     def __init__(self, db, job_id: str):
         self.db, self.job_id = db, job_id

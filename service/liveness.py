@@ -18,8 +18,9 @@ import datetime as dt
 
 from service.db import Job, utcnow
 from service.lifecycle import DbMailbox, idle_limit, phase_limit
+from xclp.job_kinds import job_kind
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator, PredictState
-from xclp.protocol import JobParams
 
 
 class Contacts(dict):
@@ -46,7 +47,7 @@ def _iso(when: dt.datetime) -> str:
 def awaited(db, job: Job) -> list[str]:
     """The live sites whose part of a running predict job's current phase has not arrived (the job's
     machine decides; a training job: none named)."""
-    if job.kind != "predict" or job.status != "running":
+    if not job_kind(job.kind).phase_deadlines or job.status != "running":
         return []
     machine = PredictCoordinator(JobParams(**job.params), PredictState.of(job))
     return machine.awaited(DbMailbox(db, job.id))
@@ -71,7 +72,7 @@ def liveness(db, job: Job, contacts: Contacts | None) -> dict:
     """What the operator reads of a running job's wait: `awaited` (site → its last contact and the
     seconds its silence has left before the idle limit drops it) and `deadline` (when the current phase
     gives up on every site it still awaits, and the idle limit). Empty for a finished job."""
-    if job.status != "running" or job.kind != "predict":  # (a training job's waits: its rounds' own rules)
+    if job.status != "running" or not job_kind(job.kind).phase_deadlines:  # (a training job's waits: its rounds' own rules)
         return {"awaited": {}, "deadline": None}
     now = utcnow()
     limit = idle_limit(job)

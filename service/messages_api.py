@@ -25,14 +25,9 @@ from service.guard import client_of
 from service.schemas import errors
 from service.training_engine import check_train_upload
 from xclp.job_kinds import job_kind
-from xclp.prediction_job import Inadmissible, graph_mode
-from xclp.prediction_job import admit as admit_upload
+from xclp.mail import Inadmissible
 from xclp.prediction_topics import check_body
-from xclp.protocol import (
-    MAX_REFUSAL_BODY,
-    REFUSE,
-    read_refusal,
-)
+from xclp.refusal import MAX_REFUSAL_BODY, REFUSE, read_refusal
 
 
 class _BlobResponse(FileResponse):
@@ -208,17 +203,13 @@ def _check_topic(db, job: Job, site: str, to: str, topic: str) -> int:
             raise HTTPException(422, "a refusal goes to the coordinator")
         return MAX_REFUSAL_BODY
     state = job_state(job)
-    if job.kind == "predict":
-        blocked = None  # which graph's hamming topics the job takes (known once the roster is)
-        if state.reached("seed"):
-            blocked = graph_mode(job_params(job), DbMailbox(db, job.id), state) == "blocked"
-        try:  # the job's order says who may send what, when (the rule every driver checks)
-            admit_upload(state, site, to, topic, blocked=blocked)
-        except Inadmissible as exc:
-            raise HTTPException(409 if exc.conflict else 422, str(exc)) from None
-    # (a training run's upload is admitted with its body: TrainCoordinator.admit, in _check_upload)
-    params = job_params(job) if job.kind == "predict" else None
-    limit = job_kind(job.kind).max_body(topic, site, params, state, DbMailbox(db, job.id))  # the job's rule
+    kind, params, mail = job_kind(job.kind), job_kind(job.kind).params(job.params), DbMailbox(db, job.id)
+    try:  # the job's order says who may send what, when (the rule every driver checks; a training run's
+        # upload is admitted with its body: TrainCoordinator.admit, in _check_upload)
+        kind.admit(params, state, mail, site, to, topic)
+    except Inadmissible as exc:
+        raise HTTPException(409 if exc.conflict else 422, str(exc)) from None
+    limit = kind.max_body(topic, site, params, state, mail)  # the job's rule
     return (1 << 62) if limit is None else limit  # None: the service's own limit
 
 
@@ -239,7 +230,7 @@ def _check_upload(db, job: Job, site: str, to: str, topic: str, body: bytes | No
         except ProtocolError as exc:
             raise HTTPException(422, str(exc)) from None
         return
-    if job.kind == "train":
+    if job_kind(job.kind).admits_with_body:
         refused = check_train_upload(db, job, site, to, topic, body)
         if refused:
             raise HTTPException(*refused)

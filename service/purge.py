@@ -29,6 +29,7 @@ import time
 from sqlalchemy import delete, func, or_, select
 
 from service.db import Job, Message, PrunedBytes, utcnow
+from xclp.job_kinds import JOB_KINDS, job_kind
 
 log = logging.getLogger("xclp.service")
 
@@ -104,7 +105,7 @@ def purge_job(db, job: Job) -> dict:
     db.execute(delete(PrunedBytes).where(PrunedBytes.job_id.in_(ids)))
     now = utcnow()
     for j in family:
-        if j.kind == "train":
+        if job_kind(j.kind).rounds:
             j.state = {}  # each site's hello, the rounds' metrics: the job's results too
         j.purged_at = j.purged_at or now
     return {"job": job.id, "jobs": ids, "messages": n, "bytes": size, "keys": keys, "purged_at": now}
@@ -130,7 +131,7 @@ def purge_site(db, name: str) -> dict:
         raise PurgeRefused(f"site {name!r} is in running job(s) {', '.join(named)}: purge its data once they are over "
                            "(or cancel them)")
     n, size, keys = _delete_messages(db, or_(Message.sender == name, Message.recipient == name))
-    for job in db.scalars(select(Job).where(Job.kind == "train")).all():
+    for job in db.scalars(select(Job).where(Job.kind.in_([k for k in JOB_KINDS if JOB_KINDS[k].rounds]))).all():
         if name in (job.sites or []):
             facts = dict((job.state or {}).get("facts") or {})
             if facts.pop(name, None) is not None:

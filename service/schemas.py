@@ -1,13 +1,16 @@
 """What the coordinator's API takes and answers, apart from the database models (service.db): the
 one error body, the error responses each route documents, and the constrained types the request
-models share (service.app, service.training_api). The OpenAPI document is generated from these, and
+models share (service.app, service.training_api), and a request field made from an option table's
+entry (`option_field`: xclp.job_options, xclp.training.options). The OpenAPI document is generated from these, and
 tests/service/test_openapi.py runs schemathesis against it: what it says must be what the API does."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from xclp.options import Option
 
 
 class Error(BaseModel):
@@ -47,3 +50,18 @@ class Request(BaseModel):
     silently ignored default)."""
 
     model_config = ConfigDict(extra="forbid", regex_engine="python-re")  # (SiteName's pattern looks ahead)
+
+
+def option_field(o: Option, defaults: dict | None = None):
+    """An option (xclp.options.Option) as a request field: its type, default, bounds and sentence
+    (`defaults`: this request's own default of an option, by name, where it differs: SECURE_DEFAULTS)."""
+    ann = o.type if o.choices is None else Literal[o.choices]
+    if o.default is None:
+        ann = ann | None
+    kw = {b: getattr(o, b) for b in ("ge", "gt", "le", "lt") if getattr(o, b) is not None}
+    if o.type is float:
+        kw["allow_inf_nan"] = False
+    if o.type is bool:
+        kw["strict"] = True  # true or false, never "yes" or 1
+    kw = {"default": (defaults or {}).get(o.name, o.default), "description": o.help} | kw
+    return ann, Field(**kw)

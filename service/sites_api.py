@@ -21,7 +21,7 @@ from service.deps import get_db, hash_token, iso, require_admin, require_site_br
 from service.lifecycle import put_message
 from service.schemas import Request as RequestBody
 from service.schemas import SiteName, errors
-from xclp.protocol import REFUSE, refusal
+from xclp.refusal import REFUSE, refusal
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 router = APIRouter(tags=["sites"])

@@ -19,11 +19,13 @@ from service.db import COORDINATOR, Job, message_body
 from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.lifecycle import PREDICT_DEADLINE_KEYS
 from service.schemas import Request as RequestBody
-from service.schemas import Seconds, SiteName, errors
+from service.schemas import Seconds, SiteName, errors, option_field
 from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec, train_state
-from xclp.protocol import CRYPTO_CHOICES, DEFAULT_SECURE_CRYPTO, JobParams
+from xclp.job_kinds import job_kind
+from xclp.job_options import OPTION, SECURE_DEFAULTS, TRAIN_JOB_OPTIONS
+from xclp.job_params import JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
-from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TRAINING_OPTIONS, Option
+from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TRAINING_OPTIONS
 from xclp.training_job import TrainCoordinator
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -42,13 +44,6 @@ class _TrainJobFields(RequestBody):
     public_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
                                       description="FedCT: SHA-256 pinning the public set U (xclp.training.fedct.public_digest)")
     public_size: int | None = Field(None, ge=1, le=1 << 31, description="FedCT: number of points in U")
-    crypto: Literal[CRYPTO_CHOICES] = Field(DEFAULT_SECURE_CRYPTO, description="XCLP protocol; 'plaintext' has no security")
-    bits: int = Field(1024, ge=1, le=65535)
-    k: int = Field(10, ge=1, le=10_000)
-    alpha: float = Field(0.99, gt=0, lt=1)
-    key_bits: int = Field(2048, ge=1024, le=16384)
-    standardize: bool = Field(True, strict=True, description="the XCLP jobs' federated standardisation of the features (FedAvg: "
-                                                "of the embeddings) before hashing; false keeps them raw")
     secure_aggregation: bool = Field(True, strict=True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
     max_missed_rounds: int = Field(3, ge=1, le=100_000, description="a site left out of this many planned rounds in a row is dropped")
@@ -58,29 +53,19 @@ class _TrainJobFields(RequestBody):
         default_factory=dict, description="phase deadlines of XCLP child jobs")
 
 
-def _field(o: Option):
-    """An option of TRAINING_OPTIONS as a request field: its type, default, bounds and sentence."""
-    ann = o.type if o.choices is None else Literal[o.choices]
-    if o.default is None:
-        ann = ann | None
-    bounds = {b: getattr(o, b) for b in ("ge", "gt", "le", "lt") if getattr(o, b) is not None}
-    if o.type is float:
-        bounds["allow_inf_nan"] = False
-    return ann, Field(o.default, description=o.help, **bounds)
-
-
-# The request's fields: its own, and every shared training option (xclp.training.options), so that the
-# command line's flags, this body and Flower's run config are made from one definition.
+# The request's fields: its own, every shared training option (xclp.training.options) and the XCLP child
+# jobs' options (xclp.job_options), so that the command line's flags, this body and Flower's run config are
+# made from one definition.
 TrainJobCreate = create_model("TrainJobCreate", __base__=_TrainJobFields,
-                              **{o.name: _field(o) for o in TRAINING_OPTIONS})
+                              **{o.name: option_field(o) for o in TRAINING_OPTIONS},
+                              **{n: option_field(OPTION[n], SECURE_DEFAULTS) for n in TRAIN_JOB_OPTIONS})
 
 
 def training_params(body: TrainJobCreate, job_id: str) -> dict:
     """The job's params, validated by the training loops' own config classes (422 on any error)."""
     if body.algorithm not in SERVICE_ALGORITHMS:
         raise ValueError(f"algorithm must be one of {SERVICE_ALGORITHMS}")
-    JobParams(job_id=job_id, n_classes=body.classes, bits=body.bits, k=body.k, alpha=body.alpha,
-              crypto=body.crypto, key_bits=body.key_bits).validate()
+    JobParams(job_id=job_id, n_classes=body.classes, **{n: getattr(body, n) for n in TRAIN_JOB_OPTIONS}).validate()
     params = {"algorithm": body.algorithm, "classes": body.classes, "max_missed_rounds": body.max_missed_rounds,
               "xclp_deadlines": body.xclp_deadlines, "holdout": body.holdout}  # (clients.trainer.Trainer.labels)
     kind = STRATEGIES[body.algorithm]
@@ -94,10 +79,10 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
             check_dp_budget(body.algorithm)
         except ValueError as exc:
             raise ValueError(f"dp_epsilon: {exc}") from None
-    if (body.clip is not None or body.noise_multiplier is not None) and kind.family != "fedavg":
+    if (body.clip is not None or body.noise_multiplier is not None) and not kind.clips_updates:
         raise ValueError("clip and noise_multiplier are DP-FedAvg's: this algorithm would ignore them")
     cfg = kind.config_from_options(body.algorithm, body.model_dump(), len(body.sites))
-    if kind.family == "fedavg" and cfg.dp:
+    if kind.clips_updates and cfg.dp:
         kind(cfg, body.classes).noise_multiplier  # noqa: B018 — a noise multiplier past the budget: 422 now, not later
     params["config"] = dataclasses.asdict(cfg)
     return params
@@ -148,7 +133,7 @@ def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    topic = TrainCoordinator(run_spec(job), train_state(job)).model_topic() if job.kind == "train" else None
+    topic = TrainCoordinator(run_spec(job), train_state(job)).model_topic() if job_kind(job.kind).rounds else None
     if topic is None:
         raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
     done = len(job.training.history)

@@ -43,7 +43,7 @@ from sqlalchemy import select
 
 from service.db import Job, RoundXCLPState, TrainingState, utcnow
 from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
-from xclp.prediction_job import Inadmissible
+from xclp.mail import Inadmissible
 from xclp.training.algorithms import strategy_for
 from xclp.training.strategy import Strategy
 from xclp.training_job import BROADCAST as BROADCAST  # the recipient "*", as the API and its tests name it

@@ -268,7 +268,7 @@ def progress_bar(job: Job, progress: dict) -> dict:
     if job.status == "done":
         return {"fraction": 1.0, "state": "done"}
     running = job.status == "running"
-    if job.kind == "train":
+    if job_kind(job.kind).rounds:
         total = max(1, int(progress.get("rounds") or 1))
         # the rounds, then the final evaluation as one more step
         done = int(progress.get("rounds_done") or 0)
@@ -295,13 +295,10 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
             if i == reached else "pending"
         timeline.append({"phase": p, "state": state, "seconds": job.timings.get(p), "bytes": nbytes.get(p, 0),
                          "dropped": sorted(s for s, at in job.dropped.items() if at == p)})
-    training = _training_view(job, v.who) if job.kind == "train" else {}
-    privacy = training.get("privacy") if job.kind == "train" else None
-    if job.kind == "predict":
-        from xclp.protocol import JobParams
-
-        privacy = JobParams(**job.params).privacy()
-    children = [] if job.kind != "train" else [
+    kind = job_kind(job.kind)
+    training = _training_view(job, v.who) if kind.rounds else {}
+    privacy = training.get("privacy") if kind.rounds else kind.privacy(job.params)
+    children = [] if not kind.rounds else [
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
     refused = {s: r for s, r in refusals(db, job).items() if v.admin or s == v.who}
     progress = _progress(db, job)

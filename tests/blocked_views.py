@@ -8,8 +8,10 @@ from prediction_rig import drive, machines  # noqa: F401 (the attacks drive the 
 from crypto.lattice_blocks import BlockLayout
 from xclp.block_protocol import decode_plan, encode_plan
 from xclp.data import load_arrays
-from xclp.prediction_job import COORDINATOR, MemoryMailbox
-from xclp.protocol import JobParams, Topic
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR
+from xclp.prediction_job import MemoryMailbox
+from xclp.prediction_topics import Topic
 from xclp.splits import simulate_sites
 
 # two sites of ~110 points: a padded group of A holds every row of B, more than a round admits per point

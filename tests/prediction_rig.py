@@ -5,7 +5,8 @@ and of the attacks on a round's views (tests/blocked_views.py). Written once: ea
 import numpy as np
 
 from xclp.block_protocol import decode_plan
-from xclp.prediction_job import PredictCoordinator, PredictSite, PredictState, Topic
+from xclp.prediction_job import PredictCoordinator, PredictSite, PredictState
+from xclp.prediction_topics import Topic
 from xclp.protocol import SiteSession
 
 

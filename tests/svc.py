@@ -79,7 +79,7 @@ def announce_all(client, job: str, heads: dict) -> None:
     import numpy as np
 
     from crypto.keys import SiteKeyPair
-    from xclp.protocol import encode_announce
+    from xclp.announce import encode_announce
 
     for name, h in heads.items():
         body = encode_announce(name, SiteKeyPair.generate().public_bytes(), 4, np.array([0]), bytes(32))
@@ -203,7 +203,7 @@ def cluster_fixture(cls):
 
 def plant_bad_shares(monkeypatch, victim: str) -> None:
     """Every pair of `victim` hands the server shares that do not combine (as a cheating site would):
-    the same planted fault for every driver's test of the blame rule (xclp.protocol.blame)."""
+    the same planted fault for every driver's test of the blame rule (xclp.prediction_job.blame)."""
     from crypto.errors import ProtocolError
     from xclp.protocol import CoordinatorSession
 

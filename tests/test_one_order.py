@@ -16,8 +16,8 @@ from clients.agent import Agent
 from clients.api import CoordinatorClient
 from service.app import Settings, create_app
 from xclp.data import load_arrays
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictState
-from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 

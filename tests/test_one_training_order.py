@@ -22,7 +22,8 @@ from training_helpers import FedAvgWork
 from clients.agent import Agent
 from clients.api import CoordinatorClient
 from service.app import Settings, create_app
-from xclp.prediction_job import COORDINATOR, MemoryMailbox
+from xclp.mail import COORDINATOR
+from xclp.prediction_job import MemoryMailbox
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.fedavg import Site
 from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState

@@ -17,8 +17,9 @@ from xclp import graph as graphs
 from xclp import lsh
 from xclp.data import Dataset
 from xclp.influence import propagate
+from xclp.job_options import JOB_DEFAULTS
 from xclp.propagation import Prediction, class_counts, label_matrix, predict_from_scores
-from xclp.protocol import standardisation_stats, standardise
+from xclp.standardisation import standardisation_stats, standardise
 
 
 def standardised(X: np.ndarray) -> np.ndarray:
@@ -26,7 +27,7 @@ def standardised(X: np.ndarray) -> np.ndarray:
     return standardise(X, standardisation_stats(X))[0]
 
 
-def build_graph(X: np.ndarray, k: int = 10, power: float = 3.0, similarity: str = "exact", bits: int = 4096,
+def build_graph(X: np.ndarray, k: int = JOB_DEFAULTS["k"], power: float = 3.0, similarity: str = "exact", bits: int = 4096,
                 seed: bytes = b"\0" * 32, normalise: bool = True):
     gp = graphs.GraphParams(k=k, power=power, similarity=similarity)
     if similarity == "exact":
@@ -38,7 +39,7 @@ def build_graph(X: np.ndarray, k: int = 10, power: float = 3.0, similarity: str 
     return graphs.graph_from_hamming_blocks(acc, bits, gp)
 
 
-def label_spreading(X: np.ndarray, y: np.ndarray, n_classes: int, k: int = 10, alpha: float = 0.99,
+def label_spreading(X: np.ndarray, y: np.ndarray, n_classes: int, k: int = JOB_DEFAULTS["k"], alpha: float = 0.99,
                     power: float = 3.0, similarity: str = "exact", bits: int = 4096, seed: bytes = b"\0" * 32,
                     balanced: bool = True, solver: str = "auto", tol: float = 1e-8) -> Prediction:
     """Label spreading on one party's points (Z = (I − α𝒲)^{-1} Y, then the XCLP post-processing)."""

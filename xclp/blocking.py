@@ -58,10 +58,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from xclp.job_options import JOB_DEFAULTS
+
 TAG_BYTES = 8  # 64-bit tags: accidental collisions ≈ n²·m / 2^65, far below one at n = 10^6
 TAG_INFO = b"xclp blocking tags"
-DEFAULT_TABLES = 64  # m: L = 1024 → 16-bit substrings
-DEFAULT_MAX_BUCKET = 48
+DEFAULT_TABLES = JOB_DEFAULTS["blocking_tables"]  # m (the job option table: xclp.job_options)
+DEFAULT_MAX_BUCKET = JOB_DEFAULTS["max_bucket"]
 
 
 @dataclass(frozen=True)

@@ -43,19 +43,13 @@ from xclp.blocking import DEFAULT_MAX_BUCKET as _MAX_BUCKET
 from xclp.blocking import DEFAULT_TABLES as _BLOCKING_TABLES
 from xclp.data import UNLABELLED, DataError, make_dataset
 from xclp.influence import SOLVERS, propagate
+from xclp.job_options import GRAPH_MODES, JOB_DEFAULTS, LSH_MAX_BITS
+from xclp.job_params import MIN_K, SIMILARITIES, JobParams
 from xclp.lsh import l2_normalise
 from xclp.privacy import label_dp
 from xclp.propagation import class_counts, label_matrix, predict_from_scores
-from xclp.protocol import (
-    GRAPH_MODES,
-    LSH_MAX_BITS,
-    MIN_K,
-    SIMILARITIES,
-    JobParams,
-    standardisation_stats,
-    standardise,
-)
 from xclp.push import DEFAULT_RANK as _INFLUENCE_RANK
+from xclp.standardisation import standardisation_stats, standardise
 
 PREDICT_CHUNK = 2048  # new points per block of similarities in predict_proba
 
@@ -197,7 +191,7 @@ class XCLPLabelSpreading(_InductiveMixin, ClassifierMixin, BaseEstimator):
 
     _parameter_constraints: dict = {**_COMMON_CONSTRAINTS, "seed": [Interval(Integral, 0, None, closed="left")]}
 
-    def __init__(self, k: int = 10, alpha: float = 0.99, power: float = 3.0, similarity: str = "exact",
+    def __init__(self, k: int = JOB_DEFAULTS["k"], alpha: float = JOB_DEFAULTS["alpha"], power: float = JOB_DEFAULTS["power"], similarity: str = "exact",
                  bits: int = 4096, seed: int = 0, balanced: bool = True, solver: str = "auto", tol: float = 1e-8):
         self.k = k
         self.alpha = alpha
@@ -255,7 +249,7 @@ class FederatedXCLP(_InductiveMixin, ClassifierMixin, BaseEstimator):
     apart in the folds (GroupKFold) and route the groups into fit (sklearn's metadata routing:
     ``sklearn.set_config(enable_metadata_routing=True)`` and ``FederatedXCLP(...).set_fit_request(groups=True)``).
 
-    Parameters (the job's, xclp.protocol.JobParams, with its bounds)
+    Parameters (the job's, xclp.job_params.JobParams, with its bounds)
     ----------
     k, alpha, power, bits, similarity ("lsh"; "exact" with crypto="plaintext" only), crypto (one of
     crypto.hamming_api.PROTOCOLS; "plaintext" is the reference with no security), key_bits (Paillier),
@@ -303,8 +297,8 @@ class FederatedXCLP(_InductiveMixin, ClassifierMixin, BaseEstimator):
         "progress": [StrOptions({"auto"}), "boolean"],
     }
 
-    def __init__(self, k: int = 10, alpha: float = 0.99, power: float = 3.0, bits: int = 1024,
-                 similarity: str = "lsh", crypto: str = "plaintext", key_bits: int = 2048, standardize: bool = True,
+    def __init__(self, k: int = JOB_DEFAULTS["k"], alpha: float = JOB_DEFAULTS["alpha"], power: float = JOB_DEFAULTS["power"], bits: int = JOB_DEFAULTS["bits"],
+                 similarity: str = "lsh", crypto: str = "plaintext", key_bits: int = JOB_DEFAULTS["key_bits"], standardize: bool = True,
                  balanced: bool = True, solver: str = "auto", tol: float = 1e-8, graph: str = "exact",
                  blocking_tables: int = _BLOCKING_TABLES, max_bucket: int = _MAX_BUCKET, descent_rounds: int = 2,
                  influence_rank: int = _INFLUENCE_RANK, label_flip: float | None = None,

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from xclp.job_options import JOB_DEFAULTS
+
 
 @dataclass(frozen=True)
 class GraphParams:
-    k: int = 10  # neighbours kept per point (the point itself excluded)
-    power: float = 3.0  # edge weight = sim ** power, sign kept
+    k: int = JOB_DEFAULTS["k"]  # neighbours kept per point (the point itself excluded)
+    power: float = JOB_DEFAULTS["power"]  # edge weight = sim ** power, sign kept
     similarity: str = "lsh"  # "lsh": cos(π H / L) from Hamming distances; "exact": true cosine (reference only)
 
 

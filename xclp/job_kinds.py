@@ -12,6 +12,12 @@ Each rule takes the same arguments for every kind (a kind ignores what it does n
 (None: only the driver's own limit), `params` the job's parameters, `state` its machine's state,
 `mail` what the job's mailbox holds; `opaque(topic)`; `prunes(state)` — whether any message may be
 obsolete now (a driver need not look otherwise); `obsolete(topic, state)`.
+
+And what else differs between the kinds, so that no driver compares a job's kind with a name (the layer
+test, tests/test_layers.py): whether the job runs training rounds (`rounds`), when an upload is admitted
+(`admit`, by its topic before its body; `admits_with_body`), whether each phase has a deadline and names
+the sites it awaits (`phase_deadlines`), the core's parameters of the job (`params`) and the ledger of
+what it releases about the sites' labels (`privacy`).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from xclp import prediction_topics, protocol, training_topics
+from xclp import prediction_job, prediction_topics, protocol, training_topics
+from xclp.job_params import JobParams
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,20 @@ class JobKind:
     prunes: Callable[[Any], bool]
     obsolete: Callable[[str, Any], bool]
     topic_kinds: tuple[str, ...]  # the first segment of each of its topics
+    name: str
+    # A job of training rounds: its results (each round's metrics, the final evaluation, the global model)
+    # kept with the job, its progress counted in rounds, an XCLP child job per round.
+    rounds: bool
+    # The order's admission of an upload by its topic, before its body arrives:
+    # admit(params, state, mail, site, to, topic), Inadmissible (xclp.mail) if the order has no place for it.
+    admit: Callable[[Any, Any, Any, str, str, str], None]
+    # True: an upload is admitted with its body, by the machine (xclp.training_job.TrainCoordinator.admit).
+    admits_with_body: bool
+    # Each phase has a deadline, and the sites it still awaits are named (and dropped at it, or at the idle
+    # limit); False: the waits are the rounds' own rules.
+    phase_deadlines: bool
+    params: Callable[[dict], Any]  # the core's parameters from the job's JSON (None: the machine reads them itself)
+    privacy: Callable[[dict], dict]  # the label-DP ledger of what the job releases, from its params ({}: none here)
 
     @property
     def steps(self) -> tuple[str, ...]:
@@ -48,12 +69,27 @@ def _train_obsolete(topic: str, state: Any) -> bool:
     return training_topics.obsolete(topic, len(state.history))
 
 
+def _predict_admit(params: JobParams, state, mail, site: str, to: str, topic: str) -> None:
+    """The prediction machine's rule: who may send what, when (xclp.prediction_job.admit); which graph's
+    hamming topics the job takes is known once the roster is."""
+    blocked = prediction_topics.graph_mode(params, mail, state) == "blocked" if state.reached("seed") else None
+    prediction_job.admit(state, site, to, topic, blocked=blocked)
+
+
+def _admitted_with_body(params, state, mail, site: str, to: str, topic: str) -> None:
+    """A training run's upload: admitted with its body, by its machine (`admits_with_body`)."""
+
+
 JOB_KINDS = {
-    "predict": JobKind(protocol.JOB_PHASES, protocol.topic_phase, prediction_topics.max_body,
+    "predict": JobKind(protocol.JOB_PHASES, prediction_topics.topic_phase, prediction_topics.max_body,
                        prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete,
-                       prediction_topics.TOPIC_KINDS),
+                       prediction_topics.TOPIC_KINDS, name="predict", rounds=False, admit=_predict_admit,
+                       admits_with_body=False, phase_deadlines=True, params=lambda p: JobParams(**p),
+                       privacy=lambda p: JobParams(**p).privacy()),
     "train": JobKind(training_topics.TRAIN_PHASES, training_topics.topic_phase, _train_max_body,
-                     lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS),
+                     lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS,
+                     name="train", rounds=True, admit=_admitted_with_body, admits_with_body=True,
+                     phase_deadlines=False, params=lambda p: None, privacy=lambda p: {}),
 }
 
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xclp.data import Dataset
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictState
 from xclp.propagation import Prediction
-from xclp.protocol import CoordinatorSession, JobParams
+from xclp.protocol import CoordinatorSession
 
 
 @dataclass

@@ -105,7 +105,7 @@ def plan_job(points: int, sites: int, crypto: str = "lattice", bits: int = 1024,
         raise ValueError(f"a job needs at least two sites, got {sites}")
     if points < sites:
         raise ValueError(f"{points} points cannot fill {sites} sites")
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     JobParams(job_id="plan", n_classes=classes, bits=bits, crypto=crypto).validate()  # the job's own limits on L
     if not 0 < labelled_fraction <= 1:

@@ -1,6 +1,6 @@
 """A prediction job's order, written once: the coordinator's machine and the site's machine.
 
-(About 900 lines: the two sides of one job's order and the rules that admit its messages, read and changed
+(About 1,050 lines: the two sides of one job's order and the rules that admit its messages, read and changed
 together; the blocked graph's rounds are one more part of the hamming phase on both sides.)
 
 `xclp.protocol` holds what each party computes in each phase (`SiteSession`, `CoordinatorSession`);
@@ -51,66 +51,24 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES, traits
 from crypto.lattice_blocks import BlockView
 from xclp import blocking, view_bounds
+from xclp.announce import Layout, decode_announce, decode_roster, encode_roster, schema_outliers
 from xclp.block_protocol import KeptPlan, answered_before, decode_plan, encode_plan, kept_shares, pair_blocks, plans
 from xclp.blocked_graph import rows_to_blocks
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Inadmissible, Inbox, Mailbox, Send
+from xclp.prediction_topics import BLOCKED_GRAPH_TOPICS, EXACT_GRAPH_TOPICS, TOPIC_PHASE, Topic, graph_mode
 from xclp.propagation import Prediction
-from xclp.protocol import (
-    BLOCKED_GRAPH_TOPICS,
-    EXACT_GRAPH_TOPICS,
-    JOB_PHASES,
-    LEFT_OUT,
-    REFUSE,
-    TOPIC_PHASE,
-    CoordinatorSession,
-    JobParams,
-    Layout,
-    SiteSession,
-    Topic,
-    blame,
-    decode_announce,
-    decode_roster,
-    encode_roster,
-    read_refusal,
-    refusal,
-    restart_without,
-    schema_outliers,
-)
+from xclp.protocol import JOB_PHASES, CoordinatorSession, SiteSession
+from xclp.refusal import LEFT_OUT, REFUSE, read_refusal, refusal
 
 log = logging.getLogger("xclp.job")
 
-COORDINATOR = "coordinator"
 MAX_STEPS = 8  # a phase may complete right after the previous one: decisions taken in one call
-
-
-class Mailbox(Protocol):
-    """What has arrived so far, as the coordinator's driver keeps it."""
-
-    def senders(self, recipient: str, topic: str) -> set[str]: ...
-
-    def recipients(self, sender: str, topic: str) -> set[str]: ...
-
-    def body(self, sender: str, recipient: str, topic: str) -> bytes | None: ...
-
-
-class Inbox(Protocol):
-    """The messages addressed to one site. `wait`: the machine can do nothing else until this one
-    comes (a driver may long-poll for it)."""
-
-    def get(self, topic: str, sender: str = COORDINATOR, wait: bool = False) -> bytes | None: ...
-
-
-@dataclass(frozen=True)
-class Send:
-    sender: str
-    recipient: str
-    topic: str
-    body: bytes
 
 
 # Pair protocols a site has under way at once (PredictSite._step_pairs): as B (which holds its peer's
@@ -194,6 +152,29 @@ class DictInbox:
         return {k: b for k, b in self.mail.items() if k not in self.taken and Topic.is_pair_message(k[1])}
 
 
+def blame(order: list[str], incomplete, missing=None) -> set[str]:
+    """The sites to remove so that every remaining pair of sites is complete (the rule of every driver).
+    A pair is incomplete if either share is missing or the two do not combine: one of the two sites
+    misbehaved or vanished, and its peer waits too. Blame goes greedily to the site with the most
+    incomplete pairs; among equals, the later site in the roster. `missing`: sites already out."""
+    missing = set(missing or ())
+    incomplete = {tuple(p) for p in incomplete}
+    while True:
+        open_pairs = [(a, b) for a, b in incomplete if a not in missing and b not in missing]
+        if not open_pairs:
+            return missing
+        degree = {s: sum(s in p for p in open_pairs) for s in order if s not in missing}
+        missing.add(max(degree, key=lambda s: (degree[s], order.index(s))))
+
+
+def restart_without(participants: list[str], missing, attempt: int) -> tuple[list[str], int]:
+    """A masked sum cannot complete without every mask in it: a participant that did not send its
+    part makes the sum restart without it, as attempt + 1, so that every pairwise and shared mask is
+    fresh (a mask used twice would reveal the difference of two inputs)."""
+    gone = set(missing)
+    return [s for s in participants if s not in gone], attempt + 1
+
+
 @dataclass
 class PredictState:
     """Where a prediction job stands: all the coordinator's machine keeps, and what every site sees."""
@@ -247,15 +228,6 @@ def refusals(mail: Mailbox, sites: list[str]) -> dict[str, str]:
         if body is not None:
             out.setdefault(s, "left out by the coordinator: " + read_refusal(body))
     return dict(sorted(out.items()))
-
-
-class Inadmissible(ProtocolError):
-    """An upload that does not fit the job's order: `conflict` — not now (another phase or attempt; a
-    driver answers 409) —, else never (a topic or recipient that no step of the job has; 422)."""
-
-    def __init__(self, message: str, conflict: bool = False):
-        super().__init__(message)
-        self.conflict = conflict
 
 
 def admit(state: PredictState, site: str, to: str, topic: str, blocked: bool | None = None) -> str:
@@ -328,15 +300,6 @@ def _admit_blocked(state: PredictState, site: str, to: str, topic: str, parts: l
     if not relayed and to != COORDINATOR:
         raise Inadmissible(f"{kind!r} goes to the coordinator")
     return kind
-
-
-def graph_mode(params: JobParams, mail: Mailbox, state: PredictState) -> str:
-    """"exact" or "blocked": every party computes it from the roster's points (JobParams.graph_mode);
-    the roster is every site that was not left out in setup."""
-    if params.graph in ("exact", "blocked") or not state.reached("seed"):
-        return "exact" if params.graph == "auto" else params.graph
-    roster = [s for s in state.sites if state.dropped.get(s) != "setup"]
-    return params.graph_mode(sum(decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in roster))
 
 
 def progress(state: PredictState, blocked: bool = False) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
@@ -632,9 +595,9 @@ class PredictCoordinator:
         for s in order:
             coord.receive_intra(s, mail.body(s, COORDINATOR, "intra"))
         # Shares that do not combine: one of the two sites misbehaved. The pair is as good as missing;
-        # blame goes as for missing pairs (xclp.protocol.blame), and the job goes on without them.
-        blamed = coord.receive_pairs(order, {(a, b): {s: mail.body(s, COORDINATOR, Topic.share(a, b)) for s in (a, b)}
-                                             for a, b in coord.pairs(order)})
+        # blame goes as for missing pairs (`blame`), and the job goes on without them.
+        shares = {(a, b): {s: mail.body(s, COORDINATOR, Topic.share(a, b)) for s in (a, b)} for a, b in coord.pairs(order)}
+        blamed = blame(order, coord.receive_pairs(order, shares))
         if blamed:
             log.warning(json.dumps({"event": "bad_shares", "blamed": sorted(blamed)}))
             self._drop(blamed)

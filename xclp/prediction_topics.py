@@ -1,4 +1,5 @@
-"""A prediction job's messages as the drivers store them: how many bytes a site may send under each
+"""A prediction job's messages: their names (`Topic`, built here for the coordinator and the agent),
+the phase each belongs to (`TOPIC_PHASE`), and the rules by which the drivers store them: how many bytes a site may send under each
 topic, whether an upload's body is well formed (check_body: refused at upload instead of failing the
 job later), which bodies the coordinator only relays (opaque: never parsed at upload), and which
 topics no later step reads. Who may send what, when, is the machine's rule (xclp.prediction_job.admit);
@@ -18,18 +19,80 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 from crypto.identity import announce_digest, fingerprint, verify
-from xclp.prediction_job import COORDINATOR, Mailbox, PredictState, graph_mode
-from xclp.protocol import (
-    COORDINATOR_TOPIC_PHASE,
-    TOPIC_PHASE,
-    CoordinatorSession,
-    JobParams,
-    columns_digest,
-    counts_length,
-    decode_announce,
-    far_field_rows,
-)
+from xclp.announce import columns_digest, decode_announce
+from xclp.far_field import far_field_rows
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Mailbox
+from xclp.protocol import CoordinatorSession
+from xclp.standardisation import counts_length
 from xclp.wire import load_array, load_bundle
+
+# The phase each upload belongs to, by its topic's first segment ("seed" and "pair" go site to site,
+# the rest to the coordinator).
+TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
+               "share": "hamming", "rows": "row_sums",
+               # a blocked graph's hamming phase (xclp.blocked_graph): tags, within-site lists, codes
+               # (plaintext only), and each round's pair protocol over its blocks
+               "tags": "hamming", "knn": "hamming", "codes": "hamming", "bpair": "hamming", "bshare": "hamming"}
+EXACT_GRAPH_TOPICS = ("intra", "pair", "share")
+BLOCKED_GRAPH_TOPICS = ("tags", "knn", "codes", "bpair", "bshare")
+# ... and of what the coordinator sends (the influence columns count as the row sums' input)
+COORDINATOR_TOPIC_PHASE = {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums", "blocks": "hamming"}
+
+
+def topic_phase(topic: str) -> str:
+    """The phase a prediction job's message belongs to, by its topic (bytes are counted by phase)."""
+    kind = topic.split("/")[0]
+    return TOPIC_PHASE.get(kind) or COORDINATOR_TOPIC_PHASE.get(kind, "setup")
+
+
+class Topic:
+    """The names of a prediction job's messages, `kind[/part…]` (TOPIC_PHASE: the phase of each kind
+    a site uploads). The coordinator and the agent build every name here; an attempt number in a
+    name keeps a restarted sum's messages apart from the last attempt's."""
+
+    @staticmethod
+    def counts(attempt: int) -> str:
+        return f"counts/{attempt}"
+
+    @staticmethod
+    def counts_total(attempt: int) -> str:
+        return f"counts-total/{attempt}"
+
+    @staticmethod
+    def share(a: str, b: str) -> str:
+        return f"share/{a}/{b}"
+
+    @staticmethod
+    def pair(a: str, b: str, number: int) -> str:
+        return f"pair/{a}/{b}/{number}"
+
+    @staticmethod
+    def is_pair_message(topic: str) -> bool:
+        """A pair protocol's site-to-site message (exact or blocked graph): read once, by its recipient."""
+        return topic.startswith(("pair/", "bpair/"))
+
+    @staticmethod
+    def blocks(round_: int) -> str:
+        """The coordinator's candidate blocks of a blocked graph's round (1, 2, …) for one site."""
+        return f"blocks/{round_}"
+
+    @staticmethod
+    def block_pair(round_: int, a: str, b: str, number: int) -> str:
+        return f"bpair/{round_}/{a}/{b}/{number}"
+
+    @staticmethod
+    def block_share(round_: int, a: str, b: str) -> str:
+        return f"bshare/{round_}/{a}/{b}"
+
+    @staticmethod
+    def rows(attempt: int) -> str:
+        return f"rows/{attempt}"
+
+    @staticmethod
+    def sums(attempt: int) -> str:
+        return f"sums/{attempt}"
+
 
 # The first segment of each topic of a job (its kind): the sites' uploads, then the coordinator's own.
 TOPIC_KINDS = (*TOPIC_PHASE, *COORDINATOR_TOPIC_PHASE)
@@ -52,7 +115,7 @@ def _kind(topic: str) -> str:
     return topic.split("/")[0]
 
 
-def max_body(topic: str, site: str, params: JobParams, state: PredictState, mail: Mailbox) -> int | None:
+def max_body(topic: str, site: str, params: JobParams, state, mail: Mailbox) -> int | None:
     """The most bytes `site`'s upload of `topic` may carry (a topic the machine has admitted), from the
     job's params and what the site (and the graph's sites) announced; None: only the driver's own
     limit (pair messages and shares)."""
@@ -82,12 +145,21 @@ def max_body(topic: str, site: str, params: JobParams, state: PredictState, mail
     return None
 
 
-def graph_size(state: PredictState, mail: Mailbox) -> int:
+def graph_mode(params: JobParams, mail: Mailbox, state) -> str:
+    """"exact" or "blocked": every party computes it from the roster's points (JobParams.graph_mode);
+    the roster is every site that was not left out in setup (`state`: the job's PredictState)."""
+    if params.graph in ("exact", "blocked") or not state.reached("seed"):
+        return "exact" if params.graph == "auto" else params.graph
+    roster = [s for s in state.sites if state.dropped.get(s) != "setup"]
+    return params.graph_mode(sum(decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in roster))
+
+
+def graph_size(state, mail: Mailbox) -> int:
     """The points in the job's graph: those the graph's sites announced."""
     return sum(decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in state.graph_sites)
 
 
-def rows_length(params: JobParams, state: PredictState, mail: Mailbox) -> int:
+def rows_length(params: JobParams, state, mail: Mailbox) -> int:
     """The rows of a site's masked row sums: the graph's points, then a blocked graph's far field."""
     n = graph_size(state, mail)
     return n + far_field_rows(params, graph_mode(params, mail, state), n)
@@ -98,17 +170,17 @@ def opaque(topic: str) -> bool:
     return _kind(topic) in OPAQUE_KINDS
 
 
-def prunes(state: PredictState) -> bool:
+def prunes(state) -> bool:
     """Whether any stored message may be obsolete now: only once the job has ended."""
     return state.status != "running"
 
 
-def obsolete(topic: str, state: PredictState) -> bool:
+def obsolete(topic: str, state) -> bool:
     """Whether no later step of the job reads `topic` (a driver may delete it)."""
     return prunes(state) and _kind(topic) in PRUNED_KINDS
 
 
-def check_body(topic: str, body: bytes, site: str, job_id: str, params: JobParams, state: PredictState,
+def check_body(topic: str, body: bytes, site: str, job_id: str, params: JobParams, state,
                mail: Mailbox, registered: Callable[[], str | None]) -> None:
     """ProtocolError if `site`'s upload of `topic` (admitted, not opaque) is not well formed, read as the
     coordinator's machine will read it. `registered`: the fingerprint of the identity the driver

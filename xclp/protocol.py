@@ -1,9 +1,12 @@
 """The XCLP protocol core: each party's side of every phase, sans-I/O.
 
-(About 1,350 lines: both parties of every phase, and the messages they exchange, in one place: a
-phase's two sides are read and changed together; a site's session saved to bytes and restored beside
-the fields it saves, for drivers that keep nothing between messages — a Flower site; and the blocked
-graph's thin methods over xclp.blocked_graph (issue 23). The job's ORDER is xclp/prediction_job.py.)
+(About 1,150 lines: both parties of every phase in one place — a phase's two sides are read and changed
+together — and the blocked graph's thin methods over xclp.blocked_graph (issue 23). What the phases
+share lives in modules named after each mechanism: the job's parameters (xclp.job_params), the announce
+codec and the roster (xclp.announce), federated standardisation (xclp.standardisation), the far field
+(xclp.far_field), the refusal format (xclp.refusal), a site session saved to bytes
+(xclp.session_state), the topics (xclp.prediction_topics). The job's ORDER, with its blame and restart
+rules, is xclp/prediction_job.py.)
 
 `SiteSession` is one site's side and `CoordinatorSession` the coordinator's. Both only consume and
 produce bytes (or arrays for the purely local steps); who carries the bytes is up to a driver:
@@ -38,488 +41,45 @@ coordinator, zero masks) and is named as such: it is the reference and the tool 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from crypto.channel import Channel
 from crypto.errors import IntegrityError, ProtocolError, ViewRefused
-from crypto.fixedpoint import LIMBS, decode, encode, from_limbs, to_limbs
-from crypto.hamming_api import (
-    DEFAULT_SECURE,
-    PROTOCOLS,
-    HammingParty,
-    HammingProtocol,
-    Outgoing,
-    PairDriver,
-    make_protocol,
-    traits,
-)
+from crypto.fixedpoint import decode, encode, from_limbs, to_limbs
+from crypto.hamming_api import HammingParty, HammingProtocol, Outgoing, PairDriver, traits
 from crypto.identity import Identity, Pins, announce_digest, verify
-from crypto.keys import SiteKeyPair, check_peer_public, pairwise_key
+from crypto.keys import SiteKeyPair, pairwise_key
 from crypto.lattice_blocks import BlockLayout, BlockView, PackedPartyA, combine_values
 from crypto.lattice_hamming import lattice_params
 from crypto.lattice_kept import KeptResults, KeptView, combine_kept
 from crypto.masked_hamming import PairView, combine_views, read_codes
-from crypto.secure_sum import (
-    mask_rows,
-    prg_uint64,
-    server_sum,
-    shared_mask_key,
-    site_mask,
-    unmask_rows,
-)
-from crypto.seed import COMMITMENT_BYTES, SeedAgreement, commitment, new_contribution
-from crypto.state import Nested, State, pack
+from crypto.secure_sum import mask_rows, prg_uint64, server_sum, shared_mask_key, site_mask, unmask_rows
+from crypto.seed import SeedAgreement, commitment, new_contribution
 from xclp import blocked_graph, blocking, lsh, push, view_bounds
 from xclp import graph as graphs
+from xclp.announce import Layout, RosterEntry, columns_digest, decode_announce, encode_announce
 from xclp.block_protocol import BlockParty, KeptPlan, KeptRound, PackedRun, PairRun, is_kept_round, split_shares
 from xclp.data import validate_features, validate_labels
-from xclp.job_files import check_job_id
+from xclp.far_field import FAR_FIELD_PURPOSE, decode_sparse_columns, encode_sparse_columns, far_field_rows
+from xclp.job_params import JobParams, hamming_protocol
 from xclp.privacy import label_dp
 from xclp.propagation import Prediction, class_counts, contribution, label_matrix, predict_from_scores
+from xclp.session_state import session_data_digest, session_from_bytes, session_to_bytes
+from xclp.standardisation import STATS_FRAC_BITS, counts_length, standardisation_stats, standardise
 from xclp.wire import dump_array, dump_bundle, load_array, load_bundle
 
-CRYPTO_CHOICES = PROTOCOLS
-DEFAULT_SECURE_CRYPTO = DEFAULT_SECURE  # the fastest secure protocol: the default of jobs, training jobs and the demo
-SECURE_ROW_SUMS_FRAC_BITS = 40
+log = logging.getLogger("xclp.protocol")
 
 # The phases of a prediction job in the order the coordinator runs them ("done" ends it). The service,
 # the agent and the progress bar take them from here.
-log = logging.getLogger("xclp.protocol")
-
 JOB_PHASES = ("setup", "seed", "counts", "hamming", "row_sums", "done")
-# The phase each upload belongs to, by its topic's first segment ("seed" and "pair" go site to site,
-# the rest to the coordinator).
-TOPIC_PHASE = {"announce": "setup", "seed": "seed", "counts": "counts", "intra": "hamming", "pair": "hamming",
-               "share": "hamming", "rows": "row_sums",
-               # a blocked graph's hamming phase (xclp.blocked_graph): tags, within-site lists, codes
-               # (plaintext only), and each round's pair protocol over its blocks
-               "tags": "hamming", "knn": "hamming", "codes": "hamming", "bpair": "hamming", "bshare": "hamming"}
-EXACT_GRAPH_TOPICS = ("intra", "pair", "share")
-BLOCKED_GRAPH_TOPICS = ("tags", "knn", "codes", "bpair", "bshare")
-# ... and of what the coordinator sends (the influence columns count as the row sums' input)
-COORDINATOR_TOPIC_PHASE = {"counts-total": "counts", "influence": "row_sums", "sums": "row_sums", "blocks": "hamming"}
-
-
-def topic_phase(topic: str) -> str:
-    """The phase a prediction job's message belongs to, by its topic (bytes are counted by phase)."""
-    kind = topic.split("/")[0]
-    return TOPIC_PHASE.get(kind) or COORDINATOR_TOPIC_PHASE.get(kind, "setup")
-
-
-REFUSE = "refuse"  # a site's word that it will not, or cannot, go on with a job: any phase, any kind of job
-LEFT_OUT = "left-out"  # the coordinator's word to a site it left out of a job by the job's rules, and why
-MAX_REASON_CHARS = 2000
-MAX_REFUSAL_BODY = 4 * MAX_REASON_CHARS + 64  # the JSON of a reason of MAX_REASON_CHARS characters, each escaped
-
-
-def refusal(reason: str) -> bytes:
-    """A site's refusal: the reason, as a sentence, for the operator (no data of the site in it)."""
-    import json
-
-    return json.dumps({"reason": str(reason)[:MAX_REASON_CHARS]}).encode()
-
-
-def read_refusal(body: bytes) -> str:
-    import json
-
-    try:
-        reason = json.loads(body.decode()).get("reason")
-    except (UnicodeDecodeError, ValueError, AttributeError):
-        raise ProtocolError("a refusal is JSON {\"reason\": \"…\"}") from None
-    if not isinstance(reason, str) or not reason or len(reason) > MAX_REASON_CHARS:
-        raise ProtocolError(f"a refusal's reason is a sentence of 1 to {MAX_REASON_CHARS} characters")
-    return reason
-
-
-class Topic:
-    """The names of a prediction job's messages, `kind[/part…]` (TOPIC_PHASE: the phase of each kind
-    a site uploads). The coordinator and the agent build every name here; an attempt number in a
-    name keeps a restarted sum's messages apart from the last attempt's."""
-
-    @staticmethod
-    def counts(attempt: int) -> str:
-        return f"counts/{attempt}"
-
-    @staticmethod
-    def counts_total(attempt: int) -> str:
-        return f"counts-total/{attempt}"
-
-    @staticmethod
-    def share(a: str, b: str) -> str:
-        return f"share/{a}/{b}"
-
-    @staticmethod
-    def pair(a: str, b: str, number: int) -> str:
-        return f"pair/{a}/{b}/{number}"
-
-    @staticmethod
-    def is_pair_message(topic: str) -> bool:
-        """A pair protocol's site-to-site message (exact or blocked graph): read once, by its recipient."""
-        return topic.startswith(("pair/", "bpair/"))
-
-    @staticmethod
-    def blocks(round_: int) -> str:
-        """The coordinator's candidate blocks of a blocked graph's round (1, 2, …) for one site."""
-        return f"blocks/{round_}"
-
-    @staticmethod
-    def block_pair(round_: int, a: str, b: str, number: int) -> str:
-        return f"bpair/{round_}/{a}/{b}/{number}"
-
-    @staticmethod
-    def block_share(round_: int, a: str, b: str) -> str:
-        return f"bshare/{round_}/{a}/{b}"
-
-    @staticmethod
-    def rows(attempt: int) -> str:
-        return f"rows/{attempt}"
-
-    @staticmethod
-    def sums(attempt: int) -> str:
-        return f"sums/{attempt}"
 
 
 MAX_SUM_RESTARTS = 2  # restarts of one masked sum a site takes part in (SiteSession._claim_sum)
-
-
-def blame(order: list[str], incomplete, missing=None) -> set[str]:
-    """The sites to remove so that every remaining pair of sites is complete (the rule of every driver).
-    A pair is incomplete if either share is missing or the two do not combine: one of the two sites
-    misbehaved or vanished, and its peer waits too. Blame goes greedily to the site with the most
-    incomplete pairs; among equals, the later site in the roster. `missing`: sites already out."""
-    missing = set(missing or ())
-    incomplete = {tuple(p) for p in incomplete}
-    while True:
-        open_pairs = [(a, b) for a, b in incomplete if a not in missing and b not in missing]
-        if not open_pairs:
-            return missing
-        degree = {s: sum(s in p for p in open_pairs) for s in order if s not in missing}
-        missing.add(max(degree, key=lambda s: (degree[s], order.index(s))))
-
-
-def restart_without(participants: list[str], missing, attempt: int) -> tuple[list[str], int]:
-    """A masked sum cannot complete without every mask in it: a participant that did not send its
-    part makes the sum restart without it, as attempt + 1, so that every pairwise and shared mask is
-    fresh (a mask used twice would reveal the difference of two inputs)."""
-    gone = set(missing)
-    return [s for s in participants if s not in gone], attempt + 1
-
-
-# The bounds of the job's parameters, stated once: JobParams.validate checks them, and the estimators
-# (xclp.estimator) declare them as scikit-learn `_parameter_constraints`.
-MIN_K = 1  # kNN neighbours: at least one
-LSH_MAX_BITS = 65535  # LSH length L: 1..LSH_MAX_BITS (a lattice job less: crypto.lattice_hamming.MAX_BITS)
-SIMILARITIES = ("lsh", "exact")
-GRAPH_MODES = ("exact", "blocked", "auto")
-
-
-@dataclass(frozen=True)
-class JobParams:
-    """Everything the parties must agree on before a job starts (it travels with the job)."""
-
-    job_id: str
-    n_classes: int
-    bits: int = 1024  # LSH length L
-    k: int = 10  # kNN neighbours
-    alpha: float = 0.99
-    power: float = 3.0  # edge weight = cos(πH/L) ** power
-    similarity: str = "lsh"  # "exact" (true cosine, plaintext reference only)
-    crypto: str = "plaintext"
-    normalise: bool = True  # L2-normalise vectors before hashing
-    # federated standardisation: every feature to the mean and variance of ALL sites' points, from
-    # sums that ride on the label-count secure sum (`standardisation_stats`); the coordinator never
-    # learns them, every site does. On by default: LSH hashes angles, so one feature on a scale of
-    # thousands (an age in days, a count) would otherwise decide every neighbour (docs/benchmarks.md,
-    # the breast-cancer table); False keeps the raw features.
-    standardize: bool = True
-    balanced: bool = True  # class-balanced label matrix
-    solver: str = "auto"
-    tol: float = 1e-8
-    frac_bits: int = SECURE_ROW_SUMS_FRAC_BITS
-    key_bits: int = 2048  # Paillier modulus
-    max_message_bytes: int = 1 << 31
-    # Label-DP of the released sums (xclp.privacy.label_dp), by either or both of: randomized response
-    # on each site's labels before they enter any sum (noise parameter p; 0: none), and Gaussian noise
-    # shares inside the sums (noise multiplier z; 0: none) with each influence column clipped to C.
-    label_flip: float = 0.0
-    dp_noise: float = 0.0
-    dp_clip: float = label_dp.DEFAULT_CLIP
-    dp_delta: float = 1e-5  # the δ at which the job's ε is stated (accounting only)
-    # The graph: "exact" — every pair's distance (all pairs, n²); "blocked" — candidate pairs from keyed
-    # multi-index hashing and NN-Descent, influence columns by push + spectral correction (xclp.blocking,
-    # xclp.blocked_graph, xclp.push); "auto" — exact up to blocked_graph.AUTO_EXACT_MAX_N points, blocked above.
-    graph: str = "exact"
-    blocking_tables: int = blocking.DEFAULT_TABLES
-    max_bucket: int = blocking.DEFAULT_MAX_BUCKET
-    descent_rounds: int = 2
-    # lattice, blocked graph: A keeps the decrypted results of its first packed run with each peer and
-    # answers the descent rounds' entries from them, with no new ciphertexts (crypto.lattice_kept);
-    # False runs every round afresh (the benchmark's baseline)
-    keep_first_round: bool = True
-    push_eps: float = push.DEFAULT_EPS
-    influence_rank: int = push.DEFAULT_RANK
-
-    def graph_mode(self, n: int) -> str:
-        """"exact" or "blocked" for a job over n points (the roster's total: every party agrees)."""
-        return blocked_graph.resolve_mode(self.graph, n)
-
-    def validate(self) -> JobParams:
-        check_job_id(self.job_id)  # the one check of an id that names files at every site, for every driver
-        if self.crypto not in CRYPTO_CHOICES:
-            raise ValueError(f"crypto must be one of {CRYPTO_CHOICES}, got {self.crypto!r}")
-        if self.similarity not in SIMILARITIES:
-            raise ValueError(f"similarity must be 'lsh' or 'exact', got {self.similarity!r}")
-        if self.similarity == "exact" and self.secure:
-            raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
-        if not 1 <= self.bits <= LSH_MAX_BITS:
-            raise ValueError(f"bits must be in 1..{LSH_MAX_BITS}, got {self.bits}")
-        if self.crypto == "lattice":
-            from crypto.lattice_hamming import MAX_BITS
-            if self.bits > MAX_BITS:
-                raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
-        if self.crypto == "masked":
-            from crypto.masked_hamming import MAX_BITS as MASKED_MAX_BITS
-            if self.bits > MASKED_MAX_BITS:
-                raise ValueError(f"crypto='masked' takes bits ≤ {MASKED_MAX_BITS}, got {self.bits}")
-        if self.k < MIN_K:
-            raise ValueError(f"k must be at least {MIN_K}, got {self.k}")
-        if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.power <= 0:
-            raise ValueError(f"power must be positive, got {self.power}")
-        if self.n_classes < 2:
-            raise ValueError(f"n_classes must be at least 2, got {self.n_classes}")
-        label_dp.validate(self.dp_noise, self.dp_clip, self.label_flip)
-        if not 0 < self.dp_delta < 1:
-            raise ValueError(f"dp_delta must be in (0, 1), got {self.dp_delta}")
-        if self.graph not in GRAPH_MODES:
-            raise ValueError(f"graph must be 'exact', 'blocked' or 'auto', got {self.graph!r}")
-        if self.graph != "exact":
-            if self.similarity != "lsh":
-                raise ValueError("graph='blocked' or 'auto' works on LSH codes: similarity must be 'lsh'")
-            blocking.BlockingParams(self.blocking_tables, self.max_bucket, self.descent_rounds).validate(self.bits)
-            if not 0 < self.push_eps < 1 or self.influence_rank < 0:
-                raise ValueError("push_eps must be in (0, 1) and influence_rank non-negative")
-        return self
-
-    @property
-    def dp(self) -> bool:
-        """Gaussian noise shares in the sums (label_flip needs nothing of the protocol's sums)."""
-        return self.dp_noise > 0
-
-    def privacy(self, jobs: int = 1) -> dict:
-        """The ledger of what `jobs` jobs with these parameters release about the labels (JSON)."""
-        from xclp.privacy.ledger import PrivacyLedger, no_privacy
-
-        if self.label_flip == 0 and self.dp_noise == 0:
-            return no_privacy()
-        ledger = PrivacyLedger(self.dp_delta, neighbouring=label_dp.LABEL_LEVEL)
-        label_dp.spend(ledger, self, jobs)
-        return ledger.to_json()
-
-    @property
-    def secure(self) -> bool:
-        return traits(self.crypto).secure
-
-    def graph_params(self) -> graphs.GraphParams:
-        return graphs.GraphParams(k=self.k, power=self.power, similarity=self.similarity)
-
-
-def hamming_protocol(params: JobParams) -> HammingProtocol:
-    """The two-party Hamming protocol a job uses (all share crypto.hamming_api's interface)."""
-    return make_protocol(params.crypto, params.key_bits)
-
-
-@dataclass
-class RosterEntry:
-    site: str
-    public_key: bytes
-    n: int
-    labelled: np.ndarray  # local row indices of the labelled points (the coordinator may know them)
-    commitment: bytes  # to the site's seed contribution (crypto.seed.commitment)
-    features: int = 0  # the number of features of its points: the job's data contract (0: not said)
-    identity: bytes = b""  # the site's long-term Ed25519 key (crypto.identity), b"": none said
-    signature: bytes = b""  # of the announce's fields under `identity` (crypto.identity.announce_digest)
-    columns: tuple[str, ...] = ()  # the feature columns' names, in order (a table's header; (): not said)
-
-
-MAX_COLUMN_NAMES = 1 << 20  # bytes of an announce's column names (JSON)
-
-
-def columns_digest(columns) -> bytes:
-    """What a site's signature covers of its column names (b"" when it names none)."""
-    return hashlib.sha256(json.dumps(list(columns)).encode()).digest() if columns else b""
-
-
-def encode_announce(site: str, public_key: bytes, n: int, labelled: np.ndarray, commitment: bytes,
-                    features: int = 0, identity: bytes = b"", signature: bytes = b"", columns=()) -> bytes:
-    return dump_bundle({"site": site, "public_key": public_key, "n": n, "labelled": labelled.astype(np.int64),
-                        "seed_commitment": commitment, "features": int(features),
-                        **({"identity": np.frombuffer(identity, np.uint8),
-                            "signature": np.frombuffer(signature, np.uint8)} if identity else {}),
-                        **({"columns": np.frombuffer(json.dumps(list(columns)).encode(), np.uint8)} if columns else {})})
-
-
-def decode_announce(data: bytes, max_bytes: int = 1 << 28) -> RosterEntry:
-    b = load_bundle(data, ("site", "public_key", "n", "labelled", "seed_commitment"), max_bytes, what="announce")
-    n = int(b["n"])
-    labelled = b["labelled"]
-    if n < 1:
-        raise ProtocolError("announce: a site must hold at least one point")
-    if labelled.ndim != 1 or labelled.dtype != np.int64 or (labelled.size and (labelled.min() < 0 or labelled.max() >= n)):
-        raise ProtocolError("announce: labelled rows must be distinct local indices in [0, n)")
-    if np.unique(labelled).size != labelled.size:
-        raise ProtocolError("announce: labelled rows repeat")
-    if b["public_key"].dtype != np.uint8 or b["public_key"].size != 32:
-        raise ProtocolError("announce: the public key must be 32 bytes (X25519)")
-    check_peer_public(b["public_key"].tobytes(), what="announce")
-    if b["seed_commitment"].dtype != np.uint8 or b["seed_commitment"].size != COMMITMENT_BYTES:
-        raise ProtocolError(f"announce: the seed commitment must be {COMMITMENT_BYTES} bytes")
-    features = int(b["features"]) if "features" in b else 0
-    if features < 0:
-        raise ProtocolError("announce: a negative number of features")
-    identity = b["identity"].tobytes() if "identity" in b else b""
-    signature = b["signature"].tobytes() if "signature" in b else b""
-    if identity and (len(identity) != 32 or len(signature) != 64):
-        raise ProtocolError("announce: an identity is a 32-byte Ed25519 key with a 64-byte signature")
-    columns: tuple[str, ...] = ()
-    if "columns" in b:
-        try:
-            if b["columns"].size > MAX_COLUMN_NAMES:
-                raise ValueError("too long")
-            columns = tuple(json.loads(b["columns"].tobytes().decode()))
-        except (ValueError, TypeError, UnicodeDecodeError):
-            raise ProtocolError("announce: the column names are a JSON list of strings") from None
-        if not all(isinstance(c, str) for c in columns) or len(columns) != features:
-            raise ProtocolError(f"announce: {len(columns)} column names for {features} features")
-    return RosterEntry(site=str(b["site"]), public_key=b["public_key"].tobytes(), n=n, labelled=labelled,
-                       commitment=b["seed_commitment"].tobytes(), features=features, identity=identity,
-                       signature=signature, columns=columns)
-
-
-STATS_FRAC_BITS = 32  # the standardisation sums' fixed point (crypto.fixedpoint.to_limbs: 96-bit limbs)
-CONSTANT_VAR = 1e-12  # a feature whose variance is below this (relative to max(1, μ²)) is constant
-
-
-def counts_length(params: JobParams, features: int) -> int:
-    """The counts sum's uint64 values: one per class, then (with `standardize`) the limbs of the
-    sites' point count, per-feature sums and sums of squares."""
-    return params.n_classes + (LIMBS * (1 + 2 * int(features)) if params.standardize else 0)
-
-
-def standardisation_stats(X: np.ndarray) -> np.ndarray:
-    """A site's share of the global moments: [n, Σx (per feature), Σx² (per feature)]."""
-    X = np.asarray(X, dtype=np.float64)
-    return np.concatenate([[float(X.shape[0])], X.sum(axis=0), (X * X).sum(axis=0)])
-
-
-def standardise(X: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X − μ)/σ with μ, σ of all sites' points, from the summed `standardisation_stats`; a feature
-    with no spread keeps σ = 1. Returns (standardised X, μ, σ)."""
-    d = X.shape[1]
-    n, s1, s2 = total[0], total[1:1 + d], total[1 + d:1 + 2 * d]
-    if n < 1:
-        raise ProtocolError("standardisation over no points")
-    mean = s1 / n
-    var = np.maximum(s2 / n - mean * mean, 0.0)
-    std = np.sqrt(var)
-    # Σx²/n − μ² cancels: a constant feature comes out at rounding noise (≈ 1e-16·μ² plus the sums'
-    # 2^-32 grain), not 0. Below this it is constant, and is only centred.
-    std[var <= CONSTANT_VAR * np.maximum(1.0, mean * mean)] = 1.0
-    return (np.asarray(X, dtype=np.float64) - mean) / std, mean, std
-
-
-def schema_outliers(entries: list[RosterEntry]) -> dict[str, str]:
-    """The job's data contract, checked by the coordinator of every driver before the roster goes out:
-    every site's points have the same number of features (LSH draws its hyperplanes for that many; a
-    site with one column more or less would be hashed against other hyperplanes, and its labels would
-    be wrong without any error). The sites whose count differs from the most common one (ties: the
-    first site's) leave the job, each with the reason."""
-    said = [e for e in entries if e.features]
-    if not said:
-        return {}
-    counts = [e.features for e in said]
-    agreed = max(dict.fromkeys(counts), key=counts.count)
-    out = {e.site: f"its points have {e.features} features, the job's other sites' have {agreed} (the data "
-                   "contract: every site the same columns, in the same order)" for e in said if e.features != agreed}
-    # Sites that name their columns (a table's header) must name the same ones, in the same order: a
-    # swapped pair of columns has the right count and gives wrong labels just as silently.
-    named = [e for e in said if e.columns and e.site not in out]
-    if named:
-        headers = [e.columns for e in named]
-        common = max(dict.fromkeys(headers), key=headers.count)
-        for e in named:
-            if e.columns != common:
-                out[e.site] = "its feature columns differ from the job's other sites': " + _column_difference(e.columns,
-                                                                                                               common)
-    return out
-
-
-def _column_difference(mine: tuple[str, ...], theirs: tuple[str, ...]) -> str:
-    """The first difference between two headers, in words."""
-    if sorted(mine) == sorted(theirs):
-        j = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-        return f"the same columns in another order (column {j + 1} is {mine[j]!r}, theirs {theirs[j]!r})"
-    extra, missing = [c for c in mine if c not in theirs], [c for c in theirs if c not in mine]
-    return "; ".join(part for part in (f"it has {extra[:5]} that they do not" if extra else "",
-                                       f"it lacks {missing[:5]}" if missing else "") if part)
-
-
-def encode_roster(announces: list[bytes]) -> bytes:
-    """The roster the coordinator hands to the sites: each participant's name, public key and size,
-    in site order. Which points are labelled is for the coordinator alone: it is stripped here."""
-    entries = [decode_announce(a) for a in announces]
-    public = [encode_announce(e.site, e.public_key, e.n, np.zeros(0, dtype=np.int64), e.commitment, e.features,
-                              e.identity, e.signature, e.columns) for e in entries]
-    return dump_bundle({"count": len(public), **{f"a{i}": a for i, a in enumerate(public)}})
-
-
-def decode_roster(data: bytes) -> list[RosterEntry]:
-    b = load_bundle(data, ("count",), 1 << 28, what="roster")
-    count = int(b["count"])
-    if not 2 <= count <= 10_000 or any(f"a{i}" not in b for i in range(count)):
-        raise ProtocolError("roster: malformed")
-    return [decode_announce(b[f"a{i}"].tobytes()) for i in range(count)]
-
-
-@dataclass
-class Layout:
-    """Where each site's points sit in the global order of the graph (sites in roster order)."""
-
-    sites: list[str]
-    sizes: list[int]
-
-    @property
-    def offsets(self) -> dict[str, int]:
-        out, at = {}, 0
-        for s, m in zip(self.sites, self.sizes):
-            out[s] = at
-            at += m
-        return out
-
-    @property
-    def n(self) -> int:
-        return int(sum(self.sizes))
-
-    def rows(self, site: str) -> np.ndarray:
-        o = self.offsets[site]
-        return np.arange(o, o + self.sizes[self.sites.index(site)])
-
-    def rows_of(self, sites: list[str]) -> np.ndarray:
-        return np.concatenate([self.rows(s) for s in sites]) if sites else np.zeros(0, dtype=np.int64)
-
-    def encode(self) -> bytes:
-        return dump_bundle({"sites": np.array(self.sites), "sizes": np.array(self.sizes, dtype=np.int64)})
-
-    @classmethod
-    def decode(cls, data: bytes) -> Layout:
-        b = load_bundle(data, ("sites", "sizes"), 1 << 24, what="layout")
-        return cls(sites=[str(s) for s in b["sites"]], sizes=[int(m) for m in b["sizes"]])
 
 
 class ChannelParty:
@@ -553,63 +113,6 @@ def simulation_contribution(seed: int, site: str) -> bytes:
 def simulation_noise_seed(seed: int, site: str) -> bytes:
     """The key of a simulated site's DP noise shares (reproducible runs only; agents draw os.urandom)."""
     return hashlib.sha256(f"xclp/simulation-noise/{seed}/{site}".encode()).digest()
-
-
-def far_field_rows(params: JobParams, mode: str, n: int) -> int:
-    """The far field's rows that a blocked graph's row sums carry after the graph's n score rows: r,
-    the basis's rank (push.basis_rank). Each site adds its c_j Y_j (r × C) there; the sum Σ_j c_j Y_j
-    comes back to every site under a mask the sites share and the coordinator cannot compute, so each
-    site needs the basis U only on its own rows (push.SiteColumns). 0 for an exact graph (its row sums
-    are as they always were) and for label-DP jobs (clipping a column needs it on every row: they get
-    the whole basis, and no far field). `mode`: the job's graph mode (every party computes it from the
-    roster)."""
-    if mode != "blocked" or params.dp:
-        return 0
-    return push.basis_rank(params.influence_rank, n)
-
-
-FAR_FIELD_PURPOSE = "row-sums-far"  # the shared mask over the far field's rows (SiteSession._far_mask)
-
-
-def encode_sparse_columns(cols: push.SparseColumns | push.SiteColumns) -> dict:
-    """A site's influence columns of a blocked graph: CSC entries, the basis (on its own rows, or with
-    label-DP on every row), its coefficients."""
-    x = cols.x.tocsc()
-    x.sort_indices()
-    return {"x_indptr": x.indptr.astype(np.int64), "x_indices": x.indices.astype(np.int64),
-            "x_data": x.data.astype(np.float64), "basis": np.ascontiguousarray(cols.basis, dtype=np.float64),
-            "coef": np.ascontiguousarray(cols.coef, dtype=np.float64)}
-
-
-def decode_sparse_columns(b: dict, n: int, l: int, basis_rows: int | None = None,
-                          rank: int | None = None) -> push.SparseColumns | push.SiteColumns:
-    """The columns `encode_sparse_columns` wrote, for n points and l labelled: with `basis_rows` < n the
-    basis on the site's own rows (push.SiteColumns, of `rank` columns), else on all n (SparseColumns)."""
-    import scipy.sparse as sp
-
-    basis_rows = n if basis_rows is None else basis_rows
-    need = ("x_indptr", "x_indices", "x_data", "basis", "coef")
-    if any(k not in b for k in need):
-        raise ProtocolError("influence: neither dense columns nor sparse ones")
-    indptr, indices, data = b["x_indptr"], b["x_indices"], b["x_data"]
-    basis, coef = b["basis"], b["coef"]
-    if indptr.dtype != np.int64 or indices.dtype != np.int64 or data.dtype != np.float64:
-        raise ProtocolError("influence: sparse columns of the wrong types")
-    if indptr.shape != (l + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != indices.size \
-            or data.shape != indices.shape or (indices.size and (indices.min() < 0 or indices.max() >= n)):
-        raise ProtocolError(f"influence: malformed sparse columns for {n} points and {l} labelled")
-    if basis.dtype != np.float64 or coef.dtype != np.float64 or basis.ndim != 2 or basis.shape[0] != basis_rows \
-            or coef.shape != (basis.shape[1], l):
-        raise ProtocolError(f"influence: a basis of shape {basis.shape} and coefficients of shape {coef.shape} do not "
-                            f"fit {l} columns over {basis_rows} rows")
-    if rank is not None and basis.shape[1] != rank:
-        raise ProtocolError(f"influence: a basis of rank {basis.shape[1]}, the job's far field has {rank} rows")
-    if not (np.all(np.isfinite(data)) and np.all(np.isfinite(basis)) and np.all(np.isfinite(coef))):
-        raise ProtocolError("influence: contains NaN or infinity")
-    x = sp.csc_matrix((data, indices, indptr), shape=(n, l))
-    if basis_rows == n:
-        return push.SparseColumns(x, basis, coef)
-    return push.SiteColumns(x, basis, coef)
 
 
 class SiteSession:
@@ -682,14 +185,14 @@ class SiteSession:
     def to_bytes(self) -> bytes:
         """The job's secrets and progress at this site, as bytes — not its points or labels, which a
         restore takes again from the site's data (`from_bytes`)."""
-        return _session_to_bytes(self)
+        return session_to_bytes(self)
 
     @classmethod
     def from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hamming: HammingProtocol | None = None,
                    identity: Identity | None = None, pins: Pins | None = None) -> SiteSession:
         """The session `to_bytes` saved, over the same X and y (refused otherwise): it goes on with the
         job exactly as the saved one would have."""
-        return _session_from_bytes(cls, data, X, y, hamming=hamming, identity=identity, pins=pins)
+        return session_from_bytes(cls, data, X, y, hamming=hamming, identity=identity, pins=pins)
 
     @property
     def labelled_rows(self) -> np.ndarray:
@@ -1121,6 +624,11 @@ class SiteSession:
             self.block_drivers[key] = (peer, PairDriver(self.blocks_party(peer, blocks, _round_of(key)), first))
         return self.block_drivers[key][1]
 
+    def restore_pair_driver(self, proto: HammingProtocol, peer: str, data: bytes) -> PairDriver:
+        """An exact graph's pair protocol with `peer`, as `PairDriver.state()` saved it (xclp.session_state)."""
+        return PairDriver.restore(data, lambda b: ChannelParty(proto.restore_party(self.bits, self.params.bits, b),
+                                                               self.channels[peer], "hamming"))
+
     def _restore_block_driver(self, key: str, peer: str, data: bytes) -> PairDriver:
         proto = self._hamming = self._hamming or hamming_protocol(self.params)
         if traits(self.params.crypto).runs_pairs:  # one party over our candidate rows
@@ -1285,7 +793,7 @@ class CoordinatorSession:
     blocked: blocked_graph.BlockedGraph | None = None
     degrees: np.ndarray | None = None
     # The job's graph mode where this session's roster is not the job's (the row sums: the graph's sites
-    # only; xclp.prediction_job.graph_mode); None: from the roster here.
+    # only; xclp.prediction_topics.graph_mode); None: from the roster here.
     mode: str | None = None
     # crypto="masked": distances of pair runs combined before (`receive_pair_run`), kept by the caller
     pair_cache: dict | None = None
@@ -1524,9 +1032,9 @@ class CoordinatorSession:
             raise ProtocolError(f"{site}: distances within the site must be symmetric with a zero diagonal")
         self.intra[site] = h
 
-    def receive_pairs(self, sites: list[str], shares: dict[tuple[str, str], dict[str, bytes]]) -> set[str]:
-        """Every pair's two shares over `sites` ({(a, b): {a: share, b: share}}): the sites to remove
-        (`blame`) where a share is missing or the two do not combine; every driver goes on without them."""
+    def receive_pairs(self, sites: list[str], shares: dict[tuple[str, str], dict[str, bytes]]) -> set[tuple[str, str]]:
+        """Every pair's two shares over `sites` ({(a, b): {a: share, b: share}}): the pairs where a share
+        is missing or the two do not combine (the machine blames sites for them: xclp.prediction_job.blame)."""
         order = [s for s in self.order if s in sites]
         incomplete = set()
         for a, b in self.pairs(order):
@@ -1539,7 +1047,7 @@ class CoordinatorSession:
             except ProtocolError as exc:
                 log.warning("pair (%s, %s): %s", a, b, exc)
                 incomplete.add((a, b))
-        return blame(order, incomplete)
+        return incomplete
 
     def receive_pair(self, a: str, b: str, share_a: bytes, share_b: bytes) -> None:
         if self.order.index(a) > self.order.index(b):
@@ -1646,167 +1154,3 @@ class CoordinatorSession:
         # a blocked graph's far field: every site gets its own rows and the (masked) Σ_j c_j Y_j
         return {s: dump_array(np.concatenate([total[self.layout.rows(s)], total[n:]])) for s in participants}
 
-
-# --- saved sessions ----------------------------------------------------------------------------------
-# A site's session saved to bytes and restored (SiteSession.to_bytes / from_bytes).
-#
-# A driver that keeps nothing between messages but a store of bytes (a Flower site: its node's
-# Context.state, xclp_flower/client_app.py) saves its session after each step and restores it at the
-# next, instead of replaying its earlier steps. What is saved is the job's secrets and progress — the
-# site's X25519 key, its seed contribution and noise secrets, the roster, every channel's sequence
-# numbers (never their keys: each is re-derived from the X25519 key and the roster), the seed and what
-# the phases have computed so far, the Paillier key's primes or the lattice master key, and every live
-# pair protocol's party with its turn-taking —; never the site's points or labels, which the driver
-# reloads from the site's data file (a digest of them is saved, and a restore over other data is
-# refused).
-#
-# No pickle: the bytes come back from a store that the site does not fully control, and must never be
-# able to run code. Every field is bytes, JSON or a .npy array read with allow_pickle=False
-# (crypto.state), and each part is read back by its own class (`state()` / `restore()` beside it).
-
-SESSION_STATE_VERSION = 1
-
-
-def session_data_digest(X: np.ndarray, y: np.ndarray) -> bytes:
-    """What the saved session was made over: a restore over other points or labels is refused."""
-    X, y = np.ascontiguousarray(X), np.ascontiguousarray(y)
-    h = hashlib.sha256(b"xclp/session-data/v1")
-    for a in (X, y):
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(a.tobytes())
-    return h.digest()
-
-
-def _session_to_bytes(s: SiteSession) -> bytes:
-    """`s` as bytes (SiteSession.to_bytes; see "saved sessions" above)."""
-    f: dict = {"version": SESSION_STATE_VERSION, "params": asdict(s.params), "site": s.site, "data": s._data_digest,
-               "key": s.keys.private_bytes(), "contribution": s._contribution, "phase": s.phase,
-               "sums": {k: [a, list(p)] for k, (a, p) in s._sums.items()}, "order": list(s.order),
-               "columns": list(s.columns)}
-    for name in ("_noise_seed", "_label_seed", "seed"):
-        if getattr(s, name) is not None:
-            f[name.lstrip("_")] = getattr(s, name)
-    for i, site in enumerate(s.order):
-        e = s.roster[site]
-        f[f"roster/{i}"] = encode_announce(e.site, e.public_key, e.n, e.labelled, e.commitment, e.features,
-                                           e.identity, e.signature, e.columns)
-    f["channels"] = {peer: ch.state() for peer, ch in s.channels.items()}
-    if s._seed is not None:
-        got = s._seed.received_from
-        f["seed_from"], f["seed_sent"] = got, s._seed._sent
-        for i, peer in enumerate(got):
-            f[f"seed_part/{i}"] = s._seed._contributions[peer]
-    influence = s._influence
-    if isinstance(influence, push.SparseColumns | push.SiteColumns):  # a blocked graph's: entries, basis, coefficients
-        f["influence_sparse"] = Nested(pack(encode_sparse_columns(influence)))
-        influence = None
-    arrays = {"global_counts": s.global_counts, "bits": s.bits, "influence": influence, "kept": s._kept,
-              "feature_mean": getattr(s, "feature_mean", None), "feature_std": getattr(s, "feature_std", None)}
-    f.update({k: v for k, v in arrays.items() if v is not None})
-    if s.layout is not None:
-        f["layout"] = s.layout.encode()
-    if s.result is not None:
-        f.update({"result/labels": s.result.labels, "result/confidence": s.result.confidence,
-                  "result/probabilities": s.result.probabilities})
-    if s._hamming is not None and hasattr(s._hamming, "state"):  # a job-wide secret (lattice: A's master key)
-        f["hamming"] = Nested(s._hamming.state())
-    if s._paillier_keys is not None:
-        f["paillier"] = [int(s._paillier_keys[1].p), int(s._paillier_keys[1].q)]
-    f["pairs"] = list(s.pair_drivers)
-    f["block_rounds"] = [[key, peer] for key, (peer, _) in s.block_drivers.items()]
-    f["kept_results"] = list(s.kept_results)
-    f["views_answered"] = s.views_answered
-    for i, kept in enumerate(s.kept_results.values()):
-        f[f"kept/{i}"] = Nested(kept.state())
-    for i, (_, driver) in enumerate(s.block_drivers.values()):
-        f[f"block_round/{i}"] = Nested(driver.state())
-    for i, driver in enumerate(s.pair_drivers.values()):
-        f[f"pair/{i}"] = Nested(driver.state())
-    return pack(f)
-
-
-def _session_from_bytes(cls, data: bytes, X: np.ndarray, y: np.ndarray, *, hamming=None, identity=None,
-                        pins=None) -> SiteSession:
-    """The session `_session_to_bytes` saved, over the site's points and labels (reloaded by the driver)."""
-    s = State(data, "site session")
-    if s.int("version") != SESSION_STATE_VERSION:
-        raise ProtocolError(f"a saved site session of version {s.int('version')}, this code reads {SESSION_STATE_VERSION}")
-    try:
-        params = JobParams(**s.json("params")).validate()
-    except TypeError as exc:
-        raise ProtocolError(f"a saved site session's parameters: {exc}") from None
-    opt = {k: (s.bytes(k) if k in s else None) for k in ("noise_seed", "label_seed")}
-    sess = cls(params, s.str("site"), X, y, keypair=SiteKeyPair.from_private_bytes(s.bytes("key", 32)),
-               contribution=s.bytes("contribution"), noise_seed=opt["noise_seed"], hamming=hamming,
-               identity=identity, pins=pins, label_seed=opt["label_seed"],
-               columns=[str(c) for c in s.json("columns")] if "columns" in s else None)
-    if sess._data_digest != s.bytes("data", 32):
-        raise ProtocolError(f"{sess.site}: the saved session was made over other points or labels than these "
-                            "(the site's data file changed during the job?)")
-    sess.phase = s.str("phase")
-    sess._sums = {k: (int(a), [str(p) for p in parts]) for k, (a, parts) in s.json("sums").items()}
-    sess.order = [str(x) for x in s.json("order")]
-    sess.roster = {site: decode_announce(s.bytes(f"roster/{i}")) for i, site in enumerate(sess.order)}
-    if [e.site for e in sess.roster.values()] != sess.order:
-        raise ProtocolError(f"{sess.site}: a saved roster that does not match its order")
-    sess.channels = {peer: Channel.from_state(sess._pair_key(peer, "channel", 0), st)
-                     for peer, st in s.json("channels").items()}
-    if "seed_from" in s:
-        sess._seed = SeedAgreement(sess.site, sess.order, params.job_id, sess.channels,
-                                   contribution=sess._contribution,
-                                   commitments={e.site: e.commitment for e in sess.roster.values() if e.site != sess.site})
-        for i, peer in enumerate(s.json("seed_from")):
-            sess._seed._contributions[peer] = s.bytes(f"seed_part/{i}", 32)
-        sess._seed._sent = s.bool("seed_sent")
-    sess.seed = s.bytes("seed", 32) if "seed" in s else None
-    sess.global_counts = s.optional_array("global_counts")
-    if "feature_mean" in s:  # the standardisation the counts phase applied, applied again to the reloaded X
-        d = sess.X.shape[1]
-        sess.feature_mean = s.array("feature_mean", np.float64, (d,))
-        sess.feature_std = s.array("feature_std", np.float64, (d,))
-        sess.X = (sess.X - sess.feature_mean) / sess.feature_std
-    sess.bits = s.optional_array("bits", np.uint8, (sess.X.shape[0], None))
-    sess.layout = Layout.decode(s.bytes("layout")) if "layout" in s else None
-    sess._influence = s.optional_array("influence", np.float64)
-    if "influence_sparse" in s:
-        if sess.layout is None:
-            raise ProtocolError(f"{sess.site}: saved influence columns without the graph's layout")
-        cols = s.state("influence_sparse")
-        sess._influence = sess._decode_sparse({k: cols.array(k) for k in ("x_indptr", "x_indices", "x_data", "basis",
-                                                                           "coef")})
-    sess._kept = s.optional_array("kept")
-    if "result/labels" in s:
-        sess.result = Prediction(s.array("result/labels"), s.array("result/confidence"),
-                                 s.array("result/probabilities"))
-    if "hamming" in s:
-        sess._hamming = (hamming or hamming_protocol(params)).restore(s.nested("hamming"))
-    if "paillier" in s:
-        from crypto.paillier_hamming import keypair_from_primes
-
-        p, q = s.json("paillier")
-        sess._paillier_keys = keypair_from_primes(p, q)
-    for i, peer in enumerate(s.json("kept_results") if "kept_results" in s else []):  # before the rounds that use them
-        if peer not in sess.channels:
-            raise ProtocolError(f"{sess.site}: saved kept results with {peer!r}, not a peer of its roster")
-        sess.kept_results[str(peer)] = KeptResults.restore(s.nested(f"kept/{i}"))
-    answered = s.json("views_answered") if "views_answered" in s else {}
-    if not isinstance(answered, dict) or any(p not in sess.channels or not isinstance(v, list)
-                                             or not all(isinstance(d, str) for d in v) for p, v in answered.items()):
-        raise ProtocolError(f"{sess.site}: a malformed saved list of answered views")
-    sess.views_answered = {str(p): list(v) for p, v in answered.items()}
-    for i, (key, peer) in enumerate(s.json("block_rounds") if "block_rounds" in s else []):
-        if peer not in sess.channels or sess.bits is None:
-            raise ProtocolError(f"{sess.site}: a saved block round with {peer!r}, not a peer of its roster")
-        sess.block_drivers[str(key)] = (str(peer), sess._restore_block_driver(str(key), str(peer),
-                                                                             s.nested(f"block_round/{i}")))
-    peers = s.json("pairs")
-    if peers:
-        proto = sess._hamming = sess._hamming or hamming_protocol(params)
-        for i, peer in enumerate(peers):
-            if peer not in sess.channels or sess.bits is None:
-                raise ProtocolError(f"{sess.site}: a saved pair protocol with {peer!r}, not a peer of its roster")
-            sess.pair_drivers[peer] = PairDriver.restore(
-                s.nested(f"pair/{i}"),
-                lambda b, peer=peer: ChannelParty(proto.restore_party(sess.bits, params.bits, b),
-                                                  sess.channels[peer], "hamming"))
-    return sess

@@ -14,16 +14,12 @@ from collections.abc import Callable
 import numpy as np
 
 from xclp.data import Dataset
+from xclp.job_params import JobParams
 from xclp.measured import ByteMeter, SimulationResult, split_by_site  # noqa: F401 — (also this module's API)
 from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictSite, PredictState
+from xclp.prediction_topics import topic_phase
 from xclp.propagation import Prediction
-from xclp.protocol import (
-    JobParams,
-    SiteSession,
-    simulation_contribution,
-    simulation_noise_seed,
-    topic_phase,
-)
+from xclp.protocol import SiteSession, simulation_contribution, simulation_noise_seed
 
 
 def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,

@@ -105,7 +105,7 @@ def child_params(run: dict, parent: str, job: str):
 
 def child_refusal(run: dict | None, offer: Offer) -> str | None:
     """Why `offer` is not an XCLP job of the training run `run` as this site accepted it (None: it is)."""
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     parent = str(offer.parent)
     if run is None:

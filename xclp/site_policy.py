@@ -109,7 +109,7 @@ class SitePolicy:
                         f"ε ≤ {self.max_epsilon:g} (--max-epsilon), takes part only where it adds the noise itself")
             eps, delta = cfg.get("dp_epsilon"), cfg.get("dp_delta", 1e-5)
         else:
-            from xclp.protocol import JobParams
+            from xclp.job_params import JobParams
 
             privacy = JobParams(**params).privacy()
             eps, delta = privacy.get("epsilon"), privacy.get("delta", params.get("dp_delta", 1e-5))

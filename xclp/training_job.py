@@ -51,9 +51,10 @@ from crypto.errors import ProtocolError
 from crypto.identity import check_keys, key_digest
 from crypto.keys import SiteKeyPair, check_peer_public
 from xclp.data import DataError
-from xclp.prediction_job import COORDINATOR, Inadmissible, Mailbox, Send
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Inadmissible, Mailbox, Send
 from xclp.privacy.ledger import PrivacyLedger
-from xclp.protocol import REFUSE, JobParams, read_refusal
+from xclp.refusal import REFUSE, read_refusal
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.double_masking import (

@@ -64,7 +64,7 @@ def entry_cap(round_: int, k: int, tables: int, max_bucket: int) -> int:
 
 
 def round_cap(params, round_: int) -> int:
-    """`entry_cap` of a job's parameters (xclp.protocol.JobParams)."""
+    """`entry_cap` of a job's parameters (xclp.job_params.JobParams)."""
     return entry_cap(round_, params.k, params.blocking_tables, params.max_bucket)
 
 

@@ -57,12 +57,15 @@ from crypto.state import State, pack
 from xclp.data import DataError
 from xclp.datafile import Columns, parse_column_list
 from xclp.job_files import job_file
-from xclp.prediction_job import DictInbox, PredictSite, PredictState, Send
+from xclp.job_params import JobParams
+from xclp.mail import Send
+from xclp.prediction_job import DictInbox, PredictSite, PredictState
 from xclp.privacy.site_ledger import SiteLedger, data_digest, params_digest
-from xclp.protocol import JobParams, SiteSession
+from xclp.protocol import SiteSession
 from xclp.site_admission import PREDICT, Offer, SiteAdmission
 from xclp.site_policy import PolicyError, SitePolicy
 from xclp.training.holdout import DEFAULT_HOLDOUT, training_labels
+from xclp.training.options import ALGORITHMS
 from xclp_flower import flag
 
 STATE = "xclp"  # the node's record for an XCLP job J, "xclp:J": its parameters, saved session and what it sent
@@ -138,7 +141,7 @@ class FlowerSite:
         # a training run's labels: without a truth column, its held-out points' labels hidden
         # (xclp.training.holdout), for its rounds and its XCLP jobs alike; a prediction run uses them all
         run = context.run_config
-        training = str(run.get("algorithm") or "predict") != "predict"
+        training = str(run.get("algorithm") or "") in ALGORITHMS  # a training algorithm's name, not "predict"
         held = training_labels(y, y_true, float(run.get("holdout", DEFAULT_HOLDOUT)) if training else 0.0,
                                seed=int(run.get("seed") or 0), site=self.name)
         self.y, self.y_true, self.scored_on = held.y, held.truth, held.on
@@ -393,8 +396,8 @@ def _arrived(step: ConfigRecord) -> dict[tuple[str, str], bytes]:
     """The messages a round brought ("in:SENDER:TOPIC" → body), by (sender, topic)."""
     out = {}
     for key in step:
-        kind, _, rest = str(key).partition(":")
-        if kind == "in":
+        direction, _, rest = str(key).partition(":")
+        if direction == "in":
             sender, _, topic = rest.partition(":")
             out[(sender, topic)] = bytes(step[key])
     return out

@@ -28,16 +28,10 @@ from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import MAX_PAIR_MESSAGES
-from xclp.prediction_job import (
-    COORDINATOR,
-    Inadmissible,
-    MemoryMailbox,
-    PredictCoordinator,
-    PredictState,
-    Send,
-    admit,
-)
-from xclp.protocol import REFUSE, JobParams, refusal
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Inadmissible, Send
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, admit
+from xclp.refusal import REFUSE, refusal
 
 MESSAGE_TYPE = "query.xclp"
 POLL_SECONDS = 0.5  # how often a round asks the SuperLink for its replies (Flower's own loop: 3 s)
@@ -283,8 +277,8 @@ def take_replies(replies: dict, mail: MemoryMailbox, check: Callable[[str, str, 
     moved = False
     for x, rec in replies.items():
         for key in rec:
-            kind, _, rest = str(key).partition(":")
-            if kind != "out":
+            direction, _, rest = str(key).partition(":")
+            if direction != "out":
                 continue
             to, _, topic = rest.partition(":")
             body = bytes(rec[key])

@@ -33,7 +33,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from crypto.errors import ProtocolError
-from xclp.protocol import JobParams
+from xclp.job_kinds import job_kind
+from xclp.job_options import JOB_OPTIONS
+from xclp.job_params import JobParams
 from xclp.training.options import TRAINING_OPTIONS
 from xclp_flower import flag
 from xclp_flower.prediction import MESSAGE_TYPE, FlowerLink, FlowerXCLP, SiteFailed  # noqa: F401 — re-exported
@@ -53,6 +55,16 @@ TRAIN_KEYS = {"algorithm": str, "model": str, "public-sha256": str, "public-size
               "secure-aggregation": lambda v: flag(v, "secure-aggregation"),
               **{o.key: o.check for o in TRAINING_OPTIONS}}
 
+# The job's keys of the run config: the class count, and every XCLP job option (xclp.job_options), each
+# read with its option's own check (type and bounds) — a k out of bounds is refused here as by the REST
+# schema and the command line.
+JOB_KEYS = {"classes": int, **{o.key: (lambda v, o=o: flag(v, o.key)) if o.type is bool else o.check for o in JOB_OPTIONS}}
+
+# What the run config's `algorithm` runs: a prediction job, or a training algorithm's rounds (each a kind
+# of job of the registry, xclp.job_kinds: a driver asks it, never compares the name).
+PREDICT = "predict"
+RUNS = {PREDICT: job_kind(PREDICT), **{a: job_kind("train") for a in ALGORITHMS}}
+
 RUN_KEYS = {"timeout": float, "nodes": int, "max-missed-rounds": int}  # how the ServerApp runs, for any job
 
 # A Flower app declares every run config key with a value (TOML has no null): 0 or "" stands for "the
@@ -62,10 +74,7 @@ ZERO_IS_DEFAULT = {"model", "local-epochs", "dp-delta"} | {o.key for o in TRAINI
 
 def params_from(run_config: dict, run_id: int) -> JobParams:
     """The job's parameters from the run config (`flwr run --run-config "crypto='lattice' bits=1024"`)."""
-    known = {"crypto": str, "bits": int, "k": int, "alpha": float, "classes": int, "power": float,
-             "key-bits": int, "standardize": lambda v: flag(v, "standardize"),
-             # the graph (docs/scale.md): exact | blocked | auto, and the blocked graph's knobs
-             "graph": str, "blocking-tables": int, "max-bucket": int, "descent-rounds": int, "influence-rank": int}
+    known = JOB_KEYS
     bad = sorted(set(run_config) - set(known) - set(TRAIN_KEYS) - set(RUN_KEYS))
     if bad:
         raise ValueError(f"unknown run config key(s) {bad}; known: {sorted(known | TRAIN_KEYS | RUN_KEYS)}")
@@ -85,10 +94,10 @@ def main(grid: Grid, context: Context) -> None:
     timeout, nodes = float(cfg.get("timeout", 600)), int(cfg.get("nodes", 2))
     try:
         params = params_from(cfg, context.run_id)
-        algorithm = str(cfg.get("algorithm", "predict"))
-        if algorithm not in ("predict", *ALGORITHMS):
-            raise ValueError(f"run config algorithm must be 'predict' or one of {ALGORITHMS}, got {algorithm!r}")
-        if algorithm == "predict":
+        algorithm = str(cfg.get("algorithm", PREDICT))
+        if algorithm not in RUNS:
+            raise ValueError(f"run config algorithm must be {PREDICT!r} or one of {ALGORITHMS}, got {algorithm!r}")
+        if not RUNS[algorithm].rounds:
             summary = FlowerXCLP(grid, params, timeout, say=print, nodes=nodes).run(end_run=True)
         else:
             # the training keys as the strategies' options (sites-per-round → sites_per_round)

@@ -28,9 +28,10 @@ from dataclasses import asdict
 from flwr.serverapp import Grid
 
 from crypto.errors import ProtocolError
-from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
+from xclp.mail import COORDINATOR, Send
+from xclp.prediction_job import MemoryMailbox
 from xclp.privacy.ledger import no_privacy
-from xclp.protocol import REFUSE, refusal
+from xclp.refusal import REFUSE, refusal
 from xclp.training.algorithms import STRATEGIES
 from xclp.training_job import BROADCAST, RunSpec, StartXCLP, TrainCoordinator, TrainState
 from xclp_flower.prediction import FlowerLink, FlowerXCLP, SiteFailed, take_replies

@@ -28,7 +28,7 @@ from flwr.app import ConfigRecord
 
 from crypto.errors import ProtocolError
 from xclp.data import DataError
-from xclp.prediction_job import Send
+from xclp.mail import Send
 from xclp.site_admission import TRAIN, Offer
 from xclp.training.algorithms import strategy_for
 from xclp.training.strategy import Strategy
@@ -210,8 +210,8 @@ def train_step(site, step: ConfigRecord) -> tuple[ConfigRecord, dict[str, Config
                for name in (KEEP, STORE, INBOX)}
     inbox_map = RecordMap(records[INBOX])
     for key in step:
-        kind, _, rest = str(key).partition(":")
-        if kind == "in":
+        direction, _, rest = str(key).partition(":")
+        if direction == "in":
             to, _, topic = rest.partition(":")
             if to not in (site.name, "*"):
                 raise ProtocolError(f"{site.name}: a message for {to} in this site's inbox")

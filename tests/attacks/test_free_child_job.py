@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from clients.agent import Agent
+from xclp.job_params import JobParams
 from xclp.privacy.site_ledger import SiteLedger
-from xclp.protocol import JobParams
 from xclp.site_admission import AcceptedRuns, Offer, SiteAdmission, child_params
 from xclp.site_policy import PolicyError, SitePolicy
 

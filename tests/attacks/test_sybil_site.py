@@ -16,7 +16,7 @@ from clients.api import CoordinatorClient
 from crypto.identity import Identity
 from service.app import Settings, create_app
 from xclp.data import load_arrays
-from xclp.protocol import REFUSE
+from xclp.refusal import REFUSE
 from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
 
@@ -94,7 +94,7 @@ def test_without_a_membership_or_the_flag_an_agent_takes_part_with_no_peer(tmp_p
 
 def test_flower_nodes_refuse_a_run_with_a_node_outside_their_membership(tmp_path):
     pytest.importorskip("flwr")
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp_flower.client_app import app as client_app
     from xclp_flower.grid import InProcessGrid
     from xclp_flower.server_app import FlowerXCLP, SiteFailed

@@ -14,7 +14,8 @@ from training_helpers import FedAvgWork, draws, masked_federation, toy_site
 
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
-from xclp.prediction_job import COORDINATOR, MemoryMailbox
+from xclp.mail import COORDINATOR
+from xclp.prediction_job import MemoryMailbox
 from xclp.training import double_masking as dm
 from xclp.training import secure_aggregation as secagg
 from xclp.training.fedavg import FedAvgConfig, FedAvgStrategy, Site, aggregate, open_masked_round, site_upload

@@ -233,7 +233,7 @@ def test_L_8192_has_parameters():
 
 
 def test_a_job_past_the_lattice_limit_is_refused_at_validation():
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     JobParams(job_id="j", n_classes=2, bits=lh.MAX_BITS, crypto="lattice").validate()
     with pytest.raises(ValueError, match="lattice.*8192"):

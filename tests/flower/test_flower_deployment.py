@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]' (.ci/run installs it)")
 
 from xclp.data import load_arrays  # noqa: E402
-from xclp.protocol import JobParams  # noqa: E402
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
 from xclp_flower.deployment import APP, LocalFlower  # noqa: E402

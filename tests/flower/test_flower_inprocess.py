@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]' (.ci/run installs it)")
 
 from xclp.data import load_arrays  # noqa: E402
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictState  # noqa: E402
-from xclp.protocol import JobParams  # noqa: E402
 from xclp.simulation import run_xclp  # noqa: E402
 from xclp.splits import simulate_sites  # noqa: E402
 from xclp_flower.client_app import app as client_app  # noqa: E402
@@ -378,7 +378,7 @@ def test_a_job_id_that_is_a_path_is_refused_at_the_sites_and_writes_nothing(fede
 
 def test_shares_that_do_not_combine_are_blamed_alike_in_flower_and_the_simulation(federation, monkeypatch):
     # The engine blamed the site and went on; Flower failed the whole job. Now both follow the core's
-    # rule (xclp.protocol.blame): the site leaves the graph, the others get the simulation's labels.
+    # rule (xclp.prediction_job.blame): the site leaves the graph, the others get the simulation's labels.
     from svc import plant_bad_shares
 
     ds, configs = federation

@@ -12,7 +12,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e
 from clients.site_state import load_site  # noqa: E402
 from xclp.data import make_dataset  # noqa: E402
 from xclp.datafile import Columns  # noqa: E402
-from xclp.protocol import JobParams  # noqa: E402
+from xclp.job_params import JobParams
 from xclp.schema import Schema, with_schema  # noqa: E402
 from xclp.simulation import run_xclp  # noqa: E402
 from xclp_flower.client_app import app as client_app  # noqa: E402

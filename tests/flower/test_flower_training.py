@@ -278,7 +278,8 @@ def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
 def start_the_run(link, sites, algorithm, config):
     """A training run's start sent by hand to every site, as FlowerTraining's coordinator machine sends
     it (xclp_flower/training_site.py): (the run's settings, the run's machine, its mailbox, the replies)."""
-    from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
+    from xclp.mail import COORDINATOR, Send
+    from xclp.prediction_job import MemoryMailbox
     from xclp.training_job import RunSpec, TrainCoordinator, TrainState
     from xclp_flower.training_site import MESSAGE_TYPE, step_fields
 
@@ -351,7 +352,7 @@ def test_a_serverapp_cannot_repeat_rounds_add_rounds_or_change_the_runs_settings
 
 
 def test_the_xclp_jobs_of_a_run_share_one_label_randomization(federation):
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
     from xclp_flower.server_app import FlowerLink, FlowerXCLP
 
     ds, _, configs, _ = federation

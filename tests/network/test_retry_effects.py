@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_a_request_whose_answer_is_lost_has_one_effect(tmp_path):
     from crypto.keys import SiteKeyPair
-    from xclp.protocol import encode_announce
+    from xclp.announce import encode_announce
 
     X, y = load_arrays("digits", limit=60, seed=1)
     ds = simulate_sites(X, y, 2, "iid", 0.2, seed=1)

@@ -17,7 +17,7 @@ from svc import ProcessCluster
 
 from netsim.cluster import NetClusterMixin
 from xclp.data import load_arrays
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 

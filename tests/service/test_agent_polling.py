@@ -89,7 +89,7 @@ def test_waiting_for_pair_messages_asks_only_for_them(rig):
 
 def test_a_long_poll_returns_the_message_or_404(app_client):
     from crypto.keys import SiteKeyPair
-    from xclp.protocol import encode_announce
+    from xclp.announce import encode_announce
 
     heads = {}
     for s in ("a", "b"):

@@ -4,7 +4,7 @@ import numpy as np
 from svc import ADMIN, add, admin_headers, announce_all, message_count
 
 from crypto.keys import SiteKeyPair
-from xclp.protocol import encode_announce
+from xclp.announce import encode_announce
 from xclp.wire import dump_array
 
 

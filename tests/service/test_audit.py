@@ -107,7 +107,7 @@ def test_each_action_is_recorded_with_the_operator_whose_token_did_it(client):
 
 
 def test_a_site_s_refusal_and_a_dashboard_login_are_recorded(client):
-    from xclp.protocol import REFUSE, refusal
+    from xclp.refusal import REFUSE, refusal
 
     tokens = {s: client.post("/sites", json={"name": s}, headers=_h(ADMIN)).json()["token"] for s in ("a", "b", "c")}
     job = client.post("/jobs", json={"sites": ["a", "b", "c"], "crypto": "plaintext", "classes": 2},

@@ -16,7 +16,7 @@ from service.app import Settings, create_app
 from service.blobs import BlobStore, blob_key, default_blob_dir
 from service.db import Message
 from xclp.data import load_arrays
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp
 from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from crypto.errors import ProtocolError
+from xclp.job_params import JobParams
 from xclp.prediction_topics import _check_blocked_input
-from xclp.protocol import JobParams
 from xclp.wire import dump_array, dump_bundle
 
 P = JobParams(job_id="j", n_classes=3, bits=64, k=4, graph="blocked", blocking_tables=8)

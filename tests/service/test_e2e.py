@@ -16,7 +16,7 @@ import pytest
 from svc import ProcessCluster, cluster_fixture
 
 from xclp.data import load_arrays
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp, unlabelled_accuracy
 from xclp.splits import simulate_sites
 

@@ -13,8 +13,8 @@ from clients.api import CoordinatorClient
 from crypto.errors import ProtocolError
 from service.app import Settings, create_app
 from xclp.data import load_arrays
+from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator
-from xclp.protocol import JobParams
 from xclp.simulation import run_xclp
 from xclp.site_policy import SitePolicy
 from xclp.splits import simulate_sites
@@ -256,7 +256,7 @@ def test_a_site_that_requires_dp_refuses_jobs_without_a_budget_or_above_its_own(
 
 
 def test_shares_that_do_not_combine_are_blamed_as_in_the_simulation(rig, monkeypatch):
-    """The engine's side of the rule that Flower and the simulation follow too (xclp.protocol.blame)."""
+    """The engine's side of the rule that Flower and the simulation follow too (xclp.prediction_job.blame)."""
     import json
 
     from svc import plant_bad_shares
@@ -374,7 +374,7 @@ def test_a_coordinator_that_swaps_a_sites_key_is_refused_by_the_other_sites(rig,
     import xclp.prediction_job as machine  # the coordinator's machine that every driver runs
     from crypto.identity import Identity, announce_digest
     from crypto.keys import SiteKeyPair
-    from xclp.protocol import decode_announce, encode_announce
+    from xclp.announce import decode_announce, encode_announce
 
     ds, admin, agents = rig
     victim = ds.sites[2]

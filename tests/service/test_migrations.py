@@ -25,7 +25,7 @@ from clients.api import CoordinatorClient
 from service.db import Base, make_engine
 from service.migrate import BASELINE, LEGACY, head, open_database, schema_state
 from xclp.data import load_arrays
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 

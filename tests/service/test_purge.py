@@ -73,7 +73,7 @@ def _files(folder: Path) -> bytes:
 def _run_job(c, marker: str):
     """A 3-site prediction job: a and b run it to the end, c refuses it at once with `marker` in its reason
     (an upload whose bytes the test knows)."""
-    from xclp.protocol import REFUSE, refusal
+    from xclp.refusal import REFUSE, refusal
 
     tokens = {s: c.admin.add_site(s)["token"] for s in c.ds.sites}
     a, b, gone = c.ds.sites

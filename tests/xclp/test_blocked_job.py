@@ -11,16 +11,9 @@ from crypto import lattice_blocks, lattice_hamming
 from xclp import graph as graphs
 from xclp import lsh
 from xclp.data import load_arrays
-from xclp.prediction_job import (
-    COORDINATOR,
-    Inadmissible,
-    MemoryMailbox,
-    PredictCoordinator,
-    PredictState,
-    Send,
-    admit,
-)
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Inadmissible, Send
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, admit
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
@@ -232,7 +225,7 @@ def test_descent_rounds_are_answered_from_the_first_rounds_kept_results(ds):
     # wholly so, and the labels are the plaintext job's — with fewer bytes than every round afresh
     from crypto.lattice_blocks import BlockView
     from xclp.block_protocol import KeptPlan, decode_plan
-    from xclp.protocol import Topic
+    from xclp.prediction_topics import Topic
 
     params = JobParams(job_id="kept", crypto="lattice", **{**BLOCKED, "descent_rounds": 2})
     coord, sites = machines(ds, params)

@@ -5,7 +5,8 @@ import pytest
 
 from xclp import blocking, lsh
 from xclp import graph as graphs
-from xclp.protocol import CoordinatorSession, JobParams
+from xclp.job_params import JobParams
+from xclp.protocol import CoordinatorSession
 from xclp.simulation import run_xclp, unlabelled_accuracy
 from xclp.splits import simulate_sites
 
@@ -136,7 +137,8 @@ def exact_knn_of_job(ds, st):
 def test_packed_blocks_party_and_receive_packed_blocks_refuse_what_is_not_one_pair_of_theirs():
     from crypto.errors import ProtocolError
     from crypto.hamming_api import exchange
-    from xclp.protocol import SiteSession, decode_roster, encode_roster
+    from xclp.announce import decode_roster, encode_roster
+    from xclp.protocol import SiteSession
 
     rng = np.random.default_rng(0)
     names = ("a", "b", "c")

@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS
-from xclp.protocol import CRYPTO_CHOICES, JobParams, hamming_protocol
+from xclp.job_params import CRYPTO_CHOICES, JobParams, hamming_protocol
 
 JOB = ["--coordinator", "http://x", "--sites", "a,b", "--classes", "10"]
 

@@ -10,10 +10,13 @@ from crypto.errors import ProtocolError
 from crypto.fixedpoint import decode
 from xclp import push
 from xclp.data import load_arrays
-from xclp.prediction_job import COORDINATOR, MemoryMailbox, PredictCoordinator, PredictSite, PredictState, Topic
+from xclp.far_field import far_field_rows
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictSite, PredictState, Topic
 from xclp.prediction_topics import check_body
 from xclp.propagation import UNLABELLED, label_matrix
-from xclp.protocol import JobParams, SiteSession, far_field_rows
+from xclp.protocol import SiteSession
 from xclp.splits import simulate_sites
 from xclp.wire import dump_array, load_array, load_bundle
 

@@ -31,7 +31,7 @@ class _Announces:
     """A mailbox holding only the sites' announces (all a prediction job's size limits read)."""
 
     def __init__(self, sizes: dict[str, int]):
-        from xclp.protocol import encode_announce
+        from xclp.announce import encode_announce
 
         self.bodies = {s: encode_announce(s, b"k" * 32, n, np.zeros(0, np.int64), b"c" * 32, features=4)
                        for s, n in sizes.items()}
@@ -42,9 +42,9 @@ class _Announces:
 
 
 def test_a_prediction_jobs_limits_opaque_bodies_and_pruning_come_from_its_kind():
+    from xclp.job_params import JobParams
     from xclp.prediction_job import PredictState
     from xclp.prediction_topics import SLACK
-    from xclp.protocol import JobParams
 
     predict, train = job_kind("predict"), job_kind("train")
     params = JobParams(job_id="j", n_classes=3, k=5, bits=64, blocking_tables=4)
@@ -63,3 +63,21 @@ def test_a_prediction_jobs_limits_opaque_bodies_and_pruning_come_from_its_kind()
     assert not predict.prunes(state) and not any(predict.obsolete(t, state) for t in topics)
     state.status = "done"
     assert predict.prunes(state) and [t for t in topics if predict.obsolete(t, state)] == ["pair/a/b/0", "bpair/1/a/b/0"]
+
+
+def test_what_differs_between_the_kinds_is_a_trait_a_driver_asks():
+    """The drivers ask these instead of comparing a job's kind with a name (tests/test_layers.py)."""
+    from xclp.mail import Inadmissible
+    from xclp.prediction_job import PredictState
+
+    train, predict = job_kind("train"), job_kind("predict")
+    assert train.rounds and train.admits_with_body and not train.phase_deadlines
+    assert not predict.rounds and not predict.admits_with_body and predict.phase_deadlines
+    params = predict.params({"job_id": "j", "n_classes": 2})
+    assert params.k == 10 and train.params({"algorithm": "fedavg"}) is None
+    assert predict.privacy({"job_id": "j", "n_classes": 2}) == params.privacy() and train.privacy({}) == {}
+    state = PredictState.new(["a", "b"])
+    predict.admit(params, state, None, "a", "coordinator", "announce")  # setup: an announce is the order's next
+    with pytest.raises(Inadmissible):
+        predict.admit(params, state, None, "a", "coordinator", "rows/0")  # not in setup
+    train.admit(None, None, None, "a", "coordinator", "anything")  # admitted with its body, by the machine

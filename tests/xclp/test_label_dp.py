@@ -10,10 +10,11 @@ import pytest
 import xclp.protocol as protocol
 from cli.main import main
 from xclp.data import load_arrays
+from xclp.job_params import JobParams
 from xclp.privacy import label_dp
 from xclp.privacy import randomized_response as rr
 from xclp.privacy.ledger import gaussian_epsilon
-from xclp.protocol import JobParams, SiteSession
+from xclp.protocol import SiteSession
 from xclp.simulation import run_xclp, unlabelled_accuracy
 from xclp.splits import simulate_sites
 

@@ -10,8 +10,10 @@ from prediction_rig import drive, finish, labels_equal_plaintext, machines, roun
 from crypto.errors import ProtocolError, ViewRefused
 from crypto.masked_hamming import PairView, pair_views
 from xclp.data import load_arrays
-from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState, Send
-from xclp.protocol import JobParams, SiteSession
+from xclp.job_params import JobParams
+from xclp.mail import Send
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictState
+from xclp.protocol import SiteSession
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 

@@ -8,7 +8,8 @@ import pytest
 from cli.main import main
 from crypto.seed import derive_seed
 from xclp.data import load_arrays
-from xclp.protocol import JobParams, simulation_contribution
+from xclp.job_params import JobParams
+from xclp.protocol import simulation_contribution
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
@@ -217,7 +218,7 @@ def test_simulated_dropouts_follow_the_spec(small_sites):
 
 def test_the_roster_sites_receive_hides_labelled_positions():
     from crypto.keys import SiteKeyPair
-    from xclp.protocol import decode_roster, encode_announce, encode_roster
+    from xclp.announce import decode_roster, encode_announce, encode_roster
 
     announces = [encode_announce(s, SiteKeyPair.generate().public_bytes(), 5, np.array([1, 3]), bytes(32)) for s in ("a", "b")]
     roster = decode_roster(encode_roster(announces))
@@ -229,7 +230,8 @@ def test_a_label_count_total_whose_masks_do_not_cancel_is_always_refused():
     # A total masked for another attempt decodes to uniform 64-bit values. Checking only their sign
     # let one in four through with two classes; no count can exceed the roster's points.
     from crypto.errors import ProtocolError
-    from xclp.protocol import CoordinatorSession, JobParams, SiteSession
+    from xclp.job_params import JobParams
+    from xclp.protocol import CoordinatorSession, SiteSession
 
     rng = np.random.default_rng(0)
     refused = 0
@@ -260,7 +262,8 @@ def test_a_site_session_refuses_a_seed_contribution_other_than_the_committed_one
     """Issue 13, fault 6: the announce commits to the contribution; a site that swaps it after the
     roster (after reading the others') is refused by every peer instead of steering the LSH seed."""
     from crypto.errors import ProtocolError
-    from xclp.protocol import CoordinatorSession, JobParams, SiteSession
+    from xclp.job_params import JobParams
+    from xclp.protocol import CoordinatorSession, SiteSession
 
     rng = np.random.default_rng(1)
     params = JobParams(job_id="steer", n_classes=2, bits=64, crypto="ot")

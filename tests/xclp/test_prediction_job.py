@@ -7,17 +7,12 @@ from prediction_rig import drive
 from prediction_rig import machines as _machines
 
 from xclp.data import load_arrays
-from xclp.prediction_job import (
-    COORDINATOR,
-    Inadmissible,
-    MemoryMailbox,
-    PredictCoordinator,
-    PredictSite,
-    PredictState,
-    Send,
-    admit,
-)
-from xclp.protocol import REFUSE, JobParams, SiteSession, Topic, refusal
+from xclp.job_params import JobParams
+from xclp.mail import COORDINATOR, Inadmissible, Send
+from xclp.prediction_job import MemoryMailbox, PredictCoordinator, PredictSite, PredictState, admit
+from xclp.prediction_topics import Topic
+from xclp.protocol import SiteSession
+from xclp.refusal import REFUSE, refusal
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
@@ -153,7 +148,7 @@ def test_a_site_whose_columns_are_another_order_or_others_is_left_out_naming_the
         assert {m.recipient for m in out if m.topic == "roster"} == {"site0", "site1"}
         # ... and a site checks the roster itself: one that mixes headers is refused
         roster = [m.body for m in out if m.topic == "roster"][0]
-        from xclp.protocol import decode_roster, encode_roster
+        from xclp.announce import decode_roster, encode_roster
 
         mixed = encode_roster([mail.body(s, COORDINATOR, "announce") for s in ds.sites])
         with pytest.raises(Exception, match="mixes feature columns"):

@@ -9,7 +9,7 @@ from bench.synthetic import clustered
 from crypto.errors import ProtocolError
 from xclp import blocked_graph, blocking, lsh
 from xclp import graph as graphs
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp as run_blocked  # the blocked job through the machines
 
 L = 256

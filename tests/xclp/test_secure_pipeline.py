@@ -7,7 +7,7 @@ from scipy.stats import chisquare
 
 from crypto.fixedpoint import decode
 from xclp.data import load_arrays
-from xclp.protocol import JobParams
+from xclp.job_params import JobParams
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 from xclp.wire import load_array

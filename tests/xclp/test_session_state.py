@@ -8,7 +8,9 @@ import pytest
 
 from crypto.errors import ProtocolError
 from crypto.keys import SiteKeyPair
-from xclp.protocol import CoordinatorSession, JobParams, SiteSession, decode_roster, encode_roster
+from xclp.announce import decode_roster, encode_roster
+from xclp.job_params import JobParams
+from xclp.protocol import CoordinatorSession, SiteSession
 
 SITES = ("s0", "s1", "s2")
 

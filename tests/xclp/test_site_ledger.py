@@ -8,10 +8,11 @@ import stat
 import numpy as np
 import pytest
 
+from xclp.job_params import JobParams
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import gaussian_epsilon
 from xclp.privacy.site_ledger import SiteLedger, TotalExceeded, data_digest, job_releases
-from xclp.protocol import JobParams, SiteSession
+from xclp.protocol import SiteSession
 from xclp.site_policy import PolicyError, SitePolicy
 
 
@@ -144,7 +145,7 @@ def test_a_job_without_dp_is_recorded_without_loading_the_accountant(tmp_path):
     import sys
 
     code = ("import sys; from xclp.site_policy import SitePolicy; from xclp.privacy.site_ledger import SiteLedger\n"
-            "from xclp.protocol import JobParams\n"
+            "from xclp.job_params import JobParams\n"
             "st = {'kind': 'predict', 'sites': ['a', 'b'], 'params': vars(JobParams(job_id='j1', n_classes=3, "
             "crypto='plaintext', bits=64, k=4))}\n"
             f"led = SiteLedger({str(tmp_path)!r})\n"

@@ -6,15 +6,10 @@ import pytest
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import exchange
-from xclp.protocol import (
-    JOB_PHASES,
-    CoordinatorSession,
-    JobParams,
-    SiteSession,
-    decode_roster,
-    encode_roster,
-    restart_without,
-)
+from xclp.announce import decode_roster, encode_roster
+from xclp.job_params import JobParams
+from xclp.prediction_job import restart_without
+from xclp.protocol import JOB_PHASES, CoordinatorSession, SiteSession
 
 
 def test_each_message_moves_the_session_on_and_out_of_order_calls_are_refused():
@@ -114,7 +109,7 @@ def test_a_site_takes_part_in_few_restarts_of_a_sum_each_over_fewer_sites(monkey
 def test_the_data_contract_leaves_out_a_site_whose_columns_differ():
     """Every driver's coordinator leaves out a site with another number of features (schema_outliers),
     and a site refuses a roster that mixes them whatever the coordinator does."""
-    from xclp.protocol import schema_outliers
+    from xclp.announce import schema_outliers
 
     rng = np.random.default_rng(2)
     params = JobParams(job_id="j", n_classes=2, bits=64, k=3, crypto="lattice").validate()

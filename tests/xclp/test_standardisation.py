@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 from crypto.fixedpoint import from_limbs, to_limbs
+from xclp.announce import decode_roster, encode_roster
 from xclp.data import load_arrays
-from xclp.protocol import JobParams, SiteSession, counts_length, decode_roster, encode_roster
+from xclp.job_params import JobParams
+from xclp.protocol import SiteSession
 from xclp.simulation import run_xclp, split_by_site
 from xclp.splits import simulate_sites
+from xclp.standardisation import counts_length
 
 
 def test_wide_fixed_point_sums_exactly_past_64_bits():

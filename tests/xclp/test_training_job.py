@@ -9,8 +9,9 @@ import torch
 from training_helpers import FedAvgWork, draws, toy_site
 
 from crypto.errors import ProtocolError
-from xclp.prediction_job import COORDINATOR, MemoryMailbox, Send
-from xclp.protocol import REFUSE, refusal
+from xclp.mail import COORDINATOR, Send
+from xclp.prediction_job import MemoryMailbox
+from xclp.refusal import REFUSE, refusal
 from xclp.training.messages import load_json
 from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState
 

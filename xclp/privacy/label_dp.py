@@ -65,7 +65,6 @@ RELEASES_PER_JOB = ("label counts", "row sums")
 DEFAULT_CLIP = 1.0  # C: the L2 norm of an influence column over the other sites' rows (see bench/xclp_dp.py)
 
 
-MECHANISMS = ("rr", "gaussian")  # randomized response on the labels; Gaussian noise shares in the sums
 
 
 def validate(noise_multiplier: float, clip: float, flip: float = 0.0) -> None:
@@ -191,7 +190,7 @@ def job_fields(n_classes: int, epsilon: float | None = None, delta: float = 1e-5
     if epsilon is not None and (flip is not None or noise is not None):
         raise ValueError("give either a budget ε or the noise itself (the flip p or the multiplier z), not both")
     if mechanism not in MECHANISMS:
-        raise ValueError(f"the label-DP mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        raise ValueError(f"the label-DP mechanism must be one of {tuple(MECHANISMS)}, got {mechanism!r}")
     out = {}
     if clip is not None:
         out["dp_clip"] = clip
@@ -200,8 +199,13 @@ def job_fields(n_classes: int, epsilon: float | None = None, delta: float = 1e-5
     if noise is not None:
         out["dp_noise"] = noise
     if epsilon is not None:
-        if mechanism == "rr":
-            out["label_flip"] = flip_for_budget(epsilon, delta, n_classes)
-        else:
-            out["dp_noise"] = multiplier_for_budget(epsilon, delta, jobs)
+        out.update(MECHANISMS[mechanism](epsilon, delta, n_classes, jobs))
     return out
+
+
+# The label-DP mechanisms, each with JobParams' noise field that meets a budget ε at δ (over `jobs` jobs
+# of C classes): randomized response on the labels (its flip p); Gaussian noise shares in the sums (z).
+MECHANISMS = {
+    "rr": lambda epsilon, delta, n_classes, jobs: {"label_flip": flip_for_budget(epsilon, delta, n_classes)},
+    "gaussian": lambda epsilon, delta, n_classes, jobs: {"dp_noise": multiplier_for_budget(epsilon, delta, jobs)},
+}

@@ -93,17 +93,21 @@ def _describe(event) -> dict:
     raise TypeError(f"the ledger does not account {type(event).__name__} yet")
 
 
+# A stored release, by its mechanism: the accountant's event (the one reader of every ledger's JSON).
+EVENTS = {
+    "randomized_response": lambda d: dpa.RandomizedResponseDpEvent(noise_parameter=float(d["noise_parameter"]),
+                                                                   num_buckets=int(d["num_buckets"])),
+    "discrete_laplace": lambda d: DiscreteLaplaceEvent(float(d["parameter"]), int(d["sensitivity"])),
+    "gaussian": lambda d: dpa.GaussianDpEvent(float(d["noise_multiplier"])),
+    "epsilon_delta": lambda d: EpsilonDeltaEvent(float(d["epsilon"]), float(d["delta"])),
+}
+
+
 def _event(d: dict):
-    if d.get("mechanism") == "randomized_response":
-        return dpa.RandomizedResponseDpEvent(noise_parameter=float(d["noise_parameter"]),
-                                             num_buckets=int(d["num_buckets"]))
-    if d.get("mechanism") == "discrete_laplace":
-        return DiscreteLaplaceEvent(float(d["parameter"]), int(d["sensitivity"]))
-    if d.get("mechanism") == "gaussian":
-        return dpa.GaussianDpEvent(float(d["noise_multiplier"]))
-    if d.get("mechanism") == "epsilon_delta":
-        return EpsilonDeltaEvent(float(d["epsilon"]), float(d["delta"]))
-    raise ValueError(f"unknown mechanism in a stored ledger: {d!r}")
+    make = EVENTS.get(d.get("mechanism"))
+    if make is None:
+        raise ValueError(f"unknown mechanism in a stored ledger: {d!r}")
+    return make(d)
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:

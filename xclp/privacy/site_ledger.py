@@ -53,6 +53,9 @@ from crypto.private_file import write_private
 
 FILE = "privacy-ledger.json"
 VERSION = 1
+# The releases the site ledger accounts, by mechanism (xclp.privacy.ledger.EVENTS reads each): "unbounded"
+# besides, which no accountant bounds.
+ACCOUNTED = ("randomized_response", "gaussian", "epsilon_delta")
 
 
 class TotalExceeded(ValueError):
@@ -80,7 +83,9 @@ def job_releases(status: dict, covered: bool = False) -> list[dict]:
     params = status.get("params") or {}
     if covered:
         return []
-    if status.get("kind") == "train":
+    from xclp.job_kinds import job_kind
+
+    if job_kind(status.get("kind") or "predict").rounds:
         cfg = params.get("config") or {}
         if cfg.get("dp_epsilon") is None:
             return [{"mechanism": "unbounded"}]
@@ -93,7 +98,7 @@ def job_releases(status: dict, covered: bool = False) -> list[dict]:
             return [{"mechanism": "gaussian", "noise_multiplier": 1 / _gaussian_mu(eps, delta), "count": 1,
                      "stated": [eps, delta]}]
         return [{"mechanism": "epsilon_delta", "epsilon": eps, "delta": delta}]
-    from xclp.protocol import JobParams
+    from xclp.job_params import JobParams
 
     p = JobParams(**params)
     out = []
@@ -130,11 +135,11 @@ def total(jobs: dict, delta: float) -> float:
             # Nothing to account: and no accountant to load, which costs a site ~2 s of CPU (dp_accounting
             # imports scipy.signal) at the start of every job without DP, ten sites at once on a shared host.
             return math.inf
-        if m not in ("randomized_response", "gaussian", "epsilon_delta"):
+        if m not in ACCOUNTED:
             break
     import dp_accounting as dpa
 
-    from xclp.privacy.ledger import EpsilonDeltaEvent, PrivacyLedger
+    from xclp.privacy.ledger import EVENTS, PrivacyLedger
 
     ledger, seen = PrivacyLedger(delta), set()
     for entry in jobs.values():
@@ -148,10 +153,8 @@ def total(jobs: dict, delta: float) -> float:
                 seen.add(_rr_key(r))
                 ledger.spend(entry["job"], dpa.RandomizedResponseDpEvent(
                     noise_parameter=float(r["noise_parameter"]), num_buckets=int(r["num_buckets"])))
-            elif m == "gaussian":
-                ledger.spend(entry["job"], dpa.GaussianDpEvent(float(r["noise_multiplier"])), int(r["count"]))
-            elif m == "epsilon_delta":
-                ledger.spend(entry["job"], EpsilonDeltaEvent(float(r["epsilon"]), float(r["delta"])))
+            elif m in ACCOUNTED:  # a Gaussian (each time, `count` of them) or a stated (ε, δ), each time
+                ledger.spend(entry["job"], EVENTS[m](r), int(r.get("count", 1)))
             else:
                 raise ValueError(f"unknown release in a site's privacy ledger: {r!r}")
     eps = ledger.epsilon()

@@ -40,6 +40,7 @@ import torch
 
 from crypto.errors import ProtocolError
 from xclp.baselines import label_spreading
+from xclp.job_options import JOB_DEFAULTS
 from xclp.privacy import gaussian_shares
 from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of
 from xclp.propagation import class_weights, predict_from_scores
@@ -92,11 +93,11 @@ class FedAvgConfig:
     secagg_threshold: int | None = None
     max_labelled_batch: int = MAX_LABELLED_BATCH
     # XCLP / label spreading
-    bits: int = 1024
-    k: int = 10
-    alpha: float = 0.99
+    bits: int = JOB_DEFAULTS["bits"]
+    k: int = JOB_DEFAULTS["k"]
+    alpha: float = JOB_DEFAULTS["alpha"]
     crypto: str = "plaintext"
-    key_bits: int = 2048
+    key_bits: int = JOB_DEFAULTS["key_bits"]
     standardize: bool = True  # the XCLP jobs' federated standardisation of the embeddings (JobParams)
     seed: int = 0
     eval_every: int = 1
@@ -365,6 +366,7 @@ class FedAvgStrategy(Strategy):
     averages their models; a site trains from the global model on its labels and pseudo-labels."""
 
     family = "fedavg"
+    clips_updates = True
     upload = "update"
     broadcast = "model"
     global_model = True

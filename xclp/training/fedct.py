@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from xclp.data import UNLABELLED
+from xclp.job_options import JOB_DEFAULTS
 from xclp.privacy import randomized_response
 from xclp.training.fedavg import Site, round_rng, site_rng
 from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
@@ -170,11 +171,11 @@ class FedCTConfig:
     mix: float | None = None
     batch_size: int = 64
     bitpack: bool = True
-    bits: int = 1024
-    k: int = 10
-    alpha: float = 0.99
+    bits: int = JOB_DEFAULTS["bits"]
+    k: int = JOB_DEFAULTS["k"]
+    alpha: float = JOB_DEFAULTS["alpha"]
     crypto: str = "plaintext"
-    key_bits: int = 2048
+    key_bits: int = JOB_DEFAULTS["key_bits"]
     standardize: bool = True  # the XCLP jobs' federated standardisation (JobParams)
     seed: int = 0
     threads: int | None = 1

@@ -5,9 +5,8 @@ parser stays fast."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from crypto.hamming_api import PROTOCOLS as CRYPTO_CHOICES  # noqa: F401 — the choices of --crypto
+from xclp.options import Option
 from xclp.training.holdout import DEFAULT_HOLDOUT
 
 FEDAVG_ALGORITHMS = ("fedavg", "fedavg-xclp", "fedavg-per-site-lp", "fedavg-network")
@@ -20,57 +19,6 @@ PUBLIC_SET_ALGORITHMS = FEDCT_ALGORITHMS + FEDKT_ALGORITHMS + FREDY_ALGORITHMS  
 TIE_RULES = ("lowest", "random", "abstain")
 LEARNERS = ("tree", "forest", "boosting", "logreg", "mlp", "cnn")
 MAX_JSON_INT = (1 << 53) - 1  # the largest integer every JSON reader holds exactly (RFC 7493, I-JSON)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One training option, defined once: the command line's flag (`flag`), the training job request's
-    field (`name`), Flower's run config key (`key`) and the strategies' option (`name`) are made from it,
-    with its default, bounds and sentence. Context-bound options (the XCLP ones shared with prediction
-    jobs; `model`, a list in a request; secure aggregation, on by default only where a service runs it)
-    are defined where their context is."""
-
-    name: str
-    type: type
-    default: object  # None: the algorithm's own default (said in `help`)
-    help: str
-    choices: tuple | None = None
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def key(self) -> str:
-        return self.name.replace("_", "-")
-
-    def check(self, value):
-        """`value` as this option's type, within its bounds (ValueError naming the option otherwise)."""
-        if value is None:
-            return None
-        try:
-            v = self.type(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.key}: {value!r} is not a {self.type.__name__}") from None
-        if self.type is float and v != v:
-            raise ValueError(f"{self.key}: not a number")
-        bad = ((self.choices is not None and v not in self.choices) or (self.ge is not None and v < self.ge)
-               or (self.gt is not None and v <= self.gt) or (self.le is not None and v > self.le)
-               or (self.lt is not None and v >= self.lt))
-        if bad:
-            raise ValueError(f"{self.key}: {v!r} is out of range ({self.bounds()})")
-        return v
-
-    def bounds(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(map(str, self.choices))
-        parts = [f"{op} {x:g}" for op, x in (("≥", self.ge), (">", self.gt), ("≤", self.le), ("<", self.lt))
-                 if x is not None]
-        return " and ".join(parts) or "any"
 
 
 TRAINING_OPTIONS = (

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from xclp.data import UNLABELLED, DataError, load_arrays, load_fashion_mnist_arrays
+from xclp.job_options import JOB_DEFAULTS
 from xclp.splits import assign_sites, site_names
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
 from xclp.training.fedavg import Site
@@ -60,7 +61,7 @@ class TrainConfig:
     public_size: int = 500
     period: int = 10
     crypto: str = "plaintext"
-    bits: int = 1024
+    bits: int = JOB_DEFAULTS["bits"]
     refresh: int = 1
     seed: int = 0
     holdout: float = DEFAULT_HOLDOUT  # a site without a truth column: the labelled share it never trains on
@@ -71,8 +72,8 @@ class TrainConfig:
     test_size: int | None = None  # seeded subset of the test set
     lr: float | None = None  # default: 0.1 (FedAvg, SGD) / 1e-3 (FedCT torch learners, Adam)
     warmup_rounds: int = 0
-    k: int = 10
-    alpha: float = 0.99
+    k: int = JOB_DEFAULTS["k"]
+    alpha: float = JOB_DEFAULTS["alpha"]
     standardize: bool = True  # XCLP's federated standardisation (JobParams.standardize)
     tie: str = "lowest"
     quorum: float | None = None

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from xclp.data import UNLABELLED, make_dataset
-from xclp.prediction_job import COORDINATOR, MemoryMailbox
+from xclp.mail import COORDINATOR
+from xclp.prediction_job import MemoryMailbox
 from xclp.protocol import simulation_noise_seed
 from xclp.simulation import run_xclp
 from xclp.training.site_metrics import eval_metrics, pseudo_metrics

@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from xclp.job_params import JobParams
 from xclp.privacy import label_dp
 from xclp.privacy.ledger import NEIGHBOURING, PrivacyLedger
-from xclp.protocol import JobParams
 from xclp.training.messages import dump_votes, load_votes
 from xclp.wire import dump_array, load_array
 
@@ -100,6 +100,9 @@ class Strategy(ABC):
     upload: ClassVar[str]  # what a planned site sends each round (the message topic's first part)
     broadcast: ClassVar[str]  # what the server sends to every site after each round
     global_model: ClassVar[bool]  # the server holds a model: sent before round 1, scored by the sites at the end
+    # DP-FedAvg's options: each site's update clipped to a bound, noise of a multiplier on each round's sum
+    # (`clip`, `noise_multiplier`); an algorithm without them would ignore both
+    clips_updates: ClassVar[bool] = False
     public_set: ClassVar[bool]  # the sites share a public unlabelled set U (pinned by its SHA-256)
     dp_mechanism: ClassVar[str | None]  # what releases its uploads under a DP budget (None: no budget can be given)
     released_model: ClassVar[bool] = False  # its end is a model each site trains on the server's last labels
