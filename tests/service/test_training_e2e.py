@@ -5,6 +5,9 @@ so the same job in process and through the service must give the same model, bit
 when the coordinator is killed with SIGKILL between rounds and restarted on the same database.
 """
 
+# SQLite only (tests/service/conftest.py): a training job's state is the same JSON column as a prediction
+# job's, whose SIGKILL-and-restart on PostgreSQL is test_e2e's test_coordinator_killed_mid_phase_resumes[postgres].
+
 import time
 from pathlib import Path
 
