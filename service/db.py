@@ -267,11 +267,7 @@ def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         kw["connect_args"] = {"check_same_thread": False, "timeout": 30}
     else:
-        # More connections than the web server has worker threads (anyio's 40): a sync route holds its
-        # session (get_db) while it runs, so with SQLAlchemy's default 5 + 10 forty threads could each
-        # hold a thread and wait up to 30 s for a connection that the threads holding one cannot give
-        # back — 50 agents on one PostgreSQL coordinator stalled in hamming so (bench.fifty_agents).
-        kw.update(pool_pre_ping=True, pool_size=20, max_overflow=40)
+        kw["pool_pre_ping"] = True
     engine = create_engine(url, json_serializer=json.dumps, **kw)
     if url.startswith("sqlite"):
 
