@@ -19,7 +19,7 @@ from crypto.errors import ProtocolError
 from service.audit import SITE, record
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, Site, message_ref, new_message
-from service.deps import bearer, load_job, require_site
+from service.deps import bearer, load_job, require_site, require_site_briefly
 from service.engine import DbMailbox, job_params, job_state
 from service.guard import client_of
 from service.schemas import errors
@@ -48,7 +48,11 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
            openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                "schema": {"type": "string", "format": "binary"}}}}})
     async def upload(job_id: str, topic: str, request: Request, to: str = COORDINATOR,
-                     site: str = Depends(require_site)):
+                     site: str = Depends(require_site_briefly)):
+        # (require_site_briefly: the token's session is closed before the body streams in. Held for the
+        # whole upload, it is a pool connection taken while admit() and store() wait for another: 15
+        # uploads at once (the pool's 5 + 10) held every connection and waited for a 16th — 50 agents
+        # announcing at once on PostgreSQL stalled the job in setup, bench.fifty_agents.)
         # Who may send what is settled before a byte of the body is read: a site outside the job, a
         # topic of another phase or a pair message beyond the protocol's count costs the coordinator
         # nothing. Then the body is read up to the topic's own limit.

@@ -40,9 +40,10 @@ def small_paillier(monkeypatch):
     monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
 
 
-LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_training_e2e.py",
-                "tests/service/test_e2e.py", "tests/service/test_demo.py", "tests/flower/test_flower_training.py",
-                "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
+LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_training_e2e_public.py",
+                "tests/service/test_train_demo.py", "tests/service/test_training_e2e.py",
+                "tests/service/test_e2e.py", "tests/flower/test_flower_training.py",
+                "tests/service/test_demo.py", "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
                 "tests/service/test_site_ledger_e2e.py", "tests/service/test_cli_e2e.py",
                 "tests/service/test_readme_commands.py", "tests/training/test_fedkt.py")
 
@@ -59,7 +60,9 @@ def pytest_collection_modifyitems(items):
 
     # The modules that take a minute or more (serial, idle machine), longest first: they start first on
     # the workers (xdist hands out modules in collection order), so that the suite does not end waiting
-    # on a long module begun late.
+    # on a long module begun late. loadscope keeps a module on one worker: long tests that share no module
+    # fixture live in modules of their own (test_training_e2e / _public, test_demo / test_train_demo) so
+    # that the workers can take them at once; the Flower deployment's runs share one deployment and stay.
     first = {m: i for i, m in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: first.get(item.nodeid.partition("::")[0], len(first)))  # stable
     ids = Counter(item.nodeid for item in items)

@@ -11,6 +11,9 @@ from cli.demo import LocalCluster
 from service.app import Settings, create_app
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
+# The tests whose behaviour differs by database run on both (tests/service/conftest.py: SQLite otherwise).
+both_databases = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
+postgres_only = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
 
 

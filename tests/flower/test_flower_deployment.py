@@ -1,7 +1,7 @@
 """XCLP in a real Flower deployment: a `flower-superlink` and `flower-supernode` processes on loopback,
-`flwr run` of the example app (examples/flower-xclp): prediction jobs with Paillier (2048-bit keys: each site restores its saved session, Paillier key included, at every message,
-in a fresh ClientApp process) and with oblivious transfer; FedCT and secure FedAvg rounds; a run that
-fails. Each site's labels, written at the site, equal the in-process simulation's with the same inputs
+`flwr run` of the example app (examples/flower-xclp): a prediction job with oblivious transfer (each
+site restores its saved session, OT state included, at every message, in a fresh ClientApp process);
+FedCT and secure FedAvg rounds; a run that fails. Each site's labels, written at the site, equal the in-process simulation's with the same inputs
 and the same seed contributions (which each site writes beside its labels); each model equals the
 simulation's.
 
@@ -31,11 +31,13 @@ from xclp_flower.deployment import APP, LocalFlower  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-# Paillier and OT: the protocols whose sites hold key material and OT state across messages, which each
-# fresh ClientApp process must restore. The lattice job runs the same ClientApp code path; it is checked
-# in process (tests/flower/test_flower_inprocess.py) and through the coordinator, not here, to keep this
-# file's CPU (~100 CPU-s per prediction run, mostly Flower's per-message process start) in bounds.
-PREDICTIONS = ("paillier", "ot")
+# OT: a protocol whose sites hold key material and OT state across messages, which each fresh ClientApp
+# process must restore. Paillier and lattice run the same ClientApp code path (restore the saved session,
+# step, save): Paillier's restore at every message is covered by tests/flower/test_flower_inprocess.py
+# (every Context through Flower's serialisation) and tests/xclp/test_session_state.py; the lattice job
+# the same and through the coordinator — not here, to keep this file's CPU (~100 CPU-s per run, mostly
+# Flower's per-message process start) in bounds.
+PREDICTIONS = ("ot",)
 
 
 SITES = ("site0", "site1", "site2")  # the deployment's SuperNodes (simulate_sites names its sites so)

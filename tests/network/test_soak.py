@@ -2,9 +2,10 @@
 (processes on loopback). What a long-lived deployment needs, checked between the third job and the
 last: the coordinator's memory and open files stay flat, and each agent's folders hold only what is
 meant to last — its identity, its privacy ledger, each job's results and its state record with the
-job's keys wiped — no key, temporary file or partial download left behind."""
+job's keys wiped — no key, temporary file or partial download left behind. The 200-job run of the
+same checks, with retention purging the coordinator's store: `python -m bench.soak` (bench/proc_stats.py
+reads the processes for both)."""
 
-import json
 import os
 import time
 
@@ -12,59 +13,13 @@ import numpy as np
 import pytest
 from svc import ProcessCluster
 
+from bench.proc_stats import agent_folder_problems, open_files, rss_kib
 from xclp.data import load_arrays
 from xclp.splits import simulate_sites
 
 pytestmark = pytest.mark.slow
 
 JOBS, WARM = 10, 3
-LONG_LIVED = {"identity.key", "privacy-ledger.json", "privacy-ledger.json.lock"}
-
-
-def _tree(pid: int) -> list[int]:
-    """The process and its descendants (the coordinator's executor runs server steps in child processes)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:  # (gone meanwhile)
-            pass
-    return out
-
-
-def _rss_kib(pid: int) -> int:
-    total = 0
-    for p in _tree(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration):
-            pass
-    return total
-
-
-def _open_files(pid: int) -> int:
-    total = 0
-    for p in _tree(pid):
-        try:
-            total += len(os.listdir(f"/proc/{p}/fd"))
-        except OSError:
-            pass
-    return total
-
-
-def _check_folders(out, jobs) -> None:
-    expect = {".agent.lock", ".agent-state"} | {f"{j}{ext}" for j in jobs for ext in (".npz", ".csv")}
-    assert {p.name for p in out.iterdir()} == expect, out
-    state = out / ".agent-state"
-    assert {p.name for p in state.iterdir()} == LONG_LIVED | {f"{j}.json" for j in jobs}, state
-    for j in jobs:
-        record = json.loads((state / f"{j}.json").read_text())
-        assert record.get("key") is None and record.get("noise") is None, (state, j, sorted(record))
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
@@ -83,7 +38,7 @@ def test_ten_jobs_leave_the_coordinator_flat_and_the_agents_clean(tmp_path):
             c.wait_done(job, timeout=120)
             for s in ds.sites:
                 c.result(job, s)
-            seen.append((_rss_kib(pid), _open_files(pid)))
+            seen.append((rss_kib(pid), open_files(pid)))
         print("coordinator and its children (RSS KiB, open files) after each job:", seen)
         (rss0, fds0), (rss1, fds1) = seen[WARM - 1], seen[-1]
         # Flat: a leak of a job's arrays or a connection per job would grow by ≥ 7 × its size / 7 fds.
@@ -95,8 +50,8 @@ def test_ten_jobs_leave_the_coordinator_flat_and_the_agents_clean(tmp_path):
         end = time.monotonic() + 60
         while True:
             try:
-                for s in ds.sites:
-                    _check_folders(c.out(s), jobs)
+                problems = [p for s in ds.sites for p in agent_folder_problems(c.out(s), jobs)]
+                assert not problems, problems
                 break
             except AssertionError:
                 if time.monotonic() > end:

@@ -2,7 +2,11 @@ import pytest
 from svc import _app_client, _db_url
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# SQLite unless a test says otherwise: a service test runs on PostgreSQL too (svc.both_databases) only
+# where the coordinator's behaviour differs by database — the migrations (an advisory lock, the
+# revisions' DDL), a purge's storage flush, the blob store's fsync, a SIGKILL with rows committed. The
+# rest (the agents' liveness, audit rows, one job equal to the in-process run) is the same SQL on both.
+@pytest.fixture(params=["sqlite"])
 def db_url(request, tmp_path):
     return _db_url(request, tmp_path)
 

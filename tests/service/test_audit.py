@@ -3,6 +3,9 @@ state, and every refused token, names who did it — each operator by their own 
 add`) — when and from where; it is written in the action's own transaction, holds no token, and is read
 with `GET /audit` or `xclp log`."""
 
+# SQLite only (tests/service/conftest.py): the audit rows are the same SQL on PostgreSQL; the audit
+# table made by the revisions on PostgreSQL: test_migrations' previous-head test [postgres].
+
 import hashlib
 import json
 

@@ -1,6 +1,9 @@
 """Large message bodies as files beside the database (service.blobs): the same job, the same bytes,
 nothing lost across a restart, nothing left behind once the job is done — SQLite and PostgreSQL."""
 
+# PostgreSQL too for the restart test (the store's fsync differs by database); the OT job through the
+# store is the same SQL on both (tests/service/conftest.py), SQLite only.
+
 import hashlib
 import time
 
@@ -8,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
-from svc import ADMIN, admin_headers, announce_all
+from svc import ADMIN, admin_headers, announce_all, both_databases
 
 from clients.agent import Agent
 from clients.api import CoordinatorClient
@@ -81,6 +84,7 @@ def _add(client, name):
     return {"Authorization": f"Bearer {r.json()['token']}"}
 
 
+@both_databases
 def test_relayed_blobs_survive_a_restart_and_replays(db_url, tmp_path):
     blob_dir = tmp_path / "blobs"
     with _app(db_url, blob_dir, 64) as c:

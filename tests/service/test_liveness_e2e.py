@@ -5,6 +5,9 @@ job that finishes with a site dropped makes `xclp job wait` exit 4; a dropped si
 why at WARNING. Every wait polls with a generous timeout: nothing here depends on the machine's speed
 but the short idle limit, which only has to be longer than the live agents' heartbeat."""
 
+# SQLite only (tests/service/conftest.py): liveness is the agents' and the engine's, the same SQL on
+# PostgreSQL, whose SIGKILL-and-restart is test_e2e's test_coordinator_killed_mid_phase_resumes[postgres].
+
 import json
 import os
 import signal

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from svc import ADMIN
+from svc import ADMIN, both_databases, postgres_only
 
 from cli.demo import free_port, start_agent, start_coordinator, stop_processes, wait_healthy
 from cli.main import main as xclp
@@ -75,6 +75,7 @@ def _logs(work: Path) -> str:
 
 
 @pytest.mark.slow
+@both_databases
 def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_job_finishes(tmp_path, db_url):
     tree = _previous_release(tmp_path)
     X, y = load_arrays("digits", limit=300, seed=7)
@@ -146,6 +147,7 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         stop_processes(procs)
 
 
+@both_databases
 def test_a_new_database_gets_the_models_schema_from_the_revisions(db_url):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
@@ -208,6 +210,7 @@ def test_migrate_dry_run_and_db_version_say_where_a_previous_release_database_st
     assert capsys.readouterr().out.splitlines()[0] == f"database: {head()}"
 
 
+@postgres_only
 def test_coordinators_starting_together_on_a_new_postgres_database_migrate_it_once(db_url):
     """service.migrate holds an advisory lock on PostgreSQL: the others wait, then find the head.
     (SQLite: one coordinator per file, on one machine.)"""
@@ -279,6 +282,7 @@ def test_revision_0005_keeps_the_raw_features_of_jobs_stored_before_standardisat
 
 
 @pytest.mark.slow
+@both_databases
 def test_the_previous_head_s_database_with_a_job_in_flight_gets_the_audit_log_and_the_job_finishes(tmp_path, db_url):
     """0005 -> 0006 (operators, audit_log, jobs.purged_at), on a database the previous release's own
     coordinator wrote, killed with a job in its first phase: the current coordinator migrates it at start,

@@ -3,49 +3,26 @@
 The service runs the simulation's own round functions with randomness fixed by (seed, round, site),
 so the same job in process and through the service must give the same model, bit for bit — also
 when the coordinator is killed with SIGKILL between rounds and restarted on the same database.
+The FedAvg family here; FedCT, FedKT and FREDY (over a public set) in test_training_e2e_public.py.
 """
 
+# SQLite only (tests/service/conftest.py): a training job's state is the same JSON column as a prediction
+# job's, whose SIGKILL-and-restart on PostgreSQL is test_e2e's test_coordinator_killed_mid_phase_resumes[postgres].
+
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from svc import ProcessCluster, cluster_fixture
+from svc import cluster_fixture
+from train_cluster import TrainCluster
 
-from xclp.data import load_arrays
-from xclp.splits import simulate_sites
-from xclp.training.fedavg import FedAvgConfig, Site
-from xclp.training.fedct import FedCTConfig, public_digest
-from xclp.training.fedkt import FedKTConfig
-from xclp.training.fredy import FREDYConfig
+from xclp.training.fedavg import FedAvgConfig
 from xclp.training.messages import load_state
 from xclp.training.models import build_network
-from xclp.training.saved_learners import load_model_file
-from xclp.training.simulation import run_fedavg, run_fedct, run_fedkt, run_fredy
+from xclp.training.simulation import run_fedavg
 
 pytestmark = pytest.mark.slow
-
-
-class TrainCluster(ProcessCluster):
-    def __init__(self, tmp: Path, db_url: str, n_sites: int = 3, n_points: int = 600, public: int = 0):
-        X, y = load_arrays("digits", limit=n_points + public, seed=3)
-        X = (X / 16.0).astype(np.float32)
-        self.public_X = X[:public] if public else None
-        self.ds = simulate_sites(X[public:], y[public:], n_sites, "iid", 0.1, seed=3)
-        if public:
-            np.savez(tmp / "public.npz", X=self.public_X)
-        sites = {s: {"X": self.ds.X[self.ds.site == s], "y": self.ds.y[self.ds.site == s],
-                     "y_true": self.ds.y_true[self.ds.site == s]} for s in self.ds.sites}
-        super().__init__(tmp, db_url, sites, public=tmp / "public.npz" if public else None)
-
-    def sites(self) -> list[Site]:
-        return [Site(s, self.ds.X[self.ds.site == s].astype(np.float32), self.ds.y[self.ds.site == s],
-                     self.ds.y_true[self.ds.site == s]) for s in self.ds.sites]
-
-    def start_agents(self):
-        for s in self.ds.sites:
-            self.start_agent(s)
 
 
 cluster_factory = cluster_fixture(TrainCluster)
@@ -188,125 +165,3 @@ def test_fedavg_xclp_job_runs_secure_xclp_children_and_a_dropped_site_is_left_ou
     assert gone not in st["dropped"]  # left out of rounds, not dropped from the job (max_missed_rounds=5)
     for s in sites[:-1]:
         assert np.load(c.result(job, s))["labels"].size == (c.ds.site == s).sum()
-
-
-@sqlite_only
-def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
-    c = cluster_factory(public=200)
-    c.start_agents()
-    cfg = dict(rounds=3, seed=2, bits=256, k=8)
-    pin = dict(public_sha256=public_digest(c.public_X), public_size=len(c.public_X))
-    job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", **pin, **cfg)
-    c.wait(job, lambda st: len(st["training"].get("history") or []) >= 1, what="exchange 1")
-    c.kill_agent(c.ds.sites[1])  # its learner is on disk after every exchange: restarted, it goes on
-    c.start_agent(c.ds.sites[1])
-    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
-    hist = st["training"]["history"]
-    assert [r["round"] for r in hist] == [1, 2, 3] and all(r["left_out"] == [] for r in hist)
-    sim = run_fedct(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", **cfg))
-    for i, s in enumerate(c.ds.sites):  # the same consensus rounds give the same local models
-        learner = load_model_file(c.result(job, s, ".model.skops"))
-        assert np.array_equal(learner.predict(c.public_X), sim["models"][i].predict(c.public_X)), s
-    assert [h["public_coverage"] for h in hist] == pytest.approx([h["public_coverage"] for h in sim["history"]])
-
-    short = {**cfg, "rounds": 2}  # (the XCLP jobs below: what they show needs no third exchange)
-    job2 = c.admin.submit_train(algorithm="fedct-xclp", sites=c.ds.sites, classes=10, model="tree",
-                                crypto="plaintext", **pin, **short)
-    st = c.wait(job2, lambda st: st["status"] == "done", what="job done")
-    first = st["training"]["history"][0]
-    assert first["xclp_job"] is not None and c.admin.job(first["xclp_job"])["status"] == "done"
-    assert first["xclp_pseudo_label_accuracy"] > 0.5
-    assert all(m["n_pseudo"] > 0 for m in first["site_metrics"].values())
-
-    # FedCT+XCLP under a budget: half of it for the randomized labels XCLP propagates, drawn once per
-    # site for the whole job (one event, whatever the rounds), half for FedCT's labels on U.
-    job4 = c.admin.submit_train(algorithm="fedct-xclp", sites=c.ds.sites, classes=10, model="tree",
-                                crypto="plaintext", dp_epsilon=16.0, **pin, **short)
-    st = c.wait(job4, lambda st: st["status"] == "done", what="job done")
-    led = st["training"]["privacy"]
-    assert [e["what"].startswith("xclp:") for e in led["events"]] == [True, False, False]
-    assert 0 < led["epsilon"] <= 16.0 and "label" in led["neighbouring"]
-    child = c.admin.job(st["training"]["history"][0]["xclp_job"])
-    assert 0 < child["params"]["label_flip"] < 1 and child["privacy"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
-    assert child["status"] == "done"
-    # under a budget the sites report no statistics of their data (no ledger accounts for them)
-    hist = st["training"]["history"]
-    assert all(r["xclp_pseudo_label_accuracy"] is None and r["local_accuracy"] is None for r in hist)
-    assert all(m == {} for r in hist for m in r["site_metrics"].values())
-
-    # Under a DP budget every site draws randomized-response noise for its labels and the coordinator
-    # keeps the job's ledger: the consensus is no longer the noise-free one, and ε stays in budget.
-    job3 = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", dp_epsilon=20.0,
-                                **pin, **cfg)
-    st = c.wait(job3, lambda st: st["status"] == "done", what="job done")
-    led = st["training"]["privacy"]
-    assert [e["count"] for e in led["events"]] == [len(c.public_X)] * 3 and 0 < led["epsilon"] <= 20.0
-    hist3 = st["training"]["history"]
-    assert all(r["left_out"] == [] for r in hist3)
-    differ = []
-    for i, s in enumerate(c.ds.sites):  # trained on a noisy consensus, the local models are not the noise-free ones
-        model = load_model_file(c.result(job3, s, ".model.skops"))
-        differ.append(not np.array_equal(model.predict(c.public_X), sim["models"][i].predict(c.public_X)))
-    assert any(differ)
-
-
-@sqlite_only
-def test_a_fedkt_job_gives_every_site_the_simulations_final_model_and_accounts_its_noise(cluster_factory):
-    c = cluster_factory(public=200)
-    c.start_agents()
-    pin = dict(public_sha256=public_digest(c.public_X), public_size=len(c.public_X))
-    cfg = dict(partitions=2, teachers=3, seed=4)
-    job = c.admin.submit_train(algorithm="fedkt", sites=c.ds.sites, classes=10, model="tree", **pin, **cfg)
-    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
-    assert [r["round"] for r in st["training"]["history"]] == [1] and not st["training"].get("privacy")
-    sim = run_fedkt(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10,
-                    FedKTConfig(teacher="tree", **cfg))
-    for s in c.ds.sites:  # one upload a party, the server's labels back, the same final model at every site
-        model = load_model_file(c.result(job, s, ".model.skops"))
-        assert np.array_equal(model.predict(c.public_X), sim["model"].predict(c.public_X)), s
-        assert np.load(c.result(job, s))["labels"].size == (c.ds.site == s).sum()
-    # under L2 noise each party draws once, keeps its votes, and the ledger spends 2·s·|U1| counts
-    job2 = c.admin.submit_train(algorithm="fedkt", sites=c.ds.sites, classes=10, model="tree", levels="L2",
-                                gamma=2.0, **pin, **cfg)
-    st = c.wait(job2, lambda st: st["status"] == "done", what="job done")
-    (event,) = st["training"]["privacy"]["events"]
-    assert event["count"] == 2 * 2 * 100 and event["event"]["mechanism"] == "discrete_laplace"
-    assert st["training"]["privacy"]["neighbouring"] == "replace one training example of one site"
-    assert all((c.tmp / f"out-{s}" / ".agent-state" / f"{job2}.votes.npy").exists() for s in c.ds.sites)
-
-
-@sqlite_only
-def test_a_fredy_job_runs_fedavg_then_the_vote_and_gives_every_site_the_simulations_student(cluster_factory):
-    # FedAvg's rounds (secure aggregation), then one vote round: each site's teacher (FedAvg's last model
-    # fine-tuned on its labels) labels the queries, the coordinator takes the noisy argmax, every site
-    # trains the same student. γ = 40: noise that (almost surely) changes no argmax, so the labels are
-    # the simulation's, and the ledger still spends 2·Q counts of sensitivity m.
-    c = cluster_factory(public=200)
-    c.start_agents()
-    pin = dict(public_sha256=public_digest(c.public_X), public_size=len(c.public_X))
-    cfg = dict(rounds=2, sites_per_round=3, local_epochs=1, queries=120, gamma=40.0, seed=4)
-    job = c.admin.submit_train(algorithm="fredy", sites=c.ds.sites, classes=10, model="mlp", student_model="tree",
-                               **pin, **cfg)
-    st = c.wait(job, lambda st: st["status"] == "done", what="job done")
-    assert [r["round"] for r in st["training"]["history"]] == [1, 2, 3]
-    (event,) = st["training"]["privacy"]["events"]
-    assert event["count"] == 2 * 120 and event["event"]["sensitivity"] == 3
-    sim = run_fredy(c.sites(), c.public_X, (c.public_X[:5], np.zeros(5, int)), 10,
-                    FREDYConfig(model="mlp", student="tree", secure_aggregation=True, **cfg))
-    for s in c.ds.sites:
-        model = load_model_file(c.result(job, s, ".model.skops"))
-        assert np.array_equal(model.predict(c.public_X), sim["model"].predict(c.public_X)), s
-
-
-@sqlite_only
-def test_fedct_job_refuses_a_site_whose_public_set_differs(cluster_factory):
-    c = cluster_factory(public=50)
-    forged = c.public_X.copy()
-    forged[0, 0] += 1.0
-    np.savez(c.tmp / "public.npz", X=forged)  # every agent now holds a U that is not the pinned one
-    c.start_agents()
-    job = c.admin.submit_train(algorithm="fedct", sites=c.ds.sites, classes=10, model="tree", rounds=1,
-                               public_sha256=public_digest(c.public_X), public_size=len(c.public_X),
-                               deadlines={"setup": 3})
-    st = c.wait(job, lambda st: st["status"] != "running", timeout=60, what="job ended")
-    assert st["status"] == "failed" and set(st["dropped"]) == set(c.ds.sites)

@@ -41,6 +41,8 @@ def test_budgets_and_empty_votes():
         FREDYStrategy(FREDYConfig(gamma=3.0, dp_epsilon=1.0).validate(), 10, n_public=100, n_sites=4)
     plan = s.configure_round(1, Roster(["a", "b"], ["a", "b"], []))
     assert s.aggregate(1, plan, [], None).tolist() == [-1] * 100  # no teacher: no label, never class 0
-    assert main(["simulate", "train", "--algorithm", "fredy", "--gamma", "5", "--dp-epsilon", "1", "--quiet"]) == 2
+    # (digits and 20 queries: the refusal needs no large public set, whose accounting alone took seconds)
+    assert main(["simulate", "train", "--algorithm", "fredy", "--dataset", "digits", "--queries", "20",
+                 "--gamma", "5", "--dp-epsilon", "1", "--quiet"]) == 2
     assert main(["simulate", "train", "--algorithm", "fredy", "--model", "tree", "--quiet"]) == 2
     assert np.all(s.aggregate(1, plan, [np.zeros(100, dtype=np.int64)] * 4, None) >= -1)
