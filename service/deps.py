@@ -18,9 +18,17 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def get_db(request: Request):
-    with request.app.state.sessionmaker() as db:
+async def get_db(request: Request):
+    """The route's session. Opened and closed on the event loop (an async dependency), not in a worker
+    thread: a sync dependency's exit runs in the thread pool, so a finished request waited for a free
+    worker thread while its session still held a pool connection — and the requests holding the
+    threads waited for those connections (50 agents on PostgreSQL stalled so: bench/fifty_agents.py).
+    A session takes its connection at its first query, in the route itself."""
+    db = request.app.state.sessionmaker()
+    try:
         yield db
+    finally:
+        db.close()
 
 
 def bearer(request: Request) -> str:
@@ -99,7 +107,14 @@ def site_of_token(db, token: str) -> str | None:
     return None if row is None else row.name
 
 
-def require_site(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
+def require_site(request: Request, token: str = Depends(bearer)) -> str:
+    """The site whose token this is (else 401), in a short session of its own: the token is checked and
+    the connection given back before the route runs (see get_db)."""
+    with request.app.state.sessionmaker() as db:
+        return check_site(request, token, db)
+
+
+def check_site(request: Request, token: str, db) -> str:
     site = site_of_token(db, token)
     if site is None:
         wrong_token(request, token)
@@ -108,18 +123,17 @@ def require_site(request: Request, token: str = Depends(bearer), db=Depends(get_
     return site
 
 
-def require_site_briefly(request: Request, token: str = Depends(bearer)) -> str:
-    """require_site in a session of its own, closed before the route runs: for a long poll, which
-    must not hold a database connection while it waits."""
-    with request.app.state.sessionmaker() as db:
-        return require_site(request, token, db)
-
-
-def caller(request: Request, token: str = Depends(bearer), db=Depends(get_db)) -> str:
-    """'admin' (any operator: its name is `request.state.operator`) or the site's name."""
+def caller(request: Request, token: str = Depends(bearer)) -> str:
+    """'admin' (any operator: its name is `request.state.operator`) or the site's name (a short session
+    of its own, as require_site's)."""
     if is_admin(request, token):
         request.state.operator = "admin"
         return "admin"
+    with request.app.state.sessionmaker() as db:
+        return _caller(request, token, db)
+
+
+def _caller(request: Request, token: str, db) -> str:
     site = site_of_token(db, token)
     if site is None:
         op = active_operator(db, token)

@@ -19,7 +19,7 @@ from crypto.errors import ProtocolError
 from service.audit import SITE, record
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, Site, message_ref, new_message
-from service.deps import bearer, load_job, require_site, require_site_briefly
+from service.deps import bearer, check_site, load_job, require_site
 from service.engine import DbMailbox, job_params, job_state
 from service.guard import client_of
 from service.schemas import errors
@@ -48,8 +48,8 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
            openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                "schema": {"type": "string", "format": "binary"}}}}})
     async def upload(job_id: str, topic: str, request: Request, to: str = COORDINATOR,
-                     site: str = Depends(require_site_briefly)):
-        # (require_site_briefly: the token's session is closed before the body streams in. Held for the
+                     site: str = Depends(require_site)):
+        # (require_site: the token's session is closed before the body streams in. Held for the
         # whole upload, it is a pool connection taken while admit() and store() wait for another: 15
         # uploads at once (the pool's 5 + 10) held every connection and waited for a 16th — 50 agents
         # announcing at once on PostgreSQL stalled the job in setup, bench.fifty_agents.)
@@ -145,7 +145,7 @@ def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registr
 
     def site_of_token(request: Request, token: str = Depends(bearer)) -> str:
         with Session() as db:  # closed at once: a long poll holds no database connection
-            return require_site(request, token, db)
+            return check_site(request, token, db)
 
     @r.get("/jobs/{job_id}/messages/{topic:path}", responses=errors(401, 403, 404, 422),
            response_class=Response)

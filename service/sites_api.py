@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from service.audit import record
 from service.db import COORDINATOR, Job, Site, UISession, has_messages, utcnow
-from service.deps import get_db, hash_token, iso, require_admin, require_site_briefly
+from service.deps import get_db, hash_token, iso, require_admin, require_site
 from service.lifecycle import put_message
 from service.schemas import Request as RequestBody
 from service.schemas import SiteName, errors
@@ -171,7 +171,7 @@ def _work(Session, site: str) -> dict:
 
 
 @router.get("/work", responses=errors(401, 422))
-async def work(request: Request, wait: float = 0.0, site: str = Depends(require_site_briefly)):
+async def work(request: Request, wait: float = 0.0, site: str = Depends(require_site)):
     """The running jobs this site still takes part in, and the finished ones that have its results.
 
     wait: seconds (at most 10) to hold the request while the site has no running job, answering as
