@@ -38,14 +38,14 @@ from pathlib import Path
 
 from clients.api import ApiError, CoordinatorClient, NotTheApi
 from clients.results import write_results
-from clients.site_state import JobState, load_site
+from clients.site_state import JobState, load_site, machine_view
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
 from xclp.data import DataError
 from xclp.datafile import Columns
 from xclp.job_files import JOB_ID, job_file, make_folder
-from xclp.prediction_job import COORDINATOR, PredictSite, PredictState, Send
+from xclp.prediction_job import COORDINATOR, PredictSite, Send
 from xclp.privacy.site_ledger import SiteLedger, data_digest
 from xclp.protocol import REFUSE, JobParams, SiteSession, refusal
 from xclp.site_admission import AcceptedRuns, Offer, SiteAdmission
@@ -471,7 +471,7 @@ class Agent:
         if status["kind"] == "train":
             return self.trainer.step(job_id, status)
         machine = self.machine(job_id, status)
-        progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id, self.long_poll),
+        progressed = machine.step(machine_view(status), _Inbox(self.api, job_id, self.long_poll),
                                   lambda m: self._send(job_id, m))
         if machine.lost_pairs and job_id not in self.given_up:
             # Its part can no longer come: say so, and the job goes on without this site at once (else it

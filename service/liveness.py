@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime as dt
 
 from service.db import Job, utcnow
-from service.lifecycle import DbMailbox, idle_limit, phase_limit
-from xclp.prediction_job import PredictCoordinator, PredictState
+from service.lifecycle import DbMailbox, idle_limit, machine_state, phase_limit
+from xclp.prediction_job import PredictCoordinator
 from xclp.protocol import JobParams
 
 
@@ -48,7 +48,7 @@ def awaited(db, job: Job) -> list[str]:
     machine decides; a training job: none named)."""
     if job.kind != "predict" or job.status != "running":
         return []
-    machine = PredictCoordinator(JobParams(**job.params), PredictState.of(job))
+    machine = PredictCoordinator(JobParams(**job.params), machine_state(job))
     return machine.awaited(DbMailbox(db, job.id))
 
 

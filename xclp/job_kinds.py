@@ -12,6 +12,11 @@ Each rule takes the same arguments for every kind (a kind ignores what it does n
 (None: only the driver's own limit), `params` the job's parameters, `state` its machine's state,
 `mail` what the job's mailbox holds; `opaque(topic)`; `prunes(state)` — whether any message may be
 obsolete now (a driver need not look otherwise); `obsolete(topic, state)`.
+
+A driver keeps a job's machine state as bytes it never reads (`state.to_bytes()`, one record, read back
+by `load`); a new job's is `new_state(sites)`. What it lists and shows is the state's `summary()`;
+what it hands a site is `state.view_for(site).to_bytes()` — the one wire form of a state, for the
+service's agents as for Flower's ClientApps.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class JobKind:
     prunes: Callable[[Any], bool]
     obsolete: Callable[[str, Any], bool]
     topic_kinds: tuple[str, ...]  # the first segment of each of its topics
+    new_state: Callable[[list[str]], Any]  # a new job's machine state over its roster
+    load: Callable[[bytes], Any]  # a machine state from its bytes (state.to_bytes())
 
     @property
     def steps(self) -> tuple[str, ...]:
@@ -48,12 +55,27 @@ def _train_obsolete(topic: str, state: Any) -> bool:
     return training_topics.obsolete(topic, len(state.history))
 
 
+# A state's class is imported where a state is made or loaded: the training machine's imports torch, and
+# this registry is read by drivers that never touch a state (the command line's progress bar).
+def _predict_state():
+    from xclp.prediction_job import PredictState
+
+    return PredictState
+
+
+def _train_state():
+    from xclp.training_job import TrainState
+
+    return TrainState
+
+
 JOB_KINDS = {
     "predict": JobKind(protocol.JOB_PHASES, protocol.topic_phase, prediction_topics.max_body,
                        prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete,
-                       prediction_topics.TOPIC_KINDS),
+                       prediction_topics.TOPIC_KINDS, lambda sites: _predict_state().new(sites), lambda data: _predict_state().from_bytes(data)),
     "train": JobKind(training_topics.TRAIN_PHASES, training_topics.topic_phase, _train_max_body,
-                     lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS),
+                     lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS,
+                     lambda sites: _train_state().new(sites), lambda data: _train_state().from_bytes(data)),
 }
 
 
