@@ -111,8 +111,9 @@ class JobStatus(BaseModel):
     purged_at: str | None = Field(None, description="when the operator purged the job's messages and results "
                                                      "(`xclp job purge`): this is its tombstone")
     machine: str = Field("", description=(
-        "the job's machine state as the caller may see it, in its one wire form: base64 of its bytes, which "
-        "xclp.job_kinds' loader for the job's kind reads (a site agent's view of the job, as Flower's)"))
+        "a site: the job's machine state as it may see it, in its one wire form — base64 of the bytes that "
+        "xclp.job_kinds' loader for the job's kind reads (what a site agent steps on, as Flower's ClientApp "
+        "does); empty for the operator, whose view is the other fields"))
     deadline: dict | None = Field(None, description=(
         "a running predict job: when the current phase gives up on the sites it still awaits ('phase', 'at', "
         "'left_s') and the idle limit ('idle_limit_s'); null once the job is over"))
@@ -216,9 +217,11 @@ def _training_view(job: Job, who: str) -> dict:
 
 
 def _machine_view(job: Job, who: str) -> str:
-    """The job's machine state as `who` may see it, in its one wire form (its bytes, base64)."""
-    state = machine_state(job)
-    return base64.b64encode((state if who == "admin" else state.view_for(who)).to_bytes()).decode()
+    """The job's machine state as site `who` may see it, in its one wire form (its bytes, base64); empty for
+    the operator, who reads the status's fields."""
+    if who == "admin":
+        return ""
+    return base64.b64encode(machine_state(job).view_for(who).to_bytes()).decode()
 
 
 def _progress(db, job: Job) -> dict:
