@@ -177,7 +177,8 @@ def child_flower(ds, cfg: dict, work: Path, check: bool) -> dict:
     for s in ds.sites:
         idx = np.flatnonzero(ds.site == s)
         np.savez(work / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
-        configs.append({"site": s, "data-path": str(work / f"{s}.npz"), "out": str(work / f"out-{s}")})
+        configs.append({"site": s, "data-path": str(work / f"{s}.npz"), "out": str(work / f"out-{s}"),
+                        "trust-on-first-use": "true"})  # (as the service's agents: no membership here)
     grid = InProcessGrid(client_app, configs)
     job = "drivers-bench-flower"
     params = _params(ds, cfg, job)
