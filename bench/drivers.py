@@ -105,6 +105,11 @@ def child_service(ds, cfg: dict, work: Path, check: bool) -> dict:
     from service.app import Settings, create_app
 
     settings = Settings(database=f"sqlite:///{work / 'coordinator.db'}", admin_token=ADMIN)
+    # an agent takes part only with peers it knows (its membership) or, as here, trusts on first use; a tree
+    # from before memberships has no such flag
+    import inspect
+
+    trust = {"trust_on_first_use": True} if "trust_on_first_use" in inspect.signature(Agent).parameters else {}
     with TestClient(create_app(settings)) as tc:
         admin = CoordinatorClient("http://testserver", ADMIN, transport=tc._transport)
         agents = {}
@@ -113,7 +118,7 @@ def child_service(ds, cfg: dict, work: Path, check: bool) -> dict:
             idx = np.flatnonzero(ds.site == s)
             np.savez(work / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
             client = CoordinatorClient("http://testserver", token, transport=tc._transport)
-            agents[s] = Agent(client, s, work / f"{s}.npz", work / f"out-{s}")
+            agents[s] = Agent(client, s, work / f"{s}.npz", work / f"out-{s}", **trust)
         t0, c0 = time.perf_counter(), time.process_time()
         job = admin.submit_job(kind="predict", sites=ds.sites, crypto=cfg["crypto"], bits=cfg["bits"], k=cfg["k"],
                                alpha=cfg["alpha"], classes=ds.n_classes)
@@ -172,7 +177,8 @@ def child_flower(ds, cfg: dict, work: Path, check: bool) -> dict:
     for s in ds.sites:
         idx = np.flatnonzero(ds.site == s)
         np.savez(work / f"{s}.npz", X=ds.X[idx], y=ds.y[idx])
-        configs.append({"site": s, "data-path": str(work / f"{s}.npz"), "out": str(work / f"out-{s}")})
+        configs.append({"site": s, "data-path": str(work / f"{s}.npz"), "out": str(work / f"out-{s}"),
+                        "trust-on-first-use": "true"})  # (as the service's agents: no membership here)
     grid = InProcessGrid(client_app, configs)
     job = "drivers-bench-flower"
     params = _params(ds, cfg, job)

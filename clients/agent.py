@@ -38,7 +38,7 @@ from pathlib import Path
 
 from clients.api import ApiError, CoordinatorClient, NotTheApi
 from clients.results import write_results
-from clients.site_state import JobState, load_site
+from clients.site_state import JobState, load_site, machine_view
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
@@ -49,7 +49,7 @@ from xclp.job_files import JOB_ID, job_file, make_folder
 from xclp.job_kinds import job_kind
 from xclp.job_params import JobParams
 from xclp.mail import COORDINATOR, Send
-from xclp.prediction_job import PredictSite, PredictState
+from xclp.prediction_job import PredictSite
 from xclp.privacy.site_ledger import SiteLedger, data_digest
 from xclp.protocol import SiteSession
 from xclp.refusal import REFUSE, refusal
@@ -479,7 +479,7 @@ class Agent:
         if job_kind(status["kind"]).rounds:
             return self.trainer.step(job_id, status)
         machine = self.machine(job_id, status)
-        progressed = machine.step(PredictState.of(status), _Inbox(self.api, job_id, self.long_poll),
+        progressed = machine.step(machine_view(status), _Inbox(self.api, job_id, self.long_poll),
                                   lambda m: self._send(job_id, m))
         if machine.lost_pairs and job_id not in self.given_up:
             # Its part can no longer come: say so, and the job goes on without this site at once (else it

@@ -1,9 +1,11 @@
 """What a site keeps at home, apart from the agent's loop: its data file, read and checked
-(`load_site`, used by the agent and by Flower's ClientApp), and what it must remember about each
-job across restarts (`JobState`: small, JSON, mode 0600)."""
+(`load_site`, used by the agent and by Flower's ClientApp), what it must remember about each
+job across restarts (`JobState`: small, JSON, mode 0600), and the job's machine state as the
+coordinator shows it (`machine_view`)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -14,6 +16,7 @@ import numpy as np
 from crypto.private_file import write_private
 from xclp.data import DataError, validate_features, validate_labels
 from xclp.datafile import Columns, load_data_file
+from xclp.job_kinds import job_kind
 
 
 class SiteData(NamedTuple):
@@ -63,3 +66,10 @@ class JobState:
     def __setitem__(self, k, v):
         self.data[k] = v
         self.save()
+
+
+def machine_view(status: dict):
+    """The job's machine state as the coordinator shows this site, from the job's status: the machine's own
+    bytes (the one wire form of a state, which Flower's ServerApp ships too), read by the job kind's loader
+    — never rebuilt from the status's fields, which are for people."""
+    return job_kind(status["kind"]).load(base64.b64decode(status["machine"]))

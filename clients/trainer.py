@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.api import ApiError
+from clients.site_state import machine_view
 from crypto.errors import ProtocolError
 from xclp.data import DataError
 from xclp.job_files import job_file
@@ -40,7 +41,7 @@ from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.saved_learners import model_file, pickle_refused
 from xclp.training.site_metrics import eval_metrics, pseudo_metrics  # noqa: F401 — (also this module's API)
 from xclp.training.strategy import Strategy
-from xclp.training_job import RunSpec, TrainSite, TrainState, Weights
+from xclp.training_job import RunSpec, TrainSite, Weights
 
 log = logging.getLogger("xclp.agent")
 
@@ -141,10 +142,7 @@ class Trainer:
                          keep=_FileKeep(self.agent.state_dir, job_id), identity=self.agent.identity,
                          pins=self.agent.pins, n_features=int(self.agent.X.shape[1]),
                          min_colluders=self.agent.policy.min_colluders)
-        view = TrainState.of({**(status.get("training") or {}), "sites": status["sites"], "live": status["live"],
-                              "phase": status["phase"], "round": int(status.get("round") or 0),
-                              "status": status["status"]})
-        return site.step(view, _TrainInbox(self.api, job_id), lambda m: self._send(job_id, m))
+        return site.step(machine_view(status), _TrainInbox(self.api, job_id), lambda m: self._send(job_id, m))
 
     def _send(self, job_id: str, m) -> None:
         try:
@@ -189,7 +187,7 @@ class Trainer:
         path = self.agent.result_path(job_id)
         X = self.agent.X.astype(np.float32)
         if s.global_model:
-            total = len((status.get("training") or {}).get("history") or [])
+            total = machine_view(status).summary()["rounds_done"]
             model = self._model(job_id, status, total)
             if model is None:
                 raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")

@@ -10,9 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -52,39 +50,6 @@ class Site(Base):
     revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
-class TrainingState(BaseModel):
-    """A training job's loop state between the engine's steps (its `state` column, typed): checked
-    on every write, so a misspelt or mistyped field is an error, not a silent new key."""
-
-    model_config = ConfigDict(extra="forbid")
-    features: int | None = Field(None, description="the sites' common number of features (from their hellos)")
-    facts: dict[str, dict] = Field(default_factory=dict, description="each site's hello")
-    labelled: list[str] = Field(default_factory=list, description="sites that hold labels, in the job's order")
-    unlabelled: list[str] = Field(default_factory=list)
-    cached: list[str] = Field(default_factory=list, description="sites holding pseudo-labels from an earlier round")
-    history: list[dict] = Field(default_factory=list, description="one record per closed round")
-    strikes: dict[str, int] = Field(default_factory=dict, description="rounds each site has missed in a row")
-    participants: list[str] = Field(default_factory=list, description="who is in the round's masked sum")
-    survivors: list[str] = Field(default_factory=list, description="whose masked update arrived: the round's "
-                                                                   "unmask step is asked of them (empty before it)")
-    round_left_out: list[str] = Field(default_factory=list, description="sites left out of the round so far")
-    final: dict | None = Field(None, description="the final evaluation, once the job is done")
-    privacy: dict | None = Field(None, description="the privacy ledger (xclp.privacy.ledger) of a job with a DP budget")
-    reasons: dict[str, str] = Field(default_factory=dict, description="why each dropped site left the job")
-    clock: int = Field(0, description="moves whenever a step with a deadline of its own begins "
-                                      "(xclp.training_job.TrainState)")
-    waiting_xclp: bool = Field(False, description="the round waits for its XCLP job; its deadline counts from that "
-                                                  "job's end")
-
-
-class RoundXCLPState(BaseModel):
-    """A predict job started by a training round: what its sites propagate over."""
-
-    model_config = ConfigDict(extra="forbid")
-    features: Literal["embedding", "raw"]  # φ(X) of the round's input model, or the raw features
-    model_round: int  # the round whose model gives the embeddings
-
-
 class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -102,33 +67,24 @@ class Job(Base):
     timings: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> seconds it took
     attempts: Mapped[dict] = mapped_column(JSON, default=dict)  # phase -> the attempt that completed it
     failure: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # Training jobs: the round in progress and the loop's own state (round history, sites' facts);
-    # a predict job started by a training round names that job and round as its parent.
+    # A predict job started by a training round names that job and round as its parent; `round`: a
+    # training job's round in progress.
     parent: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     round: Mapped[int] = mapped_column(Integer, default=0)
+    # A round's predict job: what it propagates over ({"features": "embedding" | "raw", "model_round": t});
+    # the service's own record of why it started the job (empty for every other job).
     state: Mapped[dict] = mapped_column(JSON, default=dict)
+    # The job's machine state (xclp.job_kinds: `state.to_bytes()`, read back by its kind's `load`), kept
+    # whole and never read here: status, phase, attempt, attempts, live, dropped, failure, seed_sites,
+    # graph_sites and round above are only what its `summary()` says, for listing and querying
+    # (service.lifecycle.keep writes both). A machine's new field needs no migration.
+    machine: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     phase_started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     # when the operator purged the job (`xclp job purge`): its messages, blobs and results are gone and
     # this row is its tombstone (its id, kind, roster, status and times; its state emptied)
     purged_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
-
-    @property
-    def training(self) -> TrainingState:
-        """A training job's state, typed."""
-        return TrainingState.model_validate(self.state or {})
-
-    def update_training(self, **changes) -> TrainingState:
-        """Change fields of a training job's state (validated); a new dict, so SQLAlchemy sees it."""
-        new = TrainingState.model_validate({**(self.state or {}), **changes})
-        self.state = new.model_dump(mode="json")
-        return new
-
-    @property
-    def round_xclp(self) -> RoundXCLPState | None:
-        """A training round's predict job: what it propagates over (None for a job of its own)."""
-        return RoundXCLPState.model_validate(self.state) if self.parent else None
 
 
 class Message(Base):

@@ -5,7 +5,8 @@ messages uploaded so far and the job row), so a coordinator restarted on the sam
 up exactly where it was. A prediction job's decisions are the core's machine
 (`xclp.prediction_job.PredictCoordinator`: the phases, drops, blame, restarts and failure, written
 once for every driver); this engine gives it the database as its mailbox, keeps its state in the
-job's row, and owns the clock (each phase's deadline, and the seconds it took). A training job's
+job's row as bytes it never reads (service.lifecycle.keep), logs the events it emits, and owns the
+clock (each phase's deadline, and the seconds it took). A training job's
 machine is `xclp.training_job.TrainCoordinator`, run the same way by service.training_engine.
 """
 
@@ -16,14 +17,14 @@ import threading
 
 from sqlalchemy import delete, select
 
-from service.db import Job, Message, PrunedBytes, utcnow
-from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
+from service.db import Job, Message, PrunedBytes
+from service.lifecycle import DbMailbox, expired, fail, keep, machine_state, put_message
 from service.liveness import Contacts, silent_sites
-from service.training_engine import train_state, train_step
+from service.training_engine import train_step
 from xclp.executor import Executor
 from xclp.job_kinds import job_kind
 from xclp.job_params import JobParams
-from xclp.prediction_job import PredictCoordinator, PredictState
+from xclp.prediction_job import PredictCoordinator
 from xclp.prediction_job import refusals as job_refusals
 
 log = logging.getLogger("xclp.engine")
@@ -138,8 +139,8 @@ class JobEngine:
 
 
 def job_state(job: Job):
-    """The job's machine state, from its row: a training run's (TrainState) or a prediction job's."""
-    return train_state(job) if job_kind(job.kind).rounds else PredictState.of(job)
+    """The job's machine state, from its row (its kind's loader over the bytes it keeps)."""
+    return machine_state(job)
 
 
 def obsolete_messages(db, job: Job) -> list[int]:
@@ -178,23 +179,12 @@ def _predict_step(db, job: Job, executor=None, silent: dict[str, str] | None = N
     keeps the machine's state, so a restarted coordinator goes on where it was. What is left here is the
     clock: a phase's deadline, the sites silent past the idle limit (`silent`), and the seconds each
     phase took."""
-    before = PredictState.of(job)
-    machine = PredictCoordinator(job_params(job), PredictState.of(job), executor=executor)
+    machine = PredictCoordinator(job_params(job), machine_state(job), executor=executor)
     for m in machine.step(DbMailbox(db, job.id), expired(job), silent=silent):
         put_message(db, job.id, m.sender, m.recipient, m.topic, m.body)
-    after = machine.state
-    drop(job, set(before.live) - set(after.live))  # (logs each drop; the machine named the phase)
-    job.dropped = after.dropped
-    job.seed_sites, job.graph_sites = after.seed_sites, after.graph_sites
     if machine.timings:
         job.timings = {**job.timings, "graph_and_influence": round(sum(machine.timings.values()), 3)}
-    if after.status == "failed":
-        fail(job, after.failure)
-    elif after.phase != before.phase:
-        job.attempt = before.attempt  # (next_phase records the attempt that completed the phase)
-        next_phase(job, after.phase)
-    elif after.attempt != before.attempt:  # a masked sum restarted: its deadline counts afresh
-        job.attempt, job.phase_started_at = after.attempt, utcnow()
+    keep(job, machine.state, machine.events)
 
 
 def cancel(db, job: Job) -> None:

@@ -3,6 +3,7 @@ list of jobs. (Training jobs: service.training_api; a job's messages: service.me
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 import uuid
@@ -16,15 +17,14 @@ from service.audit import record
 from service.db import Job, Message
 from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.engine import DbMailbox, cancel, refusals
-from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS
+from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.liveness import liveness
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
-from service.training_engine import train_progress
+from service.training_engine import round_seconds, train_progress
 from xclp.job_kinds import job_kind
 from xclp.job_options import JOB_OPTIONS, SECURE_DEFAULTS
 from xclp.job_params import JobParams
-from xclp.prediction_job import PredictState
 from xclp.prediction_job import progress as phase_progress
 from xclp.prediction_topics import graph_mode
 from xclp.privacy import label_dp
@@ -99,6 +99,10 @@ class JobStatus(BaseModel):
         "idle limit drops it)"))
     purged_at: str | None = Field(None, description="when the operator purged the job's messages and results "
                                                      "(`xclp job purge`): this is its tombstone")
+    machine: str = Field("", description=(
+        "a site: the job's machine state as it may see it, in its one wire form — base64 of the bytes that "
+        "xclp.job_kinds' loader for the job's kind reads (what a site agent steps on, as Flower's ClientApp "
+        "does); empty for the operator, whose view is the other fields"))
     deadline: dict | None = Field(None, description=(
         "a running predict job: when the current phase gives up on the sites it still awaits ('phase', 'at', "
         "'left_s') and the idle limit ('idle_limit_s'); null once the job is over"))
@@ -124,7 +128,7 @@ def submit_job(body: JobCreate, request: Request, db=Depends(get_db)):
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind=body.kind, params=dataclasses.asdict(params), sites=list(body.sites), live=list(body.sites),
-               deadlines={**request.app.state.settings.default_deadlines, **body.deadlines}))
+               machine=new_machine(body.kind, body.sites), deadlines={**request.app.state.settings.default_deadlines, **body.deadlines}))
     record(db, request, "job.submit", job_id, kind="predict", sites=list(body.sites), crypto=body.crypto)
     db.commit()
     request.app.state.engine.notify()  # (and the sites' long polls for work)
@@ -163,6 +167,7 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
                      finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
                      round=job.round or 0, parent=job.parent, training=_training_view(job, who),
+                     machine=_machine_view(job, who),
                      purged_at=None if job.purged_at is None else job.purged_at.isoformat(timespec="seconds") + "Z")
 
 
@@ -181,35 +186,31 @@ def cancel_job(job_id: str, request: Request, db=Depends(get_db)):
 
 
 def _training_view(job: Job, who: str) -> dict:
-    """Child predict jobs show which features they run on; training jobs their history and result.
-    The operator sees every site's metrics; a site sees the aggregates and only its own metrics (how
-    many labels another site holds, or how well its model does, is that site's business)."""
-    if not job_kind(job.kind).rounds:
-        child = job.round_xclp
-        return {} if child is None else child.model_dump()
-    view = job.training.model_dump(include={"history", "final", "features", "labelled", "strikes", "participants",
-                                                "survivors", "privacy"})
+    """Child predict jobs show which features they run on (the service's record of the round that started
+    them); training jobs what their machine shows (`shown`): their history and result. The operator sees
+    every site's metrics; a site sees the aggregates and only its own metrics (how many labels another
+    site holds, or how well its model does, is that site's business)."""
+    if job.parent:
+        return dict(job.state or {})
+    shown = machine_state(job).shown(None if who == "admin" else who)
+    if "history" in shown:
+        shown["history"] = round_seconds(job, shown["history"] or [])
+    return shown
+
+
+def _machine_view(job: Job, who: str) -> str:
+    """The job's machine state as site `who` may see it, in its one wire form (its bytes, base64); empty for
+    the operator, who reads the status's fields."""
     if who == "admin":
-        return view
-
-    def own(row: dict | None) -> dict | None:
-        if row is None:
-            return None
-        return {k: ({s: v for s, v in x.items() if s == who} if k in ("site_metrics", "local_accuracy_by_site") else x)
-                for k, x in row.items()}
-
-    return {"history": [own(r) for r in view["history"] or []], "final": own(view["final"]),
-            "features": view["features"], "strikes": {who: (view["strikes"] or {}).get(who, 0)},
-            "participants": view["participants"],  # who is in the round's masked sum
-            "survivors": view["survivors"],  # whose masked update arrived: the unmask step's sites
-            "privacy": view["privacy"]}  # ε spent of every site's data: each site's own business too
+        return ""
+    return base64.b64encode(machine_state(job).view_for(who).to_bytes()).decode()
 
 
 def _progress(db, job: Job) -> dict:
     """How far the current phase is: parts received out of parts expected."""
     if job_kind(job.kind).rounds:
         return train_progress(job, db)
-    state = PredictState.of(job)
+    state = machine_state(job)
     blocked = state.phase == "hamming" and graph_mode(JobParams(**job.params), DbMailbox(db, job.id), state) == "blocked"
     expected, exact, prefixes = phase_progress(state, blocked)
     where = [Message.topic == t for t in exact] + [Message.topic.startswith(p) for p in prefixes]

@@ -1,7 +1,9 @@
-"""What every kind of job shares on the coordinator: how it moves to its next phase or fails, how a
-site is dropped from it, when a phase's deadline has passed, and how the coordinator writes a
-message. The predict engine (service.engine) and the training engine (service.training_engine)
-both build on it; neither imports the other's internals.
+"""What every kind of job shares on the coordinator: its machine's state kept as opaque bytes in the
+job's row (`machine_state` reads it by the job's kind, `keep` writes it back with what its summary
+says, logs the events the machine emitted and runs the clock), when a phase's deadline has passed,
+and how the coordinator writes a message. The predict engine (service.engine) and the training engine
+(service.training_engine) both build on it; neither imports the other's internals. The transitions
+themselves (a phase, a drop, a failure) are the machines' alone: nothing here makes one.
 """
 
 from __future__ import annotations
@@ -32,27 +34,47 @@ def put_message(db, job_id: str, sender: str, recipient: str, topic: str, body: 
     db.info["messages_put"] = True  # the engine wakes the long polls once its step has committed (JobEngine.tick)
 
 
-def fail(job: Job, reason: str) -> None:
-    job.status, job.failure, job.finished_at = "failed", reason, utcnow()
-    log.info(json.dumps({"event": "job_failed", "job": job.id, "reason": reason}))
+def machine_state(job: Job):
+    """The job's machine state, from the bytes its row keeps (its kind's loader)."""
+    return job_kind(job.kind).load(job.machine)
 
 
-def next_phase(job: Job, phase: str) -> None:
+def new_machine(kind: str, sites: list[str]) -> bytes:
+    """A new job's machine state, as its row keeps it."""
+    return job_kind(kind).new_state(list(sites)).to_bytes()
+
+
+# The row's columns that repeat the machine's summary (for listing and querying): only `keep` writes them.
+SUMMARY_COLUMNS = ("status", "phase", "attempt", "attempts", "live", "dropped", "failure", "seed_sites",
+                   "graph_sites", "round")
+
+
+def keep(job: Job, state, events: list[dict] = ()) -> None:
+    """Store the machine's `state` in the job's row (its bytes, and its summary in the listing columns),
+    log the `events` the machine emitted, and run the driver's clock: a step with a deadline of its own
+    (the summary's `step` moved) counts from now; a phase that ended records the seconds it took; a job
+    that ended, when."""
+    summary = state.summary()
     now = utcnow()
-    job.timings = {**job.timings, job.phase: round((now - job.phase_started_at).total_seconds(), 3)}
-    job.attempts = {**job.attempts, job.phase: job.attempt}
-    log.info(json.dumps({"event": "phase", "job": job.id, "from": job.phase, "to": phase, "live": job.live}))
-    job.phase, job.attempt, job.phase_started_at = phase, 0, now
-    if phase == "done":
-        job.status, job.finished_at = "done", now
+    if summary["phase"] != job.phase and summary["status"] != "failed":
+        job.timings = {**job.timings, job.phase: round((now - job.phase_started_at).total_seconds(), 3)}
+    if summary["step"] != machine_state(job).summary()["step"]:
+        job.phase_started_at, job.attempt = now, 0
+    if summary["status"] != "running" and job.status == "running":
+        job.finished_at = now
+    job.machine = state.to_bytes()
+    for column in SUMMARY_COLUMNS:
+        if column in summary:
+            setattr(job, column, summary[column])
+    for e in events:
+        log.info(json.dumps({**e, "job": job.id}))
 
 
-def drop(job: Job, sites: set[str]) -> None:
-    if not sites:
-        return
-    job.dropped = {**job.dropped, **{s: job.phase for s in sorted(sites)}}
-    job.live = [s for s in job.live if s not in sites]
-    log.info(json.dumps({"event": "dropped", "job": job.id, "phase": job.phase, "sites": sorted(sites)}))
+def fail(job: Job, reason: str) -> None:
+    """The driver ends the job (the operator cancelled it; its step raised): the machine's state says so."""
+    state = machine_state(job)
+    state.abort(reason)
+    keep(job, state, [{"event": "job_failed", "reason": reason}])
 
 
 def phase_limit(job: Job) -> float:

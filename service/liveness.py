@@ -17,10 +17,10 @@ from __future__ import annotations
 import datetime as dt
 
 from service.db import Job, utcnow
-from service.lifecycle import DbMailbox, idle_limit, phase_limit
+from service.lifecycle import DbMailbox, idle_limit, machine_state, phase_limit
 from xclp.job_kinds import job_kind
 from xclp.job_params import JobParams
-from xclp.prediction_job import PredictCoordinator, PredictState
+from xclp.prediction_job import PredictCoordinator
 
 
 class Contacts(dict):
@@ -49,7 +49,7 @@ def awaited(db, job: Job) -> list[str]:
     machine decides; a training job: none named)."""
     if not job_kind(job.kind).phase_deadlines or job.status != "running":
         return []
-    machine = PredictCoordinator(JobParams(**job.params), PredictState.of(job))
+    machine = PredictCoordinator(JobParams(**job.params), machine_state(job))
     return machine.awaited(DbMailbox(db, job.id))
 
 

@@ -29,7 +29,7 @@ import time
 from sqlalchemy import delete, func, or_, select
 
 from service.db import Job, Message, PrunedBytes, utcnow
-from xclp.job_kinds import JOB_KINDS, job_kind
+from service.lifecycle import machine_state
 
 log = logging.getLogger("xclp.service")
 
@@ -105,8 +105,8 @@ def purge_job(db, job: Job) -> dict:
     db.execute(delete(PrunedBytes).where(PrunedBytes.job_id.in_(ids)))
     now = utcnow()
     for j in family:
-        if job_kind(j.kind).rounds:
-            j.state = {}  # each site's hello, the rounds' metrics: the job's results too
+        # each site's hello, the rounds' metrics: the job's results too (the machine says what of its state they are)
+        j.machine = machine_state(j).without_results().to_bytes()
         j.purged_at = j.purged_at or now
     return {"job": job.id, "jobs": ids, "messages": n, "bytes": size, "keys": keys, "purged_at": now}
 
@@ -131,10 +131,8 @@ def purge_site(db, name: str) -> dict:
         raise PurgeRefused(f"site {name!r} is in running job(s) {', '.join(named)}: purge its data once they are over "
                            "(or cancel them)")
     n, size, keys = _delete_messages(db, or_(Message.sender == name, Message.recipient == name))
-    for job in db.scalars(select(Job).where(Job.kind.in_([k for k in JOB_KINDS if JOB_KINDS[k].rounds]))).all():
-        if name in (job.sites or []):
-            facts = dict((job.state or {}).get("facts") or {})
-            if facts.pop(name, None) is not None:
-                job.state = {**job.state, "facts": facts}
+    for job in db.scalars(select(Job)).all():
+        if name in (job.sites or []):  # what the job's machine kept of the site's data (a training run: its hello)
+            job.machine = machine_state(job).without_site(name).to_bytes()
     return {"site": name, "messages": n, "bytes": size, "keys": keys}
 

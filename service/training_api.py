@@ -17,10 +17,10 @@ from pydantic import Field, create_model
 from service.audit import record
 from service.db import COORDINATOR, Job, message_body
 from service.deps import caller, check_roster, get_db, load_job, require_admin
-from service.lifecycle import PREDICT_DEADLINE_KEYS
+from service.lifecycle import PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
-from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec, train_state
+from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec
 from xclp.job_kinds import job_kind
 from xclp.job_options import OPTION, SECURE_DEFAULTS, TRAIN_JOB_OPTIONS
 from xclp.job_params import JobParams
@@ -107,6 +107,7 @@ def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
     except (ValueError, TypeError) as exc:
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
+               machine=new_machine("train", body.sites),
                deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
     record(db, request, "job.submit", job_id, kind="train", sites=list(body.sites), algorithm=body.algorithm,
            crypto=body.crypto)
@@ -133,10 +134,10 @@ def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    topic = TrainCoordinator(run_spec(job), train_state(job)).model_topic() if job_kind(job.kind).rounds else None
+    topic = TrainCoordinator(run_spec(job), machine_state(job)).model_topic() if job_kind(job.kind).rounds else None
     if topic is None:
         raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
-    done = len(job.training.history)
+    done = machine_state(job).summary()["rounds_done"]
     body = message_body(db, job_id, COORDINATOR, BROADCAST, topic)
     if body is None:
         raise HTTPException(404, f"job {job_id} has no model yet")

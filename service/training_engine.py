@@ -3,9 +3,9 @@ the database.
 
 The run's order — setup, each round's plan, uploads, the masked sum's unmask step, strikes, failing,
 the privacy ledger, the evaluation — is the machine's; this module is its transport: the database as
-its mailbox (`service.lifecycle.DbMailbox`), its state in the job's row and `state` column (so a
-coordinator restarted on the same database goes on where it was; the strategies' randomness is a
-function of (seed, round)), a round's XCLP job as a child predict job, and the clock (a step's
+its mailbox (`service.lifecycle.DbMailbox`), its state as bytes in the job's row, never read here
+(service.lifecycle.keep; so a coordinator restarted on the same database goes on where it was; the
+strategies' randomness is a function of (seed, round)), the events it emits in the log, a round's XCLP job as a child predict job, and the clock (a step's
 deadline counts from when the machine's clock last moved). What stays here is the service's own:
 the upload checks (`check_train_upload`), the status's progress and the pruning of old rounds.
 
@@ -41,31 +41,16 @@ import time
 
 from sqlalchemy import select
 
-from service.db import Job, RoundXCLPState, TrainingState, utcnow
-from service.lifecycle import DbMailbox, drop, expired, fail, next_phase, put_message
+from service.db import Job, utcnow
+from service.lifecycle import DbMailbox, expired, keep, machine_state, new_machine, put_message
 from xclp.mail import Inadmissible
-from xclp.training.algorithms import strategy_for
-from xclp.training.strategy import Strategy
 from xclp.training_job import BROADCAST as BROADCAST  # the recipient "*", as the API and its tests name it
-from xclp.training_job import RunSpec, StartXCLP, TrainCoordinator, TrainState
+from xclp.training_job import RunSpec, StartXCLP, TrainCoordinator
 
 log = logging.getLogger("xclp.engine")
 
 TRAIN_DEADLINES = {"setup": 600.0, "round": 1800.0, "evaluate": 600.0}
 CHILD_DEADLINES = {"setup": 120.0, "seed": 120.0, "counts": 120.0, "hamming": 1200.0, "row_sums": 300.0}
-
-
-def job_strategy(job: Job) -> Strategy:
-    """The job's algorithm as a whole (its number of rounds: `job_rounds`)."""
-    p = job.params
-    features = job.training.features
-    return strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(job.sites),
-                        n_features=None if features is None else int(features), n_public=p.get("public_size"))
-
-
-def strategy(job: Job) -> Strategy:
-    """The strategy whose hooks run the job's current round (FREDY: FedAvg's, then its vote's)."""
-    return job_strategy(job).at_round(job.round or 0)
 
 
 def run_spec(job: Job) -> RunSpec:
@@ -74,20 +59,13 @@ def run_spec(job: Job) -> RunSpec:
                    p.get("public_size"), int(p.get("max_missed_rounds", 3)))
 
 
-def train_state(job: Job) -> TrainState:
-    """The core machine's state of the job, from its row (the row's own columns and its `state`)."""
-    return TrainState.of({**job.training.model_dump(), "sites": list(job.sites), "live": list(job.live),
-                          "phase": job.phase, "round": job.round or 0, "status": job.status,
-                          "failure": job.failure, "dropped": dict(job.dropped or {})})
-
-
 def train_step(db, job: Job) -> None:
     """One decision of the core's machine (xclp.training_job.TrainCoordinator) on what the database holds;
     the job's row keeps the machine's state, so a restarted coordinator goes on where it was. What is
     left here is the transport: messages into the database, a round's XCLP job as a child job, and the
-    clock (a step's deadline counts from when the machine's clock last moved)."""
-    before = train_state(job)
-    machine = TrainCoordinator(run_spec(job), train_state(job))
+    clock (a step's deadline counts from when the machine's clock last moved; the seconds each round
+    took, kept in the row's timings, not in the machine's history)."""
+    machine = TrainCoordinator(run_spec(job), machine_state(job))
     running = set(db.scalars(select(Job.id).where(Job.parent == job.id, Job.status == "running")))
     t0 = time.perf_counter()
     out = machine.step(DbMailbox(db, job.id), expired(job), running)
@@ -97,33 +75,32 @@ def train_step(db, job: Job) -> None:
             _spawn_xclp(db, job, m)
         else:
             put_message(db, job.id, m.sender, m.recipient, m.topic, m.body)
-    after = machine.state
-    history = after.history
-    if len(history) > len(before.history):  # a round closed: the seconds it took, here and on the server
-        history = [*history[:-1], {**history[-1], "seconds": round((utcnow() - job.phase_started_at).total_seconds(), 3),
-                                   "server_seconds": round(seconds, 3)}]
-        log.info(json.dumps({"event": "round", "job": job.id, "round": history[-1]["round"],
-                             "left_out": history[-1]["left_out"]}))
-    if after.survivors and not before.survivors:
-        log.info(json.dumps({"event": "unmask", "job": job.id, "round": after.round, "survivors": after.survivors,
-                             "dropped": after.round_left_out}))
-    job.update_training(**{k: getattr(after, k) for k in TrainingState.model_fields if k != "history"},
-                        history=history)
-    drop(job, set(before.live) - set(after.live))  # (logs each drop; the machine named the phase)
-    job.dropped, job.round = after.dropped, after.round
-    if after.status == "failed":
-        fail(job, after.failure)
-    elif after.phase != before.phase:
-        next_phase(job, after.phase)
-    elif after.clock != before.clock:  # a new step (a round's plan, its unmask step): its deadline afresh
-        job.phase_started_at, job.attempt = utcnow(), 0
+    for e in machine.events:
+        if e["event"] == "round":  # a round closed: the seconds it took, here and on the server
+            rounds = {**job.timings.get(ROUNDS, {}), str(e["round"]): {
+                "seconds": round((utcnow() - job.phase_started_at).total_seconds(), 3),
+                "server_seconds": round(seconds, 3)}}
+            job.timings = {**job.timings, ROUNDS: rounds}
+    keep(job, machine.state, machine.events)
+
+
+# Under this key of a training job's timings: each closed round's seconds ({round: {"seconds",
+# "server_seconds"}}), which its status shows in that round's history record.
+ROUNDS = "rounds"
+
+
+def round_seconds(job: Job, history: list[dict]) -> list[dict]:
+    """The run's history as its status shows it: each closed round's record with the seconds it took."""
+    took = (job.timings or {}).get(ROUNDS, {})
+    return [{**r, **took.get(str(r.get("round")), {})} if r else r for r in history]
 
 
 def _spawn_xclp(db, job: Job, start: StartXCLP) -> None:
     """A child predict job over the round's sites: the XCLP protocol itself, run by the ordinary predict engine."""
     db.add(Job(id=start.job_id, kind="predict", params=dataclasses.asdict(start.params), sites=list(start.sites),
                live=list(start.sites), parent=job.id, round=start.round,
-               state=RoundXCLPState(features=start.features, model_round=start.round - 1).model_dump(),
+               state={"features": start.features, "model_round": start.round - 1},
+               machine=new_machine("predict", start.sites),
                deadlines={**CHILD_DEADLINES, **job.params.get("xclp_deadlines", {})}))
     log.info(json.dumps({"event": "xclp_child", "job": job.id, "round": start.round, "child": start.job_id,
                          "sites": start.sites}))
@@ -136,7 +113,7 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
     """None if the upload is acceptable now, else (HTTP status code, reason): the machine's rule
     (TrainCoordinator.admit) — 409 for a message of another step or round, 422 for one no step has."""
     try:
-        TrainCoordinator(run_spec(job), train_state(job)).admit(site, to, topic, body)
+        TrainCoordinator(run_spec(job), machine_state(job)).admit(site, to, topic, body)
     except Inadmissible as exc:
         return (409 if exc.conflict else 422), f"{exc}"
     return None
@@ -144,8 +121,8 @@ def check_train_upload(db, job: Job, site: str, to: str, topic: str, body: bytes
 
 def train_progress(job: Job, db) -> dict:
     """Rounds done out of rounds planned, and the current step's parts received (the machine's count)."""
-    machine = TrainCoordinator(run_spec(job), train_state(job))
+    machine = TrainCoordinator(run_spec(job), machine_state(job))
     got, expected = machine.progress(DbMailbox(db, job.id))
-    total, done = machine.whole.job_rounds(), len(job.training.history)
+    total, done = machine.whole.job_rounds(), machine.state.summary()["rounds_done"]
     return {"phase": job.phase, "round": job.round, "rounds": total, "rounds_done": done, "received": got,
             "expected": expected, "fraction": round(min(1.0, (done + (got / expected if expected else 0)) / total), 3)}

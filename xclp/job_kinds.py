@@ -18,6 +18,11 @@ test, tests/test_layers.py): whether the job runs training rounds (`rounds`), wh
 (`admit`, by its topic before its body; `admits_with_body`), whether each phase has a deadline and names
 the sites it awaits (`phase_deadlines`), the core's parameters of the job (`params`) and the ledger of
 what it releases about the sites' labels (`privacy`).
+
+A driver keeps a job's machine state as bytes it never reads (`state.to_bytes()`, one record, read back
+by `load`); a new job's is `new_state(sites)`. What it lists and shows is the state's `summary()`;
+what it hands a site is `state.view_for(site).to_bytes()` — the one wire form of a state, for the
+service's agents as for Flower's ClientApps.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class JobKind:
     phase_deadlines: bool
     params: Callable[[dict], Any]  # the core's parameters from the job's JSON (None: the machine reads them itself)
     privacy: Callable[[dict], dict]  # the label-DP ledger of what the job releases, from its params ({}: none here)
+    new_state: Callable[[list[str]], Any]  # a new job's machine state over its roster
+    load: Callable[[bytes], Any]  # a machine state from its bytes (state.to_bytes())
 
     @property
     def steps(self) -> tuple[str, ...]:
@@ -80,16 +87,32 @@ def _admitted_with_body(params, state, mail, site: str, to: str, topic: str) -> 
     """A training run's upload: admitted with its body, by its machine (`admits_with_body`)."""
 
 
+# A state's class is imported where a state is made or loaded: the training machine's imports torch, and
+# this registry is read by drivers that never touch a state (the command line's progress bar).
+def _predict_state():
+    from xclp.prediction_job import PredictState
+
+    return PredictState
+
+
+def _train_state():
+    from xclp.training_job import TrainState
+
+    return TrainState
+
+
 JOB_KINDS = {
     "predict": JobKind(protocol.JOB_PHASES, prediction_topics.topic_phase, prediction_topics.max_body,
                        prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete,
                        prediction_topics.TOPIC_KINDS, name="predict", rounds=False, admit=_predict_admit,
                        admits_with_body=False, phase_deadlines=True, params=lambda p: JobParams(**p),
-                       privacy=lambda p: JobParams(**p).privacy()),
+                       privacy=lambda p: JobParams(**p).privacy(), new_state=lambda sites: _predict_state().new(sites),
+                       load=lambda data: _predict_state().from_bytes(data)),
     "train": JobKind(training_topics.TRAIN_PHASES, training_topics.topic_phase, _train_max_body,
                      lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS,
                      name="train", rounds=True, admit=_admitted_with_body, admits_with_body=True,
-                     phase_deadlines=False, params=lambda p: None, privacy=lambda p: {}),
+                     phase_deadlines=False, params=lambda p: None, privacy=lambda p: {},
+                     new_state=lambda sites: _train_state().new(sites), load=lambda data: _train_state().from_bytes(data)),
 }
 
 

@@ -210,6 +210,36 @@ class PredictState:
     def from_bytes(cls, data: bytes) -> PredictState:
         return cls(**json.loads(data.decode()))
 
+    # What a driver lists and shows of a job (the service's row columns; `step` moves whenever a step with
+    # a deadline of its own begins: a phase, a masked sum's restart, a blocked graph's round). The state
+    # itself is stored and travels only as `to_bytes`: a driver never reads its fields.
+    def summary(self) -> dict:
+        return {"status": self.status, "phase": self.phase, "attempt": self.attempt, "attempts": dict(self.attempts),
+                "live": list(self.live), "dropped": dict(self.dropped), "failure": self.failure,
+                "seed_sites": list(self.seed_sites), "graph_sites": list(self.graph_sites),
+                "step": f"{self.phase}/{self.attempt}"}
+
+    def abort(self, reason: str) -> None:
+        """The driver ends the job (the operator cancelled it; a step raised): failed, with `reason`."""
+        if self.status == "running":
+            self.status, self.failure = "failed", reason
+
+    def view_for(self, site: str) -> PredictState:
+        """What `site` is shown of the state (all of it: a prediction job's state holds nothing of any site's)."""
+        return self
+
+    def shown(self, site: str | None = None) -> dict:
+        """What a job's status shows of it beyond its summary: nothing."""
+        return {}
+
+    def without_results(self) -> PredictState:
+        """The state of a purged job (nothing in it is a result)."""
+        return self
+
+    def without_site(self, site: str) -> PredictState:
+        """The state once `site`'s data are purged (the state holds none of them)."""
+        return self
+
     @property
     def order(self) -> list[str]:
         return [s for s in self.sites if s in self.live]
@@ -351,6 +381,8 @@ class PredictCoordinator:
         self.state = state
         self.executor = executor
         self.timings: dict[str, float] = {}
+        # what happened, for a driver's log: {"event": "phase" | "dropped" | "job_failed", …} in order
+        self.events: list[dict] = []
         self.solve_info = None
         self.coordinator: CoordinatorSession | None = None  # the last graph's (tests and benchmarks read it)
         self._mode: str | None = None
@@ -415,12 +447,15 @@ class PredictCoordinator:
             return
         st.dropped = {**st.dropped, **{s: st.phase for s in sorted(sites)}}
         st.live = [s for s in st.live if s not in sites]
+        self.events.append({"event": "dropped", "phase": st.phase, "sites": sorted(sites)})
 
     def _fail(self, reason: str) -> None:
         self.state.status, self.state.failure = "failed", reason
+        self.events.append({"event": "job_failed", "reason": reason})
 
     def _next(self, phase: str) -> None:
         st = self.state
+        self.events.append({"event": "phase", "from": st.phase, "to": phase, "live": list(st.live)})
         st.attempts = {**st.attempts, st.phase: st.attempt}
         st.phase, st.attempt = phase, 0
         if phase == "done":

@@ -1,6 +1,6 @@
 """A training run's order, written once: the coordinator's machine and the site's machine.
 
-(About 700 lines: the two sides of one run's order and the rule that admits its messages, read and
+(About 850 lines: the two sides of one run's order and the rule that admits its messages, read and
 changed together, as in xclp/prediction_job.py.)
 
 The strategies (xclp/training/strategy.py) hold WHAT each party computes in a round — the plan, the
@@ -40,6 +40,7 @@ Steps of a run, and what ends each:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -130,9 +131,58 @@ class TrainState:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    # What a driver lists and shows of a run (the service's row columns; `step` moves whenever a step with
+    # a deadline of its own begins). The state itself is stored and travels only as `to_bytes`.
+    def summary(self) -> dict:
+        return {"status": self.status, "phase": self.phase, "round": self.round, "live": list(self.live),
+                "dropped": dict(self.dropped), "failure": self.failure, "step": self.clock,
+                "rounds_done": len(self.history)}
+
+    def abort(self, reason: str) -> None:
+        """The driver ends the run (the operator cancelled it; a step raised): failed, with `reason`."""
+        if self.status == "running":
+            self.status, self.failure = "failed", reason
+
+    def view_for(self, site: str) -> TrainState:
+        """What `site` is shown: the run's course, and of each round and the final evaluation the
+        aggregates and only its own metrics (another site's hello, strikes and scores are its business)."""
+        def own(row: dict | None) -> dict | None:
+            if row is None:
+                return None
+            return {k: ({s: v for s, v in x.items() if s == site} if k in _PER_SITE and isinstance(x, dict) else x)
+                    for k, x in row.items()}
+
+        mine = lambda d: {s: v for s, v in d.items() if s == site}  # noqa: E731
+        return dataclasses.replace(self, facts=mine(self.facts), strikes=mine(self.strikes), reasons=mine(self.reasons),
+                                   labelled=[], unlabelled=[], cached=[], history=[own(r) for r in self.history],
+                                   final=own(self.final))
+
+    def shown(self, site: str | None = None) -> dict:
+        """What a run's status shows of it (site None: the operator; else what `site` may see: `view_for`)."""
+        if site is None:
+            return {"history": self.history, "final": self.final, "features": self.features, "labelled": self.labelled,
+                    "strikes": self.strikes, "participants": self.participants, "survivors": self.survivors,
+                    "privacy": self.privacy}
+        v = self.view_for(site)
+        return {"history": v.history, "final": v.final, "features": v.features, "strikes": {site: v.strikes.get(site, 0)},
+                "participants": v.participants,  # who is in the round's masked sum
+                "survivors": v.survivors,  # whose masked update arrived: the unmask step's sites
+                "privacy": v.privacy}  # ε spent of every site's data: each site's own business too
+
+    def without_results(self) -> TrainState:
+        """The state of a purged run: its course kept, each site's hello and the rounds' metrics gone."""
+        return dataclasses.replace(self, facts={}, history=[], final=None, privacy=None)
+
+    def without_site(self, site: str) -> TrainState:
+        """The state once `site`'s data are purged: its hello gone."""
+        return dataclasses.replace(self, facts={s: v for s, v in self.facts.items() if s != site})
+
     @property
     def order(self) -> list[str]:
         return [s for s in self.sites if s in self.live]
+
+
+_PER_SITE = ("site_metrics", "local_accuracy_by_site")  # a round's (and the final's) entries keyed by site
 
 
 @dataclass(frozen=True)
@@ -164,6 +214,8 @@ class TrainCoordinator:
         if spec.max_missed < 1:
             raise ValueError(f"max-missed-rounds must be at least 1, got {spec.max_missed}")
         self.spec, self.state = spec, state
+        # what happened, for a driver's log: {"event": "phase" | "dropped" | "job_failed" | "round" | "unmask", …}
+        self.events: list[dict] = []
 
     @property
     def whole(self) -> Strategy:
@@ -245,12 +297,15 @@ class TrainCoordinator:
         st.dropped = {**st.dropped, **{s: st.phase for s in sites}}
         st.reasons = {**st.reasons, **{s: why if isinstance(why, str) else why[s] for s in sites}}
         st.live = [s for s in st.live if s not in sites]
+        self.events.append({"event": "dropped", "phase": st.phase, "sites": sites})
 
     def _fail(self, reason: str) -> None:
         self.state.status, self.state.failure = "failed", reason
+        self.events.append({"event": "job_failed", "reason": reason})
 
     def _next(self, phase: str) -> None:
         st = self.state
+        self.events.append({"event": "phase", "from": st.phase, "to": phase, "live": list(st.live)})
         st.phase = phase
         st.clock += 1
         if phase == "done":
@@ -473,6 +528,7 @@ class TrainCoordinator:
                      "commitments": commits[k]})))
             st.survivors, st.round_left_out = arrived, sorted({*st.round_left_out, *missing})
             st.clock += 1
+            self.events.append({"event": "unmask", "round": t, "survivors": arrived, "dropped": st.round_left_out})
             return False
         got = mail.senders(COORDINATOR, f"reveal/{t}")
         return not ([x for x in st.survivors if x not in got and x in st.live] and not expired)
@@ -522,6 +578,7 @@ class TrainCoordinator:
         if st.privacy is not None:
             row["epsilon"] = PrivacyLedger.from_json(st.privacy).epsilon()
         st.history = [*st.history, row]
+        self.events.append({"event": "round", "round": t, "left_out": left_out})
         self._strike(plan["sites"], left_out)
         if len(st.live) < 2:
             return

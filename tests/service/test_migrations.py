@@ -7,6 +7,7 @@ database at a revision this release does not know is refused with one line; `xcl
 migrate --dry-run` and `db-version` say where a database stands.
 """
 
+import base64
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from service.db import Base, make_engine
 from service.migrate import BASELINE, LEGACY, head, open_database, schema_state
 from xclp.data import load_arrays
 from xclp.job_params import JobParams
+from xclp.prediction_job import PredictState
 from xclp.simulation import run_xclp
 from xclp.splits import simulate_sites
 
@@ -68,6 +70,20 @@ def _job_row(database: str, job: str) -> dict:
             return dict(row)
     finally:
         engine.dispose()
+
+
+def _decoded(row: dict) -> dict:
+    """A row with its JSON columns as values (SQLite hands them back as text)."""
+    return {k: json.loads(v) if isinstance(v, str) and v[:1] in "[{" else v for k, v in row.items()}
+
+
+def _legacy_machine(row: dict) -> PredictState:
+    """A prediction job's machine state as a release before revision 0007 kept it: in the row's columns."""
+    return PredictState.of(_decoded(row))
+
+
+def _machine(data) -> PredictState:
+    return PredictState.from_bytes(bytes(data))
 
 
 def _logs(work: Path) -> str:
@@ -117,6 +133,7 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
         # written out now that standardisation is on by default (revision 0005)
         assert params(after) == {**params(before), "standardize": False}
         assert after.pop("purged_at") is None  # (revision 0006: not purged)
+        assert _machine(after.pop("machine")) == _legacy_machine(before)  # (revision 0007: the state's bytes)
         assert after == before
         for s in ds.sites:
             idx = np.flatnonzero(ds.site == s)
@@ -316,6 +333,7 @@ def test_the_previous_head_s_database_with_a_job_in_flight_gets_the_audit_log_an
         engine.dispose()
         after = _job_row(db_url, job)
         assert after.pop("purged_at") is None
+        assert _machine(after.pop("machine")) == _legacy_machine(before)  # (revision 0007: the state's bytes)
         for row in (before, after):  # (SQLite hands JSON columns back as text)
             for k, v in row.items():
                 if isinstance(v, str) and v[:1] in "[{":
@@ -329,3 +347,127 @@ def test_the_previous_head_s_database_with_a_job_in_flight_gets_the_audit_log_an
         assert [(x["who"], x["action"], x["target"]) for x in c.admin.audit()] == [("admin", "job.purge", job)]
     finally:
         c.close()
+
+
+PREVIOUS_MACHINE = "2101c31"  # the last release before revision 0007 (a job's machine state kept as its bytes)
+FEDAVG = dict(rounds=3, sites_per_round=2, local_epochs=1, lr=0.1, seed=5)  # as tests/service/test_training_e2e.py
+
+
+def _start_previous_agent(tree: Path, work: Path, url: str, site: str, token: str) -> subprocess.Popen:
+    log = open(work / f"previous-agent-{site}.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "cli", "agent", "run", "--coordinator", url, "--site", site,
+                             "--data", str(work / f"{site}.npz"), "--out", str(work / f"out-{site}"), "--poll", "0.05",
+                             "--max-poll", "0.5", "--allow-plaintext", "--trust-on-first-use"],
+                            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), "XCLP_TOKEN": token},
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(admin: CoordinatorClient, job: str, until, work: Path, what: str, timeout: float = 300) -> dict:
+    end = time.monotonic() + timeout
+    while not until(st := admin.job(job)):
+        assert time.monotonic() < end, f"{what}: {st}\n{_logs(work)}"
+        time.sleep(0.1)
+    return st
+
+
+@pytest.mark.slow
+def test_jobs_in_flight_in_the_previous_release_keep_their_machine_state_as_bytes_and_finish_as_the_simulation(
+        tmp_path, db_url):
+    """0006 -> 0007 (jobs.machine), on a database the previous release's coordinator and agents wrote: a
+    training run killed after its first round (its state in the row's columns and `state` JSON) and a
+    prediction job killed in its first phase. The current coordinator converts both rows at start: each
+    machine's bytes hold the state the row held, the training job's `state` JSON is emptied (all of it is
+    in the bytes), and the status a person reads is the same before and after. With the current agents
+    both finish: the training run's model equal, bit for bit, to the simulation's; the prediction job's
+    labels equal to the in-process run's."""
+    import torch
+
+    from xclp.training.fedavg import FedAvgConfig, Site
+    from xclp.training.messages import load_state
+    from xclp.training.models import build_network
+    from xclp.training.simulation import run_fedavg
+    from xclp.training_job import TrainState
+
+    tree = _previous_release(tmp_path, PREVIOUS_MACHINE)
+    X, y = load_arrays("digits", limit=600, seed=3)
+    ds = simulate_sites((X / 16.0).astype(np.float32), y, 3, "iid", 0.1, seed=3)
+    for s in ds.sites:
+        idx = np.flatnonzero(ds.site == s)
+        np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx], y_true=ds.y_true[idx])
+    procs = []
+    try:
+        port = free_port()
+        procs.append(old := _start_previous(tree, tmp_path, port, db_url))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120)
+        admin = CoordinatorClient(url, ADMIN, retries=20)
+        tokens = {s: admin.add_site(s)["token"] for s in ds.sites}
+        agents = [_start_previous_agent(tree, tmp_path, url, s, tokens[s]) for s in ds.sites]
+        procs += agents
+        train = admin.submit_train(algorithm="fedavg", sites=ds.sites, classes=10, crypto="plaintext", **FEDAVG)
+        _wait(admin, train, lambda st: len(st["training"].get("history") or []) >= 1, tmp_path, "round 1")
+        for a in agents:  # the sites go away inside the run; then a prediction job comes and waits for them
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+        predict = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=6, classes=10)
+        shown = {job: admin.job(job) for job in (train, predict)}
+        old.send_signal(signal.SIGKILL)
+        old.wait()
+        before = {job: _decoded(_job_row(db_url, job)) for job in (train, predict)}
+        assert before[train]["state"]["history"], "the previous release kept a training run's state in its row"
+
+        port = free_port()
+        procs.append(start_coordinator(tmp_path, port, ADMIN, db_url))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120)
+        engine = make_engine(db_url)
+        assert schema_state(engine).current == head()
+        engine.dispose()
+        admin = CoordinatorClient(url, ADMIN, retries=20)
+        after = {job: _decoded(_job_row(db_url, job)) for job in (train, predict)}
+        row_fields = ("sites", "live", "phase", "round", "status", "failure", "dropped")
+        assert TrainState.from_bytes(bytes(after[train]["machine"])) == TrainState.of(
+            {**before[train]["state"], **{k: before[train][k] for k in row_fields}})
+        assert after[train]["state"] == {}
+        assert _machine(after[predict]["machine"]) == _legacy_machine(before[predict])
+        # what a person reads is what the previous release showed (a round whose uploads were all in when it
+        # was killed may close at the takeover: the rounds it showed are a prefix of those shown now)
+        now = {job: admin.job(job) for job in (train, predict)}
+        assert all(now[job]["live"] == shown[job]["live"] == ds.sites for job in (train, predict))
+        site = CoordinatorClient(url, tokens[ds.sites[0]], retries=20)  # a site is sent the machine's bytes
+        assert PredictState.from_bytes(base64.b64decode(site.job(predict)["machine"])) == _legacy_machine(before[predict])
+        same = ("status", "phase", "attempt", "attempts", "dropped", "seed_sites", "graph_sites", "training")
+        assert {k: now[predict][k] for k in same} == {k: shown[predict][k] for k in same}
+        then_shown, now_shown = shown[train]["training"], now[train]["training"]
+        assert now_shown["history"][:len(then_shown["history"])] == then_shown["history"]
+        assert {k: now_shown[k] for k in ("features", "labelled")} == {k: then_shown[k] for k in ("features", "labelled")}
+
+        for s in ds.sites:  # the current agents, on the same folders (their records of what they sent)
+            procs.append(start_agent(tmp_path, url, s, tokens[s], tmp_path / f"{s}.npz", tmp_path / f"out-{s}",
+                                     options=["--allow-plaintext", "--trust-on-first-use"]))
+        for job in (train, predict):
+            st = _wait(admin, job, lambda st: st["status"] != "running", tmp_path, f"job {job} done")
+            assert st["status"] == "done" and st["dropped"] == {}, f"{st}\n{_logs(tmp_path)}"
+
+        sites = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s], ds.y_true[ds.site == s])
+                 for s in ds.sites]
+        sim = run_fedavg(sites, (ds.X[:10].astype(np.float32), ds.y_true[:10]), 10,
+                         FedAvgConfig(algorithm="fedavg", secure_aggregation=True, **FEDAVG))
+        got, _ = load_state(admin.model(train), build_network("mlp", 64, 10).state_dict())
+        want = sim["model"].state_dict()
+        assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+        contributions = {}
+        for s in ds.sites:
+            result = tmp_path / f"out-{s}" / f"{predict}.npz"
+            end = time.monotonic() + 60
+            while not result.exists():
+                assert time.monotonic() < end, f"no result for {s}\n{_logs(tmp_path)}"
+                time.sleep(0.05)
+            state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{predict}.json").read_text())
+            contributions[s] = bytes.fromhex(state["contribution"])
+        ref = run_xclp(ds, JobParams(**admin.job(predict)["params"]), contributions=contributions)
+        for s in ds.sites:
+            assert np.array_equal(np.load(tmp_path / f"out-{s}" / f"{predict}.npz")["labels"], ref.predictions[s].labels)
+    finally:
+        stop_processes(procs)
