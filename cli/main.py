@@ -466,7 +466,8 @@ def cmd_agent_run(args) -> int:
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
                   columns=columns, max_poll=args.max_poll, membership=membership,
-                  identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use)
+                  identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use,
+                  keep_rounds=args.keep_rounds)
     if membership:
         logging.getLogger("xclp.agent").info("site %s takes part only with the %d site(s) of %s", args.site,
                                              len(membership.members), membership.source)
@@ -884,6 +885,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's results: <job>.npz (labels, confidence, "
                     "ids) and <job>.csv (id,label,confidence)")
+    ar.add_argument("--keep-rounds", action="store_true",
+                    help="also write each training round's XCLP labels (<child job>.npz and .csv) to --out (default: "
+                         "only the training job's final <job>.npz, <job>.csv and model; the rounds' stay in "
+                         "<out>/.agent-state)")
     ar.add_argument("--poll", type=float, default=0.1,
                     help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
     ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")

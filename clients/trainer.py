@@ -13,8 +13,9 @@ runs, on the embeddings φ(X) of the round's model, or on the raw features for F
 Randomness is (seed, round, site) only, so an agent restarted mid-round repeats its update byte for
 byte. What it keeps on disk per job, in its private state folder: the pseudo-labels it last adopted
 (FedAvg with R > 1 reuses them) and its FedCT learner after each exchange. What it writes to its
-output folder when the job is done: `<job>.npz` (labels and confidence for its own points, from the
-final model) and the model itself (`<job>.model.npz`: FedAvg weights, or a FedCT/FedKT/FREDY torch
+output folder when the job is done: `<job>.npz` and `<job>.csv` (labels and confidence for its own
+points from the final model, with the data file's IDs: clients.results, as a prediction job's) and the
+model itself (`<job>.model.npz`: FedAvg weights, or a FedCT/FedKT/FREDY torch
 learner's; `<job>.model.skops`: a scikit-learn learner — xclp.training.saved_learners, never a pickle).
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from clients.api import ApiError
+from clients.results import write_results
 from crypto.errors import ProtocolError
 from xclp.data import DataError
 from xclp.job_files import job_file
@@ -216,10 +218,8 @@ class Trainer:
                 proba = np.eye(int(status["params"]["classes"]))[labels]
             suffix, body = model_file(learner)
             _atomic_write(job_file(self.agent.out, job_id, suffix), body)
-        tmp = path.with_name(path.stem + ".partial.npz")
-        np.savez(tmp, labels=proba.argmax(axis=1), confidence=proba.max(axis=1))
-        os.replace(tmp, path)
-        log.info("job %s: trained model and labels for %d points written to %s", job_id, len(X), path)
+        _, table = write_results(path, proba.argmax(axis=1), proba.max(axis=1), self.agent.ids)
+        log.info("job %s: trained model, and labels for %d points written to %s and %s", job_id, len(X), path, table)
         return True
 
 
