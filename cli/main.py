@@ -434,7 +434,8 @@ def _ops(name: str):
 def cmd_job_list(args) -> int:
     from cli.tables import print_jobs
 
-    return print_jobs(_admin(args).jobs(), args.json)
+    return print_jobs(_admin(args).jobs(kind=args.kind, status=args.status, fold=not args.unfold), args.json,
+                      filtered=bool(args.kind or args.status))
 
 
 def _site_names(text: str) -> list[str]:
@@ -574,7 +575,7 @@ def cmd_job_status(args) -> int:
             hist = st["training"].get("history") or []
             last = hist[-1] if hist else {}
             final = st["training"].get("final") or {}
-            print(f"job {st['job']} ({st['params']['algorithm']}): {st['status']}, phase {st['phase']}, "
+            print(f"job {st['job']} ({st['params']['algorithm']}): {_shown(st)}, phase {st['phase']}, "
                   f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
                   + (f"; last round: {_scored(last)} {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
@@ -584,7 +585,7 @@ def cmd_job_status(args) -> int:
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
         else:
-            print(f"job {st['job']}: {st['status']}, phase {st['phase']} (attempt {st['attempt']}), "
+            print(f"job {st['job']}: {_shown(st)}, phase {st['phase']} (attempt {st['attempt']}), "
                   f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
@@ -597,9 +598,14 @@ def cmd_job_status(args) -> int:
     return 0
 
 
+def _shown(st: dict) -> str:
+    """A job's status as the lists show it: `cancelled` for one the operator ended (service.job_list)."""
+    return "cancelled" if st.get("cancelled") else st["status"]
+
+
 def cmd_job_cancel(args) -> int:
     st = _admin(args).cancel(args.job)
-    print(f"job {st['job']}: {st['status']} ({st['failure']}); the sites wipe its keys at their next sweep")
+    print(f"job {st['job']}: {_shown(st)} ({st['failure']}); the sites wipe its keys at their next sweep")
     return 0
 
 
@@ -611,7 +617,7 @@ def cmd_job_wait(args) -> int:
         print(f"job {args.job}: still running after {args.timeout} s", file=sys.stderr)
         return WAIT_TIMEOUT
     if st["status"] == "failed":
-        print(f"job {args.job} failed: {st['failure']}", file=sys.stderr)
+        print(f"job {args.job} {'was cancelled' if st.get('cancelled') else 'failed'}: {st['failure']}", file=sys.stderr)
         for site, why in (st.get("refused") or {}).items():
             print(f"  {site} refused: {why}", file=sys.stderr)
         return WAIT_FAILED
@@ -1001,8 +1007,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "coordinator's)")
     jt.add_argument("--json", action="store_true", help="print {\"job\": ID} as JSON")
     jt.set_defaults(func=cmd_job_submit_train)
-    jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted")
+    jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted (a training job's "
+                                     "rounds counted on its row)")
     coord_args(jl)
+    jl.add_argument("--kind", choices=("predict", "train"), default=None, help="only jobs of this kind (default: all)")
+    jl.add_argument("--status", choices=("running", "done", "failed", "cancelled"), default=None,
+                    help="only jobs in this status (default: all)")
+    jl.add_argument("--unfold", action="store_true",
+                    help="list each training round's XCLP job on a row of its own (default: counted on its "
+                         "training job's row)")
     jl.add_argument("--json", action="store_true", help="print the jobs as JSON instead of a table")
     jl.set_defaults(func=cmd_job_list)
     jst = job.add_parser("status", help="a job's phase, progress, dropouts")

@@ -58,16 +58,25 @@ def _silence(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-def print_jobs(jobs: list[dict], as_json: bool) -> int:
+def print_jobs(jobs: list[dict], as_json: bool, filtered: bool = False) -> int:
+    """The jobs (service.job_list's rows): a training job's folded rounds as a count on its row."""
     if as_json:
         print(json.dumps({"jobs": jobs}, indent=2))
         return 0
     if not jobs:
-        print("no jobs yet")
+        print("no job matches these filters" if filtered else "no jobs yet")
         return 0
+
+    def kind(j: dict) -> str:
+        if j.get("parent"):
+            return f"{j.get('kind', '?')} (of {j['parent']})"
+        n = j.get("round_jobs") or 0
+        by = ", ".join(f"{c} {s}" for s, c in (j.get("round_jobs_by_status") or {}).items())
+        return j.get("kind", "?") + (f" (+{n} round job{'s' if n > 1 else ''}: {by})" if n else "")
+
     _table(["JOB", "KIND", "STATUS", "PHASE", "SUBMITTED (UTC)", "SITES"],
-           [[j["job"], j.get("kind", "?") + (f" (of {j['parent']})" if j.get("parent") else ""), j["status"],
-             j["phase"], _when(j.get("created_at")), ",".join(j.get("sites") or [])] for j in jobs])
+           [[j["job"], kind(j), j["status"], j["phase"], _when(j.get("created_at")), ",".join(j.get("sites") or [])]
+            for j in jobs])
     return 0
 
 

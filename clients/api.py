@@ -164,8 +164,10 @@ class CoordinatorClient:
     def rotate_token(self, name: str) -> dict:
         return self.call("POST", f"/sites/{name}/token")
 
-    def jobs(self) -> list[dict]:
-        return self.call("GET", "/jobs")["jobs"]
+    def jobs(self, kind: str | None = None, status: str | None = None, fold: bool = False) -> list[dict]:
+        """Every job (service.job_list): with `fold`, a training job's round jobs counted on its row."""
+        params = {k: v for k, v in (("kind", kind), ("status", status)) if v} | ({"fold": "true"} if fold else {})
+        return self.call("GET", "/jobs", params=params)["jobs"]
 
     def cancel(self, job_id: str) -> dict:
         return self.call("POST", f"/jobs/{job_id}/cancel")

@@ -192,6 +192,6 @@ def test_a_revoked_site_is_marked_its_refusal_shows_and_the_operator_cancels_a_j
     browser.get(f"{c.url}/ui/jobs/{stuck}")
     wait(browser, "the running job's cancel button", lambda d: d.find_element(By.ID, "cancel").is_displayed())
     browser.find_element(By.ID, "cancel").click()
-    wait(browser, "the cancelled job", lambda d: text(d, "#status") == "failed")
+    wait(browser, "the cancelled job", lambda d: text(d, "#status") == "cancelled")
     assert text(browser, "#failure") == "Cancelled by the operator."
     assert not browser.find_element(By.ID, "cancel").is_displayed()

@@ -1,15 +1,20 @@
 """What a site finds in its --out folder (clients.results): a training job's final labels with the data
 file's IDs and a CSV beside them, as a prediction job's; its rounds' XCLP labels only with --keep-rounds
 (else in the private state folder, where the training step reads them); and the ledger's ε = ∞ entry
-explained, at WARNING, when a job without a label-DP budget first puts it there."""
+explained, at WARNING, when a job without a label-DP budget first puts it there. What the operator
+lists (service.job_list): a training job's round jobs folded under it in `xclp job list` and on the
+dashboard, filters by kind and status, and a cancelled job reading `cancelled`."""
 
+import contextlib
 import csv
+import io
 import logging
 
 import numpy as np
 import pytest
 from inprocess import InProcess
 
+from cli.tables import print_jobs
 from clients.agent import Agent
 from xclp.datafile import Columns
 from xclp.site_policy import SitePolicy
@@ -71,6 +76,42 @@ def test_a_training_job_leaves_ids_and_a_csv_and_its_rounds_only_when_asked(clus
         if ag.site != keeper:
             assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
                 [f"{job}.npz", f"{job}.csv", f"{job}.model.npz"])
+    _lists_fold_the_rounds(c, job, rounds)
+
+
+def _lists_fold_the_rounds(c: InProcess, job: str, rounds: list[str]) -> None:
+    other = c.admin.submit_job(kind="predict", sites=c.ds.sites, crypto="plaintext", bits=32, k=4, classes=10)
+    c.admin.cancel(other)
+    assert c.admin.job(other)["cancelled"] and c.admin.job(other)["status"] == "failed"  # (the sites: it is over)
+    everything = c.admin.jobs()
+    assert {j["job"] for j in everything} == {job, other, *rounds}  # the API lists every job unless asked to fold
+    folded = c.admin.jobs(fold=True)
+    assert [j["job"] for j in folded] == [job, other]
+    assert folded[0]["round_jobs"] == 2 and folded[0]["round_jobs_by_status"] == {"done": 2}
+    assert folded[1]["status"] == "cancelled"
+    assert [j["job"] for j in c.admin.jobs(kind="train", fold=True)] == [job]
+    assert [j["job"] for j in c.admin.jobs(status="cancelled", fold=True)] == [other]
+    assert sorted(j["job"] for j in c.admin.jobs(kind="predict")) == sorted([other, *rounds])
+    assert c.admin.jobs(status="failed") == []  # cancelled is not failed
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_jobs(folded, as_json=False)
+    lines = text.getvalue().splitlines()
+    assert len(lines) == 3 and "train (+2 round jobs: 2 done)" in lines[1] and "cancelled" in lines[2]
+    assert not any(r in text.getvalue() for r in rounds)
+
+    tc = c.tc  # the dashboard's list, as the operator sees it
+    tc.cookies.clear()
+    r = tc.post("/ui/login", data={"token": c.settings.admin_token}, follow_redirects=False,
+                headers={"Origin": "http://testserver"})
+    assert r.status_code == 303
+    page = tc.get("/ui/api/jobs").json()["jobs"]
+    assert [j["job"] for j in page] == [other, job]  # newest first, rounds folded
+    assert page[1]["round_jobs"] == 2 and page[0]["status"] == "cancelled"
+    assert len(tc.get("/ui/api/jobs", params={"unfold": "1"}).json()["jobs"]) == 4
+    assert [j["job"] for j in tc.get("/ui/api/jobs", params={"status": "cancelled"}).json()["jobs"]] == [other]
+    assert 'id="job-filters"' in tc.get("/ui").text
 
 
 def test_the_first_unbounded_job_says_what_it_does_to_a_later_max_epsilon(cluster, caplog):
