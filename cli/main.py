@@ -355,6 +355,40 @@ def _secret(args, name: str, env: str, required: bool = True) -> str | None:
     return value
 
 
+def _database_password_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-password-file", default=None, metavar="FILE",
+                   help="file whose first line is the database's password, put into --database's URL (default: none; "
+                        "PostgreSQL's own $PGPASSWORD and ~/.pgpass work too). A Docker secret: /run/secrets/NAME")
+
+
+def _database(args) -> str:
+    """The coordinator's database URL: --database, else $XCLP_DATABASE_URL (secrets in the environment, not in
+    ps), else the SQLite default; with --database-password-file, the password read from that file."""
+    url = args.database or os.environ.get("XCLP_DATABASE_URL") or "sqlite:///xclp-coordinator.db"
+    if args.database_password_file is None:
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from service.db import database_url
+
+    try:
+        parsed = make_url(database_url(url))
+    except ArgumentError:
+        raise DataError(f"--database {url!r}: not a database URL (postgresql+psycopg2://USER@HOST/DB)") from None
+    if parsed.drivername.startswith("sqlite"):
+        raise DataError("--database-password-file: a SQLite database has no password (give a postgresql URL)")
+    if parsed.password:
+        raise DataError("--database-password-file: the --database URL holds a password already: give it once, "
+                        "in the file (postgresql+psycopg2://USER@HOST/DB)")
+    try:
+        password = Path(args.database_password_file).read_text().splitlines()[0].strip()
+    except (OSError, IndexError) as exc:
+        raise DataError(f"--database-password-file {args.database_password_file}: cannot read a password from it "
+                        f"({exc})") from None
+    return parsed.set(password=password).render_as_string(hide_password=False)
+
+
 def tcp_port(text: str) -> int:
     """A TCP port (argparse type): 1..65535; uvicorn given another waits forever instead of failing."""
     try:
@@ -370,7 +404,7 @@ def cmd_coordinator_serve(args) -> int:
     from cli.serve import serve
     from cli.tls import serve_tls
 
-    serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
+    serve(args.host, args.port, _database(args), _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
           args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, public_url=args.public_url,
           allowed_hosts=args.allowed_host, public_metrics=args.public_metrics, executor=args.executor, workers=args.workers,
           dask_address=args.dask_address, **serve_tls(args))
@@ -380,13 +414,13 @@ def cmd_coordinator_serve(args) -> int:
 def cmd_coordinator_migrate(args) -> int:
     from cli.serve import migrate
 
-    return migrate(args.database, args.dry_run)
+    return migrate(_database(args), args.dry_run)
 
 
 def cmd_coordinator_db_version(args) -> int:
     from cli.serve import db_version
 
-    return db_version(args.database)
+    return db_version(_database(args))
 
 
 def _admin(args):
@@ -724,10 +758,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "--tls-cert/--tls-key or --insecure-http behind a TLS proxy; 127.0.0.1 for this machine only")
     cs.add_argument("--port", type=tcp_port, default=8000, help="TCP port to listen on, 1–65535 (e.g. 8443 for "
                     "HTTPS)")
-    cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
-                    help="SQLAlchemy URL: sqlite:///FILE (default: sqlite:///xclp-coordinator.db) or "
-                         "postgresql+psycopg2://USER:PW@HOST/DB; its schema is migrated to this release's at start "
-                         "(back it up before an upgrade: docs/operating.md)")
+    cs.add_argument("--database", default=None,
+                    help="SQLAlchemy URL: sqlite:///FILE (default: $XCLP_DATABASE_URL, else "
+                         "sqlite:///xclp-coordinator.db) or postgresql+psycopg2://USER@HOST/DB with the password from "
+                         "--database-password-file (a password in the URL shows in ps); its schema is migrated to "
+                         "this release's at start (back it up before an upgrade: docs/operating.md)")
+    _database_password_arg(cs)
     cs.add_argument("--admin-token", default=None, help="operator token, at least 32 characters (or "
                     "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`; default: none, the operator's "
                     "calls are refused)")
@@ -767,16 +803,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "extra: pip install \"xclp[scale]\")")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
-    database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER:PW@HOST/DB "
-                     "(default: sqlite:///xclp-coordinator.db, serve's)")
+    database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER@HOST/DB "
+                     "(default: $XCLP_DATABASE_URL, else sqlite:///xclp-coordinator.db, serve's)")
     cm = co.add_parser("migrate", help="bring the database's schema to this release's (serve does it at start too); "
                        "back the database up first (docs/operating.md)")
-    cm.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cm.add_argument("--database", default=None, help=database_help)
+    _database_password_arg(cm)
     cm.add_argument("--dry-run", action="store_true",
                     help="print the current and target revisions and the SQL, change nothing (default: migrate)")
     cm.set_defaults(func=cmd_coordinator_migrate)
     cv = co.add_parser("db-version", help="the database's schema revision, and this release's newest")
-    cv.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cv.add_argument("--database", default=None, help=database_help)
+    _database_password_arg(cv)
     cv.set_defaults(func=cmd_coordinator_db_version)
 
     site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
