@@ -55,7 +55,7 @@ def test_the_coordinator_opens_postgresql_with_the_password_from_a_file(tmp_path
         pytest.skip("XCLP_TEST_POSTGRES_URL is not set (PostgreSQL for the service tests)")
     url = make_url(pg)
     (tmp_path / "pw").write_text(f"{url.password}\n")
-    bare = url.set(drivername="postgresql", password=None).render_as_string(hide_password=False)
+    bare = f"postgresql://{url.username}@{url.host}:{url.port or 5432}/{url.database}"
     env = {k: v for k, v in os.environ.items() if k not in ("PGPASSWORD", "XCLP_DATABASE_URL")}
     out = subprocess.run([sys.executable, "-m", "cli", "coordinator", "db-version", "--database", bare,
                           "--database-password-file", str(tmp_path / "pw")], cwd=ROOT, capture_output=True, text=True,
