@@ -99,7 +99,10 @@ def _hand_over(args, out: dict, path: Path | None, shown: str, kept: str, restar
     """The site's token, printed once (`shown`, with how to keep it) or written to a new file only its
     owner can read (`kept`), never both: `xclp site add` and `xclp site rotate-token` alike."""
     site, token = out["site"], out["token"]
-    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
+    # the site verifies the coordinator with its copy of the CA file the operator used (hand it over too)
+    ca = getattr(args, "ca_file", None)
+    agent = (f"xclp agent run --coordinator {args.coordinator}" + (f" --ca-file {Path(ca).name}" if ca else "")
+             + f" --site {site} --token-file")
     if path is None:
         print(json.dumps(out) if args.json else f"site {site}{shown}{token}")
         print(f"xclp: {restart}`{agent} FILE ...`", file=sys.stderr)

@@ -1,6 +1,7 @@
 """http:// given for a coordinator that serves HTTPS: one clear line naming the https:// URL, from an
 operator's command and from an agent alike, instead of retries behind a "503 coordinator unreachable"
-(the agent retried forever). A real coordinator process serving TLS, real `xclp` processes."""
+(the agent retried forever); and `site add` over HTTPS suggests the agent's command with --ca-file. A
+real coordinator process serving TLS, real `xclp` processes."""
 
 from __future__ import annotations
 
@@ -69,3 +70,14 @@ def test_an_agent_stops_with_the_same_line_instead_of_retrying(coordinator):
                 str(tmp / "site.npz"), "--out", str(tmp / "out"), "--trust-on-first-use"], tmp)
     assert out.returncode == 2, out
     assert out.stderr.strip().splitlines()[-1].startswith(f"xclp: error: http://127.0.0.1:{port} speaks HTTPS"), out.stderr
+
+
+def test_site_add_suggests_the_agent_command_with_the_ca_file(coordinator):
+    tmp, port = coordinator
+    out = _run(["site", "add", "hospital-a", "--coordinator", f"https://127.0.0.1:{port}", "--ca-file",
+                str(tmp / "tls" / "ca.pem"), "--token-file", str(tmp / "hospital-a.token")], tmp)
+    assert out.returncode == 0, out.stderr
+    assert (f"`xclp agent run --coordinator https://127.0.0.1:{port} --ca-file ca.pem --site hospital-a "
+            f"--token-file {tmp / 'hospital-a.token'} ...`") in out.stdout, out.stdout
+    out = _run(["site", "list", "--coordinator", f"https://127.0.0.1:{port}", "--ca-file", "tls/ca.pem"], tmp)
+    assert out.returncode == 0 and "hospital-a" in out.stdout, out.stderr
