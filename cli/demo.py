@@ -291,7 +291,7 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     cluster = None
     try:
         cluster = LocalCluster(work, {s: {"X": ds.X[ds.site == s], "y": ds.y[ds.site == s]} for s in names},
-                               agent_options=_opt_in(crypto))
+                               agent_options=[*(_opt_in(crypto) or []), "--keep-rounds"])  # (its table scores each round's labels)
         job = cluster.admin.submit_train(algorithm=algorithm, sites=names, classes=ds.n_classes, crypto=crypto,
                                          **knobs)
         st = wait_for_job(cluster.admin, job, timeout=1200)

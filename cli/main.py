@@ -340,6 +340,40 @@ def _secret(args, name: str, env: str, required: bool = True) -> str | None:
     return value
 
 
+def _database_password_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-password-file", default=None, metavar="FILE",
+                   help="file whose first line is the database's password, put into --database's URL (default: none; "
+                        "PostgreSQL's own $PGPASSWORD and ~/.pgpass work too). A Docker secret: /run/secrets/NAME")
+
+
+def _database(args) -> str:
+    """The coordinator's database URL: --database, else $XCLP_DATABASE_URL (secrets in the environment, not in
+    ps), else the SQLite default; with --database-password-file, the password read from that file."""
+    url = args.database or os.environ.get("XCLP_DATABASE_URL") or "sqlite:///xclp-coordinator.db"
+    if args.database_password_file is None:
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from service.db import database_url
+
+    try:
+        parsed = make_url(database_url(url))
+    except ArgumentError:
+        raise DataError(f"--database {url!r}: not a database URL (postgresql+psycopg2://USER@HOST/DB)") from None
+    if parsed.drivername.startswith("sqlite"):
+        raise DataError("--database-password-file: a SQLite database has no password (give a postgresql URL)")
+    if parsed.password:
+        raise DataError("--database-password-file: the --database URL holds a password already: give it once, "
+                        "in the file (postgresql+psycopg2://USER@HOST/DB)")
+    try:
+        password = Path(args.database_password_file).read_text().splitlines()[0].strip()
+    except (OSError, IndexError) as exc:
+        raise DataError(f"--database-password-file {args.database_password_file}: cannot read a password from it "
+                        f"({exc})") from None
+    return parsed.set(password=password).render_as_string(hide_password=False)
+
+
 def tcp_port(text: str) -> int:
     """A TCP port (argparse type): 1..65535; uvicorn given another waits forever instead of failing."""
     try:
@@ -355,7 +389,7 @@ def cmd_coordinator_serve(args) -> int:
     from cli.serve import serve
     from cli.tls import serve_tls
 
-    serve(args.host, args.port, args.database, _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
+    serve(args.host, args.port, _database(args), _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
           args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, public_url=args.public_url,
           allowed_hosts=args.allowed_host, public_metrics=args.public_metrics, executor=args.executor, workers=args.workers,
           dask_address=args.dask_address, **serve_tls(args))
@@ -365,13 +399,13 @@ def cmd_coordinator_serve(args) -> int:
 def cmd_coordinator_migrate(args) -> int:
     from cli.serve import migrate
 
-    return migrate(args.database, args.dry_run)
+    return migrate(_database(args), args.dry_run)
 
 
 def cmd_coordinator_db_version(args) -> int:
     from cli.serve import db_version
 
-    return db_version(args.database)
+    return db_version(_database(args))
 
 
 def _admin(args):
@@ -419,7 +453,8 @@ def _ops(name: str):
 def cmd_job_list(args) -> int:
     from cli.tables import print_jobs
 
-    return print_jobs(_admin(args).jobs(), args.json)
+    return print_jobs(_admin(args).jobs(kind=args.kind, status=args.status, fold=not args.unfold), args.json,
+                      filtered=bool(args.kind or args.status))
 
 
 def _site_names(text: str) -> list[str]:
@@ -451,7 +486,8 @@ def cmd_agent_run(args) -> int:
     api = CoordinatorClient(args.coordinator, _secret(args, "token", "XCLP_TOKEN"), **client_tls(args))
     agent = Agent(api, args.site, args.data, args.out, args.poll, public=args.public, policy=policy,
                   columns=columns, max_poll=args.max_poll, membership=membership,
-                  identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use)
+                  identity_key=args.identity_key, trust_on_first_use=args.trust_on_first_use,
+                  keep_rounds=args.keep_rounds)
     if membership:
         logging.getLogger("xclp.agent").info("site %s takes part only with the %d site(s) of %s", args.site,
                                              len(membership.members), membership.source)
@@ -559,7 +595,7 @@ def cmd_job_status(args) -> int:
             hist = st["training"].get("history") or []
             last = hist[-1] if hist else {}
             final = st["training"].get("final") or {}
-            print(f"job {st['job']} ({st['params']['algorithm']}): {st['status']}, phase {st['phase']}, "
+            print(f"job {st['job']} ({st['params']['algorithm']}): {_shown(st)}, phase {st['phase']}, "
                   f"round {p.get('rounds_done', 0)}/{p.get('rounds')} done"
                   + (f"; last round: {_scored(last)} {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
@@ -569,7 +605,7 @@ def cmd_job_status(args) -> int:
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
         else:
-            print(f"job {st['job']}: {st['status']}, phase {st['phase']} (attempt {st['attempt']}), "
+            print(f"job {st['job']}: {_shown(st)}, phase {st['phase']} (attempt {st['attempt']}), "
                   f"{p['received']}/{p['expected']} parts; live {','.join(st['live'])}"
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
                   + (f"; failure: {st['failure']}" if st["failure"] else ""))
@@ -582,9 +618,14 @@ def cmd_job_status(args) -> int:
     return 0
 
 
+def _shown(st: dict) -> str:
+    """A job's status as the lists show it: `cancelled` for one the operator ended (service.job_list)."""
+    return "cancelled" if st.get("cancelled") else st["status"]
+
+
 def cmd_job_cancel(args) -> int:
     st = _admin(args).cancel(args.job)
-    print(f"job {st['job']}: {st['status']} ({st['failure']}); the sites wipe its keys at their next sweep")
+    print(f"job {st['job']}: {_shown(st)} ({st['failure']}); the sites wipe its keys at their next sweep")
     return 0
 
 
@@ -596,7 +637,7 @@ def cmd_job_wait(args) -> int:
         print(f"job {args.job}: still running after {args.timeout} s", file=sys.stderr)
         return WAIT_TIMEOUT
     if st["status"] == "failed":
-        print(f"job {args.job} failed: {st['failure']}", file=sys.stderr)
+        print(f"job {args.job} {'was cancelled' if st.get('cancelled') else 'failed'}: {st['failure']}", file=sys.stderr)
         for site, why in (st.get("refused") or {}).items():
             print(f"  {site} refused: {why}", file=sys.stderr)
         return WAIT_FAILED
@@ -702,10 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "--tls-cert/--tls-key or --insecure-http behind a TLS proxy; 127.0.0.1 for this machine only")
     cs.add_argument("--port", type=tcp_port, default=8000, help="TCP port to listen on, 1–65535 (e.g. 8443 for "
                     "HTTPS)")
-    cs.add_argument("--database", default="sqlite:///xclp-coordinator.db",
-                    help="SQLAlchemy URL: sqlite:///FILE (default: sqlite:///xclp-coordinator.db) or "
-                         "postgresql+psycopg2://USER:PW@HOST/DB; its schema is migrated to this release's at start "
-                         "(back it up before an upgrade: docs/operating.md)")
+    cs.add_argument("--database", default=None,
+                    help="SQLAlchemy URL: sqlite:///FILE (default: $XCLP_DATABASE_URL, else "
+                         "sqlite:///xclp-coordinator.db) or postgresql+psycopg2://USER@HOST/DB with the password from "
+                         "--database-password-file (a password in the URL shows in ps); its schema is migrated to "
+                         "this release's at start (back it up before an upgrade: docs/operating.md)")
+    _database_password_arg(cs)
     cs.add_argument("--admin-token", default=None, help="operator token, at least 32 characters (or "
                     "--admin-token-file, or $XCLP_ADMIN_TOKEN; e.g. `openssl rand -hex 24`; default: none, the operator's "
                     "calls are refused)")
@@ -745,16 +788,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "extra: pip install \"xclp[scale]\")")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
-    database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER:PW@HOST/DB "
-                     "(default: sqlite:///xclp-coordinator.db, serve's)")
+    database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER@HOST/DB "
+                     "(default: $XCLP_DATABASE_URL, else sqlite:///xclp-coordinator.db, serve's)")
     cm = co.add_parser("migrate", help="bring the database's schema to this release's (serve does it at start too); "
                        "back the database up first (docs/operating.md)")
-    cm.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cm.add_argument("--database", default=None, help=database_help)
+    _database_password_arg(cm)
     cm.add_argument("--dry-run", action="store_true",
                     help="print the current and target revisions and the SQL, change nothing (default: migrate)")
     cm.set_defaults(func=cmd_coordinator_migrate)
     cv = co.add_parser("db-version", help="the database's schema revision, and this release's newest")
-    cv.add_argument("--database", default="sqlite:///xclp-coordinator.db", help=database_help)
+    cv.add_argument("--database", default=None, help=database_help)
+    _database_password_arg(cv)
     cv.set_defaults(func=cmd_coordinator_db_version)
 
     site = sub.add_parser("site", help="sites (operator)").add_subparsers(dest="what", required=True)
@@ -869,6 +914,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_column_args(ar)
     ar.add_argument("--out", required=True, help="folder for each job's results: <job>.npz (labels, confidence, "
                     "ids) and <job>.csv (id,label,confidence)")
+    ar.add_argument("--keep-rounds", action="store_true",
+                    help="also write each training round's XCLP labels (<child job>.npz and .csv) to --out (default: "
+                         "only the training job's final <job>.npz, <job>.csv and model; the rounds' stay in "
+                         "<out>/.agent-state)")
     ar.add_argument("--poll", type=float, default=0.1,
                     help="seconds between polls while a job of the site runs; with none, the wait doubles up to --max-poll")
     ar.add_argument("--max-poll", type=float, default=3.0, help="the longest wait between polls when idle (default 3 s)")
@@ -968,8 +1017,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "coordinator's)")
     jt.add_argument("--json", action="store_true", help="print {\"job\": ID} as JSON")
     jt.set_defaults(func=cmd_job_submit_train)
-    jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted")
+    jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted (a training job's "
+                                     "rounds counted on its row)")
     coord_args(jl)
+    jl.add_argument("--kind", choices=("predict", "train"), default=None, help="only jobs of this kind (default: all)")
+    jl.add_argument("--status", choices=("running", "done", "failed", "cancelled"), default=None,
+                    help="only jobs in this status (default: all)")
+    jl.add_argument("--unfold", action="store_true",
+                    help="list each training round's XCLP job on a row of its own (default: counted on its "
+                         "training job's row)")
     jl.add_argument("--json", action="store_true", help="print the jobs as JSON instead of a table")
     jl.set_defaults(func=cmd_job_list)
     jst = job.add_parser("status", help="a job's phase, progress, dropouts")

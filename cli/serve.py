@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+
+import uvicorn
+
+log = logging.getLogger("xclp.coordinator")
 
 
 def serve(host: str, port: int, database: str, admin_token: str | None, max_body_mb: int = 1024,
@@ -10,8 +16,6 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
           allowed_hosts: list[str] | None = None, public_metrics: bool = False, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1", executor: str = "process",
           workers: int | None = None, dask_address: str | None = None) -> None:
-    import uvicorn
-
     from cli.logs import setup_logging
     from cli.tls import check_server_files
     from clients.urls import check_bind
@@ -27,12 +31,37 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
                         dask_address=dask_address)
     if deadlines:
         settings.default_deadlines.update(deadlines)
+    check_port_free(host, port)  # before the database: a busy port must not leave a new database behind
     app = create_app(settings)  # (a database that cannot be opened says so here)
-    check_port_free(host, port)
     # proxy_headers: X-Forwarded-Proto/-For are believed only from forwarded_allow_ips (a TLS reverse
     # proxy): the client address the login throttle counts, and the https that makes cookies Secure.
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
-                ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, ssl_certfile=tls_cert,
+                            ssl_keyfile=tls_key, proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
+    _Server(config, f"{'https' if tls_cert else 'http'}://{_url_host(host)}:{port}").run()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying at INFO when it listens and when a signal stops it (uvicorn's own lines are
+    below the coordinator's log level): an operator's log shows when it started and when and why it stopped."""
+
+    def __init__(self, config: uvicorn.Config, url: str):
+        super().__init__(config)
+        self.url = url
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            log.info("coordinator listening on %s", self.url)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:
+            log.info("coordinator received %s: stopping; running jobs resume where they are when it starts again",
+                     signal.Signals(sig).name)
+        super().handle_exit(sig, frame)
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")

@@ -58,16 +58,25 @@ def _silence(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-def print_jobs(jobs: list[dict], as_json: bool) -> int:
+def print_jobs(jobs: list[dict], as_json: bool, filtered: bool = False) -> int:
+    """The jobs (service.job_list's rows): a training job's folded rounds as a count on its row."""
     if as_json:
         print(json.dumps({"jobs": jobs}, indent=2))
         return 0
     if not jobs:
-        print("no jobs yet")
+        print("no job matches these filters" if filtered else "no jobs yet")
         return 0
+
+    def kind(j: dict) -> str:
+        if j.get("parent"):
+            return f"{j.get('kind', '?')} (of {j['parent']})"
+        n = j.get("round_jobs") or 0
+        by = ", ".join(f"{c} {s}" for s, c in (j.get("round_jobs_by_status") or {}).items())
+        return j.get("kind", "?") + (f" (+{n} round job{'s' if n > 1 else ''}: {by})" if n else "")
+
     _table(["JOB", "KIND", "STATUS", "PHASE", "SUBMITTED (UTC)", "SITES"],
-           [[j["job"], j.get("kind", "?") + (f" (of {j['parent']})" if j.get("parent") else ""), j["status"],
-             j["phase"], _when(j.get("created_at")), ",".join(j.get("sites") or [])] for j in jobs])
+           [[j["job"], kind(j), j["status"], j["phase"], _when(j.get("created_at")), ",".join(j.get("sites") or [])]
+            for j in jobs])
     return 0
 
 
@@ -90,7 +99,10 @@ def _hand_over(args, out: dict, path: Path | None, shown: str, kept: str, restar
     """The site's token, printed once (`shown`, with how to keep it) or written to a new file only its
     owner can read (`kept`), never both: `xclp site add` and `xclp site rotate-token` alike."""
     site, token = out["site"], out["token"]
-    agent = f"xclp agent run --coordinator {args.coordinator} --site {site} --token-file"
+    # the site verifies the coordinator with its copy of the CA file the operator used (hand it over too)
+    ca = getattr(args, "ca_file", None)
+    agent = (f"xclp agent run --coordinator {args.coordinator}" + (f" --ca-file {Path(ca).name}" if ca else "")
+             + f" --site {site} --token-file")
     if path is None:
         print(json.dumps(out) if args.json else f"site {site}{shown}{token}")
         print(f"xclp: {restart}`{agent} FILE ...`", file=sys.stderr)

@@ -1,11 +1,13 @@
 """The site agent: a long-running process that does this site's side of every job it is part of.
-(About 550 lines: the loop, its polling and its liveness — heartbeat, leaving, warnings — are one
+(About 580 lines: the loop, its polling and its liveness — heartbeat, leaving, warnings — are one
 process's behaviour, and split they would share every field.)
 
 It polls the coordinator for work and drives `xclp.protocol.SiteSession` (the same code as the
 in-process simulation) over HTTP. The site's data, keys and results stay here: the agent writes
 each job's labels and confidences into its output folder as `<job>.npz` (`labels`, `confidence`,
-aligned with the rows of its data file) and `<job>.csv` (clients/results.py).
+aligned with the rows of its data file) and `<job>.csv` (clients/results.py). A training round's XCLP
+child job is a step of its training job, not a result: its labels go to the private state folder
+(where the training step reads them), into the output folder only with `keep_rounds` (--keep-rounds).
 
 Restarts: the agent keeps, per job, its X25519 key and seed contribution on disk (mode 0600). A
 restarted agent rebuilds its session by replaying what the coordinator holds for it (roster, seed
@@ -31,6 +33,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
@@ -64,6 +67,14 @@ IDLE_WAIT = 10.0  # with no job to work on, how long the coordinator may hold a 
 HEARTBEAT_SECONDS = 30.0  # a step computing longer than this still asks for work this often (the idle limit)
 
 
+# Said once per data file, when its ledger first records a job without a label-DP budget (ε = ∞): a
+# total that never comes down again, which an operator would otherwise meet only as a refusal later.
+UNBOUNDED_NOTE = ("job %s states no label-DP budget, so this site's privacy ledger (%s) now records ε = ∞ about "
+                  "its data file: an agent started later with --max-epsilon on this same file will refuse every "
+                  "job. To keep that option, start the agent with --max-epsilon E from the first job (it then "
+                  "takes only jobs submitted with --dp-epsilon) or submit every job with --dp-epsilon")
+
+
 class AgentError(Exception):
     """A reason this agent cannot run at all (a refused token, a token of another site, an --out folder
     in use, a URL that is not the coordinator's): the command line prints it as one line and exits."""
@@ -90,7 +101,8 @@ class Agent:
                  poll: float = 0.1, public: str | os.PathLike | None = None, policy: SitePolicy | None = None,
                  columns: Columns | None = None, max_poll: float = MAX_IDLE_POLL, pins: dict[str, str] | None = None,
                  identity_key: str | os.PathLike | None = None, long_poll: float = LONG_POLL,
-                 membership: Membership | None = None, trust_on_first_use: bool = False):
+                 membership: Membership | None = None, trust_on_first_use: bool = False,
+                 keep_rounds: bool = False):
         """`identity_key`: the site's Ed25519 key file (default <out>/.agent-state/identity.key, made on
         first start); `membership` and `pins`: the peers the site's operator admitted, with their identity
         fingerprints (a job naming any other site is refused: xclp.site_admission); with neither, peers are
@@ -99,7 +111,7 @@ class Agent:
         wait on the coordinator for the message it needs next (0: ask once) — a driver that steps several
         agents from one thread passes 0, since a peer it steps later cannot answer during that wait."""
         self.api, self.site, self.poll, self.max_poll = client, site, poll, max(max_poll, poll)
-        self.long_poll = long_poll
+        self.long_poll, self.keep_rounds = long_poll, keep_rounds
         self.policy = policy or SitePolicy()
         self.X, self.y, self.y_true, self.ids, self.columns = load_site(data, columns)
         self.out = make_folder(out, "--out")
@@ -398,7 +410,10 @@ class Agent:
                         "goes on (or ended) without it", job_id, phase, why)
 
     def result_path(self, job_id: str) -> Path:
-        return job_file(self.out, job_id, ".npz")
+        """Where the job's labels are: <out>/<job>.npz, or for a training round's child job kept privately
+        (without --keep-rounds), <out>/.agent-state/<job>.npz."""
+        kept = job_file(self.state_dir, job_id, ".npz")
+        return kept if kept.exists() else job_file(self.out, job_id, ".npz")
 
     def state(self, job_id: str) -> JobState:
         return JobState(job_file(self.state_dir, job_id, ".json"))
@@ -475,6 +490,8 @@ class Agent:
             if got["new"]:
                 log.info("job %s: recorded in this site's privacy ledger: ε = %.4g about its data (was %.4g)",
                          job_id, got["epsilon"], got["epsilon_before"])
+                if math.isinf(got["epsilon"]) and not math.isinf(got["epsilon_before"]):
+                    log.warning(UNBOUNDED_NOTE, job_id, self.ledger.path)
             self._admitted.add(job_id)
         if job_kind(status["kind"]).rounds:
             return self.trainer.step(job_id, status)
@@ -498,7 +515,7 @@ class Agent:
                 self.state(job_id)["lost_hamming_logged"] = True
         self._set_quiet(job_id, status if machine.waiting else None)
         if machine.result is not None:
-            self._write_result(job_id, machine.result)
+            self._write_result(job_id, machine.result, round_of=status.get("parent"))
         return progressed
 
     # --- polling --------------------------------------------------------------------------------------
@@ -551,10 +568,16 @@ class Agent:
             if not (exc.status == 409 and "already uploaded" in exc.detail and m.recipient != COORDINATOR):
                 raise
 
-    def _write_result(self, job_id: str, pred) -> None:
-        path = self.result_path(job_id)
-        write_results(path, pred.labels, pred.confidence, self.ids)  # and <job>.csv: id,label,confidence
-        log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
+    def _write_result(self, job_id: str, pred, round_of: str | None = None) -> None:
+        if round_of is not None and not self.keep_rounds:  # a step of training job `round_of`: kept privately
+            path = job_file(self.state_dir, job_id, ".npz")
+            write_results(path, pred.labels, pred.confidence, self.ids, table=False)
+            log.info("job %s: round labels of training job %s for %d points kept in %s (--keep-rounds writes them "
+                     "to --out)", job_id, round_of, pred.labels.size, path)
+        else:
+            path = job_file(self.out, job_id, ".npz")
+            write_results(path, pred.labels, pred.confidence, self.ids)  # and <job>.csv: id,label,confidence
+            log.info("job %s: labels for %d points written to %s", job_id, pred.labels.size, path)
         # The job's private key has served its purpose: forget it, so that a later theft of this
         # folder cannot open the sealed messages the coordinator keeps (the seed contributions).
         self.state(job_id)["done"] = True

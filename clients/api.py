@@ -9,7 +9,8 @@ that are safe to repeat are repeated after they may have reached the coordinator
 upload of the same bytes is stored once). A POST (a new job, a new site, a token) is retried only
 when it surely did not arrive (no connection was made) or the coordinator answered 429/503. A 4xx is the caller's mistake and is
 raised at once as ApiError with the coordinator's message. A certificate that does not verify is
-not retried either: it raises clients.urls.CoordinatorTLSError (a ValueError) naming --ca-file. The
+not retried either: it raises clients.urls.CoordinatorTLSError (a ValueError) naming --ca-file, and
+neither is an http:// URL given for an https:// coordinator (the same error, naming https://). The
 URL is checked by clients.urls before anything connects (http:// only to a loopback host unless
 `insecure_http`).
 """
@@ -22,7 +23,7 @@ import time
 
 import httpx
 
-from clients.urls import check_url, tls_failure, verify_context
+from clients.urls import check_url, plain_http_to_tls, tls_failure, verify_context
 
 log = logging.getLogger("xclp.client")
 
@@ -75,6 +76,10 @@ class CoordinatorClient:
             except httpx.TransportError as exc:
                 if (bad_cert := tls_failure(exc, self.url)) is not None:
                     raise bad_cert from None
+                # http:// to an https:// port: the server drops the connection (no retry mends that)
+                if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError) and \
+                        (wrong := plain_http_to_tls(self.url)) is not None:
+                    raise wrong from None
                 # A POST that may have reached the coordinator (the connection was made) is not sent
                 # twice: a second job or token would be a duplicate effect. The caller sees the error.
                 sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
@@ -164,8 +169,10 @@ class CoordinatorClient:
     def rotate_token(self, name: str) -> dict:
         return self.call("POST", f"/sites/{name}/token")
 
-    def jobs(self) -> list[dict]:
-        return self.call("GET", "/jobs")["jobs"]
+    def jobs(self, kind: str | None = None, status: str | None = None, fold: bool = False) -> list[dict]:
+        """Every job (service.job_list): with `fold`, a training job's round jobs counted on its row."""
+        params = {k: v for k, v in (("kind", kind), ("status", status)) if v} | ({"fold": "true"} if fold else {})
+        return self.call("GET", "/jobs", params=params)["jobs"]
 
     def cancel(self, job_id: str) -> dict:
         return self.call("POST", f"/jobs/{job_id}/cancel")

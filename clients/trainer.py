@@ -13,8 +13,9 @@ runs, on the embeddings φ(X) of the round's model, or on the raw features for F
 Randomness is (seed, round, site) only, so an agent restarted mid-round repeats its update byte for
 byte. What it keeps on disk per job, in its private state folder: the pseudo-labels it last adopted
 (FedAvg with R > 1 reuses them) and its FedCT learner after each exchange. What it writes to its
-output folder when the job is done: `<job>.npz` (labels and confidence for its own points, from the
-final model) and the model itself (`<job>.model.npz`: FedAvg weights, or a FedCT/FedKT/FREDY torch
+output folder when the job is done: `<job>.npz` and `<job>.csv` (labels and confidence for its own
+points from the final model, with the data file's IDs: clients.results, as a prediction job's) and the
+model itself (`<job>.model.npz`: FedAvg weights, or a FedCT/FedKT/FREDY torch
 learner's; `<job>.model.skops`: a scikit-learn learner — xclp.training.saved_learners, never a pickle).
 """
 
@@ -28,8 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from clients.api import ApiError
+from clients.results import write_results
 from clients.site_state import machine_view
 from crypto.errors import ProtocolError
+from crypto.private_file import write_private
 from xclp.data import DataError
 from xclp.job_files import job_file
 from xclp.training.algorithms import strategy_for
@@ -44,16 +47,6 @@ from xclp.training.strategy import Strategy
 from xclp.training_job import RunSpec, TrainSite, Weights
 
 log = logging.getLogger("xclp.agent")
-
-
-def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class Trainer:
@@ -193,7 +186,7 @@ class Trainer:
                 raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
-            _atomic_write(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
+            write_private(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
         elif s.released_model:  # the released model, trained here on the server's labels
             body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
             if body is None:
@@ -204,7 +197,7 @@ class Trainer:
                 raise ProtocolError(f"job {job_id}: the server labelled none of the queries: there is no final model")
             proba = np.eye(int(status["params"]["classes"]))[np.asarray(learner.predict(X), dtype=np.int64)]
             suffix, body = model_file(learner)
-            _atomic_write(job_file(self.agent.out, job_id, suffix), body)
+            write_private(job_file(self.agent.out, job_id, suffix), body)
         else:
             state, _ = s.site_state(self.env(job_id, status))
             learner = state.learner
@@ -213,11 +206,9 @@ class Trainer:
                 labels = np.asarray(learner.predict(X), dtype=np.int64)
                 proba = np.eye(int(status["params"]["classes"]))[labels]
             suffix, body = model_file(learner)
-            _atomic_write(job_file(self.agent.out, job_id, suffix), body)
-        tmp = path.with_name(path.stem + ".partial.npz")
-        np.savez(tmp, labels=proba.argmax(axis=1), confidence=proba.max(axis=1))
-        os.replace(tmp, path)
-        log.info("job %s: trained model and labels for %d points written to %s", job_id, len(X), path)
+            write_private(job_file(self.agent.out, job_id, suffix), body)
+        _, table = write_results(path, proba.argmax(axis=1), proba.max(axis=1), self.agent.ids)
+        log.info("job %s: trained model, and labels for %d points written to %s and %s", job_id, len(X), path, table)
         return True
 
 
@@ -306,7 +297,7 @@ class _FileKeep(MutableMapping):
         return path.read_bytes()
 
     def __setitem__(self, key: str, body: bytes) -> None:
-        _atomic_write(self._path(key), body)
+        write_private(self._path(key), body)
 
     def __delitem__(self, key: str) -> None:
         self._path(key).unlink()

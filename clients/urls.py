@@ -97,6 +97,28 @@ def tls_failure(exc: BaseException, url: str) -> CoordinatorTLSError | None:
     return None
 
 
+def plain_http_to_tls(url: str, timeout: float = 5.0) -> CoordinatorTLSError | None:
+    """For an http:// URL whose server broke off the exchange: the clear error if its port answers a TLS
+    handshake (an https:// coordinator given as http://, which no retry mends), else None. The probe
+    sends nothing but a handshake and verifies nothing: it only asks whether the port speaks TLS."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http" or not parts.hostname:
+        return None
+    import socket
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout) as raw, \
+                ctx.wrap_socket(raw):
+            pass
+    except (OSError, ssl.SSLError):
+        return None
+    https = parts._replace(scheme="https").geturl()
+    return CoordinatorTLSError(f"{url} speaks HTTPS, not plain HTTP: give --coordinator {https} (with --ca-file "
+                               f"FILE when the coordinator's certificate comes from your own CA)")
+
+
 def check_bind(host: str, tls: bool, insecure_http: bool) -> None:
     """`xclp coordinator serve`: plain HTTP only on a loopback address (e.g. behind a reverse proxy on
     the same machine) unless --insecure-http."""

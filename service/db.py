@@ -168,15 +168,19 @@ class DatabaseError(RuntimeError):
 
 
 def database_url(url: str) -> str:
-    """The SQLAlchemy URL for `url`: postgres://… (as Heroku and many guides write it) is taken as
-    postgresql+psycopg2://…, when psycopg2 is installed."""
-    if url.startswith("postgres://"):
-        import importlib.util
+    """The SQLAlchemy URL for `url`: postgres://… (as Heroku and many guides write it) and a bare
+    postgresql://… are taken as postgresql+psycopg2://…, the driver this package installs (SQLAlchemy
+    2.1 reads a bare postgresql:// as psycopg 3's, which it does not), unless psycopg 3 is there."""
+    import importlib.util
 
-        if importlib.util.find_spec("psycopg2") is None:
-            raise DatabaseError("a postgres:// database needs psycopg2 (pip install psycopg2-binary), "
-                                "or write the URL as postgresql+DRIVER://…")
-        return "postgresql+psycopg2://" + url[len("postgres://"):]
+    for scheme in ("postgres://", "postgresql://"):
+        if url.startswith(scheme):
+            if scheme == "postgresql://" and importlib.util.find_spec("psycopg") is not None:
+                return url  # (SQLAlchemy's own default driver is installed: its choice stands)
+            if importlib.util.find_spec("psycopg2") is None:
+                raise DatabaseError(f"a {scheme} database needs psycopg2 (pip install psycopg2-binary), "
+                                    "or write the URL as postgresql+DRIVER://…")
+            return "postgresql+psycopg2://" + url[len(scheme):]
     return url
 
 

@@ -18,6 +18,7 @@ import threading
 from sqlalchemy import delete, select
 
 from service.db import Job, Message, PrunedBytes
+from service.job_list import CANCELLED
 from service.lifecycle import DbMailbox, expired, fail, keep, machine_state, put_message
 from service.liveness import Contacts, silent_sites
 from service.training_engine import train_step
@@ -191,5 +192,5 @@ def cancel(db, job: Job) -> None:
     """The operator ends a running job (and its round's XCLP job); the sites wipe its keys at their
     next sweep, as for any failed job."""
     for child in db.scalars(select(Job).where(Job.parent == job.id, Job.status == "running")):
-        fail(child, "cancelled by the operator (its training job was cancelled)")
-    fail(job, "cancelled by the operator")
+        fail(child, f"{CANCELLED} (its training job was cancelled)")
+    fail(job, CANCELLED)  # (the lists read it as `cancelled`: service.job_list)

@@ -9,7 +9,7 @@ import logging
 import uuid
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field, create_model
 from sqlalchemy import func, or_, select
 
@@ -17,6 +17,7 @@ from service.audit import record
 from service.db import Job, Message
 from service.deps import caller, check_roster, get_db, load_job, require_admin
 from service.engine import DbMailbox, cancel, refusals
+from service.job_list import select_rows, shown_status
 from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.liveness import liveness
 from service.schemas import Request as RequestBody
@@ -90,6 +91,7 @@ class JobStatus(BaseModel):
     finished_at: str | None
     round: int = Field(0, description="training jobs: the round in progress")
     parent: str | None = Field(None, description="a predict job started by a training job's round: that job")
+    cancelled: bool = Field(False, description="the operator ended the job (its status is failed: it is over)")
     training: dict = Field(default_factory=dict, description="training jobs: per-round metrics ('history'), "
                                                              "the final evaluation ('final')")
     awaited: dict[str, dict] = Field(default_factory=dict, description=(
@@ -142,14 +144,21 @@ def _label_dp(body: JobCreate) -> dict:
     return label_dp.job_fields(body.classes, body.dp_epsilon, body.dp_delta, body.label_dp)
 
 
-@router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403))
-def list_jobs(db=Depends(get_db)):
+@router.get("/jobs", dependencies=[Depends(require_admin)], responses=errors(401, 403, 422))
+def list_jobs(db=Depends(get_db),
+              kind: Literal["predict", "train"] | None = Query(None, description="only jobs of this kind"),
+              status: Literal["running", "done", "failed", "cancelled"] | None = Query(
+                  None, description="only jobs in this status (cancelled: ended by the operator)"),
+              fold: bool = Query(False, description="a training job's rounds' XCLP jobs counted on its row "
+                                                    "(round_jobs) instead of listed (service.job_list)")):
+    """Every job, oldest first; status reads `cancelled` for a job the operator ended."""
     rows = db.execute(select(Job.id, Job.status, Job.phase, Job.kind, Job.sites, Job.created_at, Job.parent,
-                             Job.finished_at, Job.purged_at).order_by(Job.created_at)).all()
+                             Job.finished_at, Job.purged_at, Job.failure).order_by(Job.created_at)).all()
     when = lambda t: None if t is None else t.isoformat() + "Z"  # noqa: E731
-    return {"jobs": [{"job": r.id, "status": r.status, "phase": r.phase, "kind": r.kind, "sites": r.sites,
-                      "created_at": r.created_at.isoformat() + "Z", "parent": r.parent,
-                      "finished_at": when(r.finished_at), "purged_at": when(r.purged_at)} for r in rows]}
+    return {"jobs": select_rows([{"job": r.id, "status": shown_status(r.status, r.failure), "phase": r.phase,
+                                  "kind": r.kind, "sites": r.sites, "created_at": r.created_at.isoformat() + "Z",
+                                  "parent": r.parent, "finished_at": when(r.finished_at),
+                                  "purged_at": when(r.purged_at)} for r in rows], kind, status, fold)}
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses=errors(401, 403, 404, 422))
@@ -168,6 +177,7 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
                      finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
                      round=job.round or 0, parent=job.parent, training=_training_view(job, who),
                      machine=_machine_view(job, who),
+                     cancelled=shown_status(job.status, job.failure) == "cancelled",
                      purged_at=None if job.purged_at is None else job.purged_at.isoformat(timespec="seconds") + "Z")
 
 

@@ -44,6 +44,7 @@ from service.db import Job, Message, PrunedBytes, Site, UISession, utcnow
 from service.deps import active_operator, get_db, hash_token, is_admin, load_job, token_owner
 from service.engine import cancel, refusals
 from service.guard import LOGIN_BYTES
+from service.job_list import KINDS, STATUSES, select_rows, shown_status
 from xclp.job_kinds import JOB_KINDS, job_kind
 
 UI = Path(__file__).resolve().parent / "ui"
@@ -210,7 +211,8 @@ def revoked_sites(db) -> dict[str, str]:
 
 def job_row(job: Job, revoked: dict[str, str] | None = None) -> dict:
     """A job as the lists show it; `revoked` (revoked_sites): its sites that were revoked since, and when."""
-    return {"job": job.id, "kind": job.kind, "status": job.status, "phase": job.phase, "sites": job.sites,
+    return {"job": job.id, "kind": job.kind, "status": shown_status(job.status, job.failure), "phase": job.phase,
+            "sites": job.sites,
             "revoked": {s: t for s, t in (revoked or {}).items() if s in job.sites},
             "parent": job.parent, "round": job.round or 0,
             "crypto": job.params.get("crypto") or (job.params.get("config") or {}).get("crypto"),
@@ -342,9 +344,14 @@ def site_rows(request: Request, db, v: Viewer) -> list[dict]:
 
 
 @router.get("/api/jobs")
-def api_jobs(v: Viewer = Depends(viewer), db=Depends(get_db)):
+def api_jobs(v: Viewer = Depends(viewer), db=Depends(get_db), kind: str | None = None, status: str | None = None,
+             unfold: bool = False):
+    """The jobs list, newest first: a training job's rounds folded under it unless `unfold`, filtered by
+    kind and status (service.job_list, as `xclp job list`)."""
     revoked = revoked_sites(db)
-    return {"jobs": [job_row(j, revoked) for j in _visible_jobs(db, v)]}
+    rows = select_rows([job_row(j, revoked) for j in _visible_jobs(db, v)], kind or None, status or None,
+                       fold=not unfold)
+    return {"jobs": rows, "kinds": list(KINDS), "statuses": list(STATUSES)}
 
 
 @router.get("/api/jobs/{job_id}")
@@ -366,8 +373,8 @@ def api_sites(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db))
 @router.get("", response_class=HTMLResponse)
 def jobs_page(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
     return templates.TemplateResponse(request, "jobs.html", {
-        "viewer": v, "jobs": [job_row(j, revoked_sites(db)) for j in _visible_jobs(db, v)],
-        "sites": site_rows(request, db, v)})
+        "viewer": v, "jobs": select_rows([job_row(j, revoked_sites(db)) for j in _visible_jobs(db, v)]),
+        "sites": site_rows(request, db, v), "kinds": KINDS, "statuses": STATUSES})
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

@@ -44,6 +44,17 @@ def natural_key(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
+def separator_hint(header: list[str]) -> str:
+    """For a table read as one column: the hint that its separator is not a comma (a spreadsheet in a
+    locale whose decimal mark is the comma saves semicolon-separated "CSV"), else ""."""
+    if len(header) == 1:
+        for sep, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars")):
+            if sep in header[0]:
+                return (f"; the file looks separated by {name}, not commas: save it as comma-separated CSV "
+                        "(a spreadsheet: Save As, CSV, field delimiter ',')")
+    return ""
+
+
 def validate_features(X, what: str = "X") -> np.ndarray:
     X = np.asarray(X)
     if X.ndim != 2:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from xclp.data import UNLABELLED, DataError, Dataset, load_npz, make_dataset
+from xclp.data import UNLABELLED, DataError, Dataset, load_npz, make_dataset, separator_hint
 
 FORMATS = (".npz", ".csv", ".parquet")
 MAX_LABEL = 1 << 16  # more classes than the service takes: a label beyond it is a wrong column
@@ -108,7 +109,8 @@ def _layout(path: Path, header: list[str], columns: Columns, require_site: bool)
     if len(set(header)) != len(header):
         raise DataError(f"{path}: repeated column names in the header {header}")
     if columns.label not in header:
-        raise DataError(f"{path}: no label column {columns.label!r} (columns: {header}); name it with --label-column (a Flower node: label-column=)")
+        raise DataError(f"{path}: no label column {columns.label!r} (columns: {header}); name it with --label-column "
+                        f"(a Flower node: label-column=){separator_hint(header)}")
     if require_site and columns.site not in header:
         raise DataError(f"{path}: no site column {columns.site!r} (columns: {header}); name it with --site-column")
     if columns.id and columns.id not in header:
@@ -165,9 +167,12 @@ def _block(path: Path, features: list[str], rows: list[list[str]], lines: list[i
     """Rows of feature cells as floats: numpy's parser for the block, and cell by cell only to name
     the cell that is wrong."""
     try:
-        return np.asarray(rows, dtype=np.float64)
+        X = np.asarray(rows, dtype=np.float64)
+        if np.isfinite(X).all():  # (nan, inf, -inf parse: they too are named cell by cell)
+            return X
     except ValueError:
-        return np.array([[_number(path, h, n, v) for h, v in zip(features, r)] for n, r in zip(lines, rows)])
+        pass
+    return np.array([[_number(path, h, n, v) for h, v in zip(features, r)] for n, r in zip(lines, rows)])
 
 
 def _read_parquet(path: Path, columns: Columns, require_site: bool) -> tuple[np.ndarray, dict[str, list], list[int], list[str]]:
@@ -242,23 +247,38 @@ def _numbers(path: Path, column: str, lines: list[int], values: list) -> np.ndar
         x = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         x = None
-    if x is None or x.ndim != 1 or np.isnan(x).any():  # (2-D: a column of lists, refused cell by cell)
+    if x is None or x.ndim != 1 or not np.isfinite(x).all():  # (2-D: a column of lists, refused cell by cell)
         x = np.array([_number(path, column, line, v) for line, v in zip(lines, values)], dtype=np.float64)
     return x
 
 
 def _number(path: Path, column: str, line: int, value) -> float:
-    """A feature cell as a float; an empty or non-numeric cell is an error naming where it is (a NaN
-    that the user did write goes on to validate_features, which refuses it with the same words as
-    for .npz)."""
+    """A feature cell as a float; an empty, non-numeric or non-finite (nan, inf) cell is an error naming
+    where it is: the file, the row (the file's line) and the column."""
     if value is None or (isinstance(value, str) and not value.strip()):
         raise DataError(f"{path}: row {line}, column {column!r}: empty feature value")
     if isinstance(value, bool):
         return float(value)
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
-        raise DataError(f"{path}: row {line}, column {column!r}: {value!r} is not a number") from None
+        raise DataError(f"{path}: row {line}, column {column!r}: {value!r} is not a number"
+                        f"{_id_hint(column)}") from None
+    if not math.isfinite(x):
+        raise DataError(f"{path}: row {line}, column {column!r}: {value!r} is not a value a feature may take: "
+                        "give a finite number (a missing value: the consortium's schema fills it, --schema)")
+    return x
+
+
+# Column names that usually hold the rows' identifiers, not a feature
+_ID_NAME = re.compile(r"(^|[^a-z])(id|ids|uuid|mrn|key)([^a-z]|$)|patient|record|subject|sample", re.I)
+
+
+def _id_hint(column: str) -> str:
+    """For text in a feature column: the ID column forgotten (its name says so), else the schema's categories."""
+    if _ID_NAME.search(column):
+        return f" (a column of the rows' IDs? give --id-column {column}; it is carried into the results)"
+    return " (text categories: encode them through the consortium's schema, --schema)"
 
 
 def _label(path: Path, column: str, line: int, value) -> int:

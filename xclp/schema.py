@@ -70,7 +70,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xclp.data import UNLABELLED, DataError
+from xclp.data import UNLABELLED, DataError, separator_hint
 
 FORMAT = "xclp-schema/1"
 NUMERIC, CATEGORICAL = "numeric", "categorical"
@@ -450,7 +450,8 @@ def prepare(path: str | os.PathLike, schema: Schema, columns, require_site: bool
             problems.add(path, 1, c, f"missing: the schema's feature column is not in the file (columns: {header})",
                          "layout")
     if schema.label not in header:
-        problems.add(path, 1, schema.label, f"missing: no label column (columns: {header})", "layout")
+        problems.add(path, 1, schema.label, f"missing: no label column (columns: {header}){separator_hint(header)}",
+                     "layout")
     if schema.id and schema.id not in header:
         problems.add(path, 1, schema.id, f"missing: no ID column (columns: {header})", "layout")
     if require_site and columns.site not in header:
@@ -628,7 +629,8 @@ def draft(paths, label: str, id_column: str | None = None, site: str | None = No
             raise DataError("; ".join(problems.lines()))
         header, rows = read
         if label not in header:
-            raise DataError(f"{p}: no label column {label!r} (columns: {header}); check --label-column")
+            raise DataError(f"{p}: no label column {label!r} (columns: {header}); check --label-column"
+                            f"{separator_hint(header)}")
         take = [(h, j) for j, h in enumerate(header) if h not in skip]
         for h, _ in take:
             if h not in seen:

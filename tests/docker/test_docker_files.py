@@ -4,7 +4,9 @@ compose.yaml is parsed (PyYAML when it is installed; otherwise a small loader fo
 subset the file uses, which refuses anything outside that subset), every xclp service's command
 goes through the project's own argparse parser (parse only, nothing runs), and the Dockerfile is
 read as text: non-root USER, `xclp` entry point, a /health check, the packages pyproject.toml
-installs copied in, torch pinned as in the Makefile. TLS: the coordinator serves HTTPS from
+installs copied in, torch pinned as in the Makefile, the parquet extra, an offline build from
+docker/wheelhouse when it holds wheels. Secrets (the database password, the tokens) are compose secret
+files, never on a command line or in the compose file. TLS: the coordinator serves HTTPS from
 read-only mounted files on a port published on every interface, the agents verify it against a
 read-only CA file, and the certificate docker/README.md makes covers the name the agents use.
 """
@@ -160,15 +162,15 @@ def mini_yaml_load(text: str):
     return doc
 
 
-def load_compose() -> dict:
-    text = COMPOSE.read_text()
+def load_compose(path: Path = COMPOSE) -> dict:
+    text = path.read_text()
     mine = mini_yaml_load(text)
     try:
         import yaml
     except ImportError:
         return mine
     ref = yaml.safe_load(text)
-    assert mine == ref, "the minimal loader disagrees with PyYAML on compose.yaml"
+    assert mine == ref, f"the minimal loader disagrees with PyYAML on {path}"
     return ref
 
 
@@ -309,7 +311,17 @@ def test_xclp_services_share_one_image_built_from_docker_dockerfile(services):
     assert services["coordinator"].get("build"), "the coordinator's service builds the image"
 
 
-def test_coordinator_command_parses_and_matches_the_db_service(services):
+def secret_file(compose: dict, service: dict, path: str) -> Path:
+    """The host file behind `path`, a compose secret the service is given (/run/secrets/NAME)."""
+    target = PurePosixPath(path)
+    assert target.parent == PurePosixPath("/run/secrets"), f"{path}: not a compose secret (/run/secrets/NAME)"
+    assert target.name in (service.get("secrets") or []), f"{path}: the service is not given the secret {target.name}"
+    declared = (compose.get("secrets") or {}).get(target.name) or {}
+    assert "file" in declared, f"secret {target.name}: give it as a file"
+    return Path(declared["file"])
+
+
+def test_coordinator_command_parses_and_matches_the_db_service(compose, services):
     svc = services["coordinator"]
     args = parse(command_argv(svc))
     assert args.func is cli.cmd_coordinator_serve
@@ -319,20 +331,30 @@ def test_coordinator_command_parses_and_matches_the_db_service(services):
     assert url.drivername == "postgresql+psycopg2"
     assert url.host == "db" and (url.port or 5432) == 5432
     assert url.username == env["POSTGRES_USER"]
-    assert url.password == env["POSTGRES_PASSWORD"]
     assert url.database == env["POSTGRES_DB"]
+    # the password: one secret file, read by PostgreSQL and by the coordinator; never in the URL or this file
+    assert url.password is None, "a password in --database shows in ps and docker inspect"
+    assert "POSTGRES_PASSWORD" not in env, "the password inline in compose.yaml"
+    ours = secret_file(compose, svc, args.database_password_file)
+    theirs = secret_file(compose, services["db"], env["POSTGRES_PASSWORD_FILE"])
+    assert ours == theirs and ours.parts[-2] == "secrets"
     assert svc["depends_on"]["db"]["condition"] == "service_healthy"
 
 
-def test_admin_token_comes_from_the_environment_not_the_command_line(services):
+def test_no_secret_is_on_a_command_line_or_in_the_compose_files(compose, services):
+    for path in (COMPOSE, DOCKER / "site" / "compose.yaml"):
+        text = path.read_text()
+        assert not re.search(r"postgresql\S*://[^@\s/]*:[^@\s]*@", text), f"{path}: a password in a database URL"
+        assert "XCLP_ADMIN_TOKEN" not in text and "XCLP_TOKEN" not in text, f"{path}: a token in the environment"
+
+
+def test_admin_token_comes_from_a_secret_file_not_the_command_line(compose, services):
     svc = services["coordinator"]
     argv = [str(a) for a in svc["command"]]
     assert "--admin-token" not in argv, "a token on the command line shows in `ps` and `docker inspect`"
-    assert parse(command_argv(svc)).admin_token is None  # so cli/serve.py reads $XCLP_ADMIN_TOKEN
-    value = svc["environment"]["XCLP_ADMIN_TOKEN"]
-    assert compose_vars(value) == {"XCLP_ADMIN_TOKEN"}, value
-    with pytest.raises(KeyError):  # compose refuses to start without it
-        interpolate(value, {})
+    args = parse(command_argv(svc))
+    assert args.admin_token is None
+    assert secret_file(compose, svc, args.admin_token_file).name == "admin_token"
 
 
 def test_coordinator_port_is_published_and_health_checked(services):
@@ -432,13 +454,11 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
         ca = mount_of(svc, parse(command_argv(svc)).ca_file)
         members = mount_of(svc, parse(command_argv(svc)).membership)
         argv = [str(a) for a in svc["command"]]
-        # A token on the command line shows in `ps` and `docker inspect`: the agent reads $XCLP_TOKEN.
+        # A token on the command line shows in `ps` and `docker inspect`: the agent reads a secret file.
         assert not any(a == "--token" or a.startswith("--token=") for a in argv), f"{site}: token in argv"
-        assert parse(command_argv(svc)).token is None
-        raw = str((svc.get("environment") or {}).get("XCLP_TOKEN", ""))
-        names = compose_vars(raw)
-        assert len(names) == 1 and raw.startswith("${"), f"{site}: the token must come from an env var, not {raw!r}"
-        tokens |= names
+        args = parse(command_argv(svc))
+        assert args.token is None and "XCLP_TOKEN" not in (svc.get("environment") or {})
+        tokens.add(secret_file(compose, svc, args.token_file))
         for m in mounts(svc):
             if m in (ca, members):
                 assert m["read_only"]
@@ -448,13 +468,6 @@ def test_agents_have_their_own_tokens_and_volumes(compose, services):
                 assert m["source"] in declared, f"{site}: volume {m['source']} is not declared"
     assert len(tokens) == len(AGENTS), tokens
     assert len(set(sources)) == len(sources), f"agents share a volume: {sources}"
-
-
-def test_env_example_names_every_variable_compose_uses(compose):
-    example = (DOCKER / ".env.example").read_text()
-    defined = set(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*)=", example, re.M))
-    used = compose_vars(compose)
-    assert used and used <= defined, f"missing from docker/.env.example: {sorted(used - defined)}"
 
 
 # --- Dockerfile -------------------------------------------------------------------------------------
@@ -513,8 +526,27 @@ def test_dockerfile_installs_torch_cpu_pinned_like_the_makefile_then_the_package
     assert version == pin, f"Dockerfile torch {version} vs Makefile torch {pin}"
     runs = [a for k, a in instructions() if k == "RUN"]
     torch_at = next(i for i, r in enumerate(runs) if "download.pytorch.org/whl/cpu" in r and "torch==" in r)
-    pkg_at = next(i for i, r in enumerate(runs) if re.search(r"pip install (\S+ )*\.(\s|$)", r))
+    pkg_at = next(i for i, r in enumerate(runs) if re.search(r"pip install (\S+ )*\"?\.(\[[a-z,]+\])?\"?(\s|;|$)", r))
     assert torch_at < pkg_at, "torch's CPU wheel must be installed before `pip install .`"
+
+
+def test_dockerfile_installs_the_parquet_extra_and_from_a_wheelhouse_when_given_one():
+    runs = [a for k, a in instructions() if k == "RUN"]
+    copies = [a.split() for k, a in instructions() if k == "COPY"]
+    house = next((c[-1] for c in copies if c[0] == "docker/wheelhouse"), None)
+    assert house, "docker/wheelhouse is not copied in: an offline build has nowhere to take its wheels from"
+    assert (DOCKER / "wheelhouse").is_dir(), "the wheelhouse folder must exist (COPY fails on a missing one)"
+    offline = f"--no-index --find-links {house}"
+    torch = next(r for r in runs if "torch==" in r)
+    pkg = next(r for r in runs if "[parquet]" in r)
+    # each install: from the wheelhouse, with no index, when it holds wheels; else from the network
+    for run in (torch, pkg):
+        assert offline in run and f"ls {house}/*.whl" in run, run
+    assert '".[parquet]"' in pkg, "the image lacks the parquet extra: a site's .parquet file would not load"
+    ignored = [ln.strip() for ln in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()]
+    assert not any(ln and not ln.startswith("#") and "docker/wheelhouse".startswith(ln.rstrip("/*")) for ln in ignored)
+    for private in ("docker/secrets", "docker/tls", "docker/site/secrets", "docker/site/data"):
+        assert private in ignored, f"{private} would enter the build context (and maybe the image)"
 
 
 def test_dockerfile_copies_everything_pip_install_needs():

@@ -244,6 +244,6 @@ def test_the_operator_cancels_a_running_job_from_its_page_and_a_site_may_not(rig
     r = tc.post(f"/ui/jobs/{job}/cancel", headers=SAME_ORIGIN, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == f"/ui/jobs/{job}"
     detail = tc.get(f"/ui/api/jobs/{job}").json()
-    assert detail["status"] == "failed" and detail["failure"] == "Cancelled by the operator."
+    assert detail["status"] == "cancelled" and detail["failure"] == "Cancelled by the operator."
     assert 'id="cancel-form" hidden' in tc.get(f"/ui/jobs/{job}").text
     assert tc.post(f"/ui/jobs/{job}/cancel", headers=SAME_ORIGIN, follow_redirects=False).status_code == 409

@@ -23,7 +23,7 @@ if not (shutil.which(CHROMIUM) and shutil.which(DRIVER)):
 from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.slow
 WAIT = 180  # seconds: generous, a loaded machine is slow, and nothing here is timed
@@ -127,6 +127,19 @@ def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser
     # the sites' files carry y_true: the legend says the accuracy is on points the model did not train on
     assert "accuracy on unlabelled points (truth column)" in text(browser, "#curves .legend")
     shot(browser, "dashboard-training.png")
+
+    # the jobs list: the training job's three round jobs folded under it; the filters unfold and filter
+    browser.get(f"{c.url}/ui")
+    wait(browser, "the training job's row with its rounds counted",
+         lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{train}"] td[data-round-jobs="3"]'))
+    assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-parent="{train}"]')
+    browser.find_element(By.CSS_SELECTOR, '#job-filters input[name="unfold"]').click()
+    wait(browser, "the round jobs on rows of their own",
+         lambda d: len(d.find_elements(By.CSS_SELECTOR, f'tr[data-parent="{train}"]')) == 3)
+    assert "unfold=1" in browser.current_url  # (a reload or a link keeps the filters)
+    Select(browser.find_element(By.CSS_SELECTOR, '#job-filters select[name="kind"]')).select_by_value("train")
+    wait(browser, "the training jobs only", lambda d: {e.get_attribute("data-job") for e in d.find_elements(
+        By.CSS_SELECTOR, "#jobs tr[data-job]")} == {train, private})
     browser.get(f"{c.url}/ui/jobs/{private}")
     wait(browser, "the ledger's ε", lambda d: text(d, "#status") == "done" and "ε = " in text(d, "#epsilon"))
     browser.get(f"{c.url}/ui")
@@ -192,6 +205,6 @@ def test_a_revoked_site_is_marked_its_refusal_shows_and_the_operator_cancels_a_j
     browser.get(f"{c.url}/ui/jobs/{stuck}")
     wait(browser, "the running job's cancel button", lambda d: d.find_element(By.ID, "cancel").is_displayed())
     browser.find_element(By.ID, "cancel").click()
-    wait(browser, "the cancelled job", lambda d: text(d, "#status") == "failed")
+    wait(browser, "the cancelled job", lambda d: text(d, "#status") == "cancelled")
     assert text(browser, "#failure") == "Cancelled by the operator."
     assert not browser.find_element(By.ID, "cancel").is_displayed()

@@ -57,7 +57,8 @@ def bash_block(heading: str) -> list[str]:
 def substitutions(port: int, operator: Path) -> list[tuple[str, str]]:
     url = f"https://127.0.0.1:{port}"
     return [("https://coord.example.org:8443", url), ("--host 0.0.0.0 --port 8443", f"--host 127.0.0.1 --port {port}"),
-            ("--database postgresql+psycopg2://xclp:xclp@db-host/xclp", f"--database sqlite:///{operator}/coord.db"),
+            ("--database postgresql://xclp@db-host/xclp --database-password-file db.password",
+             f"--database sqlite:///{operator}/coord.db"),
             (" [--json]", ""), (" …", f" --coordinator {url} --ca-file tls/ca.pem")]
 
 

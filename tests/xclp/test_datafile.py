@@ -71,8 +71,9 @@ def test_named_columns(tmp_path):
 
 @pytest.mark.parametrize("cell, column, message", [
     ("abc", "f1", "row 5, column 'f1': 'abc' is not a number"),
+    ("inf", "f2", "row 5, column 'f2': 'inf' is not a value a feature may take"),
     ("", "f1", "row 5, column 'f1': empty feature value"),
-    ("nan", "f1", "NaN"),
+    ("nan", "f1", "row 5, column 'f1': 'nan' is not a value a feature may take"),  # (where it is, as for inf)
     ("cat", "label", "row 5, column 'label': 'cat' is not an integer class label"),
     ("2.5", "label", "is not an integer class label"),
     ("-4", "label", "label -4"),

@@ -41,17 +41,45 @@ const XCLP = (() => {
     return parts;
   });
 
+  // the list's filters (service.job_list): kept in the page's address, so that a link or a reload keeps them
+  function jobFilters() {
+    const form = document.getElementById("job-filters");
+    const url = new URL(window.location);
+    for (const name of ["kind", "status"]) form.elements[name].value = url.searchParams.get(name) || "";
+    form.elements.unfold.checked = url.searchParams.get("unfold") === "1";
+    const query = () => {
+      const q = new URLSearchParams();
+      for (const name of ["kind", "status"]) if (form.elements[name].value) q.set(name, form.elements[name].value);
+      if (form.elements.unfold.checked) q.set("unfold", "1");
+      return q;
+    };
+    form.addEventListener("change", () => {
+      const q = query().toString();
+      window.history.replaceState(null, "", q ? `?${q}` : window.location.pathname);
+      document.body.dataset.filtered = q;  // (the next poll redraws with them; a test waits for it)
+    });
+    return query;
+  }
+
+  // a training job's rounds, folded under it: how many, and how they ended
+  const rounds = (j) => j.round_jobs ? ` · ${j.round_jobs} round job${j.round_jobs > 1 ? "s" : ""}` +
+    ` (${Object.entries(j.round_jobs_by_status).map(([s, n]) => `${n} ${s}`).join(", ")})` : "";
+
   function jobsPage() {
+    const query = jobFilters();
     poll(async () => {
-      const [{jobs}, {sites}] = await Promise.all([getJSON("/ui/api/jobs"), getJSON("/ui/api/sites")]);
+      const q = query().toString();
+      const [{jobs}, {sites}] = await Promise.all([getJSON(`/ui/api/jobs${q ? "?" + q : ""}`), getJSON("/ui/api/sites")]);
       const body = document.getElementById("jobs");
-      body.replaceChildren(...(jobs.length ? jobs.map((j) => el("tr", {"data-job": j.job},
+      body.dataset.query = q;
+      body.replaceChildren(...(jobs.length ? jobs.map((j) => el("tr", {"data-job": j.job, "data-parent": j.parent || ""},
         el("td", {}, el("a", {href: `/ui/jobs/${j.job}`, text: j.job})),
-        el("td", {text: j.kind === "train" ? `train (${j.algorithm})` : j.parent ? "predict (a round's)" : "predict"}),
+        el("td", {"data-round-jobs": String(j.round_jobs || 0),
+                  text: (j.kind === "train" ? `train (${j.algorithm})` : j.parent ? "predict (a round's)" : "predict") + rounds(j)}),
         el("td", {}, el("span", {class: "badge", "data-status": j.status, text: j.status})),
         el("td", {text: j.phase}), el("td", {text: j.kind === "train" ? String(j.round) : ""}),
         el("td", {}, ...siteList(j)), el("td", {text: j.crypto || ""}), el("td", {text: when(j.created_at)})))
-        : [el("tr", {}, el("td", {colspan: "8", class: "muted", text: "no jobs yet"}))]));
+        : [el("tr", {}, el("td", {colspan: "8", class: "muted", text: q ? "no job matches these filters" : "no jobs yet"}))]));
       document.getElementById("sites").replaceChildren(...sites.map((s) => el("tr", {"data-site": s.site,
                                                                                   "data-revoked": s.revoked_at ? "1" : "0"},
         el("td", {}, el("a", {href: `/ui/sites/${s.site}`, text: s.site})),
@@ -139,7 +167,7 @@ const XCLP = (() => {
       bar.dataset.state = job.bar.state;
       document.getElementById("progress-text").textContent = job.status === "running" ?
         `${job.progress.received} of ${job.progress.expected} parts of this phase received` :
-        job.status === "failed" ? `stopped in phase ${job.phase}` : "";
+        job.status === "failed" || job.status === "cancelled" ? `stopped in phase ${job.phase}` : "";
       // who the phase waits for, and when it gives up on them (service.liveness)
       const secs = (v) => v == null ? "never since the coordinator started" : v < 120 ? `${Math.round(v)} s ago` :
         `${Math.floor(v / 60)} min ago`;
