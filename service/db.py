@@ -73,6 +73,8 @@ class TrainingState(BaseModel):
     reasons: dict[str, str] = Field(default_factory=dict, description="why each dropped site left the job")
     clock: int = Field(0, description="moves whenever a step with a deadline of its own begins "
                                       "(xclp.training_job.TrainState)")
+    stats: dict | None = Field(None, description="setup's standardisation sum of the model's inputs: its attempt, "
+                                                 "its sites, whether it closed (xclp.training.input_scaling)")
     waiting_xclp: bool = Field(False, description="the round waits for its XCLP job; its deadline counts from that "
                                                   "job's end")
 
