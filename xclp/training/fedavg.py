@@ -98,7 +98,7 @@ class FedAvgConfig:
     alpha: float = 0.99
     crypto: str = "plaintext"
     key_bits: int = 2048
-    standardize: bool = True  # the XCLP jobs' federated standardisation of the embeddings (JobParams)
+    standardize: bool = True  # federated standardisation of the model's inputs (input_scaling) and of the XCLP jobs' embeddings
     seed: int = 0
     eval_every: int = 1
     threads: int | None = 1  # torch intra-op threads (1: small models on a shared machine); None = leave
