@@ -20,8 +20,8 @@ from xclp.protocol import STATS_FRAC_BITS
 from xclp.schema import Schema, with_schema
 from xclp.training import input_scaling
 from xclp.training.fedavg import FedAvgConfig, Site
-from xclp.training.simulation import run_fedavg
 from xclp.training.input_scaling import Scaling, masked_stats, read_total, sum_stats
+from xclp.training.simulation import run_fedavg
 from xclp.wire import load_array
 
 SPECIES = ["Adelie", "Chinstrap", "Gentoo"]
@@ -54,7 +54,7 @@ def penguins_tables(tmp_path, n_per_site: int = 110, labels_per_class: int = 3, 
     rng = np.random.default_rng(seed)
     (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
     truths = {}
-    for k, site in enumerate(SITES):
+    for site in SITES:
         rows, truth = [], []
         for i in range(n_per_site):
             sp = SPECIES[int(rng.integers(3))]
@@ -217,8 +217,8 @@ def test_a_final_model_that_predicts_one_class_is_flagged_in_the_result_and_the_
         site = self.env.site
         return s.site_statistics(eval_metrics(site.X, site.y, site.y_true, lambda X: np.zeros(len(X), dtype=int)))
 
-    from xclp.training.simulation import simulate, spec_for
     from xclp.training.fedavg import FedAvgStrategy
+    from xclp.training.simulation import simulate, spec_for
 
     cfg = fedavg_config(rounds=3)
     s = FedAvgStrategy(cfg, 3, sites[0].X.shape[1])
