@@ -545,7 +545,7 @@ def cmd_job_submit_train(args) -> int:
     from xclp.training.options import TRAINING_OPTIONS
 
     body = {k: getattr(args, k) for k in ("algorithm", "classes", "crypto", "bits", "k", "alpha", "key_bits",
-                                           "max_missed_rounds", "secure_aggregation", "standardize")}
+                                           "max_missed_rounds", "secure_aggregation")}
     body.update({o.name: getattr(args, o.name) for o in TRAINING_OPTIONS})  # the request's fields, by the flags' names
     body["sites_per_round"] = args.sites_per_round or min(5, len(sites))
     if args.model:
@@ -993,8 +993,6 @@ def build_parser() -> argparse.ArgumentParser:
     jt.add_argument("--alpha", type=float, default=0.99, help=ALPHA_HELP)
     jt.add_argument("--classes", type=int, required=True, help=CLASSES_HELP)
     jt.add_argument("--key-bits", type=int, default=2048, help=KEY_BITS_HELP)
-    jt.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                    help="the XCLP child jobs' federated standardisation (default: on; --no-standardize: raw)")
     jt.add_argument("--max-missed-rounds", type=int, default=3, help="drop a site left out this many rounds in a row")
     jt.add_argument("--no-secure-aggregation", dest="secure_aggregation", action="store_false",
                     help="FedAvg: send the sites' updates to the coordinator in the clear (default: masked, "

@@ -23,7 +23,10 @@ def _typed(o: Option):
 def add_training_options(p) -> None:
     """The training options every driver shares (xclp.training.options.TRAINING_OPTIONS), as flags."""
     for o in TRAINING_OPTIONS:
-        p.add_argument(o.flag, type=_typed(o), default=o.default, choices=o.choices, help=o.help)
+        if o.type is bool:  # --standardize / --no-standardize
+            p.add_argument(o.flag, action=argparse.BooleanOptionalAction, default=o.default, help=o.help)
+        else:
+            p.add_argument(o.flag, type=_typed(o), default=o.default, choices=o.choices, help=o.help)
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -65,9 +68,6 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="write the accuracy curve as PNG to this file (default: none)")
     p.add_argument("--train-size", type=int, default=None, help="use a seeded subset of the training pool (default: all)")
     p.add_argument("--test-size", type=int, default=None, help="use a seeded subset of the test set (default: all)")
-    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                   help="XCLP's federated standardisation of the features (FedAvg: of the embeddings) before hashing "
-                        "(default: on; --no-standardize keeps them raw)")
     p.add_argument("--public-in-graph", action="store_true", help="FedCT+XCLP: U with consensus labels joins the graph")
     p.add_argument("--secure-aggregation", action="store_true",
                    help="FedAvg: average in the fixed-point arithmetic of the service's secure aggregation "

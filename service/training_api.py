@@ -47,8 +47,6 @@ class _TrainJobFields(RequestBody):
     k: int = Field(10, ge=1, le=10_000)
     alpha: float = Field(0.99, gt=0, lt=1)
     key_bits: int = Field(2048, ge=1024, le=16384)
-    standardize: bool = Field(True, strict=True, description="the XCLP jobs' federated standardisation of the features (FedAvg: "
-                                                "of the embeddings) before hashing; false keeps them raw")
     secure_aggregation: bool = Field(True, strict=True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
     max_missed_rounds: int = Field(3, ge=1, le=100_000, description="a site left out of this many planned rounds in a row is dropped")
@@ -64,6 +62,8 @@ def _field(o: Option):
     if o.default is None:
         ann = ann | None
     bounds = {b: getattr(o, b) for b in ("ge", "gt", "le", "lt") if getattr(o, b) is not None}
+    if o.type is bool:
+        bounds["strict"] = True  # true or false, never a string read as one
     if o.type is float:
         bounds["allow_inf_nan"] = False
     return ann, Field(o.default, description=o.help, **bounds)
