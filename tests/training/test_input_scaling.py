@@ -1,17 +1,16 @@
 """Training on a real table (issue 34, part 2): the model's inputs standardised by the secure sum at setup
 (xclp.training.input_scaling), the divergence guard's one line, and a collapsed final model flagged.
 
-The table is penguins-like and made here: three species, bill length and depth and flipper length in mm,
+The table is penguins-like (tests/penguins_table.py): three species, bill length and depth and flipper length in mm,
 body mass in grams (~4,000), the year (~2008), island and sex as text with empty cells; three sites,
 a few labels each, read ONLY through a schema file (xclp.schema)."""
 
-import csv
-import json
 import logging
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from penguins_table import SITES, penguins_tables
 
 from crypto.fixedpoint import from_limbs
 from crypto.keys import SiteKeyPair
@@ -23,59 +22,6 @@ from xclp.training.fedavg import FedAvgConfig, Site
 from xclp.training.input_scaling import Scaling, masked_stats, read_total, sum_stats
 from xclp.training.simulation import run_fedavg
 from xclp.wire import load_array
-
-SPECIES = ["Adelie", "Chinstrap", "Gentoo"]
-SITES = ["a", "b", "c"]
-# per species: bill length, bill depth, flipper (mm), body mass (g); islands it lives on
-MEANS = {"Adelie": (38.8, 18.3, 190.0, 3700.0), "Chinstrap": (48.8, 18.4, 196.0, 3730.0),
-         "Gentoo": (47.5, 15.0, 217.0, 5080.0)}
-ISLANDS = {"Adelie": ["Biscoe", "Dream", "Torgersen"], "Chinstrap": ["Dream"], "Gentoo": ["Biscoe"]}
-HEADER = ["animal", "species", "island", "bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g",
-          "sex", "year"]
-SCHEMA = {
-    "label": {"column": "species", "classes": SPECIES},
-    "id": "animal",
-    "missing": ["", "NA"],
-    "features": [
-        {"name": "bill_length_mm", "kind": "numeric", "fill": 44.0},
-        {"name": "bill_depth_mm", "kind": "numeric", "fill": 17.0},
-        {"name": "flipper_length_mm", "kind": "numeric", "fill": 200.0},
-        {"name": "body_mass_g", "kind": "numeric", "fill": 4200.0},
-        {"name": "year", "kind": "numeric", "fill": 2008},
-        {"name": "island", "kind": "categorical", "categories": ["Biscoe", "Dream", "Torgersen"]},
-        {"name": "sex", "kind": "categorical", "categories": ["female", "male", "unknown"], "fill": "unknown"},
-    ],
-}
-
-
-def penguins_tables(tmp_path, n_per_site: int = 110, labels_per_class: int = 3, seed: int = 0):
-    """Three sites' CSVs (empty cells in numbers and in sex; a few labels each), the schema file, and each
-    site's truth."""
-    rng = np.random.default_rng(seed)
-    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
-    truths = {}
-    for site in SITES:
-        rows, truth = [], []
-        for i in range(n_per_site):
-            sp = SPECIES[int(rng.integers(3))]
-            bl, bd, fl, bm = MEANS[sp]
-            cells = [f"{bl + rng.normal(0, 2.5):.1f}", f"{bd + rng.normal(0, 1.0):.1f}", f"{fl + rng.normal(0, 6):.0f}",
-                     f"{bm + rng.normal(0, 350):.0f}"]
-            if rng.random() < 0.05:
-                cells[int(rng.integers(4))] = ""  # a missing measurement: the schema's fill
-            sex = ["female", "male", ""][int(rng.integers(3)) if rng.random() < 0.15 else int(rng.integers(2))]
-            rows.append([f"{site}{i}", sp, ISLANDS[sp][int(rng.integers(len(ISLANDS[sp])))], *cells, sex,
-                         str(2007 + int(rng.integers(3)))])
-            truth.append(SPECIES.index(sp))
-        truth = np.array(truth)
-        keep = np.concatenate([np.flatnonzero(truth == c)[:labels_per_class] for c in range(3)])
-        for i in range(n_per_site):
-            if i not in keep:
-                rows[i][1] = ""  # unlabelled: an empty label cell
-        with open(tmp_path / f"{site}.csv", "w", newline="") as f:
-            csv.writer(f).writerows([HEADER, *rows])
-        truths[site] = truth
-    return tmp_path / "schema.json", truths
 
 
 def schema_sites(tmp_path) -> list[Site]:
