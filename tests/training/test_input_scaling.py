@@ -179,3 +179,21 @@ def test_a_final_model_that_predicts_one_class_is_flagged_in_the_result_and_the_
     assert final["collapsed"] == SITES
     assert all(m["eval_correct"] <= m["eval_majority"] for m in final["site_metrics"].values())
     assert any("no better than the majority class" in r.getMessage() for r in caplog.records)
+
+
+def test_job_wait_exits_5_and_names_the_sites_where_the_training_model_collapsed(monkeypatch, capsys):
+    import cli.main as cli_main
+    import cli.progress
+
+    final = {"collapsed": ["b"], "local_accuracy": 0.31}
+    status = {"job": "j", "status": "done", "dropped": {}, "kind": "train", "training": {"final": final}}
+    monkeypatch.setattr(cli.progress, "wait_for_job", lambda *a, **k: status)
+    monkeypatch.setattr(cli_main, "_admin", lambda args: None)
+    args = cli_main.build_parser().parse_args(["job", "wait", "j", "--coordinator", "http://127.0.0.1:1"])
+    assert cli_main.cmd_job_wait(args) == cli_main.WAIT_COLLAPSED == 5
+    assert "no better than the majority class at b" in capsys.readouterr().err
+    final["collapsed"] = []
+    assert cli_main.cmd_job_wait(args) == 0
+    status["dropped"] = {"c": "round"}  # a dropped site wins: 4
+    final["collapsed"] = ["b"]
+    assert cli_main.cmd_job_wait(args) == cli_main.WAIT_DROPPED
