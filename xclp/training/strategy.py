@@ -133,8 +133,11 @@ class Strategy(ABC):
 
     @property
     def standardises_inputs(self) -> bool:
-        """Whether the run standardises its model's inputs by a secure sum at setup."""
-        return self.scales_inputs and bool(getattr(self.cfg, "standardize", False))
+        """Whether the run standardises its model's inputs by a secure sum at setup. Not under a DP budget:
+        the coordinator learns the sum's totals (the pooled μ, σ of the features), a release no ledger here
+        accounts for, so such a run keeps its features as given (scale them by an agreed rule instead)."""
+        return (self.scales_inputs and bool(getattr(self.cfg, "standardize", False))
+                and not getattr(self.cfg, "dp", False))
 
     def inputs(self, X: np.ndarray) -> np.ndarray:
         """The points as this run's models take them: standardised where the run standardises (float32)."""
