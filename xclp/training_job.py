@@ -1,7 +1,8 @@
 """A training run's order, written once: the coordinator's machine and the site's machine.
 
-(About 700 lines: the two sides of one run's order and the rule that admits its messages, read and
-changed together, as in xclp/prediction_job.py.)
+(About 950 lines: the two sides of one run's order and the rule that admits its messages, read and
+changed together, as in xclp/prediction_job.py; setup's standardisation sum and the divergence and
+collapse rules are steps of that order, so they sit here, their arithmetic in xclp/training/.)
 
 The strategies (xclp/training/strategy.py) hold WHAT each party computes in a round — the plan, the
 site's local work, the average or the consensus — and `xclp.training.double_masking` the masked
@@ -28,14 +29,21 @@ decision, or opens a file or a socket.
 Steps of a run, and what ends each:
 
   setup     every live site sent `hello` (its size, features, whether it holds labels; the public
-            set's SHA-256; under secure aggregation its X25519 key signed by its identity)
-            → the round-0 model, the keys                                    (deadline: drop the silent)
+            set's SHA-256; under secure aggregation or standardisation its X25519 key signed by its
+            identity) → the keys; where the run standardises its model's inputs, `stats-ask/a`, every
+            site's masked moments `stats/a`, their sum `stats-total` (xclp.training.input_scaling; a
+            silent site is dropped and the sum restarts over the others) → the round-0 model
+                                                                             (deadline: drop the silent)
   round t   `plan/t` (the strategy's configure_round; an XCLP job first where the plan asks), then
             every planned site's upload. Masked: the participants' masked updates, then the unmask
             step asked of the survivors (`unmask/t` → `reveal/t`), then the sum. At the deadline the
             silent sites are left out of the round (struck; `max_missed` strikes in a row drop a site)
             → the round's broadcast (model/t, consensus/t, …) and its record in `history`
-  evaluate  (a run with one global model) every live site scores the final model → done
+  evaluate  (a run with one global model) every live site scores the final model → done, with the
+            sites where it is no better than their majority class named (`final["collapsed"]`)
+
+A site whose local training diverges (xclp.training.divergence) refuses the run with the guard's line
+(round, site, what to change): by the rules above it leaves, and the run fails when fewer than two remain.
 """
 
 from __future__ import annotations
