@@ -600,6 +600,8 @@ def cmd_job_status(args) -> int:
                   + (f"; last round: {_scored(last)} {last.get('local_accuracy')}, left out "
                      f"{last.get('left_out')}" if last else "")
                   + (f"; final: {_scored(final)} {final.get('local_accuracy')}" if final else "")
+                  + (f"; COLLAPSED at {','.join(final['collapsed'])}: the final model is no better than the "
+                     "majority class there" if final.get("collapsed") else "")
                   + (f"; privacy spent: ε = {priv['epsilon']:.3g} at δ = {priv['delta']:g} of a budget of "
                      f"{priv['budget']:g}" if (priv := st["training"].get("privacy")) else "")
                   + (f"; dropped {st['dropped']}" if st["dropped"] else "")
@@ -647,14 +649,21 @@ def cmd_job_wait(args) -> int:
             why = (st.get("refused") or {}).get(site) or "did not do its part before the phase's deadline"
             print(f"  {site} dropped in {phase}, got no results: {why}", file=sys.stderr)
         return WAIT_DROPPED
+    collapsed = ((st.get("training") or {}).get("final") or {}).get("collapsed")
+    if collapsed:  # done, but the model is a constant where it counts: not a success to read unattended
+        print(f"  the final model is no better than the majority class at {', '.join(collapsed)} (it predicts "
+              "too few classes): check the data's schema, --standardize, --lr and --rounds", file=sys.stderr)
+        return WAIT_COLLAPSED
     return 0
 
 
 # `xclp job wait`'s exit codes (its --help and docs/operating.md list them)
-WAIT_FAILED, WAIT_TIMEOUT, WAIT_DROPPED = 1, 3, 4
+WAIT_FAILED, WAIT_TIMEOUT, WAIT_DROPPED, WAIT_COLLAPSED = 1, 3, 4, 5
 WAIT_CODES = ("exit codes: 0 done, every site got its results; 1 failed; 2 an error (unreachable coordinator, "
               "unknown job); 3 still running after --timeout; 4 done, but a site was dropped (it got no results: "
-              "the lines on stderr say which and why); 130 interrupted")
+              "the lines on stderr say which and why); 5 a training job done, but its final model is no better "
+              "than the majority class at some site (collapsed; stderr names them; 4 wins where both hold); "
+              "130 interrupted")
 
 
 def cmd_demo(args) -> int:
@@ -1049,7 +1058,7 @@ def build_parser() -> argparse.ArgumentParser:
     jpu.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
     jpu.set_defaults(func=_ops("job_purge"))
     jw = job.add_parser("wait", help="wait for a job; exit 0 when done, 1 if failed, 3 on timeout, 4 if done "
-                                     "but a site was dropped", description="Wait for a job to finish, showing its "
+                                     "but a site was dropped, 5 if a training job's model collapsed", description="Wait for a job to finish, showing its "
                                      "progress and the sites it awaits on stderr. " + WAIT_CODES + ".")
     jw.add_argument("job", help="the job's id")
     coord_args(jw)

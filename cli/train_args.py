@@ -53,7 +53,6 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="write the accuracy curve as PNG to this file (default: none)")
     p.add_argument("--train-size", type=int, default=None, help="use a seeded subset of the training pool (default: all)")
     p.add_argument("--test-size", type=int, default=None, help="use a seeded subset of the test set (default: all)")
-    add_job_options(p, ("standardize",))  # (FedAvg: of the embeddings)
     p.add_argument("--public-in-graph", action="store_true", help="FedCT+XCLP: U with consensus labels joins the graph")
     p.add_argument("--secure-aggregation", action="store_true",
                    help="FedAvg: average in the fixed-point arithmetic of the service's secure aggregation "

@@ -39,6 +39,7 @@ from xclp.training.algorithms import strategy_for
 from xclp.training.fedavg import PseudoLabels, Site
 from xclp.training.fedct import PublicSet
 from xclp.training.holdout import TrainingLabels, training_labels
+from xclp.training.input_scaling import Scaling
 from xclp.training.messages import dump_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.saved_learners import model_file, pickle_refused
@@ -105,8 +106,14 @@ class Trainer:
             raise DataError(f"job {status['job']}: the model of round {view['model_round']} is gone")
         from xclp.training.models import embed_array
 
-        with torch_threads(1):
-            return embed_array(model, self.agent.X.astype(np.float32))
+        with torch_threads(1):  # over the points as the model takes them (the run's standardisation)
+            return embed_array(model, self._inputs(status["parent"], self.agent.X))
+
+    def _inputs(self, job_id: str, X: np.ndarray) -> np.ndarray:
+        """X as the training job's models take it: standardised where its machine's record holds the run's
+        standardisation (xclp.training.input_scaling)."""
+        scaling = Scaling.from_json(self.agent.state(job_id).get("scaling"))
+        return X.astype(np.float32) if scaling is None else scaling.apply(X)
 
     def _model(self, job_id: str, status: dict, r: int, s: Strategy | None = None):
         s = s or self.strategy(status)
@@ -162,7 +169,7 @@ class Trainer:
         if model is None:
             return None
         with torch_threads(1):
-            return s.site_statistics(self._eval(lambda X: predict_proba_array(model, X).argmax(axis=1)))
+            return s.site_statistics(self._eval(lambda X: predict_proba_array(model, s.inputs(X)).argmax(axis=1)))
 
     def _check_public(self, status: dict) -> str:
         if self.public is None:
@@ -185,7 +192,7 @@ class Trainer:
             if model is None:
                 raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")
             with torch_threads(1):
-                proba = predict_proba_array(model, X)
+                proba = predict_proba_array(model, self._inputs(job_id, X))
             write_private(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
         elif s.released_model:  # the released model, trained here on the server's labels
             body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
@@ -227,6 +234,9 @@ class _Work:
 
     def evaluate(self, s: Strategy, t: int, inbox) -> dict | None:
         return self.trainer.evaluate(self.job_id, self.status, s, t)
+
+    def points(self) -> np.ndarray:
+        return self.trainer.agent.X
 
 
 class _Env:

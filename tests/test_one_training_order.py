@@ -1,5 +1,5 @@
 """One training order: the same FedAvg job with secure aggregation, with the same site vanishing after
-its hello, run through the core's machines in memory (xclp.training_job: nothing but the machines and a
+its setup (its hello and its share of the standardisation sum), run through the core's machines in memory (xclp.training_job: nothing but the machines and a
 dict of messages), through the coordinator's engine with its agents (the real app, real Agent
 objects, HTTP, the database, state files) and through Flower in process (the ServerApp's
 FlowerTraining and each node's ClientApp, their Context.state carried through Flower's own
@@ -86,9 +86,9 @@ def through_the_service(tmp_path):
             if st["status"] != "running":
                 break
             for s, a in agents.items():
-                # silent once its hello is sent (its agent, not the job's phase read here: the engine may
+                # silent once its setup is sent (its agent, not the job's phase read here: the engine may
                 # move on between this read and the agent's own, and the site would answer round 1)
-                if s != GONE or not a.state(job).get("sent:coordinator:hello"):
+                if s != GONE or not a.state(job).get("sent:coordinator:stats/0"):
                     a.step(job)
             now = (st["phase"], st["round"], tuple(st["live"]), st["progress"]["received"],
                    tuple((st.get("training") or {}).get("survivors") or []))
@@ -120,7 +120,8 @@ def through_flower(tmp_path):
         np.savez(tmp_path / f"flower-{s}.npz", X=d.X, y=d.y)
         configs.append({"trust-on-first-use": "true", "site": s, "data-path": str(tmp_path / f"flower-{s}.npz"), "out": str(tmp_path / f"fl-{s}")})
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_after = {100 + SITES.index(GONE): 2}  # its node answers "who" and the run's start (its hello)
+    # its node answers "who", the run's start (its hello) and the standardisation sum
+    grid.vanish_after = {100 + SITES.index(GONE): 3}
     out = FlowerTraining(grid, "fedavg", OPTIONS, 2, max_missed=MAX_MISSED).run()
     st = out["state"]
     s = strategy_for("fedavg", st_config(OPTIONS), 2, len(SITES), n_features=5)

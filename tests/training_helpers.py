@@ -52,11 +52,15 @@ class FedAvgWork:
         net.load_state_dict(s.load_broadcast(inbox.shared(f"{s.broadcast}/{t - 1}")))
         template = {k: v.clone() for k, v in net.state_dict().items()}
         with torch_threads(s.cfg.threads):  # as the agent trains: float sums depend on the thread count
-            state, n = s.update(net, self.site, labelled_only(self.site), t, plan) or (None, 0)
+            site = s.scaled(self).site  # the site's points standardised as the run's machine says
+            state, n = s.update(net, site, labelled_only(site), t, plan) or (None, 0)
         return Weights(state, template, {"n": int(n)})
 
     def evaluate(self, s, t, inbox):
         return {"eval_n": 0, "eval_correct": 0}
+
+    def points(self):
+        return self.site.X
 
 
 def masked_federation(sites: list[str]):

@@ -115,7 +115,21 @@ def _released(out: dict, target: str = "model", n_classes: int | None = None) ->
     models = list(out["models"]) if "models" in out else [out["model"]]
     if any(m is None for m in models):
         raise DataError(f"{out['algorithm']} released no model in this run (no query was labelled): nothing to audit")
+    if out.get("scaling") is not None:  # the model takes standardised points: attacked as it is used
+        models = [_Scaled(m, out["scaling"]) for m in models]
     return models
+
+
+class _Scaled:
+    """A released network with the run's standardisation of its inputs in front (xclp.training.input_scaling)."""
+
+    def __init__(self, net, scaling):
+        self.net, self.scaling = net, scaling
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        from xclp.training.models import predict_proba_array
+
+        return predict_proba_array(self.net, self.scaling.apply(X))
 
 
 def _candidates(sites, test, models: list, rng: np.random.Generator):

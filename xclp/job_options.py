@@ -51,7 +51,7 @@ OPTION = {o.name: o for o in JOB_OPTIONS}
 JOB_DEFAULTS = {o.name: o.default for o in JOB_OPTIONS}
 SECURE_DEFAULTS = {"crypto": DEFAULT_SECURE}  # a job between sites: the fastest secure protocol
 # The options a training job takes for its XCLP child jobs (each round's pseudo-labels)
-TRAIN_JOB_OPTIONS = ("crypto", "bits", "k", "alpha", "key_bits", "standardize")
+TRAIN_JOB_OPTIONS = ("crypto", "bits", "k", "alpha", "key_bits")  # (standardize: a training option, xclp.training.options)
 
 
 def check_options(values: dict) -> None:

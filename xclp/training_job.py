@@ -1,7 +1,8 @@
 """A training run's order, written once: the coordinator's machine and the site's machine.
 
-(About 850 lines: the two sides of one run's order and the rule that admits its messages, read and
-changed together, as in xclp/prediction_job.py.)
+(About 1,000 lines: the two sides of one run's order and the rule that admits its messages, read and
+changed together, as in xclp/prediction_job.py; setup's standardisation sum and the divergence and
+collapse rules are steps of that order, so they sit here, their arithmetic in xclp/training/.)
 
 The strategies (xclp/training/strategy.py) hold WHAT each party computes in a round — the plan, the
 site's local work, the average or the consensus — and `xclp.training.double_masking` the masked
@@ -28,14 +29,21 @@ decision, or opens a file or a socket.
 Steps of a run, and what ends each:
 
   setup     every live site sent `hello` (its size, features, whether it holds labels; the public
-            set's SHA-256; under secure aggregation its X25519 key signed by its identity)
-            → the round-0 model, the keys                                    (deadline: drop the silent)
+            set's SHA-256; under secure aggregation or standardisation its X25519 key signed by its
+            identity) → the keys; where the run standardises its model's inputs, `stats-ask/a`, every
+            site's masked moments `stats/a`, their sum `stats-total` (xclp.training.input_scaling; a
+            silent site is dropped and the sum restarts over the others) → the round-0 model
+                                                                             (deadline: drop the silent)
   round t   `plan/t` (the strategy's configure_round; an XCLP job first where the plan asks), then
             every planned site's upload. Masked: the participants' masked updates, then the unmask
             step asked of the survivors (`unmask/t` → `reveal/t`), then the sum. At the deadline the
             silent sites are left out of the round (struck; `max_missed` strikes in a row drop a site)
             → the round's broadcast (model/t, consensus/t, …) and its record in `history`
-  evaluate  (a run with one global model) every live site scores the final model → done
+  evaluate  (a run with one global model) every live site scores the final model → done, with the
+            sites where it is no better than their majority class named (`final["collapsed"]`)
+
+A site whose local training diverges (xclp.training.divergence) refuses the run with the guard's line
+(round, site, what to change): by the rules above it leaves, and the run fails when fewer than two remain.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from crypto.errors import ProtocolError
 from crypto.identity import check_keys, key_digest
 from crypto.keys import SiteKeyPair, check_peer_public
@@ -55,9 +65,12 @@ from xclp.data import DataError
 from xclp.job_params import JobParams
 from xclp.mail import COORDINATOR, Inadmissible, Mailbox, Send
 from xclp.privacy.ledger import PrivacyLedger
-from xclp.refusal import REFUSE, read_refusal
+from xclp.protocol import MAX_SUM_RESTARTS
+from xclp.refusal import REFUSE, read_refusal, refusal
+from xclp.training import input_scaling
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
+from xclp.training.divergence import Diverged
 from xclp.training.double_masking import (
     KEY_PURPOSE,
     SiteRecord,
@@ -114,6 +127,8 @@ class TrainState:
     waiting_xclp: bool = False  # the round waits for its XCLP job (its deadline counts from that job's end)
     privacy: dict | None = None  # the privacy ledger of a run with a DP budget
     final: dict | None = None
+    # setup's standardisation sum (xclp.training.input_scaling): its attempt, its sites, whether it closed
+    stats: dict | None = None
 
     @classmethod
     def new(cls, sites: list[str]) -> TrainState:
@@ -320,6 +335,8 @@ class TrainCoordinator:
         st = self.state
         if st.phase == "round":
             sites, topic = st.participants, self.strategy().upload_topic(st.round)
+        elif st.phase == "setup" and st.stats is not None and not st.stats.get("done"):
+            sites, topic = st.stats["sites"], f"stats/{st.stats['attempt']}"
         elif st.phase in ("setup", "evaluate"):
             sites, topic = st.live, "hello" if st.phase == "setup" else "eval"
         else:
@@ -336,9 +353,10 @@ class TrainCoordinator:
             raise Inadmissible("training messages go to the coordinator")
         parts = topic.split("/")
         kind = parts[0]
-        step_of = {"hello": "setup", s.upload: "round", **({"eval": "evaluate"} if s.global_model else {}),
+        step_of = {"hello": "setup", **({"stats": "setup"} if self.whole.standardises_inputs else {}),
+                   s.upload: "round", **({"eval": "evaluate"} if s.global_model else {}),
                    **({"reveal": "round"} if s.secure_sum else {})}
-        n_parts = {s.upload: 3 if s.secure_sum else 2, "reveal": 2}.get(kind, 1)
+        n_parts = {s.upload: 3 if s.secure_sum else 2, "reveal": 2, "stats": 2}.get(kind, 1)
         if kind in UPLOAD_KINDS and kind not in step_of:
             raise Inadmissible(f"{kind!r} is not part of a {self.spec.algorithm} job")
         if kind not in step_of or len(parts) != n_parts:
@@ -350,6 +368,8 @@ class TrainCoordinator:
         try:
             if kind == "hello":
                 self._check_hello(s, load_json(body, what="hello"))
+            elif kind == "stats":
+                self._check_stats(site, topic, body)
             elif kind == "eval":
                 load_json(body, what="eval")
             else:
@@ -366,10 +386,11 @@ class TrainCoordinator:
                 raise Inadmissible(f"hello: {key!r} must be a non-negative integer")
         if self.spec.public_sha256 is not None and h.get("public_sha256") != self.spec.public_sha256:
             raise Inadmissible("hello: this site's public set U does not match the job's pinned SHA-256")
-        if s.secure_sum:
+        if s.secure_sum or self.whole.standardises_inputs:
             key = h.get("public_key")
             if not isinstance(key, str) or len(key) != 64:
-                raise Inadmissible("hello: secure aggregation needs 'public_key', the site's X25519 key as 64 hex digits")
+                raise Inadmissible("hello: secure aggregation and the standardisation sum need 'public_key', the "
+                                   "site's X25519 key as 64 hex digits")
             try:
                 raw = bytes.fromhex(key)
             except ValueError:
@@ -380,6 +401,18 @@ class TrainCoordinator:
                 if v is not None and not (isinstance(v, str) and len(v) == size
                                           and all(c in "0123456789abcdef" for c in v)):
                     raise Inadmissible(f"hello: {k!r} must be {size} lowercase hex digits")
+
+    def _check_stats(self, site: str, topic: str, body: bytes) -> None:
+        st = self.state.stats
+        if st is None or st.get("done"):
+            raise Inadmissible(f"{topic!r}: no standardisation sum is open", conflict=True)
+        if topic != f"stats/{st['attempt']}" or site not in st["sites"]:
+            raise Inadmissible(f"{topic!r}: the standardisation sum is stats/{st['attempt']} over {st['sites']}",
+                               conflict=True)
+        try:
+            input_scaling.sum_stats([body], int(self.state.features))
+        except ProtocolError as exc:
+            raise Inadmissible(f"{exc}") from None
 
     def _check_round_upload(self, s: Strategy, site: str, kind: str, parts: list[str], topic: str,
                             body: bytes) -> None:
@@ -421,6 +454,8 @@ class TrainCoordinator:
             self._drop(missing, "no hello before setup's deadline")
             if len(st.live) < 2:
                 return
+        if st.stats is not None:
+            return self._stats(mail, expired, out)
         facts = {s: load_json(mail.body(s, COORDINATOR, "hello"), what=f"hello from {s}") for s in st.order}
         dims = {int(f["features"]) for f in facts.values()}
         if len(dims) != 1:
@@ -436,15 +471,56 @@ class TrainCoordinator:
         s = self.strategy()
         if getattr(s.cfg, "dp", False):
             s.noise_multiplier  # noqa: B018 — a noise multiplier past the budget is refused before round 1
-        if s.global_model:
-            out.append(Send(COORDINATOR, BROADCAST, self.broadcast_topic(0, s), s.dump_broadcast(s.network().state_dict())))
-        if s.secure_sum:
+        if s.secure_sum or self.whole.standardises_inputs:
             out.append(Send(COORDINATOR, BROADCAST, "keys", dump_json({x: facts[x]["public_key"] for x in order})))
             # each key with its site's identity signature, for the sites to check (crypto.identity.check_keys)
             out.append(Send(COORDINATOR, BROADCAST, "identities", dump_json(
                 {x: {k: facts[x][k] for k in ("identity", "signature")} for x in order if "identity" in facts[x]})))
+        if self.whole.standardises_inputs:  # setup's second step: the standardisation sum, before any model
+            return self._ask_stats(0, order, out)
+        self._start(s, out)
+
+    def _start(self, s: Strategy, out: list) -> None:
+        """Setup ends: the round-0 model goes out and round 1 begins."""
+        st = self.state
+        if s.global_model:
+            out.append(Send(COORDINATOR, BROADCAST, self.broadcast_topic(0, s), s.dump_broadcast(s.network().state_dict())))
         st.round = 1
         self._next("round")
+
+    def _ask_stats(self, attempt: int, sites: list[str], out: list) -> None:
+        self.state.stats = {"attempt": attempt, "sites": list(sites), "done": False}
+        out.append(Send(COORDINATOR, BROADCAST, f"stats-ask/{attempt}", dump_json({"attempt": attempt,
+                                                                                  "sites": list(sites)})))
+        self.state.clock += 1
+
+    def _stats(self, mail: Mailbox, expired: bool, out: list) -> None:
+        """The standardisation sum (xclp.training.input_scaling): every live site's masked moments, summed;
+        the totals go to every site. A site silent at the deadline is dropped and the sum restarts over the
+        others (their masks over the silent site would not cancel), at most MAX_SUM_RESTARTS times."""
+        st = self.state
+        a, sites = int(st.stats["attempt"]), list(st.stats["sites"])
+        got = mail.senders(COORDINATOR, f"stats/{a}")
+        missing = [x for x in sites if x not in got or x not in st.live]
+        if missing:
+            if not expired:
+                return
+            self._drop([x for x in missing if x in st.live], "no standardisation sums before setup's deadline")
+            if len(st.live) < 2:
+                return
+            if a >= MAX_SUM_RESTARTS:
+                return self._fail(f"the standardisation sum lost sites {MAX_SUM_RESTARTS + 1} times: "
+                                  f"{st.reasons}")
+            return self._ask_stats(a + 1, st.order, out)
+        total = input_scaling.sum_stats([mail.body(x, COORDINATOR, f"stats/{a}") for x in sites], int(st.features))
+        n = input_scaling.read_total(total, int(st.features))[0]
+        if n != sum(int(st.facts[x]["n"]) for x in sites):
+            return self._fail("the standardisation sums' masks did not cancel (a site masked with other keys than "
+                              "it announced): the run cannot scale its features")
+        out.append(Send(COORDINATOR, BROADCAST, "stats-total", dump_json(
+            {"attempt": a, "sites": sites, "total": [str(int(v)) for v in total]})))
+        st.stats = {**st.stats, "done": True}
+        self._start(self.strategy(), out)
 
     # --- rounds ---------------------------------------------------------------------------------------
     def _plan(self, t: int, out: list) -> None:
@@ -642,9 +718,21 @@ class TrainCoordinator:
         metrics = {x: load_json(mail.body(x, COORDINATOR, "eval"), what=f"eval from {x}")
                    for x in st.order if x not in missing}
         accuracy, of = scored_accuracy(metrics)
+        flagged = sorted(x for x, m in metrics.items() if collapsed(m))
         st.final = {"local_accuracy": accuracy, "local_accuracy_of": of, "site_metrics": metrics,
-                    "not_evaluated": sorted(missing), "model_round": self.strategy().total_rounds()}
+                    "not_evaluated": sorted(missing), "model_round": self.strategy().total_rounds(),
+                    # sites whose scored points the final model gets no better than their majority class
+                    "collapsed": flagged}
+        if flagged:
+            log.warning(json.dumps({"event": "collapsed_model", "job": self.spec.job_id, "sites": flagged}))
         self._next("done")
+
+
+def collapsed(metrics: dict) -> bool:
+    """A model no better than the majority class on the site's scored points (it predicts one class, or
+    as good as): what a run that ends with it must say, not report as a success."""
+    return int(metrics.get("eval_n") or 0) > 0 and "eval_majority" in metrics and \
+        int(metrics["eval_correct"]) <= int(metrics["eval_majority"])
 
 
 def _sites_final(row: dict) -> dict:
@@ -689,7 +777,10 @@ class SiteWork(Protocol):
         driver answers with the strategy's site hook (`Strategy.site_round`), whatever the algorithm."""
 
     def evaluate(self, s: Strategy, t: int, inbox: TrainInbox) -> dict | None:
-        """The final model scored at the site (None: not yet)."""
+        """The final model scored at the site (None: not yet); its inputs through `s.inputs`."""
+
+    def points(self) -> np.ndarray:
+        """The site's own points, raw: the run standardises them (xclp.training.input_scaling)."""
 
 
 class TrainSite:
@@ -710,7 +801,19 @@ class TrainSite:
         self.min_colluders = int(min_colluders)
 
     def strategy(self, view: TrainState) -> Strategy:
-        return self.spec.strategy(len(view.sites), self.n_features).at_round(view.round or 0)
+        s = self.spec.strategy(len(view.sites), self.n_features).at_round(view.round or 0)
+        s.scaling = self.scaling  # every model input of the site goes through it (Strategy.inputs)
+        return s
+
+    def standardises(self, view: TrainState) -> bool:
+        """Whether the run standardises the model's inputs (the whole run's strategy says: FREDY's FedAvg
+        rounds feed a vote on the raw public set, so FREDY does not)."""
+        return self.spec.strategy(len(view.sites), self.n_features).standardises_inputs
+
+    @property
+    def scaling(self) -> input_scaling.Scaling | None:
+        """The run's standardisation, once its totals arrived (kept in the record: a restart applies it)."""
+        return input_scaling.Scaling.from_json(self.record.get("scaling"))
 
     def sent(self, topic: str) -> bool:
         return bool(self.record.get(f"sent:{COORDINATOR}:{topic}"))
@@ -735,13 +838,24 @@ class TrainSite:
         me = self.me
         if view.status == "failed" or me not in view.live:
             return False
+        try:
+            return self._step(view, inbox, send)
+        except Diverged as exc:  # the guard's line is the site's reason to leave: the run's rules do the rest
+            log.warning("job %s: %s", self.spec.job_id, exc)
+            return self._once(send, REFUSE, refusal(f"{exc}"))
+
+    def _step(self, view: TrainState, inbox: TrainInbox, send: Callable[[Send], None]) -> bool:
+        me = self.me
+        if self.standardises(view) and self.record.get("scaling") is None and view.phase != "setup":
+            if not self._read_scaling(inbox):  # no model sees the site's points before they are scaled
+                return False
         s = self.strategy(view)
         phase = "done" if view.status == "done" else view.phase
         if phase == "setup":
             if self.sent("hello"):
-                return False
+                return self.standardises(view) and self._stats(inbox, send)
             hello = dict(self.work.hello(s))
-            if s.secure_sum:
+            if s.secure_sum or self.standardises(view):
                 public = self._key(new=True).public_bytes()
                 hello["public_key"] = public.hex()
                 if self.identity is not None:  # the key signed by the site's identity
@@ -758,8 +872,50 @@ class TrainSite:
             if self.sent("eval"):
                 return False
             metrics = self.work.evaluate(s, view.round, inbox)
+            if metrics is not None and collapsed(metrics):
+                log.warning("job %s: %s: the final model is no better than the majority class on this site's "
+                            "scored points (%d of %d right; the most common class alone: %d): it predicts too few "
+                            "classes — check the data's schema, --standardize, --lr and the rounds",
+                            self.spec.job_id, me, metrics["eval_correct"], metrics["eval_n"], metrics["eval_majority"])
             return metrics is not None and self._once(send, "eval", dump_json(metrics))
         return False
+
+    def _stats(self, inbox: TrainInbox, send) -> bool:
+        """Setup's standardisation sum: this site's masked moments for the latest attempt asked."""
+        ask = next((load_json(b, what="stats-ask") for a in range(MAX_SUM_RESTARTS, -1, -1)
+                    if (b := inbox.shared(f"stats-ask/{a}")) is not None), None)
+        if ask is None:
+            return self._read_scaling(inbox)
+        topic = f"stats/{int(ask['attempt'])}"
+        if self.sent(topic):
+            return self._read_scaling(inbox)
+        sites = [str(x) for x in ask["sites"]]
+        input_scaling.claim(self.record, self.me, int(ask["attempt"]), sites)
+        body = input_scaling.masked_stats(self.work.points(), me=self.me, private=self._key(),
+                                          public_keys=self._peer_keys(inbox), participants=sites,
+                                          job=self.spec.job_id, attempt=int(ask["attempt"]))
+        return self._once(send, topic, body)
+
+    def _read_scaling(self, inbox: TrainInbox) -> bool:
+        """The totals of the sum this site took part in → μ, σ, kept in the record."""
+        body = inbox.shared("stats-total")
+        if body is None:
+            return False
+        got = load_json(body, what="stats-total")
+        claim = self.record.get("stats_claim")
+        if claim is None or claim != [int(got["attempt"]), [str(x) for x in got["sites"]]]:
+            raise ProtocolError(f"{self.me}: the standardisation totals are of a sum this site did not take part in "
+                                f"({got['attempt']}, {got['sites']}; this site's: {claim})")
+        total = np.array([int(v) for v in got["total"]], dtype=np.uint64)
+        d = int(self.work.points().shape[1])
+        n = input_scaling.read_total(total, d)[0]
+        # the coordinator's word on the others' sizes cannot be checked here; a total whose masks did not
+        # cancel reads as a uniform integer part with random fraction bits (as the counts sum's check)
+        if not (len(self.work.points()) <= n < 2 ** 48 and n == np.round(n)):
+            raise ProtocolError(f"{self.me}: the standardisation totals do not count a whole number of points "
+                                "(masks disagree?)")
+        self.record["scaling"] = input_scaling.Scaling.from_total(total, d).to_json()
+        return True
 
     def _upload(self, view: TrainState, s: Strategy, t: int, inbox: TrainInbox, send) -> bool:
         topic = s.upload_topic(t)

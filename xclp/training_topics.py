@@ -4,7 +4,8 @@ them is xclp.training_job; these rules sit apart from it because the drivers rea
 must not load the strategies (and torch with them): the service's byte counts and pruning, the
 command line's progress bar.
 
-Topics of a run (t a round, a an attempt): `hello`, `keys`, the round-0 model (`model/0`), `plan/t`,
+Topics of a run (t a round, a an attempt): `hello`, `keys`, setup's standardisation sum (`stats-ask/a`,
+a site's masked `stats/a`, `stats-total`: xclp.training.input_scaling), the round-0 model (`model/0`), `plan/t`,
 a site's upload (`update/t`, `update/t/a` masked, `votes/t`), `unmask/t` and `reveal/t`, the round's
 broadcast (`model/t`, `consensus/t`, `labels/t`), `eval`.
 """
@@ -12,15 +13,15 @@ broadcast (`model/t`, `consensus/t`, `labels/t`), `eval`.
 from __future__ import annotations
 
 # The first segment of each topic of a run (its kind).
-TOPIC_KINDS = ("hello", "keys", "model", "plan", "update", "votes", "unmask", "reveal", "consensus", "labels", "eval")
+TOPIC_KINDS = ("hello", "keys", "stats", "stats-ask", "stats-total", "model", "plan", "update", "votes", "unmask", "reveal", "consensus", "labels", "eval")
 
 # The phases of a run, in order; "done" is where it ends (TrainState.phase takes these values).
 TRAIN_PHASES = ("setup", "round", "evaluate", "done")
 
-# A hello (a site's size, features, key) and an evaluation (its scores) are small JSON; every other
+# A hello (a site's size, features, key), an evaluation (its scores) and a standardisation share are small; every other
 # topic is a round's model or votes, bounded by the service's own limit on a body.
 MAX_SMALL_BODY = 1 << 26
-SMALL_TOPICS = ("hello", "eval")
+SMALL_TOPICS = ("hello", "eval", "stats")
 
 # What a later step reads of a closed round: the agents and round t + 1's XCLP job read model/t (a
 # restarted agent too); the updates of a closed round and the models before t − 1 are read by nothing.
@@ -31,14 +32,14 @@ PRUNED_KINDS = ("update", "model")
 def topic_phase(topic: str) -> str:
     """The phase a training run's message belongs to, by its topic (bytes are counted by phase)."""
     kind = topic.split("/")[0]
-    if kind in ("hello", "keys") or topic == "model/0":
+    if kind in ("hello", "keys", "identities", "stats", "stats-ask", "stats-total") or topic == "model/0":
         return "setup"
     return "evaluate" if kind == "eval" else "round"  # plan/t, update/t, votes/t, model/t, consensus/t, labels/t
 
 
 def max_body(topic: str) -> int | None:
     """The most bytes a site's upload of `topic` may carry; None: only the driver's own limit."""
-    return MAX_SMALL_BODY if topic in SMALL_TOPICS else None
+    return MAX_SMALL_BODY if topic.split("/")[0] in SMALL_TOPICS else None
 
 
 def obsolete(topic: str, rounds_done: int) -> bool:

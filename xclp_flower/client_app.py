@@ -305,9 +305,10 @@ class FlowerSite:
         the CSPRNG), else restored from the record over the data file reloaded."""
         X = self.X
         if "features-model" in secrets:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
-            from xclp_flower.training_site import embeddings
+            from xclp_flower.training_site import embeddings, run_scaling
 
-            X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]))
+            X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]),
+                           run_scaling(self))
         if "session" in secrets:
             self.session = SiteSession.from_bytes(bytes(secrets["session"]), X, self.y, identity=self.identity(),
                                                   pins=self.pins())

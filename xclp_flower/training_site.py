@@ -164,7 +164,18 @@ class FlowerWork:
         if model is None:
             return None
         with torch_threads(1):
-            return s.site_statistics(self.env.scores(lambda X: predict_proba_array(model, X).argmax(axis=1)))
+            return s.site_statistics(s.scaled(self.env).scores(lambda X: predict_proba_array(model, X).argmax(axis=1)))
+
+    def points(self) -> np.ndarray:
+        return self.env._flower.X
+
+
+def run_scaling(site):
+    """The run's standardisation of the model's inputs, as this site's machine kept it (None: raw)."""
+    from xclp.training.input_scaling import Scaling
+
+    kept = site.state.get(TRAINING)
+    return None if kept is None else Scaling.from_json(json.loads(str(kept["record"])).get("scaling"))
 
 
 def _network(s: Strategy, body: bytes | None):
@@ -247,8 +258,9 @@ def _finish(site, spec: RunSpec, view: TrainState, env: FlowerEnv) -> ConfigReco
         model = _network(s, env.broadcast(f"{s.broadcast}/{len(view.history)}"))
         if model is None:
             raise ProtocolError(f"{site.name}: the run's final model (round {len(view.history)}) was not sent")
+        s.scaling = run_scaling(site)
         with torch_threads(1):
-            proba = predict_proba_array(model, X)
+            proba = predict_proba_array(model, s.inputs(X))
         path = site.write_result(name, labels=proba.argmax(axis=1), confidence=proba.max(axis=1),
                                  model=dump_state(model.state_dict()), model_suffix=".model.npz")
     else:  # the site's own learner, as it kept it after its last exchange (.model.npz or .model.skops, no pickle)
@@ -261,14 +273,15 @@ def _finish(site, spec: RunSpec, view: TrainState, env: FlowerEnv) -> ConfigReco
     return ConfigRecord({"written": str(path)})
 
 
-def embeddings(X: np.ndarray, config: str, model: bytes) -> np.ndarray:
+def embeddings(X: np.ndarray, config: str, model: bytes, scaling=None) -> np.ndarray:
     """φ(X) under a FedAvg run's round model (`config`: the run's config as JSON): the rows a
-    FedAvg+XCLP round's XCLP job propagates over."""
+    FedAvg+XCLP round's XCLP job propagates over (`scaling`: the run's standardisation of X)."""
     from xclp.training.models import embed_array, torch_threads
 
     spec = json.loads(config)
     s = strategy_for(spec["config"]["algorithm"], spec["config"], int(spec["classes"]), 2, n_features=int(X.shape[1]))
     net = s.network()
     net.load_state_dict(s.load_broadcast(model))
+    s.scaling = scaling
     with torch_threads(1):
-        return embed_array(net, X.astype(np.float32))
+        return embed_array(net, s.inputs(X))

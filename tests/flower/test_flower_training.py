@@ -188,7 +188,8 @@ def test_flower_fedavg_xclp_labels_over_the_round_models_embeddings(federation):
     from xclp.training.models import predict_proba_array
 
     sim = _sim_fedavg(ds, "fedavg-xclp", secure_aggregation=True)
-    want = float((predict_proba_array(sim["model"], ds.X.astype(np.float32)).argmax(axis=1) == ds.y_true).mean())
+    inputs = sim["scaling"].apply(ds.X)  # the model takes the points as the run standardised them
+    want = float((predict_proba_array(sim["model"], inputs).argmax(axis=1) == ds.y_true).mean())
     got = np.mean(np.concatenate([np.load(out["written"][s])["labels"] == ds.y_true[ds.site == s] for s in ds.sites]))
     print(f"fedavg-xclp accuracy on the sites' points: Flower {got:.3f}, simulation {want:.3f}")
     assert abs(got - want) < 0.05
@@ -233,7 +234,8 @@ def test_a_vanished_site_is_left_out_and_the_masked_sum_goes_on_without_it(feder
 
     ds, _, configs, _ = federation
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_after = {102: 3}  # site2 answers "who", hello and round 1, then its SuperNode goes silent
+    # site2 answers "who", hello, the standardisation sum and round 1, then its SuperNode goes silent
+    grid.vanish_after = {102: 4}
     opts = {**FEDAVG, "secure_aggregation": True, "rounds": 4}
     out = FlowerTraining(grid, "fedavg", opts, 10, max_missed=2).run()
     hist = out["history"]
@@ -258,7 +260,7 @@ def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
     # an XCLP job that loses a site goes on without it (as the coordinator's would): the two sites
     # left get its labels; the round's masked sum is unmasked without the vanished site; the run goes on
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_after = {101: 3}  # site1: "who", hello, and the first XCLP job's announce
+    grid.vanish_after = {101: 4}  # site1: "who", hello, the standardisation sum, and the first XCLP job's announce
     out = FlowerTraining(grid, "fedavg-xclp", {**FEDAVG, "secure_aggregation": True}, 10, max_missed=1).run()
     first, job = out["history"][0], out["xclp_jobs"][0]
     assert job["round"] == 1 and job["sites"] == ["site0", "site2"] and list(job["dropped"]) == ["site1"]
@@ -285,16 +287,24 @@ def start_the_run(link, sites, algorithm, config):
 
     spec = RunSpec("flower-1", algorithm, config, 10, child_sep="-")
     coord, mail = TrainCoordinator(spec, TrainState.new(sites)), MemoryMailbox()
-    back = link.round_to_sites("setup", {x: step_fields(spec, coord.state, {}) for x in sites},
-                               message_type=MESSAGE_TYPE, tolerate=True)
-    for x, r in back.items():
-        for k, v in r.items():
-            if k.startswith("out:"):
-                mail.put(Send(x, COORDINATOR, k.split(":", 2)[2], bytes(v)))
-    for _ in range(4):
-        for m in coord.step(mail):
-            if isinstance(m, Send):  # (a round's XCLP job, StartXCLP: not run here)
-                mail.put(m)
+    start = spec
+    for _ in range(3):  # the hellos, then the standardisation sum
+        if coord.state.phase != "setup":
+            break
+        shared = {(to, topic): b for (_, to, topic), b in mail.messages.items() if to == "*"}
+        back = link.round_to_sites("setup", {x: step_fields(start, coord.state, shared) for x in sites},
+                                   message_type=MESSAGE_TYPE, tolerate=True)
+        start = None
+        if link.failed:  # a site refused the run: its reasons stay for the test to read
+            break
+        for x, r in back.items():
+            for k, v in r.items():
+                if k.startswith("out:"):
+                    mail.put(Send(x, COORDINATOR, k.split(":", 2)[2], bytes(v)))
+        for _ in range(4):
+            for m in coord.step(mail):
+                if isinstance(m, Send):  # (a round's XCLP job, StartXCLP: not run here)
+                    mail.put(m)
     return spec, coord, mail
 
 

@@ -44,6 +44,7 @@ from xclp.job_options import JOB_DEFAULTS
 from xclp.privacy import gaussian_shares
 from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of
 from xclp.propagation import class_weights, predict_from_scores
+from xclp.training import divergence
 from xclp.training.messages import dump_state, load_state
 from xclp.training.models import build_network, embed_array, predict_proba_array, torch_threads, weighted_cross_entropy
 from xclp.training.options import FEDAVG_ALGORITHMS
@@ -98,7 +99,7 @@ class FedAvgConfig:
     alpha: float = JOB_DEFAULTS["alpha"]
     crypto: str = "plaintext"
     key_bits: int = JOB_DEFAULTS["key_bits"]
-    standardize: bool = True  # the XCLP jobs' federated standardisation of the embeddings (JobParams)
+    standardize: bool = True  # federated standardisation of the model's inputs (input_scaling) and of the XCLP jobs' embeddings
     seed: int = 0
     eval_every: int = 1
     threads: int | None = 1  # torch intra-op threads (1: small models on a shared machine); None = leave
@@ -373,6 +374,7 @@ class FedAvgStrategy(Strategy):
     public_set = False
     dp_mechanism = "Gaussian noise shares inside the secure sum of clipped updates (DP-FedAvg)"
     neighbouring = SITE_LEVEL
+    scales_inputs = True  # the network trains by SGD on the site's points: standardised first (standardize)
 
     def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)
@@ -515,6 +517,7 @@ class FedAvgStrategy(Strategy):
         """ClientUpdate from round t − 1's model on the site's labels and the round's pseudo-labels (kept
         before it travels: a restarted site sends it instead of training again); None while the model or
         the round's XCLP labels are not there yet."""
+        env = self.scaled(env)  # the site's points as the model takes them (the run's standardisation)
         body = env.broadcast(f"{self.broadcast}/{t - 1}")
         if body is None:
             return None
@@ -550,6 +553,8 @@ class FedAvgStrategy(Strategy):
                        **env.pseudo_scores(pl.labels if source != "none" else None, pl.weights)}
             r = self.update(model, env.site, pl, t, plan)
         state, n = r if r is not None else (None, 0)
+        if state is not None:  # the divergence guard, before anything is kept or sent
+            divergence.check(state, where=f"round {t}, site {me}", lr=cfg.lr)
         meta = {"n": int(n), **metrics}
         env.store["update"] = dump_state(template if state is None else state, {**meta, "round": t})
         return Weights(state, template, meta)

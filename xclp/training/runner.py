@@ -288,6 +288,9 @@ def run_training(config: TrainConfig | dict) -> dict:
         cfg = replace(cfg, sites=len(sites), dataset=Path(cfg.data).name, split="as in the file",
                       labels=sum(s.n_labelled + s.held_out for s in sites))
     out = train(cfg, sites, public, test, n_classes)
+    scaling = out.pop("scaling", None)  # the run's standardisation of the model's inputs: its μ, σ in the record
+    if scaling is not None:
+        out["standardisation"] = scaling.to_json()
     for key in ("model", "models", "released_labels"):  # what the run releases: objects and arrays, not JSON
         out.pop(key, None)
     out["seconds"] = time.perf_counter() - t0

@@ -26,10 +26,10 @@ from crypto.errors import ProtocolError
 from crypto.fixedpoint import check_bound, decode, encode
 from crypto.keys import SiteKeyPair, pairwise_keys
 from crypto.secure_sum import site_mask
+from xclp.training.divergence import MAX_ABS_WEIGHT, check  # the one divergence guard (its bound too)
 from xclp.training.double_masking import mask_purpose, self_mask
 
 FRAC_BITS = 32  # 2^-32 ≈ 2.3e-10 per weight, far below float32's resolution near the weights' scale
-MAX_ABS_WEIGHT = 1.0e4  # larger weights mean a diverged model: refused rather than risk a wrapped sum
 MAX_SITES = 1 << 16  # with MAX_ABS_WEIGHT and FRAC_BITS, a sum of this many terms cannot wrap
 MIN_CONTRIBUTORS = 2  # a masked "sum" of one update is that update: never masked, sent or decoded
 
@@ -64,10 +64,7 @@ def encode_update(state: dict[str, torch.Tensor] | None, template: dict[str, tor
     w = flatten(state)
     if w.size != n_values(template):
         raise ProtocolError(f"an update of {w.size} values does not fit the network's {n_values(template)}")
-    big = float(np.max(np.abs(w))) if w.size else 0.0
-    if not np.isfinite(big) or big > MAX_ABS_WEIGHT:
-        raise ProtocolError(f"weights of magnitude {big:.3g} exceed {MAX_ABS_WEIGHT:g}: the model diverged "
-                            "(lower the learning rate); refusing to aggregate it")
+    check(w, where="an update")  # (the site's machine checked it first, naming its round and site)
     return encode(w, FRAC_BITS)
 
 

@@ -125,7 +125,10 @@ class SimWork:
         net = s.network()
         net.load_state_dict(s.load_broadcast(body))
         with torch_threads(getattr(s.cfg, "threads", 1)):
-            return s.site_statistics(self.env.scores(lambda X: predict_proba_array(net, X).argmax(axis=1)))
+            return s.site_statistics(s.scaled(self.env).scores(lambda X: predict_proba_array(net, X).argmax(axis=1)))
+
+    def points(self):
+        return self.env.site.X
 
 
 @dataclass
@@ -137,6 +140,16 @@ class SimulatedRun:
     envs: dict[str, SimEnv]
     xclp_bytes: int = 0
     xclp_jobs: list[str] = field(default_factory=list)
+    machines: dict[str, TrainSite] = field(default_factory=dict)
+
+    @property
+    def scaling(self):
+        """The run's standardisation of the model's inputs as the sites computed it (None: raw inputs)."""
+        return next((m.scaling for m in self.machines.values() if m.scaling is not None), None)
+
+    def inputs(self, X: np.ndarray) -> np.ndarray:
+        """Points (a test set's) as the run's models take them."""
+        return np.asarray(X, dtype=np.float32) if self.scaling is None else self.scaling.apply(X)
 
     @property
     def state(self) -> TrainState:
@@ -171,7 +184,7 @@ def simulate(spec: RunSpec, sites: list, *, public=None, seed: int = 0,
     envs = {x.name: SimEnv(x, names, public, mail, xclp, seed) for x in sites}
     machines = {x: TrainSite(x, spec, SimWork(envs[x], spec.public_sha256), draw=SeededDraw(seed, x),
                              n_features=n_features) for x in names}
-    run = SimulatedRun(coord, mail, envs)
+    run = SimulatedRun(coord, mail, envs, machines=machines)
     silent = dict(silent or {})
 
     def quiet(x: str) -> bool:
@@ -223,7 +236,8 @@ def _run_child(run: SimulatedRun, job: StartXCLP, seed: int) -> None:
     features or their embeddings under the round's input model; its labels are each site's to read."""
     envs = run.envs
     rows = [envs[x].site.X for x in job.sites]
-    if job.features == "embedding":
+    if job.features == "embedding":  # φ of the model, over the points as the model takes them
+        rows = [run.inputs(X) for X in rows]
         from xclp.training.models import embed_array
 
         s = run.coordinator.strategy()
@@ -295,6 +309,7 @@ def run_fedavg(sites: list, test: tuple[np.ndarray, np.ndarray], n_classes: int,
         "noise_multiplier": s.noise_multiplier,
         "dropped": st.dropped,
         "model": net,
+        "scaling": run.scaling,  # the model's inputs: scaling.apply(X) (None: raw)
     }
 
 
@@ -330,7 +345,7 @@ class FedAvgRows:
             row["epsilon"] = rec["epsilon"]
         if t % s.cfg.eval_every == 0 or t == s.total_rounds():
             self.net.load_state_dict(run.shared(t, s))
-            row["accuracy"] = accuracy(self.net, *self.test)
+            row["accuracy"] = accuracy(self.net, run.inputs(self.test[0]), self.test[1])
         for env in truth:
             env.pseudo = None
         now = self.time()

@@ -23,8 +23,10 @@ def eval_metrics(X: np.ndarray, y: np.ndarray, y_true: np.ndarray | None, predic
         on, truth, m = "labelled", y, y >= 0
     if not m.any():
         return {"eval_n": 0, "eval_correct": 0, "eval_on": on}
+    # eval_majority: how many the most common class alone gets right — the bar a model must clear to
+    # be more than a constant (xclp.training_job.collapsed)
     return {"eval_n": int(m.sum()), "eval_correct": int((predict(X[m].astype(np.float32)) == truth[m]).sum()),
-            "eval_on": on}
+            "eval_majority": int(np.bincount(truth[m].astype(np.int64)).max()), "eval_on": on}
 
 
 def pseudo_metrics(y: np.ndarray, y_true: np.ndarray | None, labels: np.ndarray | None,

@@ -86,6 +86,22 @@ class SiteEnv(Protocol):
         """How many pseudo-labels the site trains on, and how many are right where it knows."""
 
 
+class ScaledEnv:
+    """A SiteEnv whose site's points are standardised (`Strategy.inputs`); everything else is the driver's."""
+
+    def __init__(self, env: SiteEnv, strategy: Strategy):
+        from dataclasses import replace
+
+        self._env, self._strategy = env, strategy
+        self.site = replace(env.site, X=strategy.inputs(env.site.X))
+
+    def __getattr__(self, name: str):
+        return getattr(self._env, name)
+
+    def scores(self, predict) -> dict:
+        return self._env.scores(lambda X: predict(self._strategy.inputs(X)))
+
+
 def seeded_key(env: SiteEnv, name: str) -> bytes | None:
     """The key of a site's DP noise draw `name` where its driver seeds them (the simulation's
     `SimEnv.noise_key`: a run that repeats exactly); None elsewhere: the site draws from os.urandom."""
@@ -107,10 +123,32 @@ class Strategy(ABC):
     dp_mechanism: ClassVar[str | None]  # what releases its uploads under a DP budget (None: no budget can be given)
     released_model: ClassVar[bool] = False  # its end is a model each site trains on the server's last labels
     neighbouring: ClassVar[str] = NEIGHBOURING  # the relation its DP budget is stated in
+    # Its models take the site's own points as inputs (a network trained by gradient steps, whose steps
+    # depend on the features' scales): the run standardises them first (xclp.training.input_scaling)
+    # where the config's `standardize` is on. (FedCT's, FedKT's and FREDY's learners also read the public
+    # set U, which would need the same scaling at every reader: they keep the raw features.)
+    scales_inputs: ClassVar[bool] = False
 
     def __init__(self, cfg, n_classes: int):
         self.cfg = cfg
         self.n_classes = int(n_classes)
+        self.scaling = None  # the run's input_scaling.Scaling, set by the site's machine once it is known
+
+    @property
+    def standardises_inputs(self) -> bool:
+        """Whether the run standardises its model's inputs by a secure sum at setup. Not under a DP budget:
+        the coordinator learns the sum's totals (the pooled μ, σ of the features), a release no ledger here
+        accounts for, so such a run keeps its features as given (scale them by an agreed rule instead)."""
+        return (self.scales_inputs and bool(getattr(self.cfg, "standardize", False))
+                and not getattr(self.cfg, "dp", False))
+
+    def inputs(self, X: np.ndarray) -> np.ndarray:
+        """The points as this run's models take them: standardised where the run standardises (float32)."""
+        return np.asarray(X, dtype=np.float32) if self.scaling is None else self.scaling.apply(X)
+
+    def scaled(self, env: SiteEnv) -> SiteEnv:
+        """The driver's env with the site's points as the models take them (and a model's scores over them)."""
+        return env if self.scaling is None else ScaledEnv(env, self)
 
     @classmethod
     @abstractmethod
