@@ -78,11 +78,13 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default="bench/results/sampled_dots.json")
     a = ap.parse_args(argv)
     import torch
+    from threadpoolctl import threadpool_limits
 
     from crypto.sampled_dots import sampled_dots
 
     patterns = capture(a.n, a.runs)
     torch.set_num_threads(1)
+    threadpool_limits(1)  # BLAS on one thread too (the GEMM route): every way on one core
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()
     totals: dict[str, float] = {}
