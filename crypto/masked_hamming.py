@@ -61,8 +61,11 @@ Messages (little-endian; a list of N values mod t is `pack_values`: k bit planes
 
 Cost: n·L·k/8 bytes per site and job (1.4 kB a point at L = 1024), k/8 bytes per candidate from each site,
 64 + 32 bytes of keys per run; per candidate one length-L inner product at each of A (⟨x̃, s⟩), B
-(⟨r, y⟩) and S (⟨x̃, ỹ⟩): per row of A one matrix-vector product over the gathered rows of B, float64
-(every partial sum an integer below 2^33, exact below 2^53), float32 for B's (y bits: below (t − 1)·L < 2^24).
+(⟨r, y⟩) and S (⟨x̃, ỹ⟩), all three by crypto.sampled_dots (torch.sparse.sampled_addmm over the run's
+CSR view, each side's rows of the pair gathered once and converted once per run): float64 for A's and
+S's (every partial sum an integer below t²·L = 2^32 at L = 1024, exact below 2^53), float32 for B's (y
+bits: below (t − 1)·L < 2^24). Per run each side also expands the masks of all the pair's points (AES-CTR:
+2·L bytes a point).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ import numpy as np
 
 from crypto.errors import ProtocolError
 from crypto.hamming_api import Outgoing, check_bits
+from crypto.sampled_dots import sampled_dots
 from crypto.secure_sum import prg_uint64
 from crypto.state import Nested, State, pack
 
@@ -129,20 +133,8 @@ def unpack_values(data, count: int, k: int) -> np.ndarray:
     return out
 
 
-def row_dots(left: np.ndarray, right: np.ndarray, ptr: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """⟨left[i], right[cols[e]]⟩ for e in ptr[i] … ptr[i+1] − 1, for every row i: one matrix-vector
-    product per row of `left` (float32 or float64) over its rows of `right` (kept compact, uint8/uint16,
-    gathered and converted to left's type row by row). Exact where the caller chose the type so that
-    every sum stays below the mantissa (2^24 float32, 2^53 float64)."""
-    out = np.empty(cols.size, dtype=np.float64)
-    for i in np.flatnonzero(np.diff(ptr)).tolist():
-        a, b = int(ptr[i]), int(ptr[i + 1])
-        out[a:b] = right[cols[a:b]].astype(left.dtype) @ left[i]
-    return out
-
-
 def _mod(x: np.ndarray, k: int) -> np.ndarray:
-    return (np.rint(x).astype(np.int64) & ((1 << k) - 1)).astype(np.uint16)
+    return (np.asarray(x, dtype=np.int64) & ((1 << k) - 1)).astype(np.uint16)
 
 
 def codes_message(bits: np.ndarray, n_bits: int, key: bytes) -> bytes:
@@ -246,7 +238,8 @@ def pair_views(i: np.ndarray, j: np.ndarray, n_a: int, n_b: int) -> tuple[PairVi
         raise ProtocolError("masked: a run needs a non-empty list of candidate entries")
     if i.min() < 0 or i.max() >= n_a or j.min() < 0 or j.max() >= n_b:
         raise ProtocolError(f"masked: candidate entries outside [0, {n_a}) × [0, {n_b})")
-    key = np.unique(i * n_b + j)
+    key = np.sort(i * n_b + j)  # (sorted, then the repeats dropped: numpy 2's np.unique hashes, 60× slower here)
+    key = key[np.r_[True, key[1:] != key[:-1]]]
     i, j = key // n_b, key % n_b
     rows_a, ia = np.unique(i, return_inverse=True)
     rows_b, jb = np.unique(j, return_inverse=True)
@@ -337,9 +330,9 @@ class MaskedPartyA(_Party):
         key_b = _key(mv[1:], "B's key")
         x = np.unpackbits(self.bits[v.rows_a], axis=1, count=L).astype(np.uint16)
         xt = (x + point_masks(self.proto.site_key(), v.n_a, L)[v.rows_a]) & np.uint16((1 << k) - 1)
-        s = point_masks(key_b, v.n_b, L)
+        s = point_masks(key_b, v.n_b, L)[v.rows_b]
         z = masks(self.run_key, STREAM_Z, v.candidates, k).astype(np.int64)
-        dots = row_dots(xt.astype(np.float64), s, v.ptr, v.rows_b[v.cols])  # < 2^33: exact in float64
+        dots = sampled_dots(xt, s, v.ptr, v.cols)  # (sums < t²·L = 2^32 at L = 1024: float64)
         weight = x.sum(axis=1, dtype=np.int64)[v.a_ordinal()]
         self.step, self.run_key = 2, None
         return Outgoing(to_server=self._share(SHARE_A, _mod(weight + 2 * dots + z, k)), done=True)
@@ -356,11 +349,11 @@ class MaskedPartyB(_Party):
         if len(body) != 2 * KEY_BYTES:
             raise ProtocolError("masked: A's HELLO carries keys of the wrong size")
         key_a, run_key = bytes(body[:KEY_BYTES]), bytes(body[KEY_BYTES:])
-        y = np.unpackbits(self.bits, axis=1, count=L)  # (all B's points: indexed by the entries' B points)
-        r = point_masks(key_a, v.n_a, L)[v.rows_a].astype(np.float32)
+        y = np.unpackbits(self.bits[v.rows_b], axis=1, count=L)  # B's candidate points, by ordinal
+        r = point_masks(key_a, v.n_a, L)[v.rows_a]
         z = masks(run_key, STREAM_Z, v.candidates, k).astype(np.int64)
-        dots = row_dots(r, y, v.ptr, v.rows_b[v.cols])  # ≤ (t − 1)·L < 2^24: exact in float32
-        weight = y.sum(axis=1, dtype=np.int64)[v.rows_b[v.cols]]
+        dots = sampled_dots(r, y, v.ptr, v.cols)  # (sums ≤ (t − 1)·L < 2^24: float32)
+        weight = y.sum(axis=1, dtype=np.int64)[v.cols]
         self.step = 1
         return Outgoing(to_peer=bytes([KEY]) + self.proto.site_key(),
                         to_server=self._share(SHARE_B, _mod(weight + 2 * dots - z, k)), done=True)
@@ -393,7 +386,7 @@ def combine_views(share_a: bytes, share_b: bytes, va: PairView, vb: PairView, n_
     yt = read_codes(carried_b, vb.n_b, L, "B's codes") if codes_b is None else codes_b
     if xt.shape != (va.n_a, L) or yt.shape != (va.n_b, L):
         raise ProtocolError("masked: masked codes of another size than the view's sites")
-    dots = row_dots(xt[va.rows_a].astype(np.float64), yt, va.ptr, va.rows_b[va.cols])
+    dots = sampled_dots(xt[va.rows_a], yt[va.rows_b], va.ptr, va.cols)
     h = _mod(u.astype(np.int64) + v - 2 * dots, k).astype(np.int32)
     if h.max(initial=0) > L:
         raise ProtocolError("masked: the shares do not combine into distances (a value exceeds L)")
