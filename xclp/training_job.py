@@ -807,7 +807,11 @@ class TrainSite:
 
     def standardises(self, view: TrainState) -> bool:
         """Whether the run standardises the model's inputs (the whole run's strategy says: FREDY's FedAvg
-        rounds feed a vote on the raw public set, so FREDY does not)."""
+        rounds feed a vote on the raw public set, so FREDY does not). A run whose setup closed without the
+        standardisation sum (`stats` None past setup: begun by a release before the step existed, and
+        taken over since, service revision 0007) goes on with raw inputs, as its rounds so far did."""
+        if view.phase != "setup" and view.stats is None:
+            return False
         return self.spec.strategy(len(view.sites), self.n_features).standardises_inputs
 
     @property
