@@ -92,6 +92,21 @@ def _logs(work: Path) -> str:
 
 @pytest.mark.slow
 @both_databases
+def _contributions(tmp_path, sites, job: str) -> dict[str, bytes]:
+    """Each agent's seed contribution to `job`, once its result is written (the plaintext reference's
+    seed: run_xclp(contributions=...))."""
+    out = {}
+    for s in sites:
+        result = tmp_path / f"out-{s}" / f"{job}.npz"
+        end = time.monotonic() + 60
+        while not result.exists():
+            assert time.monotonic() < end, f"no result for {s}\n{_logs(tmp_path)}"
+            time.sleep(0.05)
+        state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{job}.json").read_text())
+        out[s] = bytes.fromhex(state["contribution"])
+    return out
+
+
 def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_job_finishes(tmp_path, db_url):
     tree = _previous_release(tmp_path)
     X, y = load_arrays("digits", limit=300, seed=7)
@@ -146,15 +161,7 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
             assert time.monotonic() < end, f"the job did not finish: {st}\n{_logs(tmp_path)}"
             time.sleep(0.05)
         assert st["status"] == "done" and st["dropped"] == {}, f"{st}\n{_logs(tmp_path)}"
-        contributions = {}
-        for s in ds.sites:
-            result = tmp_path / f"out-{s}" / f"{job}.npz"
-            end = time.monotonic() + 60
-            while not result.exists():
-                assert time.monotonic() < end, f"no result for {s}\n{_logs(tmp_path)}"
-                time.sleep(0.05)
-            state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{job}.json").read_text())
-            contributions[s] = bytes.fromhex(state["contribution"])
+        contributions = _contributions(tmp_path, ds.sites, job)
         # submitted before standardisation was on by default: still raw features (revision 0005)
         ref = run_xclp(ds, JobParams(job_id=job, n_classes=10, bits=128, k=6, crypto="plaintext", standardize=False),
                        contributions=contributions)
@@ -459,15 +466,7 @@ def test_jobs_in_flight_in_the_previous_release_keep_their_machine_state_as_byte
         want = sim["model"].state_dict()
         assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
 
-        contributions = {}
-        for s in ds.sites:
-            result = tmp_path / f"out-{s}" / f"{predict}.npz"
-            end = time.monotonic() + 60
-            while not result.exists():
-                assert time.monotonic() < end, f"no result for {s}\n{_logs(tmp_path)}"
-                time.sleep(0.05)
-            state = json.loads((tmp_path / f"out-{s}" / ".agent-state" / f"{predict}.json").read_text())
-            contributions[s] = bytes.fromhex(state["contribution"])
+        contributions = _contributions(tmp_path, ds.sites, predict)
         ref = run_xclp(ds, JobParams(**admin.job(predict)["params"]), contributions=contributions)
         for s in ds.sites:
             assert np.array_equal(np.load(tmp_path / f"out-{s}" / f"{predict}.npz")["labels"], ref.predictions[s].labels)
