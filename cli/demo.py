@@ -274,6 +274,7 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     from xclp.data import load_arrays
     from xclp.splits import simulate_sites
     from xclp.training.fedavg import FedAvgConfig, Site, accuracy
+    from xclp.training.input_scaling import Scaling
     from xclp.training.messages import load_state
     from xclp.training.models import build_network
     from xclp.training.simulation import run_fedavg
@@ -304,7 +305,11 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
         seconds = time.perf_counter() - t0
         site_data = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s]) for s in names]
         base = run_fedavg(site_data, (Xte, yte), ds.n_classes, FedAvgConfig(algorithm="fedavg", **knobs))
-        acc = {algorithm: accuracy(net, Xte, yte), "fedavg": base["final_accuracy"]}
+        # the run standardised its model's inputs (xclp.training.input_scaling): the held-out digits go
+        # through the same scaling, from the totals the coordinator broadcast
+        total = cluster.admin.shared(job, "stats-total")
+        Xin = Xte if total is None else Scaling.from_message(total, X.shape[1]).apply(Xte)
+        acc = {algorithm: accuracy(net, Xin, yte), "fedavg": base["final_accuracy"]}
         hist = st["training"]["history"]
         print(f"\ntraining job {job} ({algorithm}, {crypto}), {len(hist)} rounds, {seconds:.1f} s")
         print(f"{'round':>5}{'sites':>7}{'left out':>10}{'pseudo-label acc %':>20}{'seconds':>9}")

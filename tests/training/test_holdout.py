@@ -41,7 +41,9 @@ def test_held_out_labels_are_hidden_from_training_and_scored_and_named():
         return np.where(train >= 0, train, 9)
 
     metrics = eval_metrics(X, held.y, held.truth, memoriser, on=held.on)
-    assert metrics == {"eval_n": 4, "eval_correct": 0, "eval_on": "held_out"}  # a training accuracy would be 1.0
+    # a training accuracy would be 1.0; the held-out truths are 0, 0, 1, 2: the majority class gets 2 right
+    assert sorted(held.truth[m]) == [0, 0, 1, 2]
+    assert metrics == {"eval_n": 4, "eval_correct": 0, "eval_majority": 2, "eval_on": "held_out"}
     assert scored_accuracy({"a": metrics}) == (0.0, "accuracy on held-out labelled points (4 held out)")
     truth = training_labels(y, np.where(y < 0, 1, y), 0.2, seed=0, site="b")  # a truth column: nothing held out, its unlabelled scored
     both = eval_metrics(X, truth.y, truth.truth, memoriser, on=truth.on)

@@ -19,13 +19,14 @@ def memoriser(X):
 
 def test_with_a_truth_column_only_the_unlabelled_points_count():
     m = eval_metrics(X, y, y_true, memoriser)
-    assert m == {"eval_n": 3, "eval_correct": 0, "eval_on": "unlabelled"}  # training accuracy would say 100 %
+    # training accuracy would say 100 %; the majority class of the scored truths (1, 0, 1) gets 2 right
+    assert m == {"eval_n": 3, "eval_correct": 0, "eval_majority": 2, "eval_on": "unlabelled"}
     assert scored_accuracy({"a": m}) == (0.0, "accuracy on unlabelled points (truth column)")
 
 
 def test_without_a_truth_column_it_is_a_training_accuracy_and_says_so():
     m = eval_metrics(X, y, None, memoriser)
-    assert m == {"eval_n": 2, "eval_correct": 2, "eval_on": "labelled"}
+    assert m == {"eval_n": 2, "eval_correct": 2, "eval_majority": 1, "eval_on": "labelled"}  # (labels 0, 1)
     assert scored_accuracy({"a": m}) == (1.0, "training accuracy on labelled points (no truth column)")
 
 

@@ -17,6 +17,7 @@ goes through `Scaling.apply`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +79,13 @@ class Scaling:
         if X.shape[-1] != len(self.mean):
             raise ProtocolError(f"points of {X.shape[-1]} features, the run's standardisation has {len(self.mean)}")
         return ((X.astype(np.float64) - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)
+
+    @classmethod
+    def from_message(cls, body: bytes, features: int) -> Scaling:
+        """The run's scaling from its `stats-total` broadcast: what anyone who uses the run's global model
+        (the operator, `xclp demo --train`) must apply to its inputs, as the sites did."""
+        got = json.loads(bytes(body))
+        return cls.from_total(np.array([int(v) for v in got["total"]], dtype=np.uint64), features)
 
     def to_json(self) -> dict:
         return {"mean": list(self.mean), "std": list(self.std)}  # (float repr round-trips exactly)
