@@ -91,6 +91,14 @@ def traits(name: str) -> Traits:
     return REGISTRY[name]
 
 
+def max_bits(name: str) -> int | None:
+    """The longest code the protocol `name` computes exactly (its module's MAX_BITS, with the bound's
+    derivation written beside it there), or None if it states none."""
+    import importlib
+
+    return getattr(importlib.import_module(traits(name).module), "MAX_BITS", None)
+
+
 def make_protocol(name: str, key_bits: int | None = None) -> HammingProtocol:
     """The protocol object named `name` (imported only when used: Paillier pulls in phe and gmpy2)."""
     import importlib

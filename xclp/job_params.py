@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingProtocol, make_protocol, traits
+from crypto.hamming_api import DEFAULT_SECURE, PROTOCOLS, HammingProtocol, make_protocol, max_bits, traits
 from xclp import blocked_graph, blocking, push
 from xclp import graph as graphs
 from xclp.job_files import check_job_id
@@ -84,14 +84,9 @@ class JobParams:
             raise ValueError(f"similarity must be 'lsh' or 'exact', got {self.similarity!r}")
         if self.similarity == "exact" and self.secure:
             raise ValueError("similarity='exact' needs the sites' vectors in the clear: only with crypto='plaintext'")
-        if self.crypto == "lattice":
-            from crypto.lattice_hamming import MAX_BITS
-            if self.bits > MAX_BITS:
-                raise ValueError(f"crypto='lattice' takes bits ≤ {MAX_BITS}, got {self.bits}")
-        if self.crypto == "masked":
-            from crypto.masked_hamming import MAX_BITS as MASKED_MAX_BITS
-            if self.bits > MASKED_MAX_BITS:
-                raise ValueError(f"crypto='masked' takes bits ≤ {MASKED_MAX_BITS}, got {self.bits}")
+        top = max_bits(self.crypto)  # each protocol's own bound (e.g. exact float products), never by name
+        if top is not None and self.bits > top:
+            raise ValueError(f"crypto={self.crypto!r} takes bits ≤ {top}, got {self.bits}")
         if self.n_classes < 2:
             raise ValueError(f"n_classes must be at least 2, got {self.n_classes}")
         label_dp.validate(self.dp_noise, self.dp_clip, self.label_flip)

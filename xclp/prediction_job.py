@@ -670,7 +670,7 @@ class PredictCoordinator:
     # dropped; a pair whose round has a share missing at the deadline, or whose shares do not combine,
     # is incomplete, and `blame` picks the sites to drop; the job goes on without them.
     def _blocked_inputs(self) -> tuple[str, ...]:
-        codes = self.params.crypto == "plaintext" or traits(self.params.crypto).runs_pairs
+        codes = not self.params.secure or traits(self.params.crypto).runs_pairs
         return ("tags", "knn") + (("codes",) if codes else ())
 
     def _round_plans(self, mail: Mailbox, r: int, order: list[str]) -> dict[str, dict]:
@@ -745,7 +745,7 @@ class PredictCoordinator:
             try:
                 coord.receive_tags(s, mail.body(s, COORDINATOR, "tags"))
                 coord.receive_intra_knn(s, mail.body(s, COORDINATOR, "knn"))
-                if self.params.crypto == "plaintext":
+                if not self.params.secure:
                     coord.receive_plaintext_codes(s, mail.body(s, COORDINATOR, "codes"))
                 elif traits(self.params.crypto).runs_pairs:  # masked: each site's masked codes, once
                     coord.receive_masked_codes(s, mail.body(s, COORDINATOR, "codes"))
@@ -790,7 +790,7 @@ class PredictCoordinator:
             log.warning(json.dumps({"event": "bad_shares", "blamed": sorted(blamed)}))
             self._drop(blamed)
             return
-        if r == 0 and self.params.crypto == "plaintext":  # the coordinator measures every round itself
+        if r == 0 and not self.params.secure:  # the coordinator measures every round itself
             coord.measure_candidates(order)
             while coord.measure_descent(order):
                 pass
@@ -1063,7 +1063,7 @@ class PredictSite:
         sess = self.session
         progressed = False
         inputs = {"tags": sess.tags_message, "knn": sess.intra_knn_message}
-        if sess.params.crypto == "plaintext" or traits(sess.params.crypto).runs_pairs:
+        if not sess.params.secure or traits(sess.params.crypto).runs_pairs:
             inputs["codes"] = sess.codes_message
         for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
             progressed |= self._once(send, topic, make)
@@ -1093,7 +1093,7 @@ class PredictSite:
             # Its inputs (round 0) or its blocks are through: next come the next round's blocks or, after
             # the last round, the influence columns (a driver may wait in one long poll for the likelier).
             # (crypto="plaintext": round 0 is the last, the coordinator measures every round itself.)
-            last = sess.params.crypto == "plaintext" or r > sess.params.descent_rounds
+            last = not sess.params.secure or r > sess.params.descent_rounds
             progressed = self._await(inbox, "influence" if last else Topic.blocks(r + 1))
         return progressed
 

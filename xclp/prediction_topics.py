@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from crypto.errors import ProtocolError
+from crypto.hamming_api import traits
 from crypto.identity import announce_digest, fingerprint, verify
 from xclp.announce import columns_digest, decode_announce
 from xclp.far_field import far_field_rows
@@ -137,7 +138,7 @@ def max_body(topic: str, site: str, params: JobParams, state, mail: Mailbox) -> 
         return SLACK + 8 * rows_length(params, state, mail) * params.n_classes
     if kind in ("tags", "knn", "codes"):  # a blocked graph's round 0: n × m tags, n × k lists, n packed codes
         per_point = {"tags": 8 * params.blocking_tables, "knn": 10 * params.k, "codes": (params.bits + 7) // 8}
-        if kind == "codes" and params.crypto == "masked":  # masked codes: k bits a coordinate
+        if kind == "codes" and traits(params.crypto).runs_pairs:  # masked codes: k bits a coordinate
             from crypto.masked_hamming import codes_size
 
             return SLACK + codes_size(announced(site).n, params.bits)
@@ -220,7 +221,7 @@ def _check_blocked_input(kind: str, body: bytes, n: int, params: JobParams) -> N
     """A blocked graph's round-0 upload of a site with n points: ProtocolError if malformed."""
     if kind == "tags":
         load_array(body, dtype="uint64", shape=(n, params.blocking_tables), what="tags")
-    elif kind == "codes" and params.crypto == "masked":
+    elif kind == "codes" and traits(params.crypto).runs_pairs:  # (crypto.masked_hamming: the one that runs pairs)
         from crypto.masked_hamming import read_codes
 
         read_codes(body, n, params.bits, "masked codes")

@@ -502,7 +502,7 @@ class SiteSession:
         if traits(self.params.crypto).runs_pairs:
             proto = self._hamming = self._hamming or hamming_protocol(self.params)
             return proto.codes_message(self.hash(), self.params.bits)
-        if self.params.crypto != "plaintext":
+        if self.params.secure:
             raise ProtocolError(f"{self.site}: codes go to the coordinator only with crypto='plaintext' or 'masked'")
         return self.hash().tobytes()
 
@@ -949,7 +949,7 @@ class CoordinatorSession:
     def receive_plaintext_codes(self, site: str, share: bytes) -> None:
         """crypto="plaintext" only: a site's codes as its plaintext pair protocol sends them, once; the
         coordinator then measures every block itself (`measure_blocks`)."""
-        if self.params.crypto != "plaintext":
+        if self.params.secure:
             raise ProtocolError("codes in the clear only with crypto='plaintext'")
         n, width = self.roster[site].n, (self.params.bits + 7) // 8
         if len(share) != n * width:

@@ -91,15 +91,6 @@ def test_under_a_dp_budget_a_flower_site_reports_no_statistics_of_its_data(feder
     assert all("eval_correct" in m for m in meta)
 
 
-def test_a_run_named_after_another_run_is_refused_by_every_site(federation):
-    """The run's job id is what a site admits and what its XCLP jobs name as their parent: a ServerApp
-    that names another run than the one each node's own Context is in gets no site."""
-    ds, U, configs, _ = federation
-    with pytest.raises(SiteFailed, match=r"fewer than 2 sites.*naming run 'flower-5', but this node is in run flower-1"):
-        FlowerTraining(InProcessGrid(client_app, configs, run_id=1), "fedct", OPTIONS, 10, public_digest(U), len(U),
-                       run_id=5).run()
-
-
 def test_flower_fedct_refuses_a_site_with_another_public_set(federation):
     ds, U, configs, tmp = federation
     forged = U.copy()

@@ -52,12 +52,23 @@ def _previous_release(tmp: Path, commit: str = PREVIOUS) -> Path:
     return tree
 
 
-def _start_previous(tree: Path, work: Path, port: int, database: str) -> subprocess.Popen:
+def _previous_coordinator(tree: Path, work: Path, database: str) -> tuple[subprocess.Popen, str, CoordinatorClient]:
+    """The previous release's coordinator on `database`, answering: its process, address and an admin client
+    (the process is killed if it never answers)."""
+    port = free_port()
     env = {**os.environ, "XCLP_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(tree)}
     log = open(work / "previous-coordinator.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "cli", "coordinator", "serve", "--host", "127.0.0.1", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "coordinator", "serve", "--host", "127.0.0.1", "--port",
                              str(port), "--database", database], cwd=tree, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 120)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, url, CoordinatorClient(url, ADMIN, retries=20)
 
 
 def _job_row(database: str, job: str) -> dict:
@@ -115,11 +126,8 @@ def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_jo
     try:
         # The previous release's coordinator makes the database (its create_all), registers the sites
         # and takes a job; it is killed with the job in its first phase.
-        port = free_port()
-        procs.append(old := _start_previous(tree, tmp_path, port, db_url))
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, 120)
-        admin = CoordinatorClient(url, ADMIN, retries=20)
+        old, url, admin = _previous_coordinator(tree, tmp_path, db_url)
+        procs.append(old)
         tokens = {s: admin.add_site(s)["token"] for s in ds.sites}
         job = admin.submit_job(kind="predict", sites=ds.sites, crypto="plaintext", bits=128, k=6, classes=10)
         assert admin.job(job)["status"] == "running"
@@ -315,12 +323,8 @@ def test_the_previous_head_s_database_with_a_job_in_flight_gets_the_audit_log_an
     from inprocess import InProcess, split
 
     tree = _previous_release(tmp_path, PREVIOUS_HEAD)
-    port = free_port()
-    old = _start_previous(tree, tmp_path, port, db_url)
+    old, url, admin = _previous_coordinator(tree, tmp_path, db_url)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, 120)
-        admin = CoordinatorClient(url, ADMIN, retries=20)
         c_sites = split(3).sites
         tokens = {s: admin.add_site(s)["token"] for s in c_sites}
         job = admin.submit_job(kind="predict", sites=c_sites, crypto="plaintext", bits=32, k=4, classes=10)
@@ -403,11 +407,8 @@ def test_jobs_in_flight_in_the_previous_release_keep_their_machine_state_as_byte
         np.savez(tmp_path / f"{s}.npz", X=ds.X[idx], y=ds.y[idx], y_true=ds.y_true[idx])
     procs = []
     try:
-        port = free_port()
-        procs.append(old := _start_previous(tree, tmp_path, port, db_url))
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, 120)
-        admin = CoordinatorClient(url, ADMIN, retries=20)
+        old, url, admin = _previous_coordinator(tree, tmp_path, db_url)
+        procs.append(old)
         tokens = {s: admin.add_site(s)["token"] for s in ds.sites}
         agents = [_start_previous_agent(tree, tmp_path, url, s, tokens[s]) for s in ds.sites]
         procs += agents
