@@ -111,3 +111,24 @@ def test_the_systemd_unit_runs_the_agent_with_its_token_from_a_credential():
     assert args.token_file == f"{env['CREDENTIALS_DIRECTORY']}/{name}" and source.startswith("/etc/xclp/")
     assert PurePosixPath(args.data).suffix in (".csv", ".parquet") and args.id_column and args.schema
     assert args.out.startswith("/var/lib/") and unit["StateDirectory"] == [PurePosixPath(args.out).name]
+
+
+def test_systemd_itself_reads_the_unit_without_a_complaint(tmp_path):
+    """systemd's own parser (`systemd-analyze verify`) on the unit, its ExecStart pointed at this checkout's
+    xclp: every directive known and every value valid (a misspelt key or value is only warned about and
+    ignored by systemd, so the test reads what it says, not its exit status alone)."""
+    import shutil
+    import subprocess
+    import sys
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian: the systemd package)")
+    xclp_bin = Path(sys.executable).with_name("xclp")
+    if not xclp_bin.exists():
+        pytest.skip(f"{xclp_bin}: the package's console script is not installed in this environment")
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace("/opt/xclp/venv/bin/xclp", str(xclp_bin)))
+    out = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    said = [line for line in (out.stdout + out.stderr).splitlines() if unit.name in line]
+    assert out.returncode == 0 and said == [], "\n".join(said) or out.stderr
