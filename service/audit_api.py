@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from service.db import AuditRecord
-from service.deps import get_db, require_admin
+from service.deps import ReleasingRoute, get_db, require_admin
 from service.schemas import errors
 
 MAX_RECORDS = 10_000  # one answer's most
@@ -63,7 +63,7 @@ def entry(r: AuditRecord) -> AuditEntry:
                       client=r.client, detail=r.detail or {})
 
 
-router = APIRouter(tags=["audit"])
+router = APIRouter(route_class=ReleasingRoute, tags=["audit"])
 
 
 @router.get("/audit", response_model=AuditLog, dependencies=[Depends(require_admin)],

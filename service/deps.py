@@ -4,11 +4,15 @@ module of its own and not a closure inside create_app."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import inspect
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.routing import APIRoute
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from service.db import Job, Operator, Site, utcnow
 from service.guard import auth_failed, client_of
@@ -29,6 +33,33 @@ async def get_db(request: Request):
         yield db
     finally:
         db.close()
+
+
+class ReleasingRoute(APIRoute):
+    """Every router's route class: a plain (`def`) route gives its session's connection back in its own
+    worker thread, as it returns. Without it the connection stayed checked out until FastAPI had
+    validated the response, which for a `def` route takes ANOTHER worker thread: with every thread in a
+    route waiting for a connection and every connection held by a finished route waiting for a thread,
+    50 agents polling stalled the coordinator in hamming (bench/fifty_agents.py; sessions 'idle in
+    transaction' for minutes after their last query). What a route returns is built from loaded values
+    (sessions keep them: service.db.make_sessionmaker, expire_on_commit=False), so closing is safe."""
+
+    def __init__(self, path: str, endpoint, **kwargs):
+        if not inspect.iscoroutinefunction(endpoint):
+            endpoint = _releasing(endpoint)
+        super().__init__(path, endpoint, **kwargs)
+
+
+def _releasing(endpoint):
+    @functools.wraps(endpoint)  # (FastAPI reads the parameters through __wrapped__)
+    def call(*args, **kwargs):
+        try:
+            return endpoint(*args, **kwargs)
+        finally:
+            for v in kwargs.values():
+                if isinstance(v, Session):
+                    v.close()  # (get_db's own close at the request's end then finds nothing to give back)
+    return call
 
 
 def bearer(request: Request) -> str:

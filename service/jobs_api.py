@@ -15,7 +15,7 @@ from sqlalchemy import func, or_, select
 
 from service.audit import record
 from service.db import Job, Message
-from service.deps import caller, check_roster, get_db, load_job, require_admin
+from service.deps import ReleasingRoute, caller, check_roster, get_db, load_job, require_admin
 from service.engine import DbMailbox, cancel, refusals
 from service.job_list import select_rows, shown_status
 from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS, machine_state, new_machine
@@ -31,7 +31,7 @@ from xclp.prediction_topics import graph_mode
 from xclp.privacy import label_dp
 
 log = logging.getLogger("xclp.service")
-router = APIRouter(tags=["jobs"])
+router = APIRouter(route_class=ReleasingRoute, tags=["jobs"])
 
 
 class _JobFields(RequestBody):

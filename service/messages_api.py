@@ -19,7 +19,7 @@ from crypto.errors import ProtocolError
 from service.audit import SITE, record
 from service.blobs import blob_key
 from service.db import COORDINATOR, Job, Message, Site, message_ref, new_message
-from service.deps import bearer, check_site, load_job, require_site
+from service.deps import ReleasingRoute, bearer, check_site, load_job, require_site
 from service.engine import DbMailbox, job_params, job_state
 from service.guard import client_of
 from service.schemas import errors
@@ -39,7 +39,7 @@ RECHECK_SECONDS = 1.0  # a waiting poll for a message reads the database at leas
 
 def make_messages_router(Session, settings, blobs, job_engine, bytes_in, registry) -> APIRouter:
     """A router of its own per app: it keeps the app's long-poll counts and its blob store at hand."""
-    r = APIRouter(tags=["messages"])
+    r = APIRouter(route_class=ReleasingRoute, tags=["messages"])
     waiting_gauge = Gauge("xclp_long_polls_waiting", "long polls waiting for their message", registry=registry)
     waiting: dict[str, int] = {}  # site -> its long polls waiting now (touched only on the event loop)
     uploads = [0]  # messages stored by uploads (bumped on the event loop): a waiting poll looks again when it moves

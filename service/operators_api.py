@@ -20,12 +20,12 @@ from sqlalchemy.exc import IntegrityError
 
 from service.audit import record
 from service.db import COORDINATOR, Operator, UISession, utcnow
-from service.deps import get_db, hash_token, iso, require_admin
+from service.deps import ReleasingRoute, get_db, hash_token, iso, require_admin
 from service.schemas import Request as RequestBody
 from service.schemas import SiteName, errors
 from service.sites_api import NAME, new_token
 
-router = APIRouter(tags=["operators"])
+router = APIRouter(route_class=ReleasingRoute, tags=["operators"])
 UI_PREFIX = "operator:"  # a dashboard session's `who` for an operator (service.ui_api)
 
 

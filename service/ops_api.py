@@ -9,10 +9,10 @@ from prometheus_client import generate_latest
 from sqlalchemy import func, select
 
 from service.db import Job
-from service.deps import bearer, get_db, require_admin
+from service.deps import ReleasingRoute, bearer, get_db, require_admin
 from service.schemas import errors
 
-router = APIRouter(tags=["ops"])
+router = APIRouter(route_class=ReleasingRoute, tags=["ops"])
 
 
 @router.get("/health")

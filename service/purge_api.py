@@ -11,12 +11,12 @@ from sqlalchemy import select
 
 from service.audit import record
 from service.db import Job, Site
-from service.deps import get_db, iso, load_job, require_admin
+from service.deps import ReleasingRoute, get_db, iso, load_job, require_admin
 from service.engine import cancel
 from service.purge import PurgeRefused, flush_storage, purge_job, purge_site, purgeable, remove_blobs, wait_for_engine
 from service.schemas import errors
 
-router = APIRouter(tags=["retention"])
+router = APIRouter(route_class=ReleasingRoute, tags=["retention"])
 
 
 class JobPurged(BaseModel):

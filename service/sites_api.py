@@ -17,14 +17,14 @@ from sqlalchemy.exc import IntegrityError
 
 from service.audit import record
 from service.db import COORDINATOR, Job, Site, UISession, has_messages, utcnow
-from service.deps import get_db, hash_token, iso, require_admin, require_site
+from service.deps import ReleasingRoute, get_db, hash_token, iso, require_admin, require_site
 from service.lifecycle import put_message
 from service.schemas import Request as RequestBody
 from service.schemas import SiteName, errors
 from xclp.refusal import REFUSE, refusal
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-router = APIRouter(tags=["sites"])
+router = APIRouter(route_class=ReleasingRoute, tags=["sites"])
 RECHECK_SECONDS = 1.0  # a waiting poll for work reads the database at least this often
 STALE_AFTER = 600.0  # seconds without contact after which `GET /sites` marks a site stale (by default)
 

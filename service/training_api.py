@@ -16,7 +16,7 @@ from pydantic import Field, create_model
 
 from service.audit import record
 from service.db import COORDINATOR, Job, message_body
-from service.deps import caller, check_roster, get_db, load_job, require_admin
+from service.deps import ReleasingRoute, caller, check_roster, get_db, load_job, require_admin
 from service.lifecycle import PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
@@ -88,7 +88,7 @@ def training_params(body: TrainJobCreate, job_id: str) -> dict:
     return params
 
 
-router = APIRouter(tags=["training"])
+router = APIRouter(route_class=ReleasingRoute, tags=["training"])
 
 
 @router.post("/jobs/train", status_code=201, dependencies=[Depends(require_admin)],

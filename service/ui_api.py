@@ -41,7 +41,7 @@ from sqlalchemy import delete, func, select
 
 from service.audit import OPERATOR, SITE, record, record_refusal
 from service.db import Job, Message, PrunedBytes, Site, UISession, utcnow
-from service.deps import active_operator, get_db, hash_token, is_admin, load_job, token_owner
+from service.deps import ReleasingRoute, active_operator, get_db, hash_token, is_admin, load_job, token_owner
 from service.engine import cancel, refusals
 from service.guard import LOGIN_BYTES
 from service.job_list import KINDS, STATUSES, select_rows, shown_status
@@ -53,7 +53,7 @@ COOKIE = "xclp_session"
 SESSION_SECONDS = 8 * 3600
 MAX_LOGIN_BYTES = LOGIN_BYTES  # a token is 43 characters; the form is refused long before it could hurt
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(route_class=ReleasingRoute, prefix="/ui", include_in_schema=False)
 
 
 OPERATOR_PREFIX = "operator:"  # a session's `who` for an operator of `xclp operator add` (not a site name: no ':')
