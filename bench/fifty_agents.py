@@ -134,6 +134,20 @@ def _summary(values: list[float]) -> dict:
             "max": values[-1]}
 
 
+JOB_LIMIT_S = 1800.0  # a job not over by then is recorded as stalled (the bench ends; nothing waits for ever)
+
+
+def _status(cluster, job: str) -> dict:
+    """The job's status; a look the coordinator does not answer in time is a stall sign, not the end."""
+    from clients.api import ApiError
+
+    try:
+        return cluster.admin.job(job)
+    except ApiError as exc:
+        log(f"job status not answered: {exc}")
+        return {"status": "running", "unanswered": str(exc)}
+
+
 def _run_job(cluster, sampler: Sampler, what: str, submit) -> dict:
     from bench.proc_stats import cpu_seconds, peak_rss_kib
 
@@ -141,7 +155,11 @@ def _run_job(cluster, sampler: Sampler, what: str, submit) -> dict:
     cpu0, req0, t0 = cpu_seconds(pid), _requests_total(sampler.http, sampler.admin), time.perf_counter()
     job = submit()
     sampler.start(job)
-    while (st := cluster.admin.job(job))["status"] == "running":
+    end = time.monotonic() + JOB_LIMIT_S
+    while (st := _status(cluster, job))["status"] == "running":
+        if time.monotonic() > end:
+            st = {**st, "status": "stalled", "failure": f"still running after {JOB_LIMIT_S:g} s"}
+            break
         time.sleep(0.25)
     seconds = time.perf_counter() - t0
     samples = sampler.stop()
