@@ -19,6 +19,8 @@ Phases of a training job:
             planned site's `update/t` (FedAvg: weights) or `votes/t` (FedCT: hard labels on U).
             At the round's deadline the sites that have not sent theirs are left out of that round
             (they stay in the job).                                           → model/t | consensus/t
+            (At any step, a site the step awaits that is silent past the job's idle limit, `--deadline
+            idle=SECONDS`, is dropped from the run at once: service.liveness, the machine's `silent=`.)
   evaluate  (FedAvg) every live site scores the final model (unlabelled points by its truth column, else
             its labelled points: clients.trainer.eval_metrics) → done
 
