@@ -1023,7 +1023,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_options(jt)  # the options every driver shares, defined once (xclp.training.options)
     jt.add_argument("--deadline", action="append", metavar="PHASE=SECONDS",
                     help="this job's deadline for a phase: setup, round or evaluate (repeatable; default: the "
-                         "coordinator's)")
+                         "coordinator's); idle=SECONDS: a site the current step (or its round's XCLP job) awaits "
+                         "that is silent this long is dropped (default: the coordinator's, 300)")
     jt.add_argument("--json", action="store_true", help="print {\"job\": ID} as JSON")
     jt.set_defaults(func=cmd_job_submit_train)
     jl = job.add_parser("list", help="every job: kind, status, phase, sites, when submitted (a training job's "

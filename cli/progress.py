@@ -55,7 +55,8 @@ def _span(seconds: float) -> str:
 
 def waiting_lines(st: dict) -> list[str]:
     """What a running job waits for, for a person: the sites the current phase awaits with their last
-    contact, and when the phase gives up (service.liveness). Empty for a finished job."""
+    contact, and when the phase gives up (service.liveness; a training job waiting for its round's XCLP
+    job: that job's phase). Empty for a finished job."""
     awaited, deadline = st.get("awaited") or {}, st.get("deadline")
     out = []
     if awaited:
@@ -64,7 +65,9 @@ def waiting_lines(st: dict) -> list[str]:
             + (f"; dropped if silent {_span(a['idle_left_s'])} more" if a.get("idle_left_s") is not None else "")
             + ")" for s, a in awaited.items()))
     if deadline:
-        out.append(f"phase {deadline['phase']} gives up on the sites it awaits at {deadline['at']} (in "
+        where = f"phase {deadline['phase']}" + (f" of round {st.get('round')}'s XCLP job {deadline['job']}"
+                                                if deadline.get("job") else "")
+        out.append(f"{where} gives up on the sites it awaits at {deadline['at']} (in "
                    f"{_span(deadline['left_s'])}); a site silent {_span(deadline['idle_limit_s'])} is dropped sooner")
     return out
 

@@ -165,7 +165,7 @@ def advance(db, job: Job, executor=None, contacts: Contacts | None = None) -> bo
     if not job_kind(job.kind).rounds:
         _predict_step(db, job, executor, silent_sites(job, contacts))
     else:
-        train_step(db, job)
+        train_step(db, job, silent_sites(job, contacts))
     return (job.phase, job.attempt, job.round, tuple(job.live)) != before or job.status != "running"
 
 

@@ -95,7 +95,8 @@ class JobStatus(BaseModel):
     training: dict = Field(default_factory=dict, description="training jobs: per-round metrics ('history'), "
                                                              "the final evaluation ('final')")
     awaited: dict[str, dict] = Field(default_factory=dict, description=(
-        "a running predict job: each live site whose part of the current phase has not arrived, with "
+        "a running job: each live site whose part of the current step has not arrived (a training job waiting for "
+        "its round's XCLP job: the sites that job awaits), with "
         "'last_contact' (ISO time of its last request to the coordinator, null: none since the coordinator "
         "started), 'last_contact_s' (its age, seconds) and 'idle_left_s' (seconds of silence left before the "
         "idle limit drops it)"))
@@ -106,8 +107,9 @@ class JobStatus(BaseModel):
         "xclp.job_kinds' loader for the job's kind reads (what a site agent steps on, as Flower's ClientApp "
         "does); empty for the operator, whose view is the other fields"))
     deadline: dict | None = Field(None, description=(
-        "a running predict job: when the current phase gives up on the sites it still awaits ('phase', 'at', "
-        "'left_s') and the idle limit ('idle_limit_s'); null once the job is over"))
+        "a running job: when the current phase gives up on the sites it still awaits ('phase', 'at', "
+        "'left_s') and the idle limit ('idle_limit_s'); a training job waiting for its round's XCLP job: that job's "
+        "('job': its id); null once the job is over"))
 
 
 @router.post("/jobs", response_model=JobCreated, status_code=201,

@@ -21,9 +21,10 @@ log = logging.getLogger("xclp.engine")
 # A predict job's phase deadlines, in seconds (a job stores its own, whole, at submission).
 DEFAULT_DEADLINES = {"setup": 600.0, "seed": 120.0, "counts": 120.0, "hamming": 3600.0, "row_sums": 600.0}
 assert tuple(DEFAULT_DEADLINES) == job_kind("predict").steps, "a deadline for every phase of a job"
-# The idle limit, kept among a predict job's deadlines under this key (`--deadline idle=SECONDS`): a site
-# the current phase awaits that has not been heard from (no authenticated request) for this long leaves
-# the job at once (service.liveness); a site that keeps in contact has the phase's own deadline.
+# The idle limit, kept among a job's deadlines under this key (`--deadline idle=SECONDS`, a predict job's
+# and a training job's alike; a training round's XCLP job takes its run's): a site the current step
+# awaits that has not been heard from (no authenticated request) for this long leaves the job at once
+# (service.liveness); a site that keeps in contact has the step's own deadline.
 IDLE = "idle"
 DEFAULT_IDLE_LIMIT = 300.0
 PREDICT_DEADLINE_KEYS = (*DEFAULT_DEADLINES, IDLE)
@@ -85,7 +86,7 @@ def phase_limit(job: Job) -> float:
 
 def idle_limit(job: Job) -> float:
     """Seconds an awaited site may go without contact before it is dropped (a job from before the idle
-    limit, or a training round's, has the default)."""
+    limit has the default)."""
     return float((job.deadlines or {}).get(IDLE, DEFAULT_IDLE_LIMIT))
 
 

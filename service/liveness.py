@@ -6,10 +6,12 @@ from its start, so a site is never dropped for the time the coordinator itself w
 serves all of its site's jobs from one loop (and pings while a long step computes), so a site's last
 contact is its contact about each of its jobs.
 
-A site the current phase awaits (its part has not arrived: `PredictCoordinator.awaited`) that has been
-silent for longer than the job's idle limit (`--deadline idle=SECONDS`, default 5 min) leaves the job
-at once, by the rules of a refusal: the job goes on without it, or fails naming it when fewer than two
-sites are left. A site that keeps in contact has the phase's own (long) deadline for its work.
+A site the current step awaits (its part has not arrived: the job's machine says which,
+`PredictCoordinator.awaited` for a predict job, `TrainCoordinator.awaited` for a training job — while a
+round's XCLP job runs, the sites that job awaits) that has been silent for longer than the job's idle
+limit (`--deadline idle=SECONDS`, default 5 min) leaves the job at once, by the machine's rules of a
+refusal: the job goes on without it, or fails naming it when fewer than two sites are left. A site that
+keeps in contact has the step's own (long) deadline for its work.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import datetime as dt
 
 from service.db import Job, utcnow
 from service.lifecycle import DbMailbox, idle_limit, machine_state, phase_limit
+from service.training_engine import train_awaited
 from xclp.job_kinds import job_kind
 from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator
@@ -45,12 +48,20 @@ def _iso(when: dt.datetime) -> str:
 
 
 def awaited(db, job: Job) -> list[str]:
-    """The live sites whose part of a running predict job's current phase has not arrived (the job's
-    machine decides; a training job: none named)."""
-    if not job_kind(job.kind).phase_deadlines or job.status != "running":
-        return []
+    """The live sites whose part of a running job's current step has not arrived (the job's machine decides)."""
+    return _awaited(db, job)[0]
+
+
+def _awaited(db, job: Job) -> tuple[list[str], Job]:
+    """(the awaited sites, the job whose step they are awaited in: the job itself, or the round's XCLP
+    job that a training job waits for)."""
+    if job.status != "running":
+        return [], job
+    if job_kind(job.kind).rounds:
+        sites, child = train_awaited(db, job, lambda c: awaited(db, c))
+        return sites, child if child is not None else job
     machine = PredictCoordinator(JobParams(**job.params), machine_state(job))
-    return machine.awaited(DbMailbox(db, job.id))
+    return machine.awaited(DbMailbox(db, job.id)), job
 
 
 def silent_sites(job: Job, contacts: Contacts | None, now: dt.datetime | None = None) -> dict[str, str]:
@@ -70,20 +81,24 @@ def silent_sites(job: Job, contacts: Contacts | None, now: dt.datetime | None = 
 
 def liveness(db, job: Job, contacts: Contacts | None) -> dict:
     """What the operator reads of a running job's wait: `awaited` (site → its last contact and the
-    seconds its silence has left before the idle limit drops it) and `deadline` (when the current phase
-    gives up on every site it still awaits, and the idle limit). Empty for a finished job."""
-    if job.status != "running" or not job_kind(job.kind).phase_deadlines:  # (a training job's waits: its rounds' own rules)
+    seconds its silence has left before the idle limit drops it) and `deadline` (when the current step
+    gives up on every site it still awaits, and the idle limit; while a training round's XCLP job runs,
+    that job's phase and deadline, with its id under 'job'). Empty for a finished job."""
+    if job.status != "running":
         return {"awaited": {}, "deadline": None}
     now = utcnow()
-    limit = idle_limit(job)
-    at = job.phase_started_at + dt.timedelta(seconds=phase_limit(job))
+    sites, step = _awaited(db, job)
+    limit = idle_limit(step)  # (a round's XCLP job drops its silent sites by its own limit: the run's, as a rule)
+    at = step.phase_started_at + dt.timedelta(seconds=phase_limit(step))
     out = {}
-    for s in awaited(db, job):
+    for s in sites:
         seen = contacts.get(s) if contacts is not None else None
         quiet = contacts.silence(s, now) if contacts is not None else None
         out[s] = {"last_contact": None if seen is None else _iso(seen),
                   "last_contact_s": None if seen is None else round((now - seen).total_seconds(), 1),
                   "idle_left_s": None if quiet is None else round(max(0.0, limit - quiet), 1)}
-    return {"awaited": out,
-            "deadline": {"phase": job.phase, "at": _iso(at), "left_s": round((at - now).total_seconds(), 1),
-                         "idle_limit_s": limit}}
+    deadline = {"phase": step.phase, "at": _iso(at), "left_s": round((at - now).total_seconds(), 1),
+                "idle_limit_s": limit}
+    if step is not job:
+        deadline["job"] = step.id
+    return {"awaited": out, "deadline": deadline}

@@ -17,7 +17,7 @@ from pydantic import Field, create_model
 from service.audit import record
 from service.db import COORDINATOR, Job, message_body
 from service.deps import ReleasingRoute, caller, check_roster, get_db, load_job, require_admin
-from service.lifecycle import PREDICT_DEADLINE_KEYS, machine_state, new_machine
+from service.lifecycle import DEFAULT_IDLE_LIMIT, IDLE, PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
 from service.training_engine import BROADCAST, TRAIN_DEADLINES, run_spec
@@ -47,8 +47,10 @@ class _TrainJobFields(RequestBody):
     secure_aggregation: bool = Field(True, strict=True, description="FedAvg: the coordinator sees only the sum of each round's "
                                                         "updates (pairwise masks); false sends them in the clear")
     max_missed_rounds: int = Field(3, ge=1, le=100_000, description="a site left out of this many planned rounds in a row is dropped")
-    deadlines: dict[Literal[tuple(TRAIN_DEADLINES)], Seconds] = Field(default_factory=dict,
-                                                                      description="setup / round / evaluate -> seconds")
+    deadlines: dict[Literal[(*TRAIN_DEADLINES, IDLE)], Seconds] = Field(
+        default_factory=dict, description="setup / round / evaluate -> seconds; 'idle': the idle limit, seconds a "
+                                          "site the current step awaits may go without contact before it is dropped "
+                                          "(default: the coordinator's, 300; the rounds' XCLP jobs take it too)")
     xclp_deadlines: dict[Literal[PREDICT_DEADLINE_KEYS], Seconds] = Field(
         default_factory=dict, description="phase deadlines of XCLP child jobs")
 
@@ -98,9 +100,10 @@ def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
     if len(body.sites) < 2 or len(set(body.sites)) != len(body.sites):
         raise HTTPException(422, "a training job needs at least two distinct sites")
     check_roster(db, body.sites)  # registered, and none revoked
-    bad = set(body.deadlines) - set(TRAIN_DEADLINES)
+    bad = set(body.deadlines) - {*TRAIN_DEADLINES, IDLE}
     if bad or any(v <= 0 for v in [*body.deadlines.values(), *body.xclp_deadlines.values()]):
-        raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(TRAIN_DEADLINES)}")
+        raise HTTPException(422, f"deadlines are positive seconds for phases {sorted(TRAIN_DEADLINES)} "
+                                 f"and {IDLE!r} (the idle limit)")
     job_id = uuid.uuid4().hex[:16]
     try:
         params = training_params(body, job_id)
@@ -108,12 +111,17 @@ def submit_train(body: TrainJobCreate, request: Request, db=Depends(get_db)):
         raise HTTPException(422, str(exc)) from None
     db.add(Job(id=job_id, kind="train", params=params, sites=list(body.sites), live=list(body.sites),
                machine=new_machine("train", body.sites),
-               deadlines={**TRAIN_DEADLINES, **body.deadlines}, state={}))
+               deadlines={**TRAIN_DEADLINES, IDLE: _default_idle(request), **body.deadlines}, state={}))
     record(db, request, "job.submit", job_id, kind="train", sites=list(body.sites), algorithm=body.algorithm,
            crypto=body.crypto)
     db.commit()
     request.app.state.engine.notify()  # (and the sites' long polls for work)
     return {"job": job_id}
+
+
+def _default_idle(request: Request) -> float:
+    """The coordinator's idle limit for new jobs (its --deadline idle=SECONDS), the same for both kinds."""
+    return float(request.app.state.settings.default_deadlines.get(IDLE, DEFAULT_IDLE_LIMIT))
 
 
 @router.get("/jobs/{job_id}/shared/{topic:path}", responses=errors(401, 403, 404, 422), response_class=Response)

@@ -19,6 +19,8 @@ Phases of a training job:
             planned site's `update/t` (FedAvg: weights) or `votes/t` (FedCT: hard labels on U).
             At the round's deadline the sites that have not sent theirs are left out of that round
             (they stay in the job).                                           → model/t | consensus/t
+            (At any step, a site the step awaits that is silent past the job's idle limit, `--deadline
+            idle=SECONDS`, is dropped from the run at once: service.liveness, the machine's `silent=`.)
   evaluate  (FedAvg) every live site scores the final model (unlabelled points by its truth column, else
             its labelled points: clients.trainer.eval_metrics) → done
 
@@ -38,11 +40,12 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from sqlalchemy import select
 
 from service.db import Job, utcnow
-from service.lifecycle import DbMailbox, expired, keep, machine_state, new_machine, put_message
+from service.lifecycle import IDLE, DbMailbox, expired, idle_limit, keep, machine_state, new_machine, put_message
 from xclp.mail import Inadmissible
 from xclp.training_job import BROADCAST as BROADCAST  # the recipient "*", as the API and its tests name it
 from xclp.training_job import RunSpec, StartXCLP, TrainCoordinator
@@ -59,16 +62,21 @@ def run_spec(job: Job) -> RunSpec:
                    p.get("public_size"), int(p.get("max_missed_rounds", 3)))
 
 
-def train_step(db, job: Job) -> None:
+def _running_children(db, job: Job) -> set[str]:
+    return set(db.scalars(select(Job.id).where(Job.parent == job.id, Job.status == "running")))
+
+
+def train_step(db, job: Job, silent: dict[str, str] | None = None) -> None:
     """One decision of the core's machine (xclp.training_job.TrainCoordinator) on what the database holds;
     the job's row keeps the machine's state, so a restarted coordinator goes on where it was. What is
     left here is the transport: messages into the database, a round's XCLP job as a child job, and the
-    clock (a step's deadline counts from when the machine's clock last moved; the seconds each round
-    took, kept in the row's timings, not in the machine's history)."""
+    clock (a step's deadline counts from when the machine's clock last moved; the sites silent past the
+    idle limit, `silent` (service.liveness); the seconds each round took, kept in the row's timings, not
+    in the machine's history)."""
     machine = TrainCoordinator(run_spec(job), machine_state(job))
-    running = set(db.scalars(select(Job.id).where(Job.parent == job.id, Job.status == "running")))
+    running = _running_children(db, job)
     t0 = time.perf_counter()
-    out = machine.step(DbMailbox(db, job.id), expired(job), running)
+    out = machine.step(DbMailbox(db, job.id), expired(job), running, silent=silent)
     seconds = time.perf_counter() - t0
     for m in out:
         if isinstance(m, StartXCLP):
@@ -95,13 +103,30 @@ def round_seconds(job: Job, history: list[dict]) -> list[dict]:
     return [{**r, **took.get(str(r.get("round")), {})} if r else r for r in history]
 
 
+def train_awaited(db, job: Job, child: Callable[[Job], list[str]]) -> tuple[list[str], Job | None]:
+    """(the sites the run's current step awaits — the machine's `awaited` —, the round's XCLP child job
+    when that is what the run waits for, else None). `child(job)`: the sites a running child job awaits
+    (service.liveness asks the child's own machine)."""
+    machine = TrainCoordinator(run_spec(job), machine_state(job))
+    running = _running_children(db, job)
+    waited = {}
+
+    def ask(child_id: str) -> list[str]:
+        waited["job"] = db.get(Job, child_id)
+        return child(waited["job"]) if waited["job"] is not None else []
+
+    return machine.awaited(DbMailbox(db, job.id), running, ask), waited.get("job")
+
+
 def _spawn_xclp(db, job: Job, start: StartXCLP) -> None:
-    """A child predict job over the round's sites: the XCLP protocol itself, run by the ordinary predict engine."""
+    """A child predict job over the round's sites: the XCLP protocol itself, run by the ordinary predict
+    engine, with the run's idle limit (unless the run's XCLP deadlines name one of their own): a site
+    silent past it is dropped by the child's machine as by the run's."""
     db.add(Job(id=start.job_id, kind="predict", params=dataclasses.asdict(start.params), sites=list(start.sites),
                live=list(start.sites), parent=job.id, round=start.round,
                state={"features": start.features, "model_round": start.round - 1},
                machine=new_machine("predict", start.sites),
-               deadlines={**CHILD_DEADLINES, **job.params.get("xclp_deadlines", {})}))
+               deadlines={**CHILD_DEADLINES, IDLE: idle_limit(job), **job.params.get("xclp_deadlines", {})}))
     log.info(json.dumps({"event": "xclp_child", "job": job.id, "round": start.round, "child": start.job_id,
                          "sites": start.sites}))
 

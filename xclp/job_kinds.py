@@ -15,9 +15,9 @@ obsolete now (a driver need not look otherwise); `obsolete(topic, state)`.
 
 And what else differs between the kinds, so that no driver compares a job's kind with a name (the layer
 test, tests/test_layers.py): whether the job runs training rounds (`rounds`), when an upload is admitted
-(`admit`, by its topic before its body; `admits_with_body`), whether each phase has a deadline and names
-the sites it awaits (`phase_deadlines`), the core's parameters of the job (`params`) and the ledger of
-what it releases about the sites' labels (`privacy`).
+(`admit`, by its topic before its body; `admits_with_body`), the core's parameters of the job (`params`)
+and the ledger of what it releases about the sites' labels (`privacy`). (Who a job's step awaits is its
+machine's `awaited`, for either kind.)
 
 A driver keeps a job's machine state as bytes it never reads (`state.to_bytes()`, one record, read back
 by `load`); a new job's is `new_state(sites)`. What it lists and shows is the state's `summary()`;
@@ -53,9 +53,6 @@ class JobKind:
     admit: Callable[[Any, Any, Any, str, str, str], None]
     # True: an upload is admitted with its body, by the machine (xclp.training_job.TrainCoordinator.admit).
     admits_with_body: bool
-    # Each phase has a deadline, and the sites it still awaits are named (and dropped at it, or at the idle
-    # limit); False: the waits are the rounds' own rules.
-    phase_deadlines: bool
     params: Callable[[dict], Any]  # the core's parameters from the job's JSON (None: the machine reads them itself)
     privacy: Callable[[dict], dict]  # the label-DP ledger of what the job releases, from its params ({}: none here)
     new_state: Callable[[list[str]], Any]  # a new job's machine state over its roster
@@ -105,13 +102,13 @@ JOB_KINDS = {
     "predict": JobKind(protocol.JOB_PHASES, prediction_topics.topic_phase, prediction_topics.max_body,
                        prediction_topics.opaque, prediction_topics.prunes, prediction_topics.obsolete,
                        prediction_topics.TOPIC_KINDS, name="predict", rounds=False, admit=_predict_admit,
-                       admits_with_body=False, phase_deadlines=True, params=lambda p: JobParams(**p),
+                       admits_with_body=False, params=lambda p: JobParams(**p),
                        privacy=lambda p: JobParams(**p).privacy(), new_state=lambda sites: _predict_state().new(sites),
                        load=lambda data: _predict_state().from_bytes(data)),
     "train": JobKind(training_topics.TRAIN_PHASES, training_topics.topic_phase, _train_max_body,
                      lambda topic: False, lambda state: True, _train_obsolete, training_topics.TOPIC_KINDS,
                      name="train", rounds=True, admit=_admitted_with_body, admits_with_body=True,
-                     phase_deadlines=False, params=lambda p: None, privacy=lambda p: {},
+                     params=lambda p: None, privacy=lambda p: {},
                      new_state=lambda sites: _train_state().new(sites), load=lambda data: _train_state().from_bytes(data)),
 }
 

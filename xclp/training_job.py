@@ -14,11 +14,13 @@ evaluation and the end. It is the pattern of `xclp.prediction_job`: sans-I/O, in
 fed what has arrived, it hands back what to send, and never waits, sleeps, reads a clock for a
 decision, or opens a file or a socket.
 
-- `TrainCoordinator.step(mail, expired, running)` takes the decisions a `Mailbox` (the driver's
+- `TrainCoordinator.step(mail, expired, running, silent)` takes the decisions a `Mailbox` (the driver's
   read-only view of what arrived) allows, with whether the current step's deadline has passed (the
-  driver's clock: a new step begins whenever `TrainState.clock` moves) and which of the run's XCLP
+  driver's clock: a new step begins whenever `TrainState.clock` moves), which of the run's XCLP
   jobs still run (`StartXCLP` asks the driver to start one; the service runs a child job, Flower and
-  the simulation run it in place). Its whole state is a `TrainState`, which saves to bytes.
+  the simulation run it in place) and which sites the driver's clock found silent past its idle limit
+  (those of them the step awaits — `awaited` — leave at once, as in xclp.prediction_job). Its whole
+  state is a `TrainState`, which saves to bytes.
 - `TrainSite.step(view, inbox, send)` is one site's side: fed the run's state as published and its
   inbox, it sends through a callback and keeps the site's once-rules in a JSON record the driver
   persists — a hello once, each round's upload once (a masked one claimed in its
@@ -42,6 +44,11 @@ Steps of a run, and what ends each:
   evaluate  (a run with one global model) every live site scores the final model → done, with the
             sites where it is no better than their majority class named (`final["collapsed"]`)
 
+A site a step awaits (`TrainCoordinator.awaited`: its hello, its standardisation share, its upload, its
+unmask answer, its evaluation — or, while the round's XCLP job runs, that job's part) that the driver
+finds silent past its idle limit leaves at once by the same rules (`step(..., silent=...)`): the step
+goes on without it, or the run fails naming it when fewer than two sites are left.
+
 A site whose local training diverges (xclp.training.divergence) refuses the run with the guard's line
 (round, site, what to change): by the rules above it leaves, and the run fails when fewer than two remain.
 """
@@ -52,7 +59,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -66,7 +73,7 @@ from xclp.job_params import JobParams
 from xclp.mail import COORDINATOR, Inadmissible, Mailbox, Send
 from xclp.privacy.ledger import PrivacyLedger
 from xclp.protocol import MAX_SUM_RESTARTS
-from xclp.refusal import REFUSE, read_refusal, refusal
+from xclp.refusal import LEFT_OUT, REFUSE, read_refusal, refusal
 from xclp.training import input_scaling
 from xclp.training import secure_aggregation as secagg
 from xclp.training.algorithms import STRATEGIES, strategy_for
@@ -160,7 +167,8 @@ class TrainState:
 
     def view_for(self, site: str) -> TrainState:
         """What `site` is shown: the run's course, and of each round and the final evaluation the
-        aggregates and only its own metrics (another site's hello, strikes and scores are its business)."""
+        aggregates and only its own metrics (another site's hello, strikes and scores are its business; of
+        the sites whose final model collapsed, `final["collapsed"]`, itself or none)."""
         def own(row: dict | None) -> dict | None:
             if row is None:
                 return None
@@ -168,9 +176,12 @@ class TrainState:
                     for k, x in row.items()}
 
         mine = lambda d: {s: v for s, v in d.items() if s == site}  # noqa: E731
+        final = own(self.final)
+        if final is not None and "collapsed" in final:  # whether its own model collapsed: the others' are theirs
+            final["collapsed"] = [s for s in final["collapsed"] if s == site]
         return dataclasses.replace(self, facts=mine(self.facts), strikes=mine(self.strikes), reasons=mine(self.reasons),
                                    labelled=[], unlabelled=[], cached=[], history=[own(r) for r in self.history],
-                                   final=own(self.final))
+                                   final=final)
 
     def shown(self, site: str | None = None) -> dict:
         """What a run's status shows of it (site None: the operator; else what `site` may see: `view_for`)."""
@@ -250,8 +261,12 @@ class TrainCoordinator:
         return f"{cls.broadcast}/{len(self.state.history)}" if cls.global_model else None
 
     # --- the driver's entry ---------------------------------------------------------------------------
-    def step(self, mail: Mailbox, expired: bool = False, running: frozenset[str] | set[str] = frozenset()) -> list:
-        """One decision: what to send (`Send`) and which XCLP jobs to start (`StartXCLP`)."""
+    def step(self, mail: Mailbox, expired: bool = False, running: frozenset[str] | set[str] = frozenset(),
+             silent: Mapping[str, str] | None = None) -> list:
+        """One decision: what to send (`Send`) and which XCLP jobs to start (`StartXCLP`). `silent`: sites
+        the driver's clock found silent past its idle limit (site → why, in the driver's words); those of
+        them the current step awaits (`awaited`) leave at once, by the rules of a refusal, and are told why
+        (`LEFT_OUT`, which the operator reads among the refusals)."""
         out: list = []
         st = self.state
         if st.status != "running":
@@ -259,7 +274,7 @@ class TrainCoordinator:
         gone = mail.senders(COORDINATOR, REFUSE) & set(st.live)
         if gone:  # a site that refused or failed leaves at once, by the rules of one that missed the deadline
             self._drop(gone, {s: read_refusal(mail.body(s, COORDINATOR, REFUSE)) for s in gone})
-        else:
+        elif not self._take_silent(mail, silent or {}, set(running), out):
             getattr(self, "_" + st.phase)(mail, expired, set(running), out)
         if len(st.live) < 2 and st.status == "running":
             self._fail(f"fewer than 2 sites left in the run (in {st.phase}): {st.reasons}")
@@ -302,6 +317,67 @@ class TrainCoordinator:
     def _key(self) -> tuple:
         st = self.state
         return st.clock, st.phase, st.round, tuple(st.live), st.status, tuple(st.survivors)
+
+    # --- who the run waits for ------------------------------------------------------------------------
+    def awaited(self, mail: Mailbox, running: frozenset[str] | set[str] = frozenset(),
+                child: Callable[[str], list[str]] | None = None) -> list[str]:
+        """The live sites whose message the current step still waits for, in roster order: who the run
+        waits for now (a driver's status names them; its idle limit drops those of them that went silent).
+        While the round's XCLP job runs (`running`), the sites that job awaits, as `child(job id)` says (the
+        driver asks that job's own machine; None: no one named — Flower and the simulation run it in place).
+        A step that waits on no site (the coordinator's own work between two steps) awaits none."""
+        st = self.state
+        if st.status != "running":
+            return []
+        live = set(st.live)
+        if st.phase == "setup":
+            waiting = live - mail.senders(COORDINATOR, "hello")
+            if not waiting and st.stats is not None and not st.stats.get("done"):
+                waiting = (set(st.stats["sites"]) & live) - mail.senders(COORDINATOR, f"stats/{st.stats['attempt']}")
+        elif st.phase == "round":
+            waiting = self._round_awaited(mail, set(running), child)
+        elif st.phase == "evaluate":
+            waiting = live - mail.senders(COORDINATOR, "eval")
+        else:
+            waiting = set()
+        return [x for x in st.order if x in waiting]
+
+    def _round_awaited(self, mail: Mailbox, running: set, child: Callable[[str], list[str]] | None) -> set[str]:
+        """The round's awaited sites, by the same tests `_round` and `_masked_step` take their decisions on."""
+        st, t = self.state, self.state.round
+        live = set(st.live)
+        body = mail.body(COORDINATOR, BROADCAST, f"plan/{t}")
+        if body is None:
+            return set()  # the plan is the coordinator's next decision
+        plan = load_json(body, what="plan")
+        if plan.get("xclp_job") in running:
+            return set(child(plan["xclp_job"])) & live if child is not None else set()
+        if st.waiting_xclp:
+            return set()  # its XCLP job ended: the round's own deadline starts with the next decision
+        s = self.strategy()
+        if not s.secure_sum:
+            return {x for x in plan["sites"] if x in live} - mail.senders(COORDINATOR, s.upload_topic(t))
+        if st.survivors:  # the unmask step, asked of the sites whose masked update arrived
+            return {x for x in st.survivors if x in live} - mail.senders(COORDINATOR, f"reveal/{t}")
+        in_sum = [x for x in st.participants if x in live]
+        if len(in_sum) < secagg.MIN_CONTRIBUTORS:
+            return set()  # no sum of one site: nobody is asked to mask (the round closes at once)
+        return set(in_sum) - mail.senders(COORDINATOR, s.upload_topic(t))
+
+    def _take_silent(self, mail: Mailbox, silent: Mapping[str, str], running: set, out: list) -> bool:
+        """The sites the driver found silent that the current step still awaits leave now (a silent site the
+        step no longer needs stays until one does). While the round's XCLP job runs, that job's own machine
+        drops its silent sites by the same rule; the run awaits none of its own then."""
+        st = self.state
+        candidates = set(silent) & set(st.live)
+        gone = candidates & set(self.awaited(mail, running)) if candidates else set()
+        if not gone:
+            return False
+        for x in sorted(gone):
+            if mail.body(COORDINATOR, x, LEFT_OUT) is None:
+                out.append(Send(COORDINATOR, x, LEFT_OUT, refusal(silent[x])))
+        self._drop(gone, {x: silent[x] for x in gone})
+        return True
 
     # --- what every step shares -----------------------------------------------------------------------
     def _drop(self, sites, why: dict[str, str] | str) -> None:
@@ -503,9 +579,12 @@ class TrainCoordinator:
         got = mail.senders(COORDINATOR, f"stats/{a}")
         missing = [x for x in sites if x not in got or x not in st.live]
         if missing:
-            if not expired:
+            # a site of the sum that left the run (refused, silent past the idle limit): the sum cannot close
+            # without its masks, so it restarts over the others now, not at setup's deadline
+            if not expired and all(x in st.live for x in sites):
                 return
-            self._drop([x for x in missing if x in st.live], "no standardisation sums before setup's deadline")
+            if expired:
+                self._drop([x for x in missing if x in st.live], "no standardisation sums before setup's deadline")
             if len(st.live) < 2:
                 return
             if a >= MAX_SUM_RESTARTS:

@@ -71,8 +71,8 @@ def test_what_differs_between_the_kinds_is_a_trait_a_driver_asks():
     from xclp.prediction_job import PredictState
 
     train, predict = job_kind("train"), job_kind("predict")
-    assert train.rounds and train.admits_with_body and not train.phase_deadlines
-    assert not predict.rounds and not predict.admits_with_body and predict.phase_deadlines
+    assert train.rounds and train.admits_with_body
+    assert not predict.rounds and not predict.admits_with_body
     params = predict.params({"job_id": "j", "n_classes": 2})
     assert params.k == 10 and train.params({"algorithm": "fedavg"}) is None
     assert predict.privacy({"job_id": "j", "n_classes": 2}) == params.privacy() and train.privacy({}) == {}

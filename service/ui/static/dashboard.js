@@ -175,7 +175,8 @@ const XCLP = (() => {
         ([site, a]) => el("li", {"data-site": site, text: `awaiting ${site}: last contact ${secs(a.last_contact_s)}` +
           (a.idle_left_s == null ? "" : `; dropped if silent ${Math.round(a.idle_left_s)} s more`)})));
       document.getElementById("deadline").textContent = job.deadline ?
-        `phase ${job.deadline.phase} gives up on the sites it awaits at ${job.deadline.at} (in ` +
+        `phase ${job.deadline.phase}${job.deadline.job ? ` of round ${job.round}'s XCLP job ${job.deadline.job}` : ""} ` +
+        `gives up on the sites it awaits at ${job.deadline.at} (in ` +
         `${Math.max(0, Math.round(job.deadline.left_s))} s); a site silent ${job.deadline.idle_limit_s} s is dropped sooner` : "";
       document.getElementById("failure").textContent = job.failure || "";
       const cancelForm = document.getElementById("cancel-form");  // (the operator's page only)
