@@ -109,6 +109,7 @@ def through_the_service(tmp_path):
         kept = agents[SITES[0]].state(job)["scaling"]
         assert meta["scaling"] == kept and Scaling.from_json(kept) is not None
         for x in SITES[:2]:
+            agents[x].step(job)  # the job is done: the site writes its labels, its model and the model's scaling
             assert json.loads((tmp_path / f"out-{x}" / f"{job}.scaling.json").read_text()) == kept
         hist = st["training"]["history"]
         return st["status"], st["dropped"], [(h["round"], h["sites"], h["left_out"], h["decoded"]) for h in hist], model
