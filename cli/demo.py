@@ -274,7 +274,7 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
     from xclp.data import load_arrays
     from xclp.splits import simulate_sites
     from xclp.training.fedavg import FedAvgConfig, Site, accuracy
-    from xclp.training.input_scaling import Scaling
+    from xclp.training.input_scaling import model_scaling
     from xclp.training.messages import load_state
     from xclp.training.models import build_network
     from xclp.training.simulation import run_fedavg
@@ -300,15 +300,15 @@ def run_train_demo(algorithm: str = "fedavg-xclp", crypto: str = "lattice", json
             print(f"job {job} did not finish: {st and st['failure']}", file=sys.stderr)
             return 1
         net = build_network("mlp", X.shape[1], ds.n_classes, seed=seed)
-        state, _ = load_state(cluster.admin.model(job), net.state_dict())
+        state, meta = load_state(cluster.admin.model(job), net.state_dict())
         net.load_state_dict(state)
         seconds = time.perf_counter() - t0
         site_data = [Site(s, ds.X[ds.site == s].astype(np.float32), ds.y[ds.site == s]) for s in names]
         base = run_fedavg(site_data, (Xte, yte), ds.n_classes, FedAvgConfig(algorithm="fedavg", **knobs))
         # the run standardised its model's inputs (xclp.training.input_scaling): the held-out digits go
-        # through the same scaling, from the totals the coordinator broadcast
-        total = cluster.admin.shared(job, "stats-total")
-        Xin = Xte if total is None else Scaling.from_message(total, X.shape[1]).apply(Xte)
+        # through the same scaling, which the coordinator serves with the model
+        scaling = model_scaling(meta)
+        Xin = Xte if scaling is None else scaling.apply(Xte)
         acc = {algorithm: accuracy(net, Xin, yte), "fedavg": base["final_accuracy"]}
         hist = st["training"]["history"]
         print(f"\ntraining job {job} ({algorithm}, {crypto}), {len(hist)} rounds, {seconds:.1f} s")

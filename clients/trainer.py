@@ -39,7 +39,7 @@ from xclp.training.algorithms import strategy_for
 from xclp.training.fedavg import PseudoLabels, Site
 from xclp.training.fedct import PublicSet
 from xclp.training.holdout import TrainingLabels, training_labels
-from xclp.training.input_scaling import Scaling
+from xclp.training.input_scaling import SCALING_SUFFIX, scaling_file
 from xclp.training.messages import dump_state
 from xclp.training.models import predict_proba_array, torch_threads
 from xclp.training.saved_learners import model_file, pickle_refused
@@ -59,11 +59,12 @@ class Trainer:
     # --- shared helpers ----------------------------------------------------------------------------
     def strategy(self, status: dict) -> Strategy:
         """The job's algorithm at its current round: the same strategy whose hooks the coordinator and
-        the simulation call (FREDY: FedAvg's for its FedAvg rounds, then its vote's)."""
+        the simulation call (FREDY: FedAvg's for its FedAvg rounds, then its vote's), with the run's
+        standardisation of its inputs as this site's machine kept it (TrainSite.with_scaling)."""
         p = status["params"]
         whole = strategy_for(p["algorithm"], p["config"], int(p["classes"]), len(status["sites"]),
                              n_features=int(self.agent.X.shape[1]), n_public=p.get("public_size"))
-        return whole.at_round(int(status.get("round") or 0))
+        return TrainSite.with_scaling(whole.at_round(int(status.get("round") or 0)), self.agent.state(status["job"]))
 
     def labels(self, status: dict) -> TrainingLabels:
         """This site's labels for the training job of `status`: without a truth column, its held-out
@@ -101,19 +102,14 @@ class Trainer:
         if view.get("features") != "embedding":
             return self.agent.X
         parent = self.api.job(status["parent"])
-        model = self._model(status["parent"], parent, int(view["model_round"]))
+        s = self.strategy(parent)
+        model = self._model(status["parent"], parent, int(view["model_round"]), s)
         if model is None:
             raise DataError(f"job {status['job']}: the model of round {view['model_round']} is gone")
         from xclp.training.models import embed_array
 
         with torch_threads(1):  # over the points as the model takes them (the run's standardisation)
-            return embed_array(model, self._inputs(status["parent"], self.agent.X))
-
-    def _inputs(self, job_id: str, X: np.ndarray) -> np.ndarray:
-        """X as the training job's models take it: standardised where its machine's record holds the run's
-        standardisation (xclp.training.input_scaling)."""
-        scaling = Scaling.from_json(self.agent.state(job_id).get("scaling"))
-        return X.astype(np.float32) if scaling is None else scaling.apply(X)
+            return embed_array(model, s.inputs(self.agent.X))
 
     def _model(self, job_id: str, status: dict, r: int, s: Strategy | None = None):
         s = s or self.strategy(status)
@@ -185,14 +181,14 @@ class Trainer:
     # --- results -------------------------------------------------------------------------------------
     def _finish(self, job_id: str, status: dict, s: Strategy) -> bool:
         path = self.agent.result_path(job_id)
-        X = self.agent.X.astype(np.float32)
+        X = s.inputs(self.agent.X)  # every family's final model takes the run's standardised points
         if s.global_model:
             total = machine_view(status).summary()["rounds_done"]
             model = self._model(job_id, status, total)
             if model is None:
                 raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")
             with torch_threads(1):
-                proba = predict_proba_array(model, self._inputs(job_id, X))
+                proba = predict_proba_array(model, X)
             write_private(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
         elif s.released_model:  # the released model, trained here on the server's labels
             body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
@@ -206,7 +202,7 @@ class Trainer:
             suffix, body = model_file(learner)
             write_private(job_file(self.agent.out, job_id, suffix), body)
         else:
-            state, _ = s.site_state(self.env(job_id, status))
+            state, _ = s.site_state(s.scaled(self.env(job_id, status)))
             learner = state.learner
             proba = learner.predict_proba(X) if hasattr(learner, "predict_proba") else None
             if proba is None:
@@ -214,6 +210,8 @@ class Trainer:
                 proba = np.eye(int(status["params"]["classes"]))[labels]
             suffix, body = model_file(learner)
             write_private(job_file(self.agent.out, job_id, suffix), body)
+        if (scaling := scaling_file(s.scaling)) is not None:  # the model takes standardised points: say how
+            write_private(job_file(self.agent.out, job_id, SCALING_SUFFIX), scaling, 0o644)
         _, table = write_results(path, proba.argmax(axis=1), proba.max(axis=1), self.agent.ids)
         log.info("job %s: trained model, and labels for %d points written to %s and %s", job_id, len(X), path, table)
         return True

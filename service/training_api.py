@@ -25,6 +25,7 @@ from xclp.job_kinds import job_kind
 from xclp.job_options import OPTION, SECURE_DEFAULTS, TRAIN_JOB_OPTIONS
 from xclp.job_params import JobParams
 from xclp.training.algorithms import STRATEGIES, check_dp_budget
+from xclp.training.input_scaling import served_model
 from xclp.training.options import LEARNERS, SERVICE_ALGORITHMS, TRAINING_OPTIONS
 from xclp.training_job import TrainCoordinator
 
@@ -138,15 +139,22 @@ def shared(job_id: str, topic: str, who: str = Depends(caller), db=Depends(get_d
 
 @router.get("/jobs/{job_id}/model", responses=errors(401, 403, 404, 422), response_class=Response)
 def model(job_id: str, who: str = Depends(caller), db=Depends(get_db)):
-    """The FedAvg global model of the last completed round (.npz of the state dict)."""
+    """The FedAvg global model of the last completed round (.npz of the state dict). Where the run
+    standardised its inputs, the model's metadata holds the run's pooled μ, σ ("scaling": the points it
+    takes are (x − μ)/σ): statistics every site of the run learns and the coordinator reads from the
+    totals it summed, so neither the operator nor a site of the job learns more from them here."""
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    topic = TrainCoordinator(run_spec(job), machine_state(job)).model_topic() if job_kind(job.kind).rounds else None
+    st = machine_state(job) if job_kind(job.kind).rounds else None
+    coord = None if st is None else TrainCoordinator(run_spec(job), st)
+    topic = None if coord is None else coord.model_topic()
     if topic is None:
         raise HTTPException(404, "only FedAvg training jobs have a global model (FedCT's models stay at the sites)")
-    done = machine_state(job).summary()["rounds_done"]
+    done = st.summary()["rounds_done"]
     body = message_body(db, job_id, COORDINATOR, BROADCAST, topic)
     if body is None:
         raise HTTPException(404, f"job {job_id} has no model yet")
+    body = served_model(body, coord.strategy().network().state_dict(),
+                        message_body(db, job_id, COORDINATOR, BROADCAST, "stats-total"), int(st.features or 0))
     return Response(content=body, media_type="application/octet-stream", headers={"X-XCLP-Round": str(done)})

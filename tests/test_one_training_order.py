@@ -10,6 +10,7 @@ Flower are the machines' transports and decide nothing of the order.
 The simulation (xclp.training.simulation: the same machines over a MemoryMailbox, each site's work its
 strategy's site hook) is the fourth."""
 
+import json
 import time
 from dataclasses import asdict
 
@@ -26,6 +27,8 @@ from xclp.mail import COORDINATOR
 from xclp.prediction_job import MemoryMailbox
 from xclp.training.algorithms import STRATEGIES, strategy_for
 from xclp.training.fedavg import Site
+from xclp.training.input_scaling import Scaling
+from xclp.training.messages import load_state
 from xclp.training_job import BROADCAST, MailboxInbox, RunSpec, TrainCoordinator, TrainSite, TrainState
 
 SITES = ["site0", "site1", "site2"]
@@ -100,7 +103,14 @@ def through_the_service(tmp_path):
             time.sleep(0.01)
         st = admin.job(job)
         s = strategy_for("fedavg", st["params"]["config"], 2, len(SITES), n_features=5)
-        model = s.load_broadcast(admin.model(job))
+        model, meta = load_state(admin.model(job), s.network().state_dict())
+        # the model comes with the run's scaling of its inputs: the μ, σ every site applied (its record),
+        # and the file each site wrote beside its own copy of the model
+        kept = agents[SITES[0]].state(job)["scaling"]
+        assert meta["scaling"] == kept and Scaling.from_json(kept) is not None
+        for x in SITES[:2]:
+            agents[x].step(job)  # the job is done: the site writes its labels, its model and the model's scaling
+            assert json.loads((tmp_path / f"out-{x}" / f"{job}.scaling.json").read_text()) == kept
         hist = st["training"]["history"]
         return st["status"], st["dropped"], [(h["round"], h["sites"], h["left_out"], h["decoded"]) for h in hist], model
 
@@ -109,7 +119,6 @@ def through_flower(tmp_path):
     import pytest
 
     pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]'")
-    from xclp.training.messages import load_state
     from xclp_flower.client_app import app as client_app
     from xclp_flower.grid import InProcessGrid
     from xclp_flower.training import FlowerTraining

@@ -68,6 +68,8 @@ def proba(model, X: np.ndarray, n_classes: int) -> np.ndarray:
 
     from xclp.training.models import SklearnLearner, predict_proba_array
 
+    if isinstance(model, _Scaled):  # any family's model over standardised points: scaled, then as itself
+        return proba(model.net, model.scaling.apply(X), n_classes)
     if isinstance(model, torch.nn.Module):
         return predict_proba_array(model, X)
     if isinstance(model, SklearnLearner):
@@ -121,15 +123,11 @@ def _released(out: dict, target: str = "model", n_classes: int | None = None) ->
 
 
 class _Scaled:
-    """A released network with the run's standardisation of its inputs in front (xclp.training.input_scaling)."""
+    """A released model (a network, or FedCT's, FedKT's, FREDY's learner) with the run's standardisation
+    of its inputs in front (xclp.training.input_scaling); `proba` scores it."""
 
     def __init__(self, net, scaling):
         self.net, self.scaling = net, scaling
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        from xclp.training.models import predict_proba_array
-
-        return predict_proba_array(self.net, self.scaling.apply(X))
 
 
 def _candidates(sites, test, models: list, rng: np.random.Generator):

@@ -880,13 +880,22 @@ class TrainSite:
         self.min_colluders = int(min_colluders)
 
     def strategy(self, view: TrainState) -> Strategy:
-        s = self.spec.strategy(len(view.sites), self.n_features).at_round(view.round or 0)
-        s.scaling = self.scaling  # every model input of the site goes through it (Strategy.inputs)
+        return self.with_scaling(self.spec.strategy(len(view.sites), self.n_features).at_round(view.round or 0),
+                                 self.record)
+
+    @staticmethod
+    def with_scaling(s: Strategy, record: Mapping | None) -> Strategy:
+        """`s` with the run's standardisation of its model's inputs as a site's machine kept it in `record`
+        (none there: raw inputs). Every use of a run's models at a site — its rounds (`strategy`), the
+        embeddings a round's XCLP job runs on, the final labels and the model it writes — takes its
+        inputs through a strategy made here (`s.inputs`, `s.scaled`); the drivers (the agent, Flower's
+        ClientApp, the simulation) call this and never read the record's scaling themselves."""
+        s.scaling = input_scaling.Scaling.from_json((record or {}).get("scaling"))
         return s
 
     def standardises(self, view: TrainState) -> bool:
-        """Whether the run standardises the model's inputs (the whole run's strategy says: FREDY's FedAvg
-        rounds feed a vote on the raw public set, so FREDY does not). A run whose setup closed without the
+        """Whether the run standardises the model's inputs (the whole run's strategy says: every family
+        where `standardize` is on and no DP noise is drawn). A run whose setup closed without the
         standardisation sum (`stats` None past setup: begun by a release before the step existed, and
         taken over since, service revision 0007) goes on with raw inputs, as its rounds so far did."""
         if view.phase != "setup" and view.stats is None:

@@ -305,10 +305,10 @@ class FlowerSite:
         the CSPRNG), else restored from the record over the data file reloaded."""
         X = self.X
         if "features-model" in secrets:  # FedAvg+XCLP: propagate over the round model's embeddings φ(X)
-            from xclp_flower.training_site import embeddings, run_scaling
+            from xclp_flower.training_site import embeddings, run_record
 
             X = embeddings(self.X, str(secrets["features-config"]), bytes(secrets["features-model"]),
-                           run_scaling(self))
+                           run_record(self))
         if "session" in secrets:
             self.session = SiteSession.from_bytes(bytes(secrets["session"]), X, self.y, identity=self.identity(),
                                                   pins=self.pins())
@@ -329,9 +329,11 @@ class FlowerSite:
         return Pins(self.out / "known_sites.json", membership=self.membership, trust_on_first_use=self.tofu)
 
 
-    def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.npz", **arrays) -> Path:
+    def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.npz",
+                     extra: dict[str, bytes | None] | None = None, **arrays) -> Path:
         """`out/NAME.npz` (and the model: `out/NAME.model.npz`, a network's weights, or `.model.skops`, a
-        scikit-learn learner: xclp.training.saved_learners, never a pickle), written whole or not at all."""
+        scikit-learn learner: xclp.training.saved_learners, never a pickle), written whole or not at all;
+        `extra`: {suffix: body} of files beside them (None: none), e.g. the run's scaling of the inputs."""
         self.out.mkdir(parents=True, exist_ok=True)
         path = job_file(self.out, name, ".npz")
         tmp = path.with_name(path.stem + ".partial.npz")
@@ -339,6 +341,9 @@ class FlowerSite:
         os.replace(tmp, path)
         if model is not None:
             job_file(self.out, name, model_suffix).write_bytes(model)
+        for suffix, body in (extra or {}).items():
+            if body is not None:
+                job_file(self.out, name, suffix).write_bytes(body)
         return path
 
     # --- FedCT rounds (xclp_flower.training) ------------------------------------------------------------

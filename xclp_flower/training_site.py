@@ -170,12 +170,11 @@ class FlowerWork:
         return self.env._flower.X
 
 
-def run_scaling(site):
-    """The run's standardisation of the model's inputs, as this site's machine kept it (None: raw)."""
-    from xclp.training.input_scaling import Scaling
-
+def run_record(site) -> dict:
+    """This site's machine's record of the run (what it sent and claimed, the run's standardisation: read
+    through TrainSite.with_scaling); empty before the run's start."""
     kept = site.state.get(TRAINING)
-    return None if kept is None else Scaling.from_json(json.loads(str(kept["record"])).get("scaling"))
+    return {} if kept is None else json.loads(str(kept["record"]))
 
 
 def _network(s: Strategy, body: bytes | None):
@@ -248,40 +247,44 @@ def train_step(site, step: ConfigRecord) -> tuple[ConfigRecord, dict[str, Config
 def _finish(site, spec: RunSpec, view: TrainState, env: FlowerEnv) -> ConfigRecord:
     """The run is done: the site labels its points with the final model — the run's global model, or its
     own learner where the run has none — and writes labels and model to its `out` folder."""
+    from xclp.training.input_scaling import SCALING_SUFFIX, scaling_file
     from xclp.training.messages import dump_state
     from xclp.training.models import predict_proba_array, torch_threads
 
-    s = spec.strategy(len(view.sites), int(site.X.shape[1])).at_round(view.round or 0)
+    s = TrainSite.with_scaling(spec.strategy(len(view.sites), int(site.X.shape[1])).at_round(view.round or 0),
+                               run_record(site))
     name = f"flower-{spec.algorithm}-{site.run_id}"
-    X = site.X.astype(np.float32)
+    X = s.inputs(site.X)  # every family's final model takes the run's standardised points
+    extra = {SCALING_SUFFIX: scaling_file(s.scaling)}  # the μ, σ next to the model (None: raw inputs, no file)
     if s.global_model:
         model = _network(s, env.broadcast(f"{s.broadcast}/{len(view.history)}"))
         if model is None:
             raise ProtocolError(f"{site.name}: the run's final model (round {len(view.history)}) was not sent")
-        s.scaling = run_scaling(site)
         with torch_threads(1):
-            proba = predict_proba_array(model, s.inputs(X))
+            proba = predict_proba_array(model, X)
         path = site.write_result(name, labels=proba.argmax(axis=1), confidence=proba.max(axis=1),
-                                 model=dump_state(model.state_dict()), model_suffix=".model.npz")
+                                 model=dump_state(model.state_dict()), model_suffix=".model.npz", extra=extra)
     else:  # the site's own learner, as it kept it after its last exchange (.model.npz or .model.skops, no pickle)
         from xclp.training.saved_learners import model_file
 
-        state, _ = s.site_state(env)
+        state, _ = s.site_state(s.scaled(env))
         labels = np.asarray(state.learner.predict(X), dtype=np.int64)
         suffix, body = model_file(state.learner)
-        path = site.write_result(name, labels=labels, confidence=np.ones(labels.size), model=body, model_suffix=suffix)
+        path = site.write_result(name, labels=labels, confidence=np.ones(labels.size), model=body, model_suffix=suffix,
+                                 extra=extra)
     return ConfigRecord({"written": str(path)})
 
 
-def embeddings(X: np.ndarray, config: str, model: bytes, scaling=None) -> np.ndarray:
+def embeddings(X: np.ndarray, config: str, model: bytes, record: dict | None = None) -> np.ndarray:
     """φ(X) under a FedAvg run's round model (`config`: the run's config as JSON): the rows a
-    FedAvg+XCLP round's XCLP job propagates over (`scaling`: the run's standardisation of X)."""
+    FedAvg+XCLP round's XCLP job propagates over (`record`: the site machine's, with the run's
+    standardisation of X)."""
     from xclp.training.models import embed_array, torch_threads
 
     spec = json.loads(config)
     s = strategy_for(spec["config"]["algorithm"], spec["config"], int(spec["classes"]), 2, n_features=int(X.shape[1]))
     net = s.network()
     net.load_state_dict(s.load_broadcast(model))
-    s.scaling = scaling
+    TrainSite.with_scaling(s, record)
     with torch_threads(1):
         return embed_array(net, s.inputs(X))

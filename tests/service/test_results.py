@@ -75,7 +75,7 @@ def test_a_training_job_leaves_ids_and_a_csv_and_its_rounds_only_when_asked(clus
             assert (out / ".agent-state" / f"{child}.npz").exists() == (ag.site != keeper)
         if ag.site != keeper:
             assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
-                [f"{job}.npz", f"{job}.csv", f"{job}.model.npz"])
+                [f"{job}.npz", f"{job}.csv", f"{job}.model.npz", f"{job}.scaling.json"])  # (the model's μ, σ)
     _lists_fold_the_rounds(c, job, rounds)
 
 

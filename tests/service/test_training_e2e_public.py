@@ -4,6 +4,8 @@ module apart from test_training_e2e.py's FedAvg family so that pytest-xdist's --
 the two on different workers: each test makes its own cluster, nothing is shared between them.)
 """
 
+import json
+
 import numpy as np
 import pytest
 from svc import cluster_fixture
@@ -39,6 +41,8 @@ def test_fedct_jobs_equal_the_simulation_and_add_xclp_labels(cluster_factory):
     for i, s in enumerate(c.ds.sites):  # the same consensus rounds give the same local models
         learner = load_model_file(c.result(job, s, ".model.skops"))
         assert np.array_equal(learner.predict(c.public_X), sim["models"][i].predict(c.public_X)), s
+        # on inputs standardised by the same pooled μ, σ (U's too), written beside the model
+        assert json.loads(c.result(job, s, ".scaling.json").read_text()) == sim["scaling"].to_json(), s
     assert [h["public_coverage"] for h in hist] == pytest.approx([h["public_coverage"] for h in sim["history"]])
 
     short = {**cfg, "rounds": 2}  # (the XCLP jobs below: what they show needs no third exchange)
@@ -96,6 +100,7 @@ def test_a_fedkt_job_gives_every_site_the_simulations_final_model_and_accounts_i
     for s in c.ds.sites:  # one upload a party, the server's labels back, the same final model at every site
         model = load_model_file(c.result(job, s, ".model.skops"))
         assert np.array_equal(model.predict(c.public_X), sim["model"].predict(c.public_X)), s
+        assert json.loads(c.result(job, s, ".scaling.json").read_text()) == sim["scaling"].to_json(), s
         assert np.load(c.result(job, s))["labels"].size == (c.ds.site == s).sum()
     # under L2 noise each party draws once, keeps its votes, and the ledger spends 2·s·|U1| counts
     job2 = c.admin.submit_train(algorithm="fedkt", sites=c.ds.sites, classes=10, model="tree", levels="L2",

@@ -374,7 +374,6 @@ class FedAvgStrategy(Strategy):
     public_set = False
     dp_mechanism = "Gaussian noise shares inside the secure sum of clipped updates (DP-FedAvg)"
     neighbouring = SITE_LEVEL
-    scales_inputs = True  # the network trains by SGD on the site's points: standardised first (standardize)
 
     def __init__(self, cfg: FedAvgConfig, n_classes: int, n_features: int | None = None):
         super().__init__(cfg, n_classes)
@@ -513,11 +512,10 @@ class FedAvgStrategy(Strategy):
             return (start, 0) if c.dp else None  # mean's divisor and what it reveals do not depend on it
         return clip_update(r[0], start, c.clip), r[1]
 
-    def site_round(self, env, t: int, plan: dict) -> Weights | None:
+    def local_round(self, env, t: int, plan: dict) -> Weights | None:
         """ClientUpdate from round t − 1's model on the site's labels and the round's pseudo-labels (kept
         before it travels: a restarted site sends it instead of training again); None while the model or
         the round's XCLP labels are not there yet."""
-        env = self.scaled(env)  # the site's points as the model takes them (the run's standardisation)
         body = env.broadcast(f"{self.broadcast}/{t - 1}")
         if body is None:
             return None

@@ -176,7 +176,7 @@ class FedCTConfig:
     alpha: float = JOB_DEFAULTS["alpha"]
     crypto: str = "plaintext"
     key_bits: int = JOB_DEFAULTS["key_bits"]
-    standardize: bool = True  # the XCLP jobs' federated standardisation (JobParams)
+    standardize: bool = True  # the learners' inputs (site points and U) and the XCLP jobs' (JobParams)
     seed: int = 0
     threads: int | None = 1
     learner_kw: dict = field(default_factory=dict)
@@ -398,7 +398,7 @@ class FedCTStrategy(VotingStrategy):
 
         env.store["learner"] = dump_site_state(state, exchange)
 
-    def site_round(self, env, t: int, plan: dict) -> bytes | None:
+    def local_round(self, env, t: int, plan: dict) -> bytes | None:
         """One exchange at the site: its learner one step on its data ∪ the last consensus (∪ its XCLP
         labels) → its hard labels on U; None while the consensus or the XCLP labels are not there."""
         cfg = self.cfg

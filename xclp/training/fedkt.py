@@ -66,6 +66,7 @@ class FedKTConfig:
     dp_epsilon: float | None = None
     dp_delta: float = 1e-5
     epochs: int = 10  # passes over its data of each torch teacher, student and the final model
+    standardize: bool = True  # the learners' inputs (site points and U) by the run's pooled μ, σ
     seed: int = 0
     threads: int | None = 1
     learner_kw: dict = field(default_factory=dict)
@@ -222,7 +223,7 @@ class FedKTStrategy(VotingStrategy):
     def configure_round(self, t: int, roster: Roster) -> dict:
         return {"round": t, "sites": list(roster.labelled), "xclp": None}
 
-    def site_round(self, env, t: int, plan: dict) -> bytes:
+    def local_round(self, env, t: int, plan: dict) -> bytes:
         """FedKT's one round at a site: teachers, students and the consistent votes on U2 (once)."""
         env.check_public()
         key = seeded_key(env, f"fedkt/{self.cfg.seed}/{env.site.name}")
@@ -258,10 +259,12 @@ class FedKTStrategy(VotingStrategy):
 
     def final_model(self, public_X: np.ndarray, labels: np.ndarray):
         """The released model: the student learner on the labelled points of U2 (the same seed at every
-        site and in the simulation, so every site trains the same model); None if nothing was labelled."""
+        site and in the simulation, so every site trains the same model); None if nothing was labelled.
+        `public_X`: U raw (this strategy's `inputs` scales it, as the run's rounds did)."""
         keep = labels >= 0
         if not keep.any():
             return None
+        public_X = self.inputs(public_X)  # U as every site's students saw it: its predictions take s.inputs(X)
         return _fit(self.cfg.student_name, public_X[self.u2][keep], labels[keep], public_X.shape[1], self.n_classes,
                     self.cfg, 7)
 

@@ -68,6 +68,7 @@ class FREDYConfig:
     threads: int | None = 1
     secure_aggregation: bool = False  # FedAvg's rounds (a training job's default: True)
     secagg_threshold: int | None = None  # its Shamir threshold τ (FedAvgConfig.secagg_threshold)
+    standardize: bool = True  # the model's inputs (site points and queries) by the run's pooled μ, σ
 
     def validate(self) -> FREDYConfig:
         self.fedavg_config()  # FedAvg's own checks of its part
@@ -166,7 +167,7 @@ class FREDYStrategy(VotingStrategy):
     def job_rounds(self) -> int:
         return self.fedavg.total_rounds() + 1
 
-    def site_round(self, env, t: int, plan: dict) -> bytes:
+    def local_round(self, env, t: int, plan: dict) -> bytes:
         """FREDY's vote at a site: its teacher (FedAvg's last model fine-tuned on its labels) labels the
         queries (once). Its FedAvg rounds are FedAvg's hook (`at_round`)."""
         env.check_public()
@@ -189,8 +190,9 @@ class FREDYStrategy(VotingStrategy):
 
     def final_model(self, public_X: np.ndarray, labels: np.ndarray):
         """The released student: the student learner on the labelled queries (the same seed at every site
-        and in the simulation, so every site trains the same model); None if no query was labelled."""
-        queries = public_X[: self.n_queries]
+        and in the simulation, so every site trains the same model); None if no query was labelled.
+        `public_X`: U raw (this strategy's `inputs` scales it, as the vote did)."""
+        queries = self.inputs(public_X[: self.n_queries])  # as the teachers saw them (the run's scaling)
         keep = labels >= 0
         if not keep.any():
             return None

@@ -11,8 +11,11 @@ xclp.training_job's; the restart rule a site keeps is the counts sum's: the same
 later one over strictly fewer sites, at most MAX_SUM_RESTARTS times.
 
 The site keeps the result (`Scaling`) in its machine's record, so a restarted site applies the same
-μ, σ; every model input — its points, the embeddings a round's XCLP job runs on, the final labels —
-goes through `Scaling.apply`.
+μ, σ; every model input of every family — its points, the public set U (FedCT's votes, FedKT's and
+FREDY's queries: the same μ, σ at every site), the embeddings a round's XCLP job runs on, the final
+labels — goes through `Strategy.inputs`, of a strategy `TrainSite.with_scaling` made. The model leaves
+with it: the coordinator serves the run's μ, σ in its model's metadata (`META_KEY`), a site writes them
+next to its model file (`scaling_file`).
 """
 
 from __future__ import annotations
@@ -82,8 +85,8 @@ class Scaling:
 
     @classmethod
     def from_message(cls, body: bytes, features: int) -> Scaling:
-        """The run's scaling from its `stats-total` broadcast: what anyone who uses the run's global model
-        (the operator, `xclp demo --train`) must apply to its inputs, as the sites did."""
+        """The run's scaling from its `stats-total` broadcast, as the coordinator reads it to serve it with
+        the run's model (service.training_api): the μ, σ anyone who scores with the model must apply."""
         got = json.loads(bytes(body))
         return cls.from_total(np.array([int(v) for v in got["total"]], dtype=np.uint64), features)
 
@@ -93,6 +96,35 @@ class Scaling:
     @classmethod
     def from_json(cls, d: dict | None) -> Scaling | None:
         return None if d is None else cls(tuple(map(float, d["mean"])), tuple(map(float, d["std"])))
+
+
+SCALING_SUFFIX = ".scaling.json"  # next to a site's model file: the μ, σ its inputs must go through
+META_KEY = "scaling"  # in the metadata of the coordinator's model (GET /jobs/{id}/model)
+
+
+def scaling_file(scaling: Scaling | None) -> bytes | None:
+    """The body of the file a site writes next to its model (`SCALING_SUFFIX`), so that whoever scores with
+    the model scales its points as the run did; None where the run kept raw inputs (no file)."""
+    return None if scaling is None else json.dumps(scaling.to_json(), indent=1).encode()
+
+
+def served_model(model: bytes, template: dict, total: bytes | None, features: int) -> bytes:
+    """A run's global model as the coordinator serves it (GET /jobs/{id}/model): the weights of `model`
+    (checked against `template`), with the run's μ, σ in its metadata under `META_KEY` where the run
+    standardised (`total`: its `stats-total` broadcast; None: raw inputs, the model as it is). These are
+    pooled statistics every site of the run learns and the coordinator reads from the totals it summed:
+    whoever scores with the model (the operator, a site) scales its points as the sites did."""
+    if total is None:
+        return model
+    from xclp.training.messages import dump_state, load_state
+
+    state, meta = load_state(model, template)
+    return dump_state(state, {**meta, META_KEY: Scaling.from_message(total, features).to_json()})
+
+
+def model_scaling(meta: dict) -> Scaling | None:
+    """The scaling a served model's metadata carries (`served_model`; None: the model takes raw points)."""
+    return Scaling.from_json(meta.get(META_KEY))
 
 
 def check_points(stats_n: float, expected: int) -> None:

@@ -45,9 +45,9 @@ TRAINING_OPTIONS = (
     # (JSON integers: at most 2^53 − 1, which every JSON reader, and the OpenAPI document's float bounds, hold exactly)
     Option("seed", int, 0, "seed of the models' initialisation and the sites' sampling", ge=0, le=MAX_JSON_INT),
     Option("standardize", bool, True, "federated standardisation of the features, by a secure sum that gives the "
-           "coordinator only the totals: FedAvg's model inputs (once, at setup: raw-scale columns such as grams or "
-           "years otherwise diverge or collapse the model) and the XCLP jobs' rows before hashing; false keeps the raw "
-           "features"),
+           "coordinator only the totals: every algorithm's model inputs, the public set U's too (once, at setup: "
+           "raw-scale columns such as grams or years otherwise diverge or collapse the model; not under DP noise) and "
+           "the XCLP jobs' rows before hashing; false keeps the raw features"),
     Option("secagg_threshold", int, None, "secure aggregation: the Shamir threshold τ of each site's self-mask seed — "
            "the coordinator needs τ colluding sites to open a site's update, and a round decodes with up to m − 1 − τ "
            "of its m participants dropped (default and floor ⌈(m − 1)/2⌉; at most m − 1; docs/security.md)", ge=1, le=100_000),

@@ -142,13 +142,20 @@ class SimulatedRun:
     xclp_jobs: list[str] = field(default_factory=list)
     machines: dict[str, TrainSite] = field(default_factory=dict)
 
+    def scaled(self, s: Strategy) -> Strategy:
+        """`s` with the run's standardisation of its models' inputs as the sites' machines kept it
+        (TrainSite.with_scaling, as every driver makes it): a test set, U and the released models
+        go through its `inputs` as the sites' points did."""
+        record = next((m.record for m in self.machines.values() if m.record.get("scaling") is not None), None)
+        return TrainSite.with_scaling(s, record)
+
     @property
     def scaling(self):
         """The run's standardisation of the model's inputs as the sites computed it (None: raw inputs)."""
         return next((m.scaling for m in self.machines.values() if m.scaling is not None), None)
 
     def inputs(self, X: np.ndarray) -> np.ndarray:
-        """Points (a test set's) as the run's models take them."""
+        """Points (a test set's) as the run's models take them (the same arithmetic as `Strategy.inputs`)."""
         return np.asarray(X, dtype=np.float32) if self.scaling is None else self.scaling.apply(X)
 
     @property
@@ -402,7 +409,8 @@ def run_fedct(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
         comm["labels_up"] += up * len(rec["voted"])
         comm["labels_down"] += down * len(rec["sites"])
         learners = [s.site_state(env)[0].learner for env in run.envs.values()]
-        accs = np.array([float(np.mean(np.asarray(h.predict(test[0])) == test[1])) for h in learners])
+        Xte = run.scaled(s).inputs(test[0])  # as the learners take points (the run's standardisation)
+        accs = np.array([float(np.mean(np.asarray(h.predict(Xte)) == test[1])) for h in learners])
         P = run.shared(t, s)
         kept = P >= 0
         mixes = [m["mix"] for m in rec["site_metrics"].values() if m.get("mix") is not None]
@@ -440,6 +448,7 @@ def run_fedct(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
         "privacy": st.privacy or no_privacy(),
         "learners": cfg.learner_names(n),
         "models": [s.site_state(env)[0].learner for env in run.envs.values()],
+        "scaling": run.scaling,  # the models' inputs: scaling.apply(X) (None: raw)
         "dropped": st.dropped,
         # the last consensus every site received: U's points and their labels (−1: no consensus)
         "released_labels": (public.X, np.asarray(shared)),
@@ -473,8 +482,8 @@ def run_fedkt(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
         comm["votes_up"] += label_bytes(len(u2), n_classes + 1) * len(uploads)
         comm["labels_down"] += label_bytes(len(u2), n_classes + 1) * len(sites)
         keep = labels >= 0
-        final[0] = s.final_model(public.X, labels)
-        acc = float(np.mean(final[0].predict(test[0]) == test[1])) if final[0] is not None else float("nan")
+        final[0] = run.scaled(s).final_model(public.X, labels)  # on U as the sites scaled it
+        acc = float(np.mean(final[0].predict(s.inputs(test[0])) == test[1])) if final[0] is not None else float("nan")
         y = public_y[u2] if public_y is not None else None
         row = {"round": t, "accuracy": acc, "parties_voted": len(uploads), "labelled_queries": float(keep.mean()),
                "pseudo_label_accuracy": float(np.mean(labels[keep] == y[keep])) if y is not None and keep.any()
@@ -499,7 +508,7 @@ def run_fedkt(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
                "dropped": st.dropped}
         if baselines:
             out["baselines"] = fedkt_baselines(list(sites), public.X, s, test)
-    out["model"] = final[0]
+    out["model"], out["scaling"] = final[0], run.scaling  # the model's inputs: scaling.apply(X) (None: raw)
     out["released_labels"] = (np.asarray(public_X)[s.u2], np.asarray(run.shared(1, s)))  # the server's labels of U2
     return out
 
@@ -534,9 +543,9 @@ def run_fredy(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
         n_bytes = label_bytes(len(labels), n_classes + 1)
         comm["votes_up"] += n_bytes * len(rec["voted"])
         comm["labels_down"] += n_bytes * len(sites)
-        vote["labels"], vote["student"] = labels, s.final_model(public.X, labels)
+        vote["labels"], vote["student"] = labels, run.scaled(s).final_model(public.X, labels)
         student = vote["student"]
-        acc = float(np.mean(student.predict(test[0]) == test[1])) if student is not None else float("nan")
+        acc = float(np.mean(student.predict(s.inputs(test[0])) == test[1])) if student is not None else float("nan")
         row = {"round": rec["round"], "stage": "vote", "accuracy": acc, "teachers": len(rec["voted"]),
                "left_out": rec["left_out"], "labelled_queries": float(keep.mean()),
                "pseudo_label_accuracy": float(np.mean(labels[keep] == queries_y[keep]))
@@ -559,6 +568,6 @@ def run_fredy(sites: list, public_X: np.ndarray, test: tuple[np.ndarray, np.ndar
             "communication_bytes": {"total": model_bytes + sum(comm.values()), "fedavg_model_bytes": model_bytes,
                                     **comm, "queries": s.n_queries},
             "privacy": st.privacy or no_privacy(), "gamma": s.gamma, "student": cfg.student_name,
-            "model": vote.get("student"), "dropped": st.dropped,
+            "model": vote.get("student"), "scaling": run.scaling, "dropped": st.dropped,
             # the noisy-vote labels of the queries
             "released_labels": (public.X[: s.n_queries], np.asarray(vote.get("labels")))}

@@ -86,17 +86,42 @@ class SiteEnv(Protocol):
         """How many pseudo-labels the site trains on, and how many are right where it knows."""
 
 
+class ScaledPublic:
+    """The public set U as the run's models take it: its points standardised by the run's pooled μ, σ — the
+    same at every site, so that the sites' predictions on U (FedCT's votes, FedKT's and FREDY's
+    queries) are of one set — while its digest and `verify` stay the raw file's, which the run pinned."""
+
+    def __init__(self, raw, X: np.ndarray):
+        self.raw, self.X = raw, X
+
+    @property
+    def digest(self) -> str:
+        return self.raw.digest
+
+    def verify(self, pinned: str) -> None:
+        self.raw.verify(pinned)
+
+
 class ScaledEnv:
-    """A SiteEnv whose site's points are standardised (`Strategy.inputs`); everything else is the driver's."""
+    """A SiteEnv whose site's points and public set are standardised (`Strategy.inputs`), and whose
+    scores are of a model over standardised points; everything else is the driver's."""
 
     def __init__(self, env: SiteEnv, strategy: Strategy):
         from dataclasses import replace
 
         self._env, self._strategy = env, strategy
         self.site = replace(env.site, X=strategy.inputs(env.site.X))
+        self._public = None
 
     def __getattr__(self, name: str):
         return getattr(self._env, name)
+
+    @property
+    def public(self):
+        # read on first use: a driver's U may be loaded lazily, and a FedAvg run has none
+        if self._public is None and self._env.public is not None:
+            self._public = ScaledPublic(self._env.public, self._strategy.inputs(self._env.public.X))
+        return self._public
 
     def scores(self, predict) -> dict:
         return self._env.scores(lambda X: predict(self._strategy.inputs(X)))
@@ -123,12 +148,6 @@ class Strategy(ABC):
     dp_mechanism: ClassVar[str | None]  # what releases its uploads under a DP budget (None: no budget can be given)
     released_model: ClassVar[bool] = False  # its end is a model each site trains on the server's last labels
     neighbouring: ClassVar[str] = NEIGHBOURING  # the relation its DP budget is stated in
-    # Its models take the site's own points as inputs (a network trained by gradient steps, whose steps
-    # depend on the features' scales): the run standardises them first (xclp.training.input_scaling)
-    # where the config's `standardize` is on. (FedCT's, FedKT's and FREDY's learners also read the public
-    # set U, which would need the same scaling at every reader: they keep the raw features.)
-    scales_inputs: ClassVar[bool] = False
-
     def __init__(self, cfg, n_classes: int):
         self.cfg = cfg
         self.n_classes = int(n_classes)
@@ -136,19 +155,26 @@ class Strategy(ABC):
 
     @property
     def standardises_inputs(self) -> bool:
-        """Whether the run standardises its model's inputs by a secure sum at setup. Not under a DP budget:
-        the coordinator learns the sum's totals (the pooled μ, σ of the features), a release no ledger here
-        accounts for, so such a run keeps its features as given (scale them by an agreed rule instead)."""
-        return (self.scales_inputs and bool(getattr(self.cfg, "standardize", False))
-                and not getattr(self.cfg, "dp", False))
+        """Whether the run standardises its model's inputs — the site's points and the public set U alike,
+        by the same pooled μ, σ at every site — by a secure sum at setup, where the config's `standardize`
+        is on (every family: a network's gradient steps, a logistic regression's penalty, a k-NN's distances
+        all depend on the features' scales). Not under DP noise: the coordinator learns the sum's totals
+        (the pooled μ, σ of the features), a release no ledger here accounts for, so such a run keeps its
+        features as given (scale them by an agreed rule instead)."""
+        c = self.cfg
+        noisy = (bool(getattr(c, "dp", False)) or getattr(c, "dp_epsilon", None) is not None
+                 or getattr(c, "gamma", None) is not None)
+        return bool(getattr(c, "standardize", False)) and not noisy
 
     def inputs(self, X: np.ndarray) -> np.ndarray:
-        """The points as this run's models take them: standardised where the run standardises (float32)."""
+        """Points as this run's models take them: standardised where the run standardises (float32). The one
+        place a run's scaling is applied: its rounds (`scaled`), its final labels and released models."""
         return np.asarray(X, dtype=np.float32) if self.scaling is None else self.scaling.apply(X)
 
     def scaled(self, env: SiteEnv) -> SiteEnv:
-        """The driver's env with the site's points as the models take them (and a model's scores over them)."""
-        return env if self.scaling is None else ScaledEnv(env, self)
+        """The driver's env with the site's points and U as the models take them (and a model's scores over
+        them); an env already scaled is returned as it is (scaling twice would be wrong)."""
+        return env if self.scaling is None or isinstance(env, ScaledEnv) else ScaledEnv(env, self)
 
     @classmethod
     @abstractmethod
@@ -296,8 +322,14 @@ class Strategy(ABC):
     def site_round(self, env: SiteEnv, t: int, plan: dict) -> Weights | bytes | None:
         """A planned site's round t: its local work on what the coordinator sent → its upload (bytes), or
         its weights (`Weights`, which the site's machine masks), or None while it cannot make it yet
-        (the round's model or XCLP labels are not there). Every algorithm implements it; a driver calls
-        it for whatever algorithm runs, and keeps `env.store`."""
+        (the round's model or XCLP labels are not there). A driver calls it for whatever algorithm runs,
+        and keeps `env.store`. Every family's `local_round` sees the env scaled here, once: its points
+        and U standardised by the run's μ, σ where the run standardises."""
+        return self.local_round(self.scaled(env), t, plan)
+
+    def local_round(self, env: SiteEnv, t: int, plan: dict) -> Weights | bytes | None:
+        """The family's local work of `site_round`, on the env as its models take it. Every algorithm
+        implements it."""
         raise NotImplementedError(f"{type(self).__name__} has no site hook")
 
     # --- the wire ------------------------------------------------------------------------------------
