@@ -97,6 +97,9 @@ def expired(job: Job, since=None) -> bool:
     return (utcnow() - start).total_seconds() > phase_limit(job)
 
 
+SENDERS_PER_READ = 500  # topics in one `senders_of` read: well within SQLite's and PostgreSQL's bound parameters
+
+
 class DbMailbox:
     """The job's messages in the database, as the core's machine reads them (xclp.mail.Mailbox)."""
 
@@ -105,6 +108,15 @@ class DbMailbox:
 
     def senders(self, recipient: str, topic: str) -> set[str]:
         return has_messages(self.db, self.job_id, recipient, topic)
+
+    def senders_of(self, recipient: str, topics: list[str]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {t: set() for t in topics}
+        for i in range(0, len(topics), SENDERS_PER_READ):  # (an IN list of bounded length)
+            for s, t in self.db.execute(select(Message.sender, Message.topic).where(
+                    Message.job_id == self.job_id, Message.recipient == recipient,
+                    Message.topic.in_(topics[i:i + SENDERS_PER_READ]))).all():
+                out[t].add(s)
+        return out
 
     def recipients(self, sender: str, topic: str) -> set[str]:
         return {r for (r,) in self.db.execute(select(Message.recipient).where(

@@ -109,6 +109,13 @@ class MemoryMailbox:
     def senders(self, recipient: str, topic: str) -> set[str]:
         return {s for (s, r, t) in self.messages if r == recipient and t == topic}
 
+    def senders_of(self, recipient: str, topics: list[str]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {t: set() for t in topics}
+        for (s, r, t) in self.messages:  # one pass, not one per topic
+            if r == recipient and t in out:
+                out[t].add(s)
+        return out
+
     def recipients(self, sender: str, topic: str) -> set[str]:
         return {r for (s, r, t) in self.messages if s == sender and t == topic}
 
@@ -353,6 +360,13 @@ class _WithSent:
         return self.mail.senders(recipient, topic) | {m.sender for m in self.sent
                                                       if m.recipient == recipient and m.topic == topic}
 
+    def senders_of(self, recipient: str, topics: list[str]) -> dict[str, set[str]]:
+        out = self.mail.senders_of(recipient, topics)
+        for m in self.sent:
+            if m.recipient == recipient and m.topic in out:
+                out[m.topic].add(m.sender)
+        return out
+
     def recipients(self, sender: str, topic: str) -> set[str]:
         return self.mail.recipients(sender, topic) | {m.recipient for m in self.sent
                                                       if m.sender == sender and m.topic == topic}
@@ -526,14 +540,17 @@ class PredictCoordinator:
                 waiting = {s for s in order for t in self._blocked_inputs() if s not in mail.senders(COORDINATOR, t)}
             else:
                 fresh, kept = self._plan(mail, r, order), self._kept(mail, r, order)
+                pairs = sorted(set(fresh) | set(kept))
+                got = mail.senders_of(COORDINATOR, [Topic.block_share(r, *p) for p in pairs])
                 waiting = set()
-                for p in set(fresh) | set(kept):
-                    waiting |= (set(p) if p in fresh else {p[0]}) - mail.senders(COORDINATOR, Topic.block_share(r, *p))
+                for p in pairs:
+                    waiting |= (set(p) if p in fresh else {p[0]}) - got[Topic.block_share(r, *p)]
         elif phase == "hamming":
             waiting = set(order) - mail.senders(COORDINATOR, "intra")
-            for i, a in enumerate(order):
-                for b in order[i + 1:]:
-                    waiting |= {a, b} - mail.senders(COORDINATOR, Topic.share(a, b))
+            pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+            got = mail.senders_of(COORDINATOR, [Topic.share(a, b) for a, b in pairs])
+            for a, b in pairs:
+                waiting |= {a, b} - got[Topic.share(a, b)]
         else:
             waiting = set()
         return [s for s in order if s in waiting]
@@ -606,8 +623,9 @@ class PredictCoordinator:
         both shares."""
         order = self.state.order
         missing = set(order) - mail.senders(COORDINATOR, "intra")
-        incomplete = {(a, b) for i, a in enumerate(order) for b in order[i + 1:]
-                      if mail.senders(COORDINATOR, Topic.share(a, b)) != {a, b}}
+        pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+        got = mail.senders_of(COORDINATOR, [Topic.share(a, b) for a, b in pairs])
+        incomplete = {(a, b) for a, b in pairs if got[Topic.share(a, b)] != {a, b}}
         return blame(order, incomplete, missing)
 
     def graph_mode(self, mail: Mailbox) -> str:
@@ -778,8 +796,9 @@ class PredictCoordinator:
             missing = {s for s in order for t in self._blocked_inputs() if s not in mail.senders(COORDINATOR, t)}
         else:  # every pair's share(s): both sites' of a fresh run, A's alone where A answers from kept results
             fresh, kept = self._plan(mail, r, order), self._kept(mail, r, order)
-            incomplete = {p for p in set(fresh) | set(kept)
-                          if (set(p) if p in fresh else {p[0]}) - mail.senders(COORDINATOR, Topic.block_share(r, *p))}
+            pairs = sorted(set(fresh) | set(kept))
+            got = mail.senders_of(COORDINATOR, [Topic.block_share(r, *p) for p in pairs])
+            incomplete = {p for p in pairs if (set(p) if p in fresh else {p[0]}) - got[Topic.block_share(r, *p)]}
             missing = blame(order, incomplete)
         if missing:
             if expired:  # gone before or during its blocks: removed from the graph, as if never there
