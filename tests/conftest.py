@@ -40,13 +40,17 @@ def small_paillier(monkeypatch):
     monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
 
 
-# The modules that take a minute or more (serial, idle machine), longest first: they start first on the
-# workers (see pytest_collection_modifyitems and pytest_configure).
-LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/flower/test_flower_deployment_fedavg.py",
-                "tests/flower/test_flower_deployment_fedct.py", "tests/service/test_training_e2e_public.py",
+# The modules that take a minute or more (serial, idle machine), long first: they start first on the
+# workers (see pytest_collection_modifyitems and pytest_configure). Each worker takes two modules at
+# once (xdist's loadscope gives a worker its next module while it has ≤ 2 tests left: worker i gets the
+# i-th and (i+3)-th), so the three Flower deployment modules stand 1st, 5th and 9th: on three workers,
+# and not all three deployments at t = 0 (runs at once on 2 cores came near their timeout under load).
+LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_training_e2e_public.py",
                 "tests/service/test_training_e2e_votes.py", "tests/service/test_train_demo.py",
-                "tests/service/test_training_e2e.py", "tests/service/test_e2e.py", "tests/flower/test_flower_training.py",
-                "tests/service/test_demo.py", "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
+                "tests/flower/test_flower_deployment_fedavg.py", "tests/service/test_training_e2e.py",
+                "tests/service/test_e2e.py", "tests/flower/test_flower_training.py",
+                "tests/flower/test_flower_deployment_fedct.py", "tests/service/test_demo.py",
+                "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
                 "tests/service/test_site_ledger_e2e.py", "tests/service/test_cli_e2e.py",
                 "tests/service/test_readme_commands.py", "tests/training/test_fedkt.py")
 
