@@ -65,7 +65,10 @@ def _dataset(cfg: dict):
 
 
 def _params(ds, cfg: dict, job: str):
-    from xclp.job_params import JobParams
+    try:
+        from xclp.job_params import JobParams
+    except ImportError:  # the old tree (ccc91e6) is from before xclp/protocol.py's split (96e690a)
+        from xclp.protocol import JobParams
 
     return JobParams(job_id=job, n_classes=ds.n_classes, bits=cfg["bits"], k=cfg["k"], alpha=cfg["alpha"],
                      crypto=cfg["crypto"]).validate()
@@ -351,6 +354,20 @@ def reading(out: dict) -> str:
     return "\n\n".join(text)
 
 
+def ratio_table(out: dict, o: str, n: str) -> list[str]:
+    """The Markdown table of each driver's old and new seconds, their ratio, verdict and CPU seconds
+    (this benchmark's and bench/train_drivers.py's results have the same form)."""
+    lines = [f"| driver | old `{o}`: seconds, median (min–max) | new `{n}`: seconds, median (min–max) | new / old "
+             f"| verdict | CPU seconds old → new (medians) | CPU new / old |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for d, r in out["drivers"].items():
+        lines.append(f"| {d} | {r['old']['median']:.2f} ({r['old']['min']:.2f}–{r['old']['max']:.2f}) | "
+                     f"{r['new']['median']:.2f} ({r['new']['min']:.2f}–{r['new']['max']:.2f}) | "
+                     f"**{r['ratio_new_over_old']:.2f}×** | {r['verdict']} | {r['cpu_old']['median']:.2f} → "
+                     f"{r['cpu_new']['median']:.2f} | {r['cpu_ratio_new_over_old']:.2f}× |")
+    return lines
+
+
 def markdown(out: dict) -> str:
     cfg, trees = out["config"], out["trees"]
     o, n = trees["old"]["rev"], trees["new"]["rev"]
@@ -535,17 +552,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def ratio_table(out: dict, o: str, n: str) -> list[str]:
-    """The Markdown table of each driver's old and new seconds, their ratio, verdict and CPU seconds
-    (this benchmark's and bench/train_drivers.py's results have the same form)."""
-    lines = [f"| driver | old `{o}`: seconds, median (min–max) | new `{n}`: seconds, median (min–max) | new / old "
-             f"| verdict | CPU seconds old → new (medians) | CPU new / old |",
-             "|---|---:|---:|---:|---|---:|---:|"]
-    for d, r in out["drivers"].items():
-        lines.append(f"| {d} | {r['old']['median']:.2f} ({r['old']['min']:.2f}–{r['old']['max']:.2f}) | "
-                     f"{r['new']['median']:.2f} ({r['new']['min']:.2f}–{r['new']['max']:.2f}) | "
-                     f"**{r['ratio_new_over_old']:.2f}×** | {r['verdict']} | {r['cpu_old']['median']:.2f} → "
-                     f"{r['cpu_new']['median']:.2f} | {r['cpu_ratio_new_over_old']:.2f}× |")
-    return lines

@@ -40,12 +40,29 @@ def small_paillier(monkeypatch):
     monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
 
 
+# The modules that take a minute or more (serial, idle machine), long first: they start first on the
+# workers (see pytest_collection_modifyitems and pytest_configure). Each worker takes two modules at
+# once (xdist's loadscope gives a worker its next module while it has ≤ 2 tests left: worker i gets the
+# i-th and (i+3)-th), so the three Flower deployment modules stand 1st, 5th and 9th: on three workers,
+# and not all three deployments at t = 0 (runs at once on 2 cores came near their timeout under load).
 LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_training_e2e_public.py",
-                "tests/service/test_train_demo.py", "tests/service/test_training_e2e.py",
+                "tests/service/test_training_e2e_votes.py", "tests/service/test_train_demo.py",
+                "tests/flower/test_flower_deployment_fedavg.py", "tests/service/test_training_e2e.py",
                 "tests/service/test_e2e.py", "tests/flower/test_flower_training.py",
-                "tests/service/test_demo.py", "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
+                "tests/flower/test_flower_deployment_fedct.py", "tests/service/test_demo.py",
+                "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
                 "tests/service/test_site_ledger_e2e.py", "tests/service/test_cli_e2e.py",
                 "tests/service/test_readme_commands.py", "tests/training/test_fedkt.py")
+
+
+def pytest_configure(config):
+    """xdist (≥ 3.6) hands out loadscope's modules by their number of tests, most first
+    (`--loadscope-reorder`, on by default), not in collection order: the long modules ordered first
+    below, most of which hold one to four tests, went out late — the Flower deployment's ~11 minutes
+    81st of 133 modules, test_train_demo's 119th — and the suite ended on them. Collection order it is
+    (what --no-loadscope-reorder asks for), whatever the command line."""
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -58,11 +75,11 @@ def pytest_collection_modifyitems(items):
     tests get their name as their id."""
     from collections import Counter
 
-    # The modules that take a minute or more (serial, idle machine), longest first: they start first on
-    # the workers (xdist hands out modules in collection order), so that the suite does not end waiting
-    # on a long module begun late. loadscope keeps a module on one worker: long tests that share no module
-    # fixture live in modules of their own (test_training_e2e / _public, test_demo / test_train_demo) so
-    # that the workers can take them at once; the Flower deployment's runs share one deployment and stay.
+    # The long modules first: xdist hands out modules in collection order (pytest_configure sees to it),
+    # so the suite does not end waiting on a long module begun late. loadscope keeps a module on one
+    # worker: long tests that share no module fixture live in modules of their own (test_training_e2e /
+    # _public / _votes, test_demo / test_train_demo) so that the workers can take them at once; the
+    # Flower deployment's runs too, each module starting a deployment of its own (tests/flower_cluster.py).
     first = {m: i for i, m in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: first.get(item.nodeid.partition("::")[0], len(first)))  # stable
     ids = Counter(item.nodeid for item in items)

@@ -17,7 +17,7 @@ failure. In a deployment, flwr-serverapp (flwr/superlink/runtime/run_serverapp.p
 "failed" with details "ServerApp failed with exception: xclp: the run failed: REASON" and exits 1
 (a SystemExit left the run failed only once its heartbeat stopped, "No heartbeat received from the
 task", the reason lost); in a simulation, run_serverapp_th queues it and the simulation ends with
-an error (a SystemExit passed as a success). tests/flower/test_flower_deployment.py checks it against
+an error (a SystemExit passed as a success). tests/flower/test_flower_deployment_fedct.py checks it against
 a real SuperLink. `flwr run` itself
 exits 0 once the SuperLink has accepted the run, failed or not (flwr/cli/run/run.py returns after
 StartRun; --stream only prints the logs): a script checks the run's status afterwards,

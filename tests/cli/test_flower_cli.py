@@ -1,7 +1,7 @@
 """`xclp flower run` / `xclp flower wait`: the exit status follows how the run ended, from the replies
 of Flower's own CLI (captured from a real SuperLink: flwr_replies.json). A stand-in `flwr` script
 plays those replies back, so the whole command runs without a SuperLink (the real one is
-tests/flower/test_flower_deployment.py's failed-run test)."""
+tests/flower/test_flower_deployment_fedct.py's failed-run test)."""
 
 import json
 import sys

@@ -244,7 +244,7 @@ def test_a_vanished_site_is_left_out_and_the_masked_sum_goes_on_without_it(feder
 def test_fedct_and_fedavg_xclp_go_on_without_a_vanished_site(federation):
     ds, U, configs, _ = federation
     grid = InProcessGrid(client_app, configs)
-    grid.vanish_after = {101: 3}  # site1: "who", hello, round 1
+    grid.vanish_after = {101: 4}  # site1: "who", hello, the standardisation sum, round 1
     out = FlowerTraining(grid, "fedct", OPTIONS, 10, public_digest(U), len(U)).run()
     assert [r["left_out"] for r in out["history"]] == [[], ["site1"], ["site1"]]
     assert sorted(out["written"]) == ["site0", "site2"]

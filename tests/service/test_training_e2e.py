@@ -3,7 +3,8 @@
 The service runs the simulation's own round functions with randomness fixed by (seed, round, site),
 so the same job in process and through the service must give the same model, bit for bit — also
 when the coordinator is killed with SIGKILL between rounds and restarted on the same database.
-The FedAvg family here; FedCT, FedKT and FREDY (over a public set) in test_training_e2e_public.py.
+The FedAvg family here; FedCT (over a public set) in test_training_e2e_public.py, FedKT and FREDY in
+test_training_e2e_votes.py.
 """
 
 # SQLite only (tests/service/conftest.py): a training job's state is the same JSON column as a prediction
