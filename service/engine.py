@@ -21,12 +21,13 @@ from service.db import Job, Message, PrunedBytes
 from service.job_list import CANCELLED
 from service.lifecycle import DbMailbox, expired, fail, keep, machine_state, put_message
 from service.liveness import Contacts, silent_sites
-from service.training_engine import train_step
+from service.training_engine import run_spec, train_step
 from xclp.executor import Executor
 from xclp.job_kinds import job_kind
 from xclp.job_params import JobParams
 from xclp.prediction_job import PredictCoordinator
 from xclp.prediction_job import refusals as job_refusals
+from xclp.training_job import TrainCoordinator
 
 log = logging.getLogger("xclp.engine")
 
@@ -172,6 +173,8 @@ def advance(db, job: Job, executor=None, contacts: Contacts | None = None) -> bo
 def refusals(db, job: Job) -> dict[str, str]:
     """Each site that refused the job (its reason), or that the coordinator left out by the job's rules
     (the rule): what the operator reads in the status."""
+    if job_kind(job.kind).rounds:  # a training run's rules drop sites without a message: its machine says why
+        return TrainCoordinator(run_spec(job), machine_state(job)).refusals(DbMailbox(db, job.id))
     return job_refusals(DbMailbox(db, job.id), job.sites)
 
 

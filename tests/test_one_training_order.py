@@ -67,7 +67,8 @@ def in_memory():
                 mail.put(m)
     st = coord.state
     model = coord.strategy().load_broadcast(mail.body(COORDINATOR, BROADCAST, f"model/{st.history[-1]['round']}"))
-    return st.status, st.dropped, [(h["round"], h["sites"], h["left_out"], h["decoded"]) for h in st.history], model
+    return (st.status, st.dropped, [(h["round"], h["sites"], h["left_out"], h["decoded"]) for h in st.history], model,
+            coord.refusals(mail))
 
 
 def through_the_service(tmp_path):
@@ -112,7 +113,8 @@ def through_the_service(tmp_path):
             agents[x].step(job)  # the job is done: the site writes its labels, its model and the model's scaling
             assert json.loads((tmp_path / f"out-{x}" / f"{job}.scaling.json").read_text()) == kept
         hist = st["training"]["history"]
-        return st["status"], st["dropped"], [(h["round"], h["sites"], h["left_out"], h["decoded"]) for h in hist], model
+        return (st["status"], st["dropped"], [(h["round"], h["sites"], h["left_out"], h["decoded"]) for h in hist],
+                model, st["refused"])
 
 
 def through_flower(tmp_path):
@@ -155,10 +157,14 @@ def through_the_simulation():
 
 
 def test_the_same_left_out_rounds_strike_and_model_through_the_machines_and_the_service(tmp_path):
-    status, dropped, rounds, model = in_memory()
+    status, dropped, rounds, model, why = in_memory()
     assert status == "done" and dropped == {GONE: "round"}
-    # left out of rounds 1 and 2 (each sum recovered by its unmask step), dropped at its second strike
+    # left out of rounds 1 and 2 (each sum recovered by its unmask step), dropped at its second strike,
+    # which the operator reads as the rule that dropped it (the phase alone is what `dropped` says)
     assert rounds == [(1, SITES, [GONE], True), (2, SITES, [GONE], True), (3, SITES[:2], [], True)]
-    for got in (through_the_simulation(), through_the_service(tmp_path), through_flower(tmp_path)):
+    assert why == {GONE: "left out by the coordinator: missed 2 rounds in a row"}
+    service = through_the_service(tmp_path)
+    assert service[4] == why
+    for got in (through_the_simulation(), service, through_flower(tmp_path)):
         assert got[:3] == (status, dropped, rounds)
         assert all(torch.equal(got[3][k], model[k]) for k in model)

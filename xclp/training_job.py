@@ -405,6 +405,16 @@ class TrainCoordinator:
     def _ledger(self, s: Strategy) -> PrivacyLedger:
         return PrivacyLedger.from_json(self.state.privacy) if self.state.privacy else s.new_ledger()
 
+    def refusals(self, mail: Mailbox) -> dict[str, str]:
+        """Each site that refused the run or failed at it (its own reason), or that the run's rules
+        dropped (the rule: no hello before setup's deadline, missed N rounds in a row, a share that fails
+        its commitment): what the operator reads, as of a prediction job (xclp.prediction_job.refusals).
+        Without the rule the status would show a dropped site's phase alone, and its agent would guess."""
+        out = {s: read_refusal(mail.body(s, COORDINATOR, REFUSE)) for s in mail.senders(COORDINATOR, REFUSE)}
+        for s, why in self.state.reasons.items():
+            out.setdefault(s, f"left out by the coordinator: {why}")
+        return dict(sorted(out.items()))
+
     def progress(self, mail: Mailbox) -> tuple[int, int]:
         """(parts received, parts expected) of the current step: the hellos, the round's uploads from its
         planned sites, the evaluations."""

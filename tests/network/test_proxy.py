@@ -146,10 +146,15 @@ def test_drop_resets_open_and_new_connections(echo):
 
 def test_reset_every_and_schedule(echo):
     with ProxyThread(echo) as px:
-        px.set(reset_every=0.3)
         with _connect(px.port) as s:
+            # the connection proven first, then the resets begin: set before the roundtrip, a reset due
+            # 0.3 s on could cut the roundtrip itself on a loaded machine
             assert _roundtrip(s, b"a") == b"a"
-            time.sleep(1.0)
+            px.set(reset_every=0.3)
+            end = time.monotonic() + 60
+            while px.stats["resets"] == 0:
+                assert time.monotonic() < end, "no reset"
+                time.sleep(0.05)
             with pytest.raises((ConnectionResetError, BrokenPipeError)):
                 s.sendall(b"b")
                 if s.recv(1) == b"":
