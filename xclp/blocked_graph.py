@@ -6,7 +6,8 @@ Order of a blocked job's graph phase (each step's method in xclp.protocol):
                   intra_knn_message()       its own points' k nearest among themselves, found by
                                             the same blocking on its own codes (never n_j²)
   2. coordinator: receive_tags / receive_intra_knn, then candidate_blocks(): per pair of sites,
-                  dense blocks rows(a) × rows(b), one per shared bucket
+                  dense blocks rows(a) × rows(b), one per shared bucket (a run over candidate
+                  entries, crypto="masked": candidate_site_pairs(), the same entries, no blocks)
   3. per pair:    crypto="lattice": ONE run over all the pair's blocks (blocks_party at both sites;
                   receive_blocks: crypto.lattice_blocks); Paillier, OT: a run per block
                   (block_party; receive_block); crypto="plaintext": the codes once
