@@ -641,6 +641,7 @@ class PredictCoordinator:
 
     def _graph(self, coord: CoordinatorSession, order: list[str], out: list[Send]) -> None:
         """Every distance is in: 𝒲, the influence columns, one message per site; then the row sums."""
+        self._release_rounds(coord)
         t0 = time.perf_counter()
         W = coord.build_graph(order)
         t1 = time.perf_counter()
@@ -650,6 +651,18 @@ class PredictCoordinator:
         out.extend(Send(COORDINATOR, s, "influence", coord.influence_message(s)) for s in order)
         self.state.graph_sites = order
         self._next("row_sums")
+
+    def _release_rounds(self, coord: CoordinatorSession) -> None:
+        """Every distance is in: what only rebuilding the hamming phase's rounds reads — their decoded plans
+        (here and in _DECODED_PLANS), the combined distances and unpacked masked codes (`pair_cache`,
+        coord.masked_codes) — is let go before the graph and influence step, whose peak it would otherwise
+        sit under (masked, in process). A rebuild after this (a restart) decodes and combines them again."""
+        mine = {id(v) for v in self._plans.values()}
+        for key in [k for k, v in list(_DECODED_PLANS.items()) if id(v) in mine]:
+            _DECODED_PLANS.pop(key, None)
+        self._plans.clear()
+        self._pair_cache.clear()
+        coord.masked_codes = {}
 
     # --- hamming, blocked graph -----------------------------------------------------------------------
     # The order of xclp.blocked_graph, as rounds of the hamming phase (the job's `attempt` counts them,
