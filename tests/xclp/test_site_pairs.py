@@ -101,7 +101,10 @@ def test_a_masked_job_planned_from_entries_sends_the_plans_of_blocks(ds, monkeyp
         drive(coord, sites, mail, lambda st: st.reached("row_sums"))
         assert coord.state.attempts["hamming"] == 3 and not coord.state.dropped  # the candidates and two descent rounds
         planned = {k: v for k, v in mail.messages.items() if k[2].startswith("blocks/")}
-        return planned, finish(coord, sites, mail)
+        labels = finish(coord, sites, mail)
+        # every distance in, the rounds' decoded plans and combined distances were let go (_release_rounds)
+        assert coord._plans == {} and coord._pair_cache == {} and coord.coordinator.masked_codes == {}
+        return planned, labels
 
     new_plans, new_labels = run()
     # the bookkeeping before: a block per bucket chunk (round 1), one-row blocks (descent rounds)
