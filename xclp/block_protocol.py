@@ -188,7 +188,7 @@ def _one_row_blocks(i: np.ndarray, j: np.ndarray) -> list[tuple[np.ndarray, np.n
     return [(ia, ja[:1]) for ia, ja in zip(np.split(i, cuts), np.split(j, cuts))]
 
 
-def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, int], ring_n: int | None,
+def plans(blocks: dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs], sizes: dict[str, int], ring_n: int | None,
           kept: dict[tuple[str, str], tuple[BlockView, BlockView]] | None = None, pad: float | None = None,
           answered: dict[tuple[str, str], tuple[set[bytes], list[np.ndarray]]] | None = None, pairs: bool = False
           ) -> dict[str, dict[str, list[np.ndarray] | BlockView | KeptPlan | PairView]]:
@@ -201,11 +201,15 @@ def plans(blocks: dict[tuple[str, str], list[blocking.Block]], sizes: dict[str, 
     the rounds before (`answered_before`: its fresh views' digests, and per group of the kept run the
     keys) — A refuses either again (xclp.view_bounds): a kept entry answered before is left out (its
     distance is in the lists already), a fresh view equal to an earlier one runs all of B's rows.
-    `pairs`: a protocol that runs candidate entries (crypto.masked_hamming): each site its PairView."""
+    `pairs`: a protocol that runs candidate entries (crypto.masked_hamming): each site its PairView, from
+    the pair's blocks or straight from its entries (blocking.SitePairs: the same view from the same entries)."""
     out: dict[str, dict] = {}
     for (a, b), bl in blocks.items():
+        if isinstance(bl, blocking.SitePairs) and not pairs:
+            raise ValueError("candidate entries without blocks plan only a run over candidate entries")
         if pairs:
-            va, vb = pair_views(*blocking.block_pairs(bl, sizes[a], sizes[b]), sizes[a], sizes[b])
+            i, j = (bl.i, bl.j) if isinstance(bl, blocking.SitePairs) else blocking.block_pairs(bl, sizes[a], sizes[b])
+            va, vb = pair_views(i, j, sizes[a], sizes[b])
             out.setdefault(a, {})[b], out.setdefault(b, {})[a] = va, vb
             continue
         if ring_n is None:

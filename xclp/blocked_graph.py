@@ -6,7 +6,8 @@ Order of a blocked job's graph phase (each step's method in xclp.protocol):
                   intra_knn_message()       its own points' k nearest among themselves, found by
                                             the same blocking on its own codes (never n_j²)
   2. coordinator: receive_tags / receive_intra_knn, then candidate_blocks(): per pair of sites,
-                  dense blocks rows(a) × rows(b), one per shared bucket
+                  dense blocks rows(a) × rows(b), one per shared bucket (a run over candidate
+                  entries, crypto="masked": candidate_site_pairs(), the same entries, no blocks)
   3. per pair:    crypto="lattice": ONE run over all the pair's blocks (blocks_party at both sites;
                   receive_blocks: crypto.lattice_blocks); Paillier, OT: a run per block
                   (block_party; receive_block); crypto="plaintext": the codes once
@@ -183,7 +184,8 @@ class BlockedGraph:
         return blocking.sorted_unique(np.minimum(src, dst) * self.n + np.maximum(src, dst))
 
     # --- candidates ------------------------------------------------------------------------------
-    def candidate_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
+    def _live_layout(self, sites: list[str]) -> tuple[np.ndarray, np.ndarray, list[str], dict[str, int]]:
+        """The tags of `sites` only, in roster order: (tags, site_of, the live sites, their offsets)."""
         live = [s for s in self.sites if s in sites]
         missing = [s for s in live if s not in self.tags]
         if missing:
@@ -191,7 +193,20 @@ class BlockedGraph:
         tags = np.concatenate([self.tags[s] for s in live])
         site_of = np.repeat(np.arange(len(live)), [self.sizes[self.sites.index(s)] for s in live])
         offsets = dict(zip(live, np.cumsum([0] + [self.sizes[self.sites.index(s)] for s in live[:-1]]).tolist()))
+        return tags, site_of, live, offsets
+
+    def candidate_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
+        tags, site_of, live, offsets = self._live_layout(sites)
         return blocking.candidate_blocks(tags, site_of, live, offsets, self.max_bucket)
+
+    def candidate_site_pairs(self, sites: list[str]) -> dict[tuple[str, str], blocking.SitePairs]:
+        """The entries of `candidate_blocks`, per pair of sites, without the blocks: from `bucket_pairs`
+        over the same tags (the same chunks), split by site (a run over candidate entries, crypto.masked_hamming:
+        its coordinator's bookkeeping follows the candidates, not a Python loop over 10^5 bucket chunks)."""
+        tags, site_of, live, offsets = self._live_layout(sites)
+        i, j = blocking.bucket_pairs(tags, self.max_bucket, site_of, cross_only=True)
+        del tags
+        return blocking.split_by_site(i, j, site_of, live, offsets)
 
     def _live_tags(self, sites: list[str]) -> np.ndarray:
         live = np.isin(self.site_of, [self.sites.index(s) for s in sites])
@@ -316,6 +331,11 @@ class BlockedGraph:
         self._add_global(np.asarray(i, np.int64), np.asarray(j, np.int64),
                          blocking.pair_hamming(self._all_codes, i, j).astype(np.int64))
         return int(i.size)
+
+    def descent_site_pairs(self, sites: list[str]) -> dict[tuple[str, str], blocking.SitePairs]:
+        """The entries of `descent_blocks`, per pair of sites, without one-row blocks; {} when done."""
+        i, j = self.descent_pairs(sites)
+        return blocking.split_by_site(i, j, self.site_of, self.sites, self.offsets)
 
     def descent_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
         """The next NN-Descent round's candidates across sites, as one-row blocks; {} when done."""

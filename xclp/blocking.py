@@ -248,6 +248,49 @@ def candidate_blocks(tags: np.ndarray, site_of: np.ndarray, sites: list[str], of
     return out
 
 
+@dataclass
+class SitePairs:
+    """One pair of sites' distinct candidate entries, (local i of a, local j of b) sorted by (i, j): the
+    same entries as `block_pairs` of the pair's blocks, for a run over candidate entries
+    (crypto.masked_hamming), which needs the entries and not the buckets they came from."""
+
+    i: np.ndarray
+    j: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.i.size)
+
+
+def split_by_site(i: np.ndarray, j: np.ndarray, site_of: np.ndarray, sites: list[str], offsets: dict[str, int]
+                  ) -> dict[tuple[str, str], SitePairs]:
+    """Distinct global pairs (i < j, sorted by key i·n + j, of different sites) per pair of sites (a, b),
+    a before b in `sites`; `site_of[x]` is the position in `sites` of global point x, each site's points
+    contiguous from offsets[site] in `sites` order (so i < j puts a before b). Why not a mask per pair of
+    sites: 45 passes over 2.6·10^7 pairs at 10 sites; instead, i being sorted, each site of A is a slice
+    (a binary search), and within it one stable sort by B's site (a radix sort on 16 bits) groups the
+    peers — every pair keeps its entries' order, sorted by (i, j)."""
+    out: dict[tuple[str, str], SitePairs] = {}
+    if not i.size:
+        return out
+    if np.any(site_of[i] >= site_of[j]):
+        raise ValueError("pairs of one site, or not i < j in the sites' order")
+    starts = np.searchsorted(i, [offsets[s] for s in sites] + [int(site_of.size)])
+    for pa, a in enumerate(sites):
+        lo, hi = int(starts[pa]), int(starts[pa + 1])
+        if lo == hi:
+            continue
+        ia, ja = i[lo:hi], j[lo:hi]
+        sb = site_of[ja].astype(np.int16 if len(sites) < 1 << 15 else np.int32)
+        order = np.argsort(sb, kind="stable")
+        counts = np.bincount(sb, minlength=len(sites))
+        cut = np.r_[0, np.cumsum(counts)]
+        for pb in np.flatnonzero(counts).tolist():
+            sel = order[cut[pb] : cut[pb + 1]]
+            b = sites[pb]
+            out[(a, sites[pb])] = SitePairs(ia[sel] - offsets[a], ja[sel] - offsets[b])
+    return out
+
+
 def block_pairs(blocks: list[Block], n_a: int, n_b: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (local a, local b) pairs that a list of blocks covers."""
     if not blocks:

@@ -659,6 +659,7 @@ class PredictCoordinator:
 
     def _graph(self, coord: CoordinatorSession, order: list[str], out: list[Send]) -> None:
         """Every distance is in: 𝒲, the influence columns, one message per site; then the row sums."""
+        self._release_rounds(coord)
         t0 = time.perf_counter()
         W = coord.build_graph(order)
         t1 = time.perf_counter()
@@ -668,6 +669,18 @@ class PredictCoordinator:
         out.extend(Send(COORDINATOR, s, "influence", coord.influence_message(s)) for s in order)
         self.state.graph_sites = order
         self._next("row_sums")
+
+    def _release_rounds(self, coord: CoordinatorSession) -> None:
+        """Every distance is in: what only rebuilding the hamming phase's rounds reads — their decoded plans
+        (here and in _DECODED_PLANS), the combined distances and unpacked masked codes (`pair_cache`,
+        coord.masked_codes) — is let go before the graph and influence step, whose peak it would otherwise
+        sit under (masked, in process). A rebuild after this (a restart) decodes and combines them again."""
+        mine = {id(v) for v in self._plans.values()}
+        for key in [k for k, v in list(_DECODED_PLANS.items()) if id(v) in mine]:
+            _DECODED_PLANS.pop(key, None)
+        self._plans.clear()
+        self._pair_cache.clear()
+        coord.masked_codes = {}
 
     # --- hamming, blocked graph -----------------------------------------------------------------------
     # The order of xclp.blocked_graph, as rounds of the hamming phase (the job's `attempt` counts them,
@@ -815,11 +828,15 @@ class PredictCoordinator:
                 pass
             self._graph(coord, order, out)
             return
+        # a run over candidate entries (masked) is planned from the entries themselves, not from a block
+        # per bucket chunk: the same entries, without a Python loop over 10^5 chunks (docs/scale.md)
+        entries = traits(self.params.crypto).runs_pairs
         if r == 0:
-            blocks = coord.candidate_blocks(order)
+            blocks = coord.candidate_site_pairs(order) if entries else coord.candidate_blocks(order)
         else:
             coord.blocked.rounds_done = r - 1  # NN-Descent rounds taken so far (round 1 was the tags')
-            blocks = self._capped(coord.descent_blocks(order), r + 1, coord)
+            blocks = self._capped(coord.descent_site_pairs(order) if entries else coord.descent_blocks(order),
+                                  r + 1, coord)
         blocks = {p: bl for p, bl in blocks.items() if bl}
         if not blocks:
             self._graph(coord, order, out)
@@ -840,19 +857,20 @@ class PredictCoordinator:
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
         st.attempt = r + 1
 
-    def _capped(self, blocks: dict[tuple[str, str], list[blocking.Block]], r: int, coord: CoordinatorSession
-                ) -> dict[tuple[str, str], list[blocking.Block]]:
+    def _capped(self, blocks: dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs], r: int,
+                coord: CoordinatorSession) -> dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs]:
         """A descent round's candidates cut at what a site admits (xclp.view_bounds.entry_cap: no point of
         A and no row of B with more; measured never to bind on honest rounds, bench/view_bounds.py)."""
         cap = view_bounds.round_cap(self.params, r)
         out = {}
         for (a, b), bl in blocks.items():
-            i, j = blocking.block_pairs(bl, coord.roster[a].n, coord.roster[b].n)
+            pairs = isinstance(bl, blocking.SitePairs)
+            i, j = (bl.i, bl.j) if pairs else blocking.block_pairs(bl, coord.roster[a].n, coord.roster[b].n)
             keep = view_bounds.truncate(i, j, cap)
             if not keep.all():
                 log.info(json.dumps({"event": "descent_capped", "pair": [a, b], "round": r,
                                      "dropped": int((~keep).sum())}))
-                bl = rows_to_blocks(a, b, i[keep], j[keep])
+                bl = blocking.SitePairs(i[keep], j[keep]) if pairs else rows_to_blocks(a, b, i[keep], j[keep])
             out[(a, b)] = bl
         return out
 

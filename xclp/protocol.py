@@ -835,6 +835,14 @@ class CoordinatorSession:
         """Per pair of sites (in roster order), the dense candidate blocks from equal tags."""
         return self._blocked_state().candidate_blocks(sites)
 
+    def candidate_site_pairs(self, sites: list[str]) -> dict[tuple[str, str], blocking.SitePairs]:
+        """`candidate_blocks`' entries per pair of sites, without the blocks (a run over candidate entries)."""
+        return self._blocked_state().candidate_site_pairs(sites)
+
+    def descent_site_pairs(self, sites: list[str]) -> dict[tuple[str, str], blocking.SitePairs]:
+        """`descent_blocks`' entries per pair of sites, without the blocks."""
+        return self._blocked_state().descent_site_pairs(sites)
+
     def descent_blocks(self, sites: list[str]) -> dict[tuple[str, str], list[blocking.Block]]:
         """The next NN-Descent round's one-row blocks across sites; {} once params.descent_rounds are done."""
         return self._blocked_state().descent_blocks(sites)
