@@ -185,23 +185,33 @@ class ProcessCluster(LocalCluster):
         return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(self.tmp.glob("*.log")))
 
 
-def cluster_fixture(cls):
-    """A `cluster_factory` fixture making clusters of `cls` (on the `db_url` fixture's database) and
-    closing them after the test."""
+def cluster_fixture(cls, database: bool = True, name: str = "cluster_factory"):
+    """A fixture (`name`) making clusters of `cls` and closing them after the test: on the `db_url`
+    fixture's database, or (database=False: the network tests' clusters) with the tmp folder alone."""
 
-    @pytest.fixture
-    def cluster_factory(tmp_path, db_url):
-        made = []
+    def made(*args):
+        clusters = []
 
         def make(**kw):
-            made.append(cls(tmp_path, db_url, **kw))
-            return made[-1]
+            clusters.append(cls(*args, **kw))
+            return clusters[-1]
 
         yield make
-        for c in made:
+        for c in clusters:
             c.close()
 
-    return cluster_factory
+    if database:
+        @pytest.fixture(name=name)
+        def with_database(tmp_path, db_url):
+            yield from made(tmp_path, db_url)
+
+        return with_database
+
+    @pytest.fixture(name=name)
+    def without_database(tmp_path):
+        yield from made(tmp_path)
+
+    return without_database
 
 
 def plant_bad_shares(monkeypatch, victim: str) -> None:

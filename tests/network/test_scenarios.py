@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from svc import ProcessCluster
+from svc import ProcessCluster, cluster_fixture
 
 from netsim.cluster import NetClusterMixin
 from xclp.data import load_arrays
@@ -53,19 +53,7 @@ class Cluster(NetClusterMixin, ProcessCluster):
             assert np.array_equal(got["confidence"], ref.predictions[s].confidence), s
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    made = []
-
-    def make(**kw):
-        made.append(Cluster(tmp_path, **kw))
-        return made[-1]
-
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.close()
+cluster = cluster_fixture(Cluster, database=False, name="cluster")
 
 
 def test_100ms_rtt_and_10_mbit_per_site(cluster):

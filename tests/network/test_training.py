@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from svc import ProcessCluster
+from svc import ProcessCluster, cluster_fixture
 
 from netsim.cluster import NetClusterMixin
 from xclp.data import load_arrays
@@ -80,19 +80,7 @@ class Cluster(NetClusterMixin, ProcessCluster):
                 "sent": {k for k, v in record.items() if k.startswith("sent:") and v}, "key": record.get("key")}
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    made = []
-
-    def make(**kw):
-        made.append(Cluster(tmp_path, **kw))
-        return made[-1]
-
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.close()
+cluster = cluster_fixture(Cluster, database=False, name="cluster")
 
 
 def _cut_once_held(c: Cluster, job: str, s: str, topic: str, past=None) -> None:
