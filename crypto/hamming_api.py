@@ -92,11 +92,19 @@ def traits(name: str) -> Traits:
 
 
 def max_bits(name: str) -> int | None:
-    """The longest code the protocol `name` computes exactly (its module's MAX_BITS, with the bound's
-    derivation written beside it there), or None if it states none."""
+    """The longest code the protocol `name` computes exactly: the MAX_BITS of the module that defines its
+    class or the nearest base that states one (the packed lattice runs keep the lattice's bound), with the
+    bound's derivation written beside it there; None if none states one."""
     import importlib
+    import sys
 
-    return getattr(importlib.import_module(traits(name).module), "MAX_BITS", None)
+    t = traits(name)
+    cls = getattr(importlib.import_module(t.module), t.cls)
+    for klass in cls.__mro__:
+        top = getattr(sys.modules.get(klass.__module__), "MAX_BITS", None)
+        if top is not None:
+            return top
+    return None
 
 
 def make_protocol(name: str, key_bits: int | None = None) -> HammingProtocol:

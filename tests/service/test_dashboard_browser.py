@@ -99,7 +99,8 @@ def test_pages_render_a_running_job_updates_and_a_site_sees_only_its_own(browser
     job = c.admin.submit_job(kind="predict", sites=sites, crypto="ot", bits=128, k=6, classes=10)
     log_in(browser, c.url, ADMIN)
     wait(browser, "the job in the list", lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{job}"]'))
-    browser.find_element(By.LINK_TEXT, job).click()
+    # (the list redraws itself every few seconds: a link found an instant before may be gone by the click)
+    wait(browser, "a click on the job's link", lambda d: d.find_element(By.LINK_TEXT, job).click() or True)
     wait(browser, "the job page in setup", lambda d: text(d, "#phase") == "setup" and text(d, "#status") == "running")
     assert ADMIN not in browser.current_url
     for s in sites:  # the sites come: the open page follows the job to its end without a reload
