@@ -22,8 +22,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+class StderrHandler(logging.StreamHandler):
+    """A handler that writes to sys.stderr as it is when a record comes, not as it was when the handler was
+    made (as logging's own last-resort handler does): a command whose stderr is replaced later — a
+    test's captured stream, closed when the test ends — is never left writing to a closed file, which
+    printed "--- Logging error ---" tracebacks into the next command's output."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):  # (StreamHandler.__init__ assigns one; the current sys.stderr is always used)
+        pass
+
+
 def setup_logging(level: str = "INFO") -> None:
-    h = logging.StreamHandler(sys.stderr)
+    h = StderrHandler()
     h.setFormatter(JsonFormatter())
     root = logging.getLogger("xclp")
     root.handlers[:] = [h]
