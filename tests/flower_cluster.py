@@ -51,7 +51,7 @@ def run(flower: LocalFlower, ds, run_config: str, truth: bool = False) -> dict:
     """`flwr run` over the sites' data: the ServerApp's summary, with the run's wall time."""
     site_files(flower, ds, truth)
     t = time.monotonic()
-    summary = flower.run(run_config)
+    summary = flower.run(run_config, timeout=1500)  # (a run: ~100 CPU-s, 4–6 min idle; past 10 min under load)
     summary["_seconds"] = round(time.monotonic() - t, 1)
     return summary
 
