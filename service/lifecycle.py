@@ -122,5 +122,14 @@ class DbMailbox:
         return {r for (r,) in self.db.execute(select(Message.recipient).where(
             Message.job_id == self.job_id, Message.sender == sender, Message.topic == topic)).all()}
 
+    def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {s: set() for s in senders}
+        for i in range(0, len(senders), SENDERS_PER_READ):  # (an IN list of bounded length)
+            for s, r in self.db.execute(select(Message.sender, Message.recipient).where(
+                    Message.job_id == self.job_id, Message.topic == topic,
+                    Message.sender.in_(senders[i:i + SENDERS_PER_READ]))).all():
+                out[s].add(r)
+        return out
+
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         return message_body(self.db, self.job_id, sender, recipient, topic)

@@ -26,6 +26,11 @@ class Mailbox(Protocol):
 
     def recipients(self, sender: str, topic: str) -> set[str]: ...
 
+    def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
+        """`recipients` of each of `senders`' `topic` (every sender a key), in one look: who a seed phase of
+        m sites awaits asked m reads of every status request (bench.poll_load)."""
+        ...
+
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None: ...
 
 

@@ -1,0 +1,95 @@
+"""A look at a job reads the database a fixed number of times, whatever the number of its sites (issue
+36, point 3). Every agent asks its job's status on each poll, and the operator's `xclp job status` and
+dashboard ask the same facts: who the phase awaits and who refused. Read site by site — a left-out
+notice per site, each site's relayed seed messages per site — a status cost 3 + 2m reads at m sites,
+133 ms at 40 sites, and 40 polling sites saturated the coordinator (bench.poll_load; the job page and
+`GET /jobs/{id}` answered in up to 2 s)."""
+
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+from svc import ADMIN, add, admin_headers, announce_all
+
+from service.app import Settings, create_app
+from service.db import Job, make_sessionmaker
+from service.lifecycle import DbMailbox, put_message
+from service.migrate import open_database
+from xclp.mail import COORDINATOR, Send
+from xclp.prediction_job import MemoryMailbox
+
+
+def _reads(client, app, path: str, headers: dict) -> int:
+    """The database reads that answering `path` made (the job engine's own, in its thread, not counted)."""
+    engine = app.state.sessionmaker.kw["bind"]
+    reads = []
+
+    def count(*_):
+        if threading.current_thread().name != "xclp-engine":  # (service.engine.JobEngine's thread)
+            reads.append(1)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        r = client.get(path, headers=headers)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert r.status_code == 200, r.text
+    return len(reads)
+
+
+def _looks(tmp_path, m: int, phase: str) -> dict[str, int]:
+    """The reads of each look at a prediction job over m sites, in its `phase` (setup, or seed: every site announced)."""
+    settings = Settings(database=f"sqlite:///{tmp_path / f'looks-{m}-{phase}.db'}", admin_token=ADMIN,
+                        engine_interval=0.05)
+    app = create_app(settings)
+    with TestClient(app) as c:
+        heads = {f"s{i:02d}": add(c, f"s{i:02d}") for i in range(m)}
+        r = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6},
+                   headers=admin_headers())
+        assert r.status_code == 201, r.text
+        job = r.json()["job"]
+        if phase == "seed":
+            announce_all(c, job, heads)
+        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
+                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        assert login.status_code == 303, login.text
+        assert c.get(f"/jobs/{job}", headers=admin_headers()).json()["phase"] == phase
+        return {"status (operator)": _reads(c, app, f"/jobs/{job}", admin_headers()),
+                "status (site)": _reads(c, app, f"/jobs/{job}", heads["s00"]),
+                "job page": _reads(c, app, f"/ui/jobs/{job}", {}),
+                "job page data": _reads(c, app, f"/ui/api/jobs/{job}", {}),
+                "dashboard": _reads(c, app, "/ui", {})}
+
+
+@pytest.mark.parametrize("phase", ["setup", "seed"])
+def test_a_look_reads_the_database_as_often_at_3_sites_as_at_9(tmp_path, phase):
+    few, many = _looks(tmp_path, 3, phase), _looks(tmp_path, 9, phase)
+    assert many == few, f"reads at 3 sites {few}, at 9 sites {many}"
+    assert max(many.values()) <= 12, many
+
+
+def _mailboxes(tmp_path):
+    sites = [f"s{i}" for i in range(5)]
+    sent = [(a, b, "seed") for a in sites[:3] for b in sites if b != a] + [(sites[3], sites[0], "seed")]
+    sent += [(COORDINATOR, sites[4], "left-out"), (sites[1], COORDINATOR, "announce")]
+    Session = make_sessionmaker(open_database(f"sqlite:///{tmp_path / 'mail.db'}"))
+    db = Session()
+    db.add(Job(id="j1", kind="predict", params={}, sites=sites, live=sites))
+    memory = MemoryMailbox()
+    for s, r, t in sent:
+        put_message(db, "j1", s, r, t, b"x")
+        memory.put(Send(s, r, t, b"x"))
+    db.commit()
+    return sites, db, [DbMailbox(db, "j1"), memory]
+
+
+def test_recipients_of_gives_each_sender_s_recipients_in_one_look(tmp_path):
+    sites, db, mailboxes = _mailboxes(tmp_path)
+    try:
+        for mail in mailboxes:
+            for topic in ("seed", "announce", "nothing"):
+                got = mail.recipients_of(sites + [COORDINATOR], topic)
+                assert got == {s: mail.recipients(s, topic) for s in sites + [COORDINATOR]}
+    finally:
+        db.close()
