@@ -13,7 +13,7 @@ import logging
 
 from sqlalchemy import select
 
-from service.db import Job, Message, has_messages, message_body, new_message, utcnow
+from service.db import Job, Message, has_messages, message_bodies, message_body, new_message, utcnow
 from xclp.job_kinds import job_kind
 
 log = logging.getLogger("xclp.engine")
@@ -133,3 +133,6 @@ class DbMailbox:
 
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         return message_body(self.db, self.job_id, sender, recipient, topic)
+
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        return message_bodies(self.db, self.job_id, senders, recipient, topic)

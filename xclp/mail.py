@@ -33,6 +33,11 @@ class Mailbox(Protocol):
 
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None: ...
 
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        """`body` of each of `senders`' `topic` to `recipient` (every sender a key), in one look: the
+        graph's size is the roster's announces, which every upload's admission and every status read."""
+        ...
+
 
 class Inbox(Protocol):
     """The messages addressed to one site. `wait`: the machine can do nothing else until this one

@@ -129,6 +129,9 @@ class MemoryMailbox:
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         return self.messages.get((sender, recipient, topic))
 
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        return {s: self.messages.get((s, recipient, topic)) for s in senders}
+
     def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
         """`body`, and a pair protocol's site-to-site message released once taken (see the class)."""
         key = (sender, recipient, topic)
@@ -392,6 +395,13 @@ class _WithSent:
             got = next((m.body for m in self.sent if (m.sender, m.recipient, m.topic) == (sender, recipient, topic)),
                        None)
         return got
+
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        out = self.mail.bodies_from(senders, recipient, topic)
+        for m in self.sent:
+            if out.get(m.sender, b"") is None and (m.recipient, m.topic) == (recipient, topic):
+                out[m.sender] = m.body
+        return out
 
 
 # Round plans as decoded, by their bytes, across machines: a driver makes a new machine per decision

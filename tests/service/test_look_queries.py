@@ -38,6 +38,27 @@ def _reads(client, app, path: str, headers: dict) -> int:
     return len(reads)
 
 
+def _in_hamming(app, job_id: str, sites: list[str]) -> None:
+    """The job in its hamming phase (its graph's mode read from the sites' announces: graph "auto"), with
+    every site's announce and none of its shares: what its machine would have made of the earlier phases."""
+    import numpy as np
+
+    from xclp.announce import encode_announce
+    from xclp.prediction_job import PredictState
+
+    app.state.engine.stop()  # (its step of the job in setup would race this one's writes)
+    with app.state.sessionmaker() as db:
+        job = db.get(Job, job_id)
+        assert job.params["graph"] == "auto"
+        for s in sites:
+            put_message(db, job_id, s, COORDINATOR, "announce",
+                        encode_announce(s, b"k" * 32, 4, np.array([0]), bytes(32)))
+        state = PredictState(sites=sites, live=sites, phase="hamming", seed_sites=sites, graph_sites=sites,
+                             attempts={"setup": 0, "seed": 0, "counts": 0})
+        job.machine, job.phase, job.seed_sites, job.graph_sites = state.to_bytes(), "hamming", sites, sites
+        db.commit()
+
+
 def _looks(tmp_path, m: int, phase: str) -> dict[str, int]:
     """The reads of each look at a prediction job over m sites, in its `phase` (setup, or seed: every site announced)."""
     settings = Settings(database=f"sqlite:///{tmp_path / f'looks-{m}-{phase}.db'}", admin_token=ADMIN,
@@ -45,12 +66,15 @@ def _looks(tmp_path, m: int, phase: str) -> dict[str, int]:
     app = create_app(settings)
     with TestClient(app) as c:
         heads = {f"s{i:02d}": add(c, f"s{i:02d}") for i in range(m)}
-        r = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6},
+        r = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6,
+                                  "graph": "auto"},
                    headers=admin_headers())
         assert r.status_code == 201, r.text
         job = r.json()["job"]
         if phase == "seed":
             announce_all(c, job, heads)
+        if phase == "hamming":
+            _in_hamming(app, job, list(heads))
         login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
                        headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
         assert login.status_code == 303, login.text
@@ -62,7 +86,7 @@ def _looks(tmp_path, m: int, phase: str) -> dict[str, int]:
                 "dashboard": _reads(c, app, "/ui", {})}
 
 
-@pytest.mark.parametrize("phase", ["setup", "seed"])
+@pytest.mark.parametrize("phase", ["setup", "seed", "hamming"])
 def test_a_look_reads_the_database_as_often_at_3_sites_as_at_9(tmp_path, phase):
     few, many = _looks(tmp_path, 3, phase), _looks(tmp_path, 9, phase)
     assert many == few, f"reads at 3 sites {few}, at 9 sites {many}"
@@ -84,13 +108,15 @@ def _mailboxes(tmp_path):
     return sites, db, [DbMailbox(db, "j1"), memory]
 
 
-def test_recipients_of_gives_each_sender_s_recipients_in_one_look(tmp_path):
+def test_the_one_look_reads_give_what_a_read_per_site_gives(tmp_path):
     sites, db, mailboxes = _mailboxes(tmp_path)
+    everyone = sites + [COORDINATOR]
     try:
         for mail in mailboxes:
             for topic in ("seed", "announce", "nothing"):
-                got = mail.recipients_of(sites + [COORDINATOR], topic)
-                assert got == {s: mail.recipients(s, topic) for s in sites + [COORDINATOR]}
+                assert mail.recipients_of(everyone, topic) == {s: mail.recipients(s, topic) for s in everyone}
+                for to in (COORDINATOR, sites[0]):
+                    assert mail.bodies_from(everyone, to, topic) == {s: mail.body(s, to, topic) for s in everyone}
     finally:
         db.close()
 
