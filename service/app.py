@@ -36,6 +36,7 @@ from service.engine import JobEngine
 from service.guard import RequestGuard, Throttle, origin_of
 from service.lifecycle import DEFAULT_DEADLINES, DEFAULT_IDLE_LIMIT, IDLE
 from service.liveness import Contacts
+from service.looks import LookCache
 from service.messages_api import make_messages_router
 from service.migrate import open_database
 
@@ -161,7 +162,7 @@ def create_app(settings: Settings) -> FastAPI:
     blob_dir = settings.blob_dir or default_blob_dir(settings.database)
     fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
     blobs = BlobStore(blob_dir, settings.blob_threshold, fsync) if blob_dir else None
-    Session = make_sessionmaker(engine, blobs)
+    Session = make_sessionmaker(engine, blobs, looks=LookCache())
     contacts = Contacts()  # each site's last authenticated request (service.liveness; memory only)
     job_engine = JobEngine(Session, settings.engine_interval, executor=open_executor(settings), contacts=contacts)
     registry = CollectorRegistry()

@@ -257,10 +257,11 @@ def _make_engine(url: str, pool: int | None = None) -> Engine:
     return engine
 
 
-def make_sessionmaker(engine: Engine, blobs=None) -> sessionmaker:
+def make_sessionmaker(engine: Engine, blobs=None, looks=None) -> sessionmaker:
     """blobs: the service.blobs.BlobStore that holds large message bodies (None: all in the database);
-    every session carries it as ``db.info["blobs"]``."""
-    return sessionmaker(engine, expire_on_commit=False, info={"blobs": blobs})
+    every session carries it as ``db.info["blobs"]``. looks: the app's service.looks.LookCache (the facts
+    every look at a job computes, kept per state of the job), as ``db.info["looks"]``; None: none kept."""
+    return sessionmaker(engine, expire_on_commit=False, info={"blobs": blobs, "looks": looks})
 
 
 def _blob_store(db):

@@ -138,3 +138,49 @@ def test_the_pool_keeps_a_connection_for_every_worker_thread(db_url):
             assert pool._max_overflow == POOL_OVERFLOW
     with pytest.raises(ValueError, match="threads"):
         create_app(Settings(database=db_url, admin_token=ADMIN, threads=0))
+
+
+def test_a_jobs_facts_are_computed_once_per_state_and_anew_when_a_message_comes(tmp_path):
+    """Who the step awaits, who refused and the progress are computed once per state of the job (the
+    machine in its row, its messages' count and last id: service.looks), however many look, and anew
+    once a message is written — here straight into the database, as another coordinator process on it
+    would: nothing in this process hears of it."""
+    from xclp.prediction_topics import Topic
+    from xclp.refusal import REFUSE, refusal
+
+    app = create_app(Settings(database=f"sqlite:///{tmp_path / 'facts.db'}", admin_token=ADMIN, engine_interval=0.05))
+    with TestClient(app) as c:
+        heads = {s: add(c, s) for s in ("s0", "s1", "s2")}
+        job = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6,
+                                    "graph": "auto"}, headers=admin_headers()).json()["job"]
+        _in_hamming(app, job, list(heads))
+        cache = app.state.sessionmaker.kw["info"]["looks"]
+
+        def status(h=None):
+            r = c.get(f"/jobs/{job}", headers=h or admin_headers())
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        first = status()
+        assert list(first["awaited"]) == ["s0", "s1", "s2"] and first["progress"]["received"] == 0, first
+        computed = cache.computed
+        for h in [*heads.values(), admin_headers()]:
+            assert status(h)["progress"] == first["progress"]
+        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
+                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        assert login.status_code == 303 and c.get(f"/ui/api/jobs/{job}").json()["progress"] == first["progress"]
+        assert cache.computed == computed  # every look of this state read what the first computed
+
+        with app.state.sessionmaker() as db:  # s0's part of the phase, and s2's refusal
+            for m in ("intra", Topic.share("s0", "s1"), Topic.share("s0", "s2")):
+                put_message(db, job, "s0", COORDINATOR, m, b"x")
+            put_message(db, job, "s1", COORDINATOR, "intra", b"x")
+            put_message(db, job, "s1", COORDINATOR, Topic.share("s0", "s1"), b"x")
+            put_message(db, job, "s2", COORDINATOR, REFUSE, refusal("not today"))
+            db.commit()
+        after = status()
+        assert after["progress"]["received"] == 5, after["progress"]
+        assert list(after["awaited"]) == ["s1", "s2"], after["awaited"]  # (s1, s2: their pair's shares)
+        assert after["refused"] == {"s2": "not today"}, after["refused"]
+        assert status(heads["s1"])["refused"] == {}  # (a site reads only its own refusal)
+        assert cache.computed == computed + 1
