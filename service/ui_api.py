@@ -374,8 +374,9 @@ def api_sites(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db))
 
 @router.get("", response_class=HTMLResponse)
 def jobs_page(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    revoked = revoked_sites(db)  # (once, not once per job)
     return templates.TemplateResponse(request, "jobs.html", {
-        "viewer": v, "jobs": select_rows([job_row(j, revoked_sites(db)) for j in _visible_jobs(db, v)]),
+        "viewer": v, "jobs": select_rows([job_row(j, revoked) for j in _visible_jobs(db, v)]),
         "sites": site_rows(request, db, v), "kinds": KINDS, "statuses": STATUSES})
 
 

@@ -184,3 +184,23 @@ def test_a_jobs_facts_are_computed_once_per_state_and_anew_when_a_message_comes(
         assert after["refused"] == {"s2": "not today"}, after["refused"]
         assert status(heads["s1"])["refused"] == {}  # (a site reads only its own refusal)
         assert cache.computed == computed + 1
+
+
+def test_the_dashboard_reads_the_database_as_often_with_1_job_as_with_4(tmp_path):
+    app = create_app(Settings(database=f"sqlite:///{tmp_path / 'jobs.db'}", admin_token=ADMIN, engine_interval=0.05))
+    with TestClient(app) as c:
+        heads = {s: add(c, s) for s in ("s0", "s1")}
+        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
+                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        assert login.status_code == 303
+
+        def submit():
+            r = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext"},
+                       headers=admin_headers())
+            assert r.status_code == 201, r.text
+
+        submit()
+        one = _reads(c, app, "/ui", {})
+        for _ in range(3):
+            submit()
+        assert _reads(c, app, "/ui", {}) == one
