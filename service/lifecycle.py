@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from sqlalchemy import select
 
@@ -111,6 +112,18 @@ class DbMailbox:
 
     def senders_of(self, recipient: str, topics: list[str]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {t: set() for t in topics}
+        if len(topics) > SENDERS_PER_READ:
+            # Many topics (a hamming phase's m(m−1)/2 pairs): every message of their common prefix to the
+            # recipient in one read, kept if asked — a third of the time of IN lists of 500 at 50 sites,
+            # and the engine asks it on each upload, every status of the phase too (service.looks).
+            prefix = os.path.commonprefix(topics)
+            where = [Message.job_id == self.job_id, Message.recipient == recipient]
+            if prefix:
+                where.append(Message.topic.startswith(prefix, autoescape=True))
+            for s, t in self.db.execute(select(Message.sender, Message.topic).where(*where)).all():
+                if t in out:
+                    out[t].add(s)
+            return out
         for i in range(0, len(topics), SENDERS_PER_READ):  # (an IN list of bounded length)
             for s, t in self.db.execute(select(Message.sender, Message.topic).where(
                     Message.job_id == self.job_id, Message.recipient == recipient,
