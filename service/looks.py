@@ -71,6 +71,8 @@ def job_facts(db, job: Job) -> dict:
     when the session's maker carries a LookCache (service.db.make_sessionmaker's `looks`)."""
     cache: LookCache | None = db.info.get("looks")
     if cache is None or job.status != "running" or job_kind(job.kind).rounds:
+        if cache is not None:
+            cache.forget(job.id)  # (a job over keeps nothing here)
         return _compute(db, job)
     key = (job.machine, *mail_state(db, job.id))  # (the state first, then the facts)
     facts = cache.get(job.id, key)
