@@ -36,11 +36,15 @@ from service.engine import JobEngine
 from service.guard import RequestGuard, Throttle, origin_of
 from service.lifecycle import DEFAULT_DEADLINES, DEFAULT_IDLE_LIMIT, IDLE
 from service.liveness import Contacts
+from service.looks import LookCache
 from service.messages_api import make_messages_router
 from service.migrate import open_database
 
 log = logging.getLogger("xclp.service")
 MIN_ADMIN_TOKEN = 32  # characters; `openssl rand -hex 24` gives 48
+# Connections beyond the worker threads': the job engine's thread, the event loop's own short sessions
+# (the token checks of uploads and long polls, a login, a refused token's audit record), the startup sweep.
+POOL_RESERVE = 5
 
 
 @dataclass
@@ -91,6 +95,11 @@ class Settings:
     stale_after: float = 600.0
     workers: int | None = None
     dask_address: str | None = None
+    # Worker threads of the plain (`def`) routes (anyio's thread limiter; its default is 40) — and the
+    # database pool follows: these plus POOL_RESERVE connections (service.db), so that no route's thread
+    # waits for a connection, nor opens and closes one per request. On PostgreSQL, max_connections must
+    # allow threads + POOL_RESERVE + service.db.POOL_OVERFLOW per coordinator.
+    threads: int = 40
 
 
 @dataclass
@@ -146,11 +155,14 @@ def create_app(settings: Settings) -> FastAPI:
                          f"{len(settings.admin_token)}): make one with `openssl rand -hex 24`")
     if settings.public_url is not None and origin_of(settings.public_url) is None:
         raise ValueError(f"the public URL {settings.public_url!r} is not an http(s)://host[:port] address")
-    engine = open_database(settings.database)  # its schema migrated to this release's (service.migrate)
+    if settings.threads < 1:
+        raise ValueError(f"threads must be at least 1, got {settings.threads}")
+    # its schema migrated to this release's (service.migrate); a connection for every worker thread and more
+    engine = open_database(settings.database, pool=settings.threads + POOL_RESERVE)
     blob_dir = settings.blob_dir or default_blob_dir(settings.database)
     fsync = settings.blob_fsync if settings.blob_fsync is not None else not settings.database.startswith("sqlite")
     blobs = BlobStore(blob_dir, settings.blob_threshold, fsync) if blob_dir else None
-    Session = make_sessionmaker(engine, blobs)
+    Session = make_sessionmaker(engine, blobs, looks=LookCache())
     contacts = Contacts()  # each site's last authenticated request (service.liveness; memory only)
     job_engine = JobEngine(Session, settings.engine_interval, executor=open_executor(settings), contacts=contacts)
     registry = CollectorRegistry()
@@ -160,6 +172,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads  # (the pool's size follows)
         if blobs is not None:  # files whose rows never committed (a coordinator killed mid-upload)
             with Session() as db:
                 referenced = set(db.scalars(select(Message.blob).where(Message.blob.is_not(None))))

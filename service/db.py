@@ -201,14 +201,26 @@ def _check_sqlite_folder(url: str) -> None:
             raise DatabaseError(f"cannot create the SQLite database {path}: the folder {folder} does not exist")
 
 
-def make_engine(url: str) -> Engine:
-    """An engine on `url`, checked to open; its schema is service.migrate's (open_database)."""
+# A server database's connection pool (PostgreSQL; SQLite keeps SQLAlchemy's default): `pool` connections
+# kept open — the coordinator's worker threads and a few more (service.app.Settings.threads, POOL_RESERVE)
+# — and POOL_OVERFLOW more opened for a burst and closed again. With SQLAlchemy's default of 5 (+ 10)
+# under 40 worker threads, 50 polling agents held every connection: the other threads queued for one, and
+# each overflow connection was opened and closed again around every request (a PostgreSQL backend
+# started per request: the `connect` in bench.fifty_agents' profile). The server must allow them:
+# PostgreSQL's max_connections (default 100) ≥ pool + POOL_OVERFLOW for each coordinator on it.
+DEFAULT_POOL = 45
+POOL_OVERFLOW = 10
+
+
+def make_engine(url: str, pool: int | None = None) -> Engine:
+    """An engine on `url`, checked to open; its schema is service.migrate's (open_database). `pool`: the
+    connections a server database's pool keeps open (default DEFAULT_POOL; SQLite: SQLAlchemy's own)."""
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
     url = database_url(url)
     _check_sqlite_folder(url)
     try:
-        engine = _make_engine(url)
+        engine = _make_engine(url, pool)
     except (ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
         raise DatabaseError(f"cannot use the database URL {_safe(url)} ({str(exc).splitlines()[0]}): "
                             "give sqlite:///FILE or postgresql+psycopg2://USER:PASSWORD@HOST/DB") from None
@@ -222,12 +234,12 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def _make_engine(url: str) -> Engine:
+def _make_engine(url: str, pool: int | None = None) -> Engine:
     kw: dict = {"future": True}
     if url.startswith("sqlite"):
         kw["connect_args"] = {"check_same_thread": False, "timeout": 30}
-    else:
-        kw["pool_pre_ping"] = True
+    else:  # (pre-ping: a connection the server dropped — a restarted PostgreSQL — is replaced, not handed out)
+        kw.update(pool_pre_ping=True, pool_size=pool or DEFAULT_POOL, max_overflow=POOL_OVERFLOW)
     engine = create_engine(url, json_serializer=json.dumps, **kw)
     if url.startswith("sqlite"):
 
@@ -245,10 +257,11 @@ def _make_engine(url: str) -> Engine:
     return engine
 
 
-def make_sessionmaker(engine: Engine, blobs=None) -> sessionmaker:
+def make_sessionmaker(engine: Engine, blobs=None, looks=None) -> sessionmaker:
     """blobs: the service.blobs.BlobStore that holds large message bodies (None: all in the database);
-    every session carries it as ``db.info["blobs"]``."""
-    return sessionmaker(engine, expire_on_commit=False, info={"blobs": blobs})
+    every session carries it as ``db.info["blobs"]``. looks: the app's service.looks.LookCache (the facts
+    every look at a job computes, kept per state of the job), as ``db.info["looks"]``; None: none kept."""
+    return sessionmaker(engine, expire_on_commit=False, info={"blobs": blobs, "looks": looks})
 
 
 def _blob_store(db):
@@ -289,6 +302,17 @@ def message_body(db, job_id: str, sender: str, recipient: str, topic: str) -> by
         return None
     body, blob, size = ref
     return body if blob is None else _blob_store(db).read(blob, size)
+
+
+def message_bodies(db, job_id: str, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+    """`message_body` of each of `senders` (None: none), in one read per 500 senders."""
+    out: dict[str, bytes | None] = dict.fromkeys(senders)
+    for i in range(0, len(senders), 500):  # (an IN list of bounded length)
+        for s, body, blob, size in db.execute(select(Message.sender, Message.body, Message.blob, Message.size).where(
+                Message.job_id == job_id, Message.recipient == recipient, Message.topic == topic,
+                Message.sender.in_(senders[i:i + 500]))).all():
+            out[s] = body if blob is None else _blob_store(db).read(blob, size)
+    return out
 
 
 def topics_from(db, job_id: str, recipient: str, prefix: str) -> dict[tuple[str, str], bytes]:

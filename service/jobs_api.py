@@ -11,23 +11,22 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field, create_model
-from sqlalchemy import func, or_, select
+from sqlalchemy import select
 
 from service.audit import record
-from service.db import Job, Message
+from service.db import Job
 from service.deps import ReleasingRoute, caller, check_roster, get_db, load_job, require_admin
-from service.engine import DbMailbox, cancel, refusals
+from service.engine import cancel
 from service.job_list import select_rows, shown_status
 from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.liveness import liveness
+from service.looks import job_facts
 from service.schemas import Request as RequestBody
 from service.schemas import Seconds, SiteName, errors, option_field
-from service.training_engine import round_seconds, train_progress
+from service.training_engine import round_seconds
 from xclp.job_kinds import job_kind
 from xclp.job_options import JOB_OPTIONS, SECURE_DEFAULTS
 from xclp.job_params import JobParams
-from xclp.prediction_job import progress as phase_progress
-from xclp.prediction_topics import graph_mode
 from xclp.privacy import label_dp
 
 log = logging.getLogger("xclp.service")
@@ -168,12 +167,14 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
     job = load_job(db, job_id)
     if who != "admin" and who not in job.sites:
         raise HTTPException(403, f"site {who!r} is not in job {job_id}")
-    return JobStatus(**liveness(db, job, getattr(request.app.state, "last_seen", None)),job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
+    facts = job_facts(db, job)  # (who the step awaits, who refused, the progress: once per state of the job)
+    return JobStatus(**liveness(db, job, getattr(request.app.state, "last_seen", None), facts["awaited"]),
+                     job=job.id, kind=job.kind, status=job.status, phase=job.phase, attempt=job.attempt,
                      sites=job.sites, live=job.live, seed_sites=job.seed_sites, graph_sites=job.graph_sites,
                      dropped=job.dropped, attempts=job.attempts, params=job.params,
-                     refused={s: r for s, r in refusals(db, job).items() if who == "admin" or s == who},
+                     refused={s: r for s, r in facts["refusals"].items() if who == "admin" or s == who},
                      privacy=job_kind(job.kind).privacy(job.params),
-                     progress=_progress(db, job),
+                     progress=facts["progress"],
                      timings=job.timings,
                      failure=job.failure, created_at=job.created_at.isoformat() + "Z",
                      finished_at=None if job.finished_at is None else job.finished_at.isoformat() + "Z",
@@ -216,16 +217,3 @@ def _machine_view(job: Job, who: str) -> str:
     if who == "admin":
         return ""
     return base64.b64encode(machine_state(job).view_for(who).to_bytes()).decode()
-
-
-def _progress(db, job: Job) -> dict:
-    """How far the current phase is: parts received out of parts expected."""
-    if job_kind(job.kind).rounds:
-        return train_progress(job, db)
-    state = machine_state(job)
-    blocked = state.phase == "hamming" and graph_mode(JobParams(**job.params), DbMailbox(db, job.id), state) == "blocked"
-    expected, exact, prefixes = phase_progress(state, blocked)
-    where = [Message.topic == t for t in exact] + [Message.topic.startswith(p) for p in prefixes]
-    got = db.scalar(select(func.count()).where(Message.job_id == job.id, or_(*where))) if where else expected
-    return {"phase": job.phase, "received": int(got or 0), "expected": expected,
-            "fraction": round(min(1.0, (got or 0) / expected), 3) if expected else 1.0}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from sqlalchemy import select
 
-from service.db import Job, Message, has_messages, message_body, new_message, utcnow
+from service.db import Job, Message, has_messages, message_bodies, message_body, new_message, utcnow
 from xclp.job_kinds import job_kind
 
 log = logging.getLogger("xclp.engine")
@@ -111,6 +112,18 @@ class DbMailbox:
 
     def senders_of(self, recipient: str, topics: list[str]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {t: set() for t in topics}
+        if len(topics) > SENDERS_PER_READ:
+            # Many topics (a hamming phase's m(m−1)/2 pairs): every message of their common prefix to the
+            # recipient in one read, kept if asked — a third of the time of IN lists of 500 at 50 sites,
+            # and the engine asks it on each upload, every status of the phase too (service.looks).
+            prefix = os.path.commonprefix(topics)
+            where = [Message.job_id == self.job_id, Message.recipient == recipient]
+            if prefix:
+                where.append(Message.topic.startswith(prefix, autoescape=True))
+            for s, t in self.db.execute(select(Message.sender, Message.topic).where(*where)).all():
+                if t in out:
+                    out[t].add(s)
+            return out
         for i in range(0, len(topics), SENDERS_PER_READ):  # (an IN list of bounded length)
             for s, t in self.db.execute(select(Message.sender, Message.topic).where(
                     Message.job_id == self.job_id, Message.recipient == recipient,
@@ -122,5 +135,17 @@ class DbMailbox:
         return {r for (r,) in self.db.execute(select(Message.recipient).where(
             Message.job_id == self.job_id, Message.sender == sender, Message.topic == topic)).all()}
 
+    def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {s: set() for s in senders}
+        for i in range(0, len(senders), SENDERS_PER_READ):  # (an IN list of bounded length)
+            for s, r in self.db.execute(select(Message.sender, Message.recipient).where(
+                    Message.job_id == self.job_id, Message.topic == topic,
+                    Message.sender.in_(senders[i:i + SENDERS_PER_READ]))).all():
+                out[s].add(r)
+        return out
+
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         return message_body(self.db, self.job_id, sender, recipient, topic)
+
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        return message_bodies(self.db, self.job_id, senders, recipient, topic)

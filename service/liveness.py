@@ -79,15 +79,16 @@ def silent_sites(job: Job, contacts: Contacts | None, now: dt.datetime | None = 
     return out
 
 
-def liveness(db, job: Job, contacts: Contacts | None) -> dict:
+def liveness(db, job: Job, contacts: Contacts | None, awaited: list[str] | None = None) -> dict:
     """What the operator reads of a running job's wait: `awaited` (site → its last contact and the
     seconds its silence has left before the idle limit drops it) and `deadline` (when the current step
     gives up on every site it still awaits, and the idle limit; while a training round's XCLP job runs,
-    that job's phase and deadline, with its id under 'job'). Empty for a finished job."""
+    that job's phase and deadline, with its id under 'job'). Empty for a finished job. `awaited`: the
+    sites a prediction job's step awaits, if the caller has them (service.looks.job_facts)."""
     if job.status != "running":
         return {"awaited": {}, "deadline": None}
     now = utcnow()
-    sites, step = _awaited(db, job)
+    sites, step = (awaited, job) if awaited is not None and not job_kind(job.kind).rounds else _awaited(db, job)
     limit = idle_limit(step)  # (a round's XCLP job drops its silent sites by its own limit: the run's, as a rule)
     at = step.phase_started_at + dt.timedelta(seconds=phase_limit(step))
     out = {}

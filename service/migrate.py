@@ -156,9 +156,9 @@ def upgrade_sql(engine: Engine, state: SchemaState) -> str:
     return out.getvalue()
 
 
-def open_database(url: str) -> Engine:
-    """The coordinator's engine on `url`, its schema at the head revision."""
-    engine = make_engine(url)
+def open_database(url: str, pool: int | None = None) -> Engine:
+    """The coordinator's engine on `url`, its schema at the head revision (`pool`: service.db.make_engine's)."""
+    engine = make_engine(url, pool)
     try:
         upgrade(engine)
     except BaseException:

@@ -42,7 +42,7 @@ from sqlalchemy import delete, func, select
 from service.audit import OPERATOR, SITE, record, record_refusal
 from service.db import Job, Message, PrunedBytes, Site, UISession, utcnow
 from service.deps import ReleasingRoute, active_operator, get_db, hash_token, is_admin, load_job, token_owner
-from service.engine import cancel, refusals
+from service.engine import cancel
 from service.guard import LOGIN_BYTES
 from service.job_list import KINDS, STATUSES, select_rows, shown_status
 from xclp.job_kinds import JOB_KINDS, job_kind
@@ -285,8 +285,9 @@ def progress_bar(job: Job, progress: dict) -> dict:
 
 def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
     """The job page's facts; `contacts`: the sites' last contacts (service.liveness), for who the phase awaits."""
-    from service.jobs_api import _progress, _training_view
+    from service.jobs_api import _training_view
     from service.liveness import liveness
+    from service.looks import job_facts
 
     phases = job_kind(job.kind).phases
     reached = phases.index(job.phase) if job.phase in phases else len(phases) - 1
@@ -302,8 +303,9 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
     privacy = training.get("privacy") if kind.rounds else kind.privacy(job.params)
     children = [] if not kind.rounds else [
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
-    refused = {s: r for s, r in refusals(db, job).items() if v.admin or s == v.who}
-    progress = _progress(db, job)
+    facts = job_facts(db, job)  # (once per state of the job: service.looks)
+    refused = {s: r for s, r in facts["refusals"].items() if v.admin or s == v.who}
+    progress = facts["progress"]
     return {**job_row(job, revoked_sites(db)), "attempt": job.attempt, "live": job.live, "dropped": job.dropped,
             "failure": failure_sentence(job), "refused": refused, "progress": progress,
             "bar": progress_bar(job, progress), "timeline": timeline, "bytes_total": sum(nbytes.values()),
@@ -311,7 +313,7 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
                                                       "rounds", "label_flip", "dp_noise") if k in job.params},
             "history": _curves(training.get("history") or []), "final": training.get("final"),
             "privacy": privacy if privacy and privacy.get("epsilon") is not None else None,
-            "children": children, **liveness(db, job, contacts)}
+            "children": children, **liveness(db, job, contacts, facts["awaited"])}
 
 
 def _curves(history: list[dict]) -> list[dict]:
@@ -372,8 +374,9 @@ def api_sites(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db))
 
 @router.get("", response_class=HTMLResponse)
 def jobs_page(request: Request, v: Viewer = Depends(viewer), db=Depends(get_db)):
+    revoked = revoked_sites(db)  # (once, not once per job)
     return templates.TemplateResponse(request, "jobs.html", {
-        "viewer": v, "jobs": select_rows([job_row(j, revoked_sites(db)) for j in _visible_jobs(db, v)]),
+        "viewer": v, "jobs": select_rows([job_row(j, revoked) for j in _visible_jobs(db, v)]),
         "sites": site_rows(request, db, v), "kinds": KINDS, "statuses": STATUSES})
 
 

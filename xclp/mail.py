@@ -26,7 +26,17 @@ class Mailbox(Protocol):
 
     def recipients(self, sender: str, topic: str) -> set[str]: ...
 
+    def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
+        """`recipients` of each of `senders`' `topic` (every sender a key), in one look: who a seed phase of
+        m sites awaits asked m reads of every status request (bench.poll_load)."""
+        ...
+
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None: ...
+
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        """`body` of each of `senders`' `topic` to `recipient` (every sender a key), in one look: the
+        graph's size is the roster's announces, which every upload's admission and every status read."""
+        ...
 
 
 class Inbox(Protocol):

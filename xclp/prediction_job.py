@@ -119,8 +119,18 @@ class MemoryMailbox:
     def recipients(self, sender: str, topic: str) -> set[str]:
         return {r for (s, r, t) in self.messages if s == sender and t == topic}
 
+    def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {s: set() for s in senders}
+        for (s, r, t) in self.messages:  # one pass, not one per sender
+            if t == topic and s in out:
+                out[s].add(r)
+        return out
+
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         return self.messages.get((sender, recipient, topic))
+
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        return {s: self.messages.get((s, recipient, topic)) for s in senders}
 
     def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
         """`body`, and a pair protocol's site-to-site message released once taken (see the class)."""
@@ -260,8 +270,9 @@ def refusals(mail: Mailbox, sites: list[str]) -> dict[str, str]:
     """Each site that refused a job (its reason) or was left out by the job's rules (the rule): what the
     operator reads. (Any kind of job: a site refuses a training job the same way.)"""
     out = {s: read_refusal(mail.body(s, COORDINATOR, REFUSE)) for s in sorted(mail.senders(COORDINATOR, REFUSE))}
+    left_out = mail.recipients(COORDINATOR, LEFT_OUT)  # (one look, then the few bodies: not one read per site)
     for s in sites:
-        body = mail.body(COORDINATOR, s, LEFT_OUT)
+        body = mail.body(COORDINATOR, s, LEFT_OUT) if s in left_out else None
         if body is not None:
             out.setdefault(s, "left out by the coordinator: " + read_refusal(body))
     return dict(sorted(out.items()))
@@ -371,12 +382,26 @@ class _WithSent:
         return self.mail.recipients(sender, topic) | {m.recipient for m in self.sent
                                                       if m.sender == sender and m.topic == topic}
 
+    def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
+        out = self.mail.recipients_of(senders, topic)
+        for m in self.sent:
+            if m.topic == topic and m.sender in out:
+                out[m.sender].add(m.recipient)
+        return out
+
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
         got = self.mail.body(sender, recipient, topic)
         if got is None:
             got = next((m.body for m in self.sent if (m.sender, m.recipient, m.topic) == (sender, recipient, topic)),
                        None)
         return got
+
+    def bodies_from(self, senders: list[str], recipient: str, topic: str) -> dict[str, bytes | None]:
+        out = self.mail.bodies_from(senders, recipient, topic)
+        for m in self.sent:
+            if out.get(m.sender, b"") is None and (m.recipient, m.topic) == (recipient, topic):
+                out[m.sender] = m.body
+        return out
 
 
 # Round plans as decoded, by their bytes, across machines: a driver makes a new machine per decision
@@ -530,7 +555,8 @@ class PredictCoordinator:
             got = mail.senders(COORDINATOR, "announce")
             waiting = {s for s in order if s not in got}
         elif phase == "seed":
-            waiting = {s for s in order if not {r for r in order if r != s} <= mail.recipients(s, "seed")}
+            got = mail.recipients_of(order, "seed")
+            waiting = {s for s in order if not {r for r in order if r != s} <= got[s]}
         elif phase in ("counts", "row_sums"):
             topic = Topic.counts(st.attempt) if phase == "counts" else Topic.rows(st.attempt)
             waiting = set(order) - mail.senders(COORDINATOR, topic)
@@ -598,7 +624,8 @@ class PredictCoordinator:
 
     def _seed(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
         st = self.state
-        incomplete = {s for s in st.live if not {r for r in st.live if r != s} <= mail.recipients(s, "seed")}
+        got = mail.recipients_of(list(st.live), "seed")
+        incomplete = {s for s in st.live if not {r for r in st.live if r != s} <= got[s]}
         if incomplete:
             if not expired:
                 return

@@ -70,3 +70,36 @@ def test_awaited_in_hamming_reads_the_database_a_fixed_number_of_times(db):
     assert waiting == [s for s in SITES if s in expected]
     assert waiting == PredictCoordinator(params, state).awaited(_memory(30))
     assert len(reads) <= 3, f"{len(reads)} reads for {len(PAIRS)} pairs"
+
+
+def test_more_topics_than_one_in_list_holds_are_read_in_one_look(tmp_path):
+    """Past SENDERS_PER_READ topics (a hamming phase of 33 sites or more) the senders come from one read
+    of the topics' common prefix, not from IN lists of 500 (a third of the time at 50 sites); what it
+    gives is what a read per topic gives, whether the topics share a prefix or not."""
+    from service.lifecycle import SENDERS_PER_READ
+
+    sites = [f"t{i:02d}" for i in range(34)]
+    pairs = [(a, b) for i, a in enumerate(sites) for b in sites[i + 1:]]
+    assert len(pairs) > SENDERS_PER_READ
+    Session = make_sessionmaker(open_database(f"sqlite:///{tmp_path / 'many.db'}"))
+    with Session() as db:
+        db.add(Job(id="j2", kind="predict", params={}, sites=sites, live=sites))
+        for k, (a, b) in enumerate(pairs[:400]):
+            put_message(db, "j2", a, COORDINATOR, Topic.share(a, b), b"x")
+            if k % 3:
+                put_message(db, "j2", b, COORDINATOR, Topic.share(a, b), b"x")
+        put_message(db, "j2", sites[0], COORDINATOR, "intra", b"x")
+        put_message(db, "j2", sites[-2], sites[-1], Topic.share(sites[-2], sites[-1]), b"x")  # (another recipient's)
+        db.commit()
+        mail = DbMailbox(db, "j2")
+        shares = [Topic.share(a, b) for a, b in pairs]
+        for topics in (shares, shares + ["intra", "share_like"]):
+            reads: list = []
+            listen = lambda *a, reads=reads: reads.append(a[2])  # noqa: E731
+            event.listen(db.get_bind(), "before_cursor_execute", listen)
+            try:
+                got = mail.senders_of(COORDINATOR, topics)
+            finally:
+                event.remove(db.get_bind(), "before_cursor_execute", listen)
+            assert got == {t: mail.senders(COORDINATOR, t) for t in topics}
+            assert len(reads) == 1

@@ -40,6 +40,9 @@ class _Announces:
         assert (recipient, topic) == ("coordinator", "announce")
         return self.bodies[sender]
 
+    def bodies_from(self, senders, recipient, topic):
+        return {s: self.body(s, recipient, topic) for s in senders}
+
 
 def test_a_prediction_jobs_limits_opaque_bodies_and_pruning_come_from_its_kind():
     from xclp.job_params import JobParams
