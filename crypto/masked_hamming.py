@@ -110,6 +110,39 @@ def point_masks(key: bytes, n: int, n_bits: int) -> np.ndarray:
     return masks(key, STREAM_MASK, int(n) * int(n_bits), log_t(n_bits)).reshape(int(n), int(n_bits))
 
 
+def row_masks(key: bytes, rows: np.ndarray, n_bits: int) -> np.ndarray:
+    """`point_masks(key, n, n_bits)[rows]`, the same values, expanded for those rows only: row p is the
+    uint16 values p·L … (p + 1)·L − 1 of the stream, i.e. keystream bytes 2pL … 2(p + 1)L − 1, which
+    AES-256-CTR makes block by block as AES_K(counter), counter = (stream ‖ block index) big-endian
+    (crypto.secure_sum.prg_uint64's nonce, stream in the high half) — so the blocks that cover a row
+    are those counters encrypted (one ECB call over all of them), not the whole stream up to the last
+    row (a run needs its candidate points' masks, a fraction of the site's)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    rows = np.asarray(rows, dtype=np.int64)
+    L = int(n_bits)
+    if len(key) != KEY_BYTES:
+        raise ProtocolError("masked: a mask key is 32 bytes")
+    if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= MAX_POINTS)):
+        raise ProtocolError("masked: mask rows must be point indices in [0, 2^24)")
+    start = 2 * L * rows  # the row's first keystream byte
+    first = start // 16
+    offset = start - 16 * first  # within the first block (0 when 8 divides L)
+    per = -(-(2 * L + 15) // 16)  # blocks from the first that cover the row whatever the offset
+    counters = np.empty((rows.size, per, 2), dtype=">u8")
+    counters[:, :, 0] = STREAM_MASK
+    counters[:, :, 1] = first[:, None] + np.arange(per)[None, :]
+    enc = Cipher(algorithms.AES(bytes(key)), modes.ECB()).encryptor()
+    stream = np.frombuffer(enc.update(counters.tobytes()), dtype=np.uint8).reshape(rows.size, 16 * per)
+    enc.finalize()
+    if offset.any():
+        stream = np.take_along_axis(stream, offset[:, None] + np.arange(2 * L)[None, :], axis=1)
+    else:
+        stream = stream[:, : 2 * L]
+    values = np.ascontiguousarray(stream).view("<u2")
+    return values & np.uint16((1 << log_t(L)) - 1)
+
+
 def pack_values(v: np.ndarray, k: int) -> bytes:
     """Values < 2^k (any shape, flattened): k bit planes, least significant first, each the N values'
     bit packed by numpy.packbits (big-endian bit order, zero padded to a whole byte): k·⌈N/8⌉ bytes."""
@@ -196,10 +229,20 @@ class PairView:
         self.rows_a, self.rows_b, self.ptr, self.cols = rows_a, rows_b, ptr, cols.astype(np.int32)
         self.candidates = int(cols.size)
         h = hashlib.sha256(b"xclp/masked/shape/v2" + struct.pack("<QQ", self.n_a, self.n_b))
-        for x in (rows_a, rows_b, ptr, cols):
-            h.update(struct.pack("<Q", x.size) + x.astype("<i8").tobytes())
+        for x in (rows_a, rows_b, ptr, cols):  # (int64 already: hashed in place, no copy where native is "<i8")
+            h.update(struct.pack("<Q", x.size))
+            h.update(memoryview(np.ascontiguousarray(x, dtype="<i8")).cast("B"))
         self.shape_digest = h.digest()
         self.digest = hashlib.sha256(self.shape_digest + b"view " + side.encode()).digest()
+
+    def twin(self) -> PairView:
+        """The other site's view of the same run: the same arrays (shared: a view is never changed),
+        checked and hashed once (`pair_views` makes both)."""
+        out = object.__new__(PairView)
+        out.__dict__.update(self.__dict__)
+        out.side = "b" if self.side == "a" else "a"
+        out.digest = hashlib.sha256(self.shape_digest + b"view " + out.side.encode()).digest()
+        return out
 
     def a_ordinal(self) -> np.ndarray:
         """Each entry's ordinal among A's candidate points."""
@@ -244,7 +287,8 @@ def pair_views(i: np.ndarray, j: np.ndarray, n_a: int, n_b: int) -> tuple[PairVi
     rows_a, ia = np.unique(i, return_inverse=True)
     rows_b, jb = np.unique(j, return_inverse=True)
     ptr = np.r_[0, np.cumsum(np.bincount(ia, minlength=rows_a.size))]
-    return (PairView("a", n_a, n_b, rows_a, rows_b, ptr, jb), PairView("b", n_a, n_b, rows_a, rows_b, ptr, jb))
+    va = PairView("a", n_a, n_b, rows_a, rows_b, ptr, jb)
+    return va, va.twin()
 
 
 def blocks_entries(blocks: list, n_a: int, n_b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -329,8 +373,8 @@ class MaskedPartyA(_Party):
             raise ProtocolError("masked: B's KEY message is malformed")
         key_b = _key(mv[1:], "B's key")
         x = np.unpackbits(self.bits[v.rows_a], axis=1, count=L).astype(np.uint16)
-        xt = (x + point_masks(self.proto.site_key(), v.n_a, L)[v.rows_a]) & np.uint16((1 << k) - 1)
-        s = point_masks(key_b, v.n_b, L)[v.rows_b]
+        xt = (x + row_masks(self.proto.site_key(), v.rows_a, L)) & np.uint16((1 << k) - 1)
+        s = row_masks(key_b, v.rows_b, L)
         z = masks(self.run_key, STREAM_Z, v.candidates, k).astype(np.int64)
         dots = sampled_dots(xt, s, v.ptr, v.cols)  # (sums < t²·L = 2^32 at L = 1024: float64)
         weight = x.sum(axis=1, dtype=np.int64)[v.a_ordinal()]
@@ -350,7 +394,7 @@ class MaskedPartyB(_Party):
             raise ProtocolError("masked: A's HELLO carries keys of the wrong size")
         key_a, run_key = bytes(body[:KEY_BYTES]), bytes(body[KEY_BYTES:])
         y = np.unpackbits(self.bits[v.rows_b], axis=1, count=L)  # B's candidate points, by ordinal
-        r = point_masks(key_a, v.n_a, L)[v.rows_a]
+        r = row_masks(key_a, v.rows_a, L)
         z = masks(run_key, STREAM_Z, v.candidates, k).astype(np.int64)
         dots = sampled_dots(r, y, v.ptr, v.cols)  # (sums ≤ (t − 1)·L < 2^24: float32)
         weight = y.sum(axis=1, dtype=np.int64)[v.cols]
