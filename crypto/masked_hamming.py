@@ -111,36 +111,43 @@ def point_masks(key: bytes, n: int, n_bits: int) -> np.ndarray:
 
 
 def row_masks(key: bytes, rows: np.ndarray, n_bits: int) -> np.ndarray:
-    """`point_masks(key, n, n_bits)[rows]`, the same values, expanded for those rows only: row p is the
-    uint16 values p·L … (p + 1)·L − 1 of the stream, i.e. keystream bytes 2pL … 2(p + 1)L − 1, which
-    AES-256-CTR makes block by block as AES_K(counter), counter = (stream ‖ block index) big-endian
-    (crypto.secure_sum.prg_uint64's nonce, stream in the high half) — so the blocks that cover a row
-    are those counters encrypted (one ECB call over all of them), not the whole stream up to the last
-    row (a run needs its candidate points' masks, a fraction of the site's)."""
+    """`point_masks(key, n, n_bits)[rows]`, the same values, with the stream expanded from the first of
+    `rows` to the last only (rows increasing): row p is the uint16 values p·L … (p + 1)·L − 1 of the
+    stream, i.e. keystream bytes 2pL … 2(p + 1)L − 1, and AES-256-CTR's block b is AES_K(stream ‖ b)
+    (crypto.secure_sum.prg_uint64's counter: the stream in the high half), so the keystream from block
+    b on is the same CTR started at (stream ‖ b). A run needs its candidate points' masks: the whole
+    stream up to the last point was expanded, masked and copied again for every peer and round."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
     rows = np.asarray(rows, dtype=np.int64)
     L = int(n_bits)
     if len(key) != KEY_BYTES:
         raise ProtocolError("masked: a mask key is 32 bytes")
-    if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= MAX_POINTS)):
-        raise ProtocolError("masked: mask rows must be point indices in [0, 2^24)")
-    start = 2 * L * rows  # the row's first keystream byte
-    first = start // 16
-    offset = start - 16 * first  # within the first block (0 when 8 divides L)
-    per = -(-(2 * L + 15) // 16)  # blocks from the first that cover the row whatever the offset
-    counters = np.empty((rows.size, per, 2), dtype=">u8")
-    counters[:, :, 0] = STREAM_MASK
-    counters[:, :, 1] = first[:, None] + np.arange(per)[None, :]
-    enc = Cipher(algorithms.AES(bytes(key)), modes.ECB()).encryptor()
-    stream = np.frombuffer(enc.update(counters.tobytes()), dtype=np.uint8).reshape(rows.size, 16 * per)
+    if rows.ndim != 1 or (rows.size and (rows[0] < 0 or rows[-1] >= MAX_POINTS or np.any(np.diff(rows) < 1))):
+        raise ProtocolError("masked: mask rows must be increasing point indices in [0, 2^24)")
+    if not rows.size:
+        return np.zeros((0, L), dtype=np.uint16)
+    start = 2 * L * int(rows[0])  # the first row's first keystream byte
+    block = start // 16
+    offset = start - 16 * block  # within that block (0 when 8 divides L)
+    total = offset + 2 * L * (int(rows[-1]) - int(rows[0]) + 1)
+    buf = np.empty(total + 15, dtype=np.uint8)  # (update_into's slack); every used byte is written
+    out = memoryview(buf)
+    enc = Cipher(algorithms.AES(bytes(key)), modes.CTR(struct.pack(">QQ", STREAM_MASK, block))).encryptor()
+    zeros = memoryview(bytes(_CHUNK))
+    for pos in range(0, total, _CHUNK):
+        size = min(_CHUNK, total - pos)
+        if enc.update_into(zeros[:size], out[pos : pos + size + 15]) != size:
+            raise ProtocolError("masked: AES-CTR keystream came out short")
     enc.finalize()
-    if offset.any():
-        stream = np.take_along_axis(stream, offset[:, None] + np.arange(2 * L)[None, :], axis=1)
-    else:
-        stream = stream[:, : 2 * L]
-    values = np.ascontiguousarray(stream).view("<u2")
-    return values & np.uint16((1 << log_t(L)) - 1)
+    out.release()
+    values = buf[offset : offset + 2 * L * (int(rows[-1]) - int(rows[0]) + 1)].view("<u2").reshape(-1, L)
+    picked = values[rows - rows[0]]  # (a copy: the caller's to keep)
+    picked &= np.uint16((1 << log_t(L)) - 1)
+    return picked
+
+
+_CHUNK = 1 << 16
 
 
 def pack_values(v: np.ndarray, k: int) -> bytes:

@@ -265,8 +265,9 @@ def test_registry_traits_and_the_site_policy_opt_in():
 
 @pytest.mark.parametrize("L", [1, 7, 13, 64, 100, 1023, 1024])
 def test_a_runs_row_masks_are_those_rows_of_the_whole_expansion(L):
-    """row_masks expands only the rows a run needs (AES of the counters of their blocks): the same values
-    as the whole stream's rows, whatever L's offset of a row within its first block."""
+    """row_masks expands the stream from a run's first row to its last only (AES-CTR started at the first
+    row's block): the same values as the whole stream's rows, whatever L's offset of a row within its
+    block; rows not increasing are refused."""
     key, n = bytes(range(32)), 70
     full = mh.point_masks(key, n, L)
     rng = np.random.default_rng(L)
@@ -275,6 +276,8 @@ def test_a_runs_row_masks_are_those_rows_of_the_whole_expansion(L):
         got = mh.row_masks(key, rows, L)
         assert got.dtype == np.uint16 and got.shape == (rows.size, L)
         assert np.array_equal(got, full[rows]), rows
+    with pytest.raises(ProtocolError, match="increasing"):
+        mh.row_masks(key, np.array([5, 3]), L)
 
 
 def _reference_digests(n_a, n_b, rows_a, rows_b, ptr, cols):
