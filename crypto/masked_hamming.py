@@ -64,8 +64,11 @@ Cost: n·L·k/8 bytes per site and job (1.4 kB a point at L = 1024), k/8 bytes p
 (⟨r, y⟩) and S (⟨x̃, ỹ⟩), all three by crypto.sampled_dots (torch.sparse.sampled_addmm over the run's
 CSR view, each side's rows of the pair gathered once and converted once per run): float64 for A's and
 S's (every partial sum an integer below t²·L = 2^32 at L = 1024, exact below 2^53), float32 for B's (y
-bits: below (t − 1)·L < 2^24). Per run each side also expands the masks of all the pair's points (AES-CTR:
-2·L bytes a point).
+bits: below (t − 1)·L < 2^24). Per run each side also expands the masks of the run's candidate points
+(AES-CTR: 2·L bytes a point, from the run's first point of that site to its last: `row_masks`, the same
+values as the whole stream's rows; until 2026-11-28 the whole stream up to the site's last point, then
+its rows picked: twice the time). `pair_views` checks and hashes a run's view once and gives B its twin
+(`PairView.twin`: the same arrays, B's digest); the hash reads the int64 arrays in place.
 """
 
 from __future__ import annotations

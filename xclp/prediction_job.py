@@ -704,7 +704,10 @@ class PredictCoordinator:
     # from the mailbox when a round completes — the tags and lists, the plans it sent (its own
     # messages), every round's shares — so a coordinator restarted mid-phase goes on where it was and
     # the state stays a few fields (no candidate pair in the job's row). The cost: each completed round
-    # combines the shares of the rounds before it again (descent_rounds + 1 rounds in all).
+    # combines the shares of the rounds before it again (descent_rounds + 1 rounds in all) — except with
+    # crypto="masked", in memory: a run's distances are combined once (`_pair_cache`) and the kNN lists of
+    # the rounds the last rebuild merged are taken from it when their inputs are the same bytes
+    # (`_lists_snapshot`; a restarted coordinator has neither and merges them all again).
     #
     # Blame as in the exact graph: a site that does not send its round-0 inputs by the deadline is
     # dropped; a pair whose round has a share missing at the deadline, or whose shares do not combine,
@@ -796,20 +799,22 @@ class PredictCoordinator:
                 bad.add(s)
         live = [s for s in order if s not in bad]
         incomplete = set()
-        rounds = []  # per round: its plans, and the key of everything merged up to its end
+        rounds = []  # per round: its plans, and (masked) the key of everything merged up to its end
+        keyed = traits(self.params.crypto).runs_pairs  # (a lattice job's shares are not hashed for it)
         key: tuple = (tuple(coord.order), tuple(live), tuple(_body_key(mail.body(s, COORDINATOR, t))
-                                                          for s in live for t in self._blocked_inputs()))
+                                                          for s in live for t in self._blocked_inputs())) if keyed else ()
         for r in range(1, st.attempt + 1):
             fresh, kept = self._plan(mail, r, live), self._kept(mail, r, live)
             pairs = sorted(set(fresh) | set(kept), key=lambda p: (live.index(p[0]), live.index(p[1])))
-            key = (key, r, tuple(_body_key(mail.body(COORDINATOR, s, Topic.blocks(r))) for s in live),
-                   tuple(_body_key(mail.body(s, COORDINATOR, Topic.block_share(q, a, b)))
-                         for a, b in pairs for s, q in ((a, r), (b, r), (b, 1))))
+            if keyed:
+                key = (key, r, tuple(_body_key(mail.body(COORDINATOR, s, Topic.blocks(r))) for s in live),
+                       tuple(_body_key(mail.body(s, COORDINATOR, Topic.block_share(q, a, b)))
+                             for a, b in pairs for s, q in ((a, r), (b, r), (b, 1))))
             rounds.append((fresh, kept, pairs, key))
         # masked: the rounds whose inputs the last rebuild merged (the same bytes: the same lists, merge_knn
         # being exact in any order) are taken from it, not merged again (docs/scale.md, 2026-11-28)
         first = 1
-        snap = self._lists_snapshot if coord.blocked is not None and not bad else None
+        snap = self._lists_snapshot if keyed and coord.blocked is not None and not bad else None
         if snap is not None:
             done = [r for r, (*_, k) in enumerate(rounds, 1) if k == snap[0]]
             if done:
@@ -829,7 +834,7 @@ class PredictCoordinator:
                 except ProtocolError as exc:
                     log.warning("round %d, pair (%s, %s): %s", r, a, b, exc)
                     incomplete.add((a, b))
-        if traits(self.params.crypto).runs_pairs and rounds and coord.blocked is not None and not bad and not incomplete:
+        if keyed and rounds and coord.blocked is not None and not bad and not incomplete:
             self._lists_snapshot = (rounds[-1][3], coord.blocked.lists_snapshot())
         return coord, blame(order, incomplete, bad)
 
