@@ -64,8 +64,11 @@ Cost: n·L·k/8 bytes per site and job (1.4 kB a point at L = 1024), k/8 bytes p
 (⟨r, y⟩) and S (⟨x̃, ỹ⟩), all three by crypto.sampled_dots (torch.sparse.sampled_addmm over the run's
 CSR view, each side's rows of the pair gathered once and converted once per run): float64 for A's and
 S's (every partial sum an integer below t²·L = 2^32 at L = 1024, exact below 2^53), float32 for B's (y
-bits: below (t − 1)·L < 2^24). Per run each side also expands the masks of all the pair's points (AES-CTR:
-2·L bytes a point).
+bits: below (t − 1)·L < 2^24). Per run each side also expands the masks of the run's candidate points
+(AES-CTR: 2·L bytes a point, from the run's first point of that site to its last: `row_masks`, the same
+values as the whole stream's rows; until 2026-11-28 the whole stream up to the site's last point, then
+its rows picked: twice the time). `pair_views` checks and hashes a run's view once and gives B its twin
+(`PairView.twin`: the same arrays, B's digest); the hash reads the int64 arrays in place.
 """
 
 from __future__ import annotations
@@ -108,6 +111,46 @@ def masks(key: bytes, stream: int, count: int, k: int) -> np.ndarray:
 def point_masks(key: bytes, n: int, n_bits: int) -> np.ndarray:
     """A site's masks r_p (rows p = 0 … n − 1, L values each) under its key."""
     return masks(key, STREAM_MASK, int(n) * int(n_bits), log_t(n_bits)).reshape(int(n), int(n_bits))
+
+
+def row_masks(key: bytes, rows: np.ndarray, n_bits: int) -> np.ndarray:
+    """`point_masks(key, n, n_bits)[rows]`, the same values, with the stream expanded from the first of
+    `rows` to the last only (rows increasing): row p is the uint16 values p·L … (p + 1)·L − 1 of the
+    stream, i.e. keystream bytes 2pL … 2(p + 1)L − 1, and AES-256-CTR's block b is AES_K(stream ‖ b)
+    (crypto.secure_sum.prg_uint64's counter: the stream in the high half), so the keystream from block
+    b on is the same CTR started at (stream ‖ b). A run needs its candidate points' masks: the whole
+    stream up to the last point was expanded, masked and copied again for every peer and round."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    rows = np.asarray(rows, dtype=np.int64)
+    L = int(n_bits)
+    if len(key) != KEY_BYTES:
+        raise ProtocolError("masked: a mask key is 32 bytes")
+    if rows.ndim != 1 or (rows.size and (rows[0] < 0 or rows[-1] >= MAX_POINTS or np.any(np.diff(rows) < 1))):
+        raise ProtocolError("masked: mask rows must be increasing point indices in [0, 2^24)")
+    if not rows.size:
+        return np.zeros((0, L), dtype=np.uint16)
+    start = 2 * L * int(rows[0])  # the first row's first keystream byte
+    block = start // 16
+    offset = start - 16 * block  # within that block (0 when 8 divides L)
+    total = offset + 2 * L * (int(rows[-1]) - int(rows[0]) + 1)
+    buf = np.empty(total + 15, dtype=np.uint8)  # (update_into's slack); every used byte is written
+    out = memoryview(buf)
+    enc = Cipher(algorithms.AES(bytes(key)), modes.CTR(struct.pack(">QQ", STREAM_MASK, block))).encryptor()
+    zeros = memoryview(bytes(_CHUNK))
+    for pos in range(0, total, _CHUNK):
+        size = min(_CHUNK, total - pos)
+        if enc.update_into(zeros[:size], out[pos : pos + size + 15]) != size:
+            raise ProtocolError("masked: AES-CTR keystream came out short")
+    enc.finalize()
+    out.release()
+    values = buf[offset : offset + 2 * L * (int(rows[-1]) - int(rows[0]) + 1)].view("<u2").reshape(-1, L)
+    picked = values[rows - rows[0]]  # (a copy: the caller's to keep)
+    picked &= np.uint16((1 << log_t(L)) - 1)
+    return picked
+
+
+_CHUNK = 1 << 16
 
 
 def pack_values(v: np.ndarray, k: int) -> bytes:
@@ -196,10 +239,20 @@ class PairView:
         self.rows_a, self.rows_b, self.ptr, self.cols = rows_a, rows_b, ptr, cols.astype(np.int32)
         self.candidates = int(cols.size)
         h = hashlib.sha256(b"xclp/masked/shape/v2" + struct.pack("<QQ", self.n_a, self.n_b))
-        for x in (rows_a, rows_b, ptr, cols):
-            h.update(struct.pack("<Q", x.size) + x.astype("<i8").tobytes())
+        for x in (rows_a, rows_b, ptr, cols):  # (int64 already: hashed in place, no copy where native is "<i8")
+            h.update(struct.pack("<Q", x.size))
+            h.update(memoryview(np.ascontiguousarray(x, dtype="<i8")).cast("B"))
         self.shape_digest = h.digest()
         self.digest = hashlib.sha256(self.shape_digest + b"view " + side.encode()).digest()
+
+    def twin(self) -> PairView:
+        """The other site's view of the same run: the same arrays (shared: a view is never changed),
+        checked and hashed once (`pair_views` makes both)."""
+        out = object.__new__(PairView)
+        out.__dict__.update(self.__dict__)
+        out.side = "b" if self.side == "a" else "a"
+        out.digest = hashlib.sha256(self.shape_digest + b"view " + out.side.encode()).digest()
+        return out
 
     def a_ordinal(self) -> np.ndarray:
         """Each entry's ordinal among A's candidate points."""
@@ -244,7 +297,8 @@ def pair_views(i: np.ndarray, j: np.ndarray, n_a: int, n_b: int) -> tuple[PairVi
     rows_a, ia = np.unique(i, return_inverse=True)
     rows_b, jb = np.unique(j, return_inverse=True)
     ptr = np.r_[0, np.cumsum(np.bincount(ia, minlength=rows_a.size))]
-    return (PairView("a", n_a, n_b, rows_a, rows_b, ptr, jb), PairView("b", n_a, n_b, rows_a, rows_b, ptr, jb))
+    va = PairView("a", n_a, n_b, rows_a, rows_b, ptr, jb)
+    return va, va.twin()
 
 
 def blocks_entries(blocks: list, n_a: int, n_b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -329,8 +383,8 @@ class MaskedPartyA(_Party):
             raise ProtocolError("masked: B's KEY message is malformed")
         key_b = _key(mv[1:], "B's key")
         x = np.unpackbits(self.bits[v.rows_a], axis=1, count=L).astype(np.uint16)
-        xt = (x + point_masks(self.proto.site_key(), v.n_a, L)[v.rows_a]) & np.uint16((1 << k) - 1)
-        s = point_masks(key_b, v.n_b, L)[v.rows_b]
+        xt = (x + row_masks(self.proto.site_key(), v.rows_a, L)) & np.uint16((1 << k) - 1)
+        s = row_masks(key_b, v.rows_b, L)
         z = masks(self.run_key, STREAM_Z, v.candidates, k).astype(np.int64)
         dots = sampled_dots(xt, s, v.ptr, v.cols)  # (sums < t²·L = 2^32 at L = 1024: float64)
         weight = x.sum(axis=1, dtype=np.int64)[v.a_ordinal()]
@@ -350,7 +404,7 @@ class MaskedPartyB(_Party):
             raise ProtocolError("masked: A's HELLO carries keys of the wrong size")
         key_a, run_key = bytes(body[:KEY_BYTES]), bytes(body[KEY_BYTES:])
         y = np.unpackbits(self.bits[v.rows_b], axis=1, count=L)  # B's candidate points, by ordinal
-        r = point_masks(key_a, v.n_a, L)[v.rows_a]
+        r = row_masks(key_a, v.rows_a, L)
         z = masks(run_key, STREAM_Z, v.candidates, k).astype(np.int64)
         dots = sampled_dots(r, y, v.ptr, v.cols)  # (sums ≤ (t − 1)·L < 2^24: float32)
         weight = y.sum(axis=1, dtype=np.int64)[v.cols]

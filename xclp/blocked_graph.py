@@ -30,6 +30,11 @@ from xclp import graph as graphs
 
 AUTO_EXACT_MAX_N = 20_000  # graph="auto": all pairs up to here (≈ 30 s, 2.4 GB at L = 1024), blocked above
 KNN_CHUNK = 4_000_000  # measured pairs buffered before they are merged into the running kNN lists
+# pairs per merge (graphs.merge_knn): its temporaries are ~190 bytes a pair while the lists are filling
+# (nothing filtered yet), so 4·10^6 at once made the masked job's 0.7 GB spikes at each round's end
+# (docs/scale.md, 2026-11-28); 10^6 a merge measured 0.22 GB peak and no slower (1.5 s vs 2.4 s CPU for
+# 8·10^6 random pairs at 60,000 points: smaller merges meet fuller lists, which drop more)
+MERGE_CHUNK = 1_000_000
 GROUP_PAIRS = 40_000_000  # candidate pairs generated at a time (tables grouped to about this many)
 
 
@@ -86,8 +91,8 @@ def _measure_groups_task(shared, item) -> tuple[graphs.KnnLists, int, np.ndarray
         i, j = blocking.bucket_pairs(tags, max_bucket, site_of, cross_only=True, tables=group)
         count += int(i.size)
         present[site_of[i]] = present[site_of[j]] = True
-        for s in range(0, i.size, KNN_CHUNK):
-            ci, cj = i[s : s + KNN_CHUNK], j[s : s + KNN_CHUNK]
+        for s in range(0, i.size, MERGE_CHUNK):
+            ci, cj = i[s : s + MERGE_CHUNK], j[s : s + MERGE_CHUNK]
             lists = graphs.merge_knn(lists, ci, cj, blocking.pair_hamming(codes, ci, cj).astype(np.int64))
     return lists, count, present
 
@@ -169,9 +174,25 @@ class BlockedGraph:
         if self._buf:
             i, j, d = (np.concatenate(p) for p in zip(*self._buf))
             self._buf, self._buffered = [], 0
-            for s in range(0, i.size, KNN_CHUNK):  # a merge's temporaries are ~60 bytes a pair
-                self._lists = graphs.merge_knn(self._lists, i[s : s + KNN_CHUNK], j[s : s + KNN_CHUNK],
-                                               d[s : s + KNN_CHUNK])
+            for s in range(0, i.size, MERGE_CHUNK):  # a merge's temporaries: MERGE_CHUNK
+                self._lists = graphs.merge_knn(self._lists, i[s : s + MERGE_CHUNK], j[s : s + MERGE_CHUNK],
+                                               d[s : s + MERGE_CHUNK])
+
+    def lists_snapshot(self) -> tuple:
+        """The lists as they are now (every buffered pair merged first) and what counts them: what
+        `restore_lists` puts back. The lists are never changed in place (a merge makes new arrays), so
+        the snapshot shares them."""
+        self._flush()
+        return self._lists, self.measured, frozenset(self._in_lists)
+
+    def restore_lists(self, snapshot: tuple) -> None:
+        """The lists of a `lists_snapshot` of the same inputs, in place of those merged so far (a
+        coordinator rebuilding its rounds: xclp.prediction_job keeps the last rebuild's)."""
+        lists, measured, in_lists = snapshot
+        if (lists.n, lists.k) != (self.n, self._lists.k):
+            raise ProtocolError("a snapshot of the kNN lists of another graph")
+        self._buf, self._buffered = [], 0
+        self._lists, self.measured, self._in_lists = lists, int(measured), set(in_lists)
 
     def known(self) -> np.ndarray:
         """The sorted keys min·n + max of the pairs in the kNN lists now (what a descent round skips)."""

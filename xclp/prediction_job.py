@@ -409,6 +409,11 @@ class _WithSent:
 _DECODED_PLANS: dict[tuple, tuple[int, int, dict]] = {}
 
 
+def _body_key(body: bytes | None) -> tuple:
+    """A message's bytes as a key (their length and hash; None: not there)."""
+    return () if body is None else (len(body), hash(body))
+
+
 class PredictCoordinator:
     """The coordinator's side of a prediction job's order. `run(mail, expired)` takes every decision
     the arrived messages allow (and, with `expired`, the current phase's deadline) and returns what to
@@ -430,6 +435,9 @@ class PredictCoordinator:
         self._plans: dict[tuple[int, str], tuple[int, int, dict]] = {}
         # crypto="masked": each pair run's distances, combined once (CoordinatorSession.receive_pair_run)
         self._pair_cache: dict = {}
+        # crypto="masked": the kNN lists after the last rebuild's rounds, by what they were merged from
+        # (`_blocked_session`): a round's end merges only its own distances, not every round's again
+        self._lists_snapshot: tuple | None = None
 
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False, silent: Mapping[str, str] | None = None) -> list[Send]:
@@ -707,6 +715,7 @@ class PredictCoordinator:
             _DECODED_PLANS.pop(key, None)
         self._plans.clear()
         self._pair_cache.clear()
+        self._lists_snapshot = None
         coord.masked_codes = {}
 
     # --- hamming, blocked graph -----------------------------------------------------------------------
@@ -722,7 +731,10 @@ class PredictCoordinator:
     # from the mailbox when a round completes — the tags and lists, the plans it sent (its own
     # messages), every round's shares — so a coordinator restarted mid-phase goes on where it was and
     # the state stays a few fields (no candidate pair in the job's row). The cost: each completed round
-    # combines the shares of the rounds before it again (descent_rounds + 1 rounds in all).
+    # combines the shares of the rounds before it again (descent_rounds + 1 rounds in all) — except with
+    # crypto="masked", in memory: a run's distances are combined once (`_pair_cache`) and the kNN lists of
+    # the rounds the last rebuild merged are taken from it when their inputs are the same bytes
+    # (`_lists_snapshot`; a restarted coordinator has neither and merges them all again).
     #
     # Blame as in the exact graph: a site that does not send its round-0 inputs by the deadline is
     # dropped; a pair whose round has a share missing at the deadline, or whose shares do not combine,
@@ -733,7 +745,7 @@ class PredictCoordinator:
 
     def _round_plans(self, mail: Mailbox, r: int, order: list[str]) -> dict[str, dict]:
         """The plans of round r the coordinator sent the sites of `order` (site → peer → its part)."""
-        coord_n = {s: decode_announce(mail.body(s, COORDINATOR, "announce")).n for s in order}
+        coord_n: dict[str, int] = {}  # (decoded only for a plan not decoded before: 3 ms an announce)
         plans = {}
         for s in order:
             body = mail.body(COORDINATOR, s, Topic.blocks(r))
@@ -742,6 +754,8 @@ class PredictCoordinator:
                 continue
             got = self._plans.get((r, s))
             if got is None or got[:2] != (len(body), hash(body)):
+                if s not in coord_n:
+                    coord_n[s] = decode_announce(mail.body(s, COORDINATOR, "announce")).n
                 key = (len(body), hash(body), coord_n[s], tuple(self.state.sites), self.params.max_message_bytes)
                 got = _DECODED_PLANS.get(key)  # (a status request's machine is new each time: see awaited)
                 if got is None:
@@ -812,9 +826,30 @@ class PredictCoordinator:
                 bad.add(s)
         live = [s for s in order if s not in bad]
         incomplete = set()
+        rounds = []  # per round: its plans, and (masked) the key of everything merged up to its end
+        keyed = traits(self.params.crypto).runs_pairs  # (a lattice job's shares are not hashed for it)
+        key: tuple = (tuple(coord.order), tuple(live), tuple(_body_key(mail.body(s, COORDINATOR, t))
+                                                          for s in live for t in self._blocked_inputs())) if keyed else ()
         for r in range(1, st.attempt + 1):
             fresh, kept = self._plan(mail, r, live), self._kept(mail, r, live)
-            for a, b in sorted(set(fresh) | set(kept), key=lambda p: (live.index(p[0]), live.index(p[1]))):
+            pairs = sorted(set(fresh) | set(kept), key=lambda p: (live.index(p[0]), live.index(p[1])))
+            if keyed:
+                key = (key, r, tuple(_body_key(mail.body(COORDINATOR, s, Topic.blocks(r))) for s in live),
+                       tuple(_body_key(mail.body(s, COORDINATOR, Topic.block_share(q, a, b)))
+                             for a, b in pairs for s, q in ((a, r), (b, r), (b, 1))))
+            rounds.append((fresh, kept, pairs, key))
+        # masked: the rounds whose inputs the last rebuild merged (the same bytes: the same lists, merge_knn
+        # being exact in any order) are taken from it, not merged again (docs/scale.md, 2026-11-28)
+        first = 1
+        snap = self._lists_snapshot if keyed and coord.blocked is not None and not bad else None
+        if snap is not None:
+            done = [r for r, (*_, k) in enumerate(rounds, 1) if k == snap[0]]
+            if done:
+                coord.blocked.restore_lists(snap[1])
+                first = done[0] + 1
+        for r in range(first, st.attempt + 1):
+            fresh, kept, pairs, _ = rounds[r - 1]
+            for a, b in pairs:
                 try:
                     share_a = mail.body(a, COORDINATOR, Topic.block_share(r, a, b))
                     if (a, b) in kept:  # A's share: its kept part, and its fresh run's if the round has one
@@ -826,6 +861,8 @@ class PredictCoordinator:
                 except ProtocolError as exc:
                     log.warning("round %d, pair (%s, %s): %s", r, a, b, exc)
                     incomplete.add((a, b))
+        if keyed and rounds and coord.blocked is not None and not bad and not incomplete:
+            self._lists_snapshot = (rounds[-1][3], coord.blocked.lists_snapshot())
         return coord, blame(order, incomplete, bad)
 
     def _blocked_hamming(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
@@ -881,7 +918,10 @@ class PredictCoordinator:
                       answered=self._answered(mail, r, order, kept) if packed and r >= 1 else None,
                       pairs=traits(self.params.crypto).runs_pairs)
         for s in order:
-            out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), encode_plan(parts.get(s, {}))))
+            body = encode_plan(parts.get(s, {}))
+            if traits(self.params.crypto).runs_pairs:  # its views as made, not decoded again from our own bytes
+                self._plans[(r + 1, s)] = (len(body), hash(body), parts.get(s, {}))
+            out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), body))
         st.attempt = r + 1
 
     def _capped(self, blocks: dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs], r: int,

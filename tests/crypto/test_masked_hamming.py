@@ -261,3 +261,52 @@ def test_registry_traits_and_the_site_policy_opt_in():
         SitePolicy().check("j", status)
     SitePolicy(allow_trusted_coordinator=True).check("j", status)
     SitePolicy().check("j", {**status, "params": {"crypto": "lattice", "bits": 64}})
+
+
+@pytest.mark.parametrize("L", [1, 7, 13, 64, 100, 1023, 1024])
+def test_a_runs_row_masks_are_those_rows_of_the_whole_expansion(L):
+    """row_masks expands the stream from a run's first row to its last only (AES-CTR started at the first
+    row's block): the same values as the whole stream's rows, whatever L's offset of a row within its
+    block; rows not increasing are refused."""
+    key, n = bytes(range(32)), 70
+    full = mh.point_masks(key, n, L)
+    rng = np.random.default_rng(L)
+    for rows in (np.arange(n), np.sort(rng.choice(n, 17, replace=False)), np.array([0]), np.array([n - 1]),
+                 np.array([3, 4, 5]), np.zeros(0, np.int64)):
+        got = mh.row_masks(key, rows, L)
+        assert got.dtype == np.uint16 and got.shape == (rows.size, L)
+        assert np.array_equal(got, full[rows]), rows
+    with pytest.raises(ProtocolError, match="increasing"):
+        mh.row_masks(key, np.array([5, 3]), L)
+
+
+def _reference_digests(n_a, n_b, rows_a, rows_b, ptr, cols):
+    """The view digests by the construction's formula, written out: SHA-256 over the sizes and each array
+    as little-endian int64 (prefixed by its length); each side's digest over the shape's."""
+    import hashlib
+    import struct
+
+    h = hashlib.sha256(b"xclp/masked/shape/v2" + struct.pack("<QQ", n_a, n_b))
+    for x in (rows_a, rows_b, ptr, cols):
+        x = np.asarray(x, dtype=np.int64)
+        h.update(struct.pack("<Q", x.size) + x.astype("<i8").tobytes())
+    shape = h.digest()
+    return shape, {s: hashlib.sha256(shape + b"view " + s.encode()).digest() for s in "ab"}
+
+
+def test_a_views_twin_is_the_other_sides_view_hashed_once():
+    """pair_views makes B's view as A's twin (checked and hashed once): the digests are the formula's, and
+    B's view equals one made on its own from the same arrays."""
+    rng = np.random.default_rng(3)
+    for n_a, n_b, count in ((5, 7, 20), (40, 30, 300), (1, 1, 1), (300, 2, 50)):
+        va, vb = pair_views(*entries(rng, n_a, n_b, count), n_a, n_b)
+        shape, digest = _reference_digests(n_a, n_b, va.rows_a, va.rows_b, va.ptr, va.cols)
+        assert (va.side, vb.side) == ("a", "b")
+        assert va.shape_digest == vb.shape_digest == shape
+        assert (va.digest, vb.digest) == (digest["a"], digest["b"])
+        alone = mh.PairView("b", n_a, n_b, va.rows_a, va.rows_b, va.ptr, va.cols)
+        assert alone.digest == vb.digest and alone.shape_digest == vb.shape_digest
+        for name in ("rows_a", "rows_b", "ptr", "cols"):
+            assert np.array_equal(getattr(alone, name), getattr(vb, name))
+        assert (vb.m_a, vb.m_b, vb.candidates) == (alone.m_a, alone.m_b, alone.candidates)
+        assert vb.twin().digest == va.digest and vb.twin().side == "a"

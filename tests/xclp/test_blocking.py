@@ -55,6 +55,34 @@ def test_merging_chunks_gives_the_lists_of_all_pairs(codes, rng):
     assert np.array_equal(lists.idx, whole.idx) and np.array_equal(lists.dist, whole.dist)
 
 
+def test_the_blocked_graph_merges_its_buffer_a_chunk_at_a_time_into_the_lists_of_all_pairs(codes, rng, monkeypatch):
+    """BlockedGraph merges what it buffered MERGE_CHUNK pairs at a time (the merge's temporaries bounded):
+    the lists of all pairs at once, and a snapshot of them restored elsewhere is the same lists."""
+    from xclp import blocked_graph
+
+    n = codes.shape[0]
+    i, j = blocking.bucket_pairs(np.zeros((n, 1), dtype=np.uint64), max_bucket=n)
+    keep = rng.random(i.size) < 0.3
+    i, j = i[keep], j[keep]
+    d = blocking.pair_hamming(codes, i, j)
+    whole = graphs.knn_from_pairs(n, 10, i, j, d)
+    monkeypatch.setattr(blocked_graph, "MERGE_CHUNK", 997)
+    monkeypatch.setattr(blocked_graph, "KNN_CHUNK", 5_000)
+    g = blocked_graph.BlockedGraph(["a", "b"], [n // 2, n - n // 2], L, 10, 4, 8, 0)
+    for part in np.array_split(np.arange(i.size), 7):
+        g._add_global(i[part], j[part], d[part].astype(np.int64))
+    got = g.knn(g.sites)
+    assert np.array_equal(got.idx, whole.idx) and np.array_equal(got.dist, whole.dist)
+    assert g.pair_count() == i.size
+    other = blocked_graph.BlockedGraph(["a", "b"], [n // 2, n - n // 2], L, 10, 4, 8, 0)
+    other._add_global(i[:10], j[:10], d[:10].astype(np.int64))  # (replaced by the snapshot)
+    other.restore_lists(g.lists_snapshot())
+    again = other.knn(other.sites)
+    assert np.array_equal(again.idx, whole.idx) and other.pair_count() == i.size
+    with pytest.raises(Exception, match="another graph"):
+        blocked_graph.BlockedGraph(["a"], [n - 1], L, 10, 4, 8, 0).restore_lists(g.lists_snapshot())
+
+
 def test_pair_hamming_matches_the_dense_matrix(codes, rng):
     i, j = rng.integers(0, codes.shape[0], 500), rng.integers(0, codes.shape[0], 500)
     assert np.array_equal(blocking.pair_hamming(codes, i, j), lsh.hamming_matrix(codes, codes, L)[i, j])

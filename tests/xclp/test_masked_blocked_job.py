@@ -112,3 +112,59 @@ def test_the_exact_graph_runs_every_entry_and_gives_the_plaintext_labels(ds):
     params = dict(n_classes=10, bits=128, graph="exact")
     masked = run_xclp(ds, JobParams(job_id="me", crypto="masked", **params), seed=1)
     assert np.array_equal(masked.labels, run_xclp(ds, JobParams(job_id="me", **params), seed=1).labels)
+
+
+def test_a_rounds_end_merges_its_own_distances_onto_the_last_rebuilds_lists(ds, monkeypatch):
+    """At each round's end the coordinator rebuilds its blocked state from the mailbox; the kNN lists of the
+    rounds it merged at the last rebuild come from that rebuild (the same inputs: the same lists), not merged
+    again. Taken twice (rounds 2 and 3), and the lists, pairs counted and labels are those of merging every
+    round again."""
+    from xclp.blocked_graph import BlockedGraph
+
+    params = JobParams(job_id="ms", crypto="masked", **MASKED)
+    restored = []
+    real = BlockedGraph.restore_lists
+
+    def spy(self, snapshot):
+        restored.append(snapshot)
+        real(self, snapshot)
+
+    monkeypatch.setattr(BlockedGraph, "restore_lists", spy)
+    kept = run_xclp(ds, params, seed=4)
+    assert len(restored) == 2
+    real_session = PredictCoordinator._blocked_session
+
+    def forgetful(self, mail, order):  # every rebuild merges every round again
+        self._lists_snapshot = None
+        return real_session(self, mail, order)
+
+    monkeypatch.setattr(PredictCoordinator, "_blocked_session", forgetful)
+    again = run_xclp(ds, params, seed=4)
+    assert len(restored) == 2
+    for x, y in ((kept, again),):
+        lx, ly = x.coordinator.blocked.knn(x.coordinator.blocked.sites), y.coordinator.blocked.knn(y.coordinator.blocked.sites)
+        assert np.array_equal(lx.idx, ly.idx) and np.array_equal(lx.dist, ly.dist)
+        assert x.coordinator.blocked.pair_count() == y.coordinator.blocked.pair_count()
+        assert np.array_equal(x.labels, y.labels)
+
+
+def test_lists_of_other_inputs_are_not_taken(ds):
+    """The kept lists are taken only for the very inputs they were merged from: another run's (its shares,
+    masked under other keys, differ) are left, even where they would spoil the graph."""
+    from xclp.graph import KnnLists
+
+    params = JobParams(job_id="mo", crypto="masked", **MASKED)
+    runs = []
+    for _ in range(2):
+        coord, sites = machines(ds, params)
+        mail = MemoryMailbox()
+        drive(coord, sites, mail, lambda st: st.phase == "hamming" and st.attempt == 2)
+        assert coord._lists_snapshot is not None  # round 1 merged at the end of round 1
+        runs.append((coord, sites, mail))
+    (c1, _, _), (c2, sites, mail) = runs
+    lists = c1._lists_snapshot[1][0]
+    spoiled = KnnLists(lists.n, lists.k, np.full_like(lists.dist, np.inf), np.full_like(lists.idx, -1))
+    c2._lists_snapshot = (c1._lists_snapshot[0], (spoiled, 0, frozenset()))
+    labels = finish(c2, sites, mail)
+    assert c2.state.dropped == {}
+    labels_equal_plaintext(ds, sites, labels, JobParams(job_id="mo", **MASKED))
