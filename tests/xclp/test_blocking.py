@@ -41,13 +41,19 @@ def test_every_pair_a_candidate_gives_the_exact_graph(codes):
     assert abs(a - b).max() == 0
 
 
-def test_merging_chunks_gives_the_lists_of_all_pairs(codes, rng):
+def _some_pairs_and_their_lists(codes, rng):
+    """30 % of all pairs, their distances, and the kNN lists (k = 10) of them at once."""
     n = codes.shape[0]
     i, j = blocking.bucket_pairs(np.zeros((n, 1), dtype=np.uint64), max_bucket=n)
     keep = rng.random(i.size) < 0.3
     i, j = i[keep], j[keep]
     d = blocking.pair_hamming(codes, i, j)
-    whole = graphs.knn_from_pairs(n, 10, i, j, d)
+    return i, j, d, graphs.knn_from_pairs(n, 10, i, j, d)
+
+
+def test_merging_chunks_gives_the_lists_of_all_pairs(codes, rng):
+    n = codes.shape[0]
+    i, j, d, whole = _some_pairs_and_their_lists(codes, rng)
     lists = graphs.knn_from_pairs(n, 10, *(np.zeros(0, np.int64),) * 3)
     for part in np.array_split(np.arange(i.size), 5):
         lists = graphs.merge_knn(lists, i[part], j[part], d[part])
@@ -61,11 +67,7 @@ def test_the_blocked_graph_merges_its_buffer_a_chunk_at_a_time_into_the_lists_of
     from xclp import blocked_graph
 
     n = codes.shape[0]
-    i, j = blocking.bucket_pairs(np.zeros((n, 1), dtype=np.uint64), max_bucket=n)
-    keep = rng.random(i.size) < 0.3
-    i, j = i[keep], j[keep]
-    d = blocking.pair_hamming(codes, i, j)
-    whole = graphs.knn_from_pairs(n, 10, i, j, d)
+    i, j, d, whole = _some_pairs_and_their_lists(codes, rng)
     monkeypatch.setattr(blocked_graph, "MERGE_CHUNK", 997)
     monkeypatch.setattr(blocked_graph, "KNN_CHUNK", 5_000)
     g = blocked_graph.BlockedGraph(["a", "b"], [n // 2, n - n // 2], L, 10, 4, 8, 0)
