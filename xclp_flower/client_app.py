@@ -53,6 +53,7 @@ from clients.site_state import load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
+from crypto.private_file import write_private
 from crypto.state import State, pack
 from xclp.data import DataError
 from xclp.datafile import Columns, parse_column_list
@@ -339,11 +340,13 @@ class FlowerSite:
         tmp = path.with_name(path.stem + ".partial.npz")
         np.savez(tmp, **arrays)
         os.replace(tmp, path)
+        # the model and the files beside it as the agent writes a site's own files (crypto.private_file):
+        # whole or not at all, its owner's only — a FedCT site's learner is fitted on its own rows
         if model is not None:
-            job_file(self.out, name, model_suffix).write_bytes(model)
+            write_private(job_file(self.out, name, model_suffix), model)
         for suffix, body in (extra or {}).items():
             if body is not None:
-                job_file(self.out, name, suffix).write_bytes(body)
+                write_private(job_file(self.out, name, suffix), body)
         return path
 
     # --- FedCT rounds (xclp_flower.training) ------------------------------------------------------------

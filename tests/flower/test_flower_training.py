@@ -55,6 +55,7 @@ def test_flower_fedct_gives_every_site_the_simulations_model(federation):
     sim = run_fedct(sites, U, (U[:5], np.zeros(5, int)), 10, FedCTConfig(learners="tree", rounds=3, seed=4))
     for i, s in enumerate(ds.sites):
         model = load_model_file(model_path(out["written"][s]))  # a .model.skops: no pickle
+        assert model_path(out["written"][s]).stat().st_mode & 0o777 == 0o600, s  # fitted on the site's rows: its own
         assert np.array_equal(model.predict(U), sim["models"][i].predict(U)), s
         assert np.load(out["written"][s])["labels"].size == (ds.site == s).sum()
     assert [h["public_coverage"] for h in out["history"]] == pytest.approx(
