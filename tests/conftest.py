@@ -40,27 +40,19 @@ def small_paillier(monkeypatch):
     monkeypatch.setattr(ph.PaillierHamming, "__init__", patched)
 
 
-# The modules that take a minute or more, longest first (their tests' seconds in a full run on the idle
-# machine, 2026-11-28: the Flower deployments ~200–300 s each, the training and prediction e2e modules
-# 130–220 s, the network scenarios 110–170 s): they start first on the workers (see
-# pytest_collection_modifyitems and pytest_configure), so the suite does not end waiting on a long module
-# begun late — loadscope hands a worker its next module while it has ≤ 2 tests left, in this order, and
-# longest-first is what keeps the workers' loads even. The network modules mostly wait (cut links, idle
-# limits): beside the CPU-bound ones they fill the cores' idle time.
-LONG_MODULES = ("tests/flower/test_flower_deployment_fedavg.py", "tests/flower/test_flower_deployment.py",
-                "tests/service/test_training_e2e.py", "tests/flower/test_flower_deployment_fedct.py",
-                "tests/service/test_training_e2e_public.py", "tests/service/test_e2e.py",
-                "tests/service/test_training_e2e_votes.py", "tests/network/test_scenarios.py",
-                "tests/service/test_train_demo.py", "tests/service/test_migrations.py",
-                "tests/network/test_training.py", "tests/service/test_dashboard_browser.py",
-                "tests/flower/test_flower_training.py", "tests/service/test_liveness_e2e.py",
-                "tests/service/test_cli_e2e.py", "tests/service/test_tls.py",
-                "tests/service/test_training_liveness_e2e.py", "tests/service/test_training_schema_e2e.py",
-                "tests/service/test_engine_inprocess.py", "tests/service/test_results.py",
-                "tests/service/test_readme_commands.py", "tests/xclp/test_numerics.py",
-                "tests/service/test_site_ledger_e2e.py", "tests/training/test_fedkt.py",
-                "tests/service/test_demo.py", "tests/network/test_soak.py", "tests/training/test_audit.py",
-                "tests/training/test_fredy.py")
+# The modules that take a minute or more (serial, idle machine), long first: they start first on the
+# workers (see pytest_collection_modifyitems and pytest_configure). Each worker takes two modules at
+# once (xdist's loadscope gives a worker its next module while it has ≤ 2 tests left: worker i gets the
+# i-th and (i+3)-th), so the three Flower deployment modules stand 1st, 5th and 9th: on three workers,
+# and not all three deployments at t = 0 (runs at once on 2 cores came near their timeout under load).
+LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_training_e2e_public.py",
+                "tests/service/test_training_e2e_votes.py", "tests/service/test_train_demo.py",
+                "tests/flower/test_flower_deployment_fedavg.py", "tests/service/test_training_e2e.py",
+                "tests/service/test_e2e.py", "tests/flower/test_flower_training.py",
+                "tests/flower/test_flower_deployment_fedct.py", "tests/service/test_demo.py",
+                "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
+                "tests/service/test_site_ledger_e2e.py", "tests/service/test_cli_e2e.py",
+                "tests/service/test_readme_commands.py", "tests/training/test_fedkt.py")
 
 
 def pytest_configure(config):
