@@ -110,3 +110,25 @@ def test_xclp_in_a_budgeted_run_spends_its_randomized_labels_once():
     assert [h["xclp_pseudo_label_accuracy"] for h in out["history"]] != \
         [h["xclp_pseudo_label_accuracy"] for h in plain["history"]]  # the randomized labels reach the propagation
     assert len({h["xclp_pseudo_label_accuracy"] for h in out["history"]}) == 1  # the same labels each exchange
+
+
+def test_kept_plds_give_the_epsilon_of_fresh_ones_event_by_event():
+    """xclp.privacy.ledger keeps each release's PLD (rebuilding a Gaussian's took ~2 s): what a ledger
+    composes from kept PLDs — after other ledgers composed the same ones — is what fresh PLDs give, and
+    two releases that differ in a parameter never share one."""
+    from xclp.privacy import ledger as led
+
+    def run(p: float) -> float:
+        book = PrivacyLedger(1e-5)
+        book.spend("labels", dpa.RandomizedResponseDpEvent(noise_parameter=p, num_buckets=10), 2)
+        book.spend("round 1", dpa.GaussianDpEvent(3.0))
+        book.spend("votes", led.DiscreteLaplaceEvent(0.5))
+        return book.epsilon()
+
+    led._pld.cache_clear()
+    fresh = {p: run(p) for p in (0.2, 0.4)}
+    kept = {p: run(p) for p in (0.4, 0.2)}  # every PLD now from the cache, composed by the first runs before
+    assert led._pld.cache_info().hits >= 4
+    assert kept == fresh and fresh[0.2] != fresh[0.4]
+    led._pld.cache_clear()
+    assert run(0.2) == fresh[0.2]
