@@ -124,12 +124,16 @@ class DbMailbox:
                 if t in out:
                     out[t].add(s)
             return out
-        for i in range(0, len(topics), SENDERS_PER_READ):  # (an IN list of bounded length)
-            for s, t in self.db.execute(select(Message.sender, Message.topic).where(
-                    Message.job_id == self.job_id, Message.recipient == recipient,
-                    Message.topic.in_(topics[i:i + SENDERS_PER_READ]))).all():
-                out[t].add(s)
+        for s, t in self._rows_in((Message.sender, Message.topic), Message.topic, topics, Message.recipient == recipient):
+            out[t].add(s)
         return out
+
+    def _rows_in(self, columns: tuple, key, values: list, *where):
+        """`columns` of the job's messages that meet `where` and whose `key` is one of `values`, read in IN
+        lists of SENDERS_PER_READ (a bounded number of parameters per read)."""
+        for i in range(0, len(values), SENDERS_PER_READ):
+            yield from self.db.execute(select(*columns).where(
+                Message.job_id == self.job_id, *where, key.in_(values[i:i + SENDERS_PER_READ]))).all()
 
     def recipients(self, sender: str, topic: str) -> set[str]:
         return {r for (r,) in self.db.execute(select(Message.recipient).where(
@@ -137,11 +141,8 @@ class DbMailbox:
 
     def recipients_of(self, senders: list[str], topic: str) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {s: set() for s in senders}
-        for i in range(0, len(senders), SENDERS_PER_READ):  # (an IN list of bounded length)
-            for s, r in self.db.execute(select(Message.sender, Message.recipient).where(
-                    Message.job_id == self.job_id, Message.topic == topic,
-                    Message.sender.in_(senders[i:i + SENDERS_PER_READ]))).all():
-                out[s].add(r)
+        for s, r in self._rows_in((Message.sender, Message.recipient), Message.sender, senders, Message.topic == topic):
+            out[s].add(r)
         return out
 
     def body(self, sender: str, recipient: str, topic: str) -> bytes | None:
