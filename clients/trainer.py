@@ -189,7 +189,7 @@ class Trainer:
                 raise ProtocolError(f"job {job_id}: the final model (round {total}) is not on the coordinator")
             with torch_threads(1):
                 proba = predict_proba_array(model, X)
-            write_private(job_file(self.agent.out, job_id, ".model.npz"), dump_state(model.state_dict()), 0o644)
+            files = {".model.npz": dump_state(model.state_dict())}
         elif s.released_model:  # the released model, trained here on the server's labels
             body = self.api.shared(job_id, f"{s.broadcast}/{s.job_rounds()}")
             if body is None:
@@ -199,8 +199,7 @@ class Trainer:
             if learner is None:
                 raise ProtocolError(f"job {job_id}: the server labelled none of the queries: there is no final model")
             proba = np.eye(int(status["params"]["classes"]))[np.asarray(learner.predict(X), dtype=np.int64)]
-            suffix, body = model_file(learner)
-            write_private(job_file(self.agent.out, job_id, suffix), body)
+            files = dict([model_file(learner)])
         else:
             state, _ = s.site_state(s.scaled(self.env(job_id, status)))
             learner = state.learner
@@ -208,11 +207,9 @@ class Trainer:
             if proba is None:
                 labels = np.asarray(learner.predict(X), dtype=np.int64)
                 proba = np.eye(int(status["params"]["classes"]))[labels]
-            suffix, body = model_file(learner)
-            write_private(job_file(self.agent.out, job_id, suffix), body)
-        if (scaling := scaling_file(s.scaling)) is not None:  # the model takes standardised points: say how
-            write_private(job_file(self.agent.out, job_id, SCALING_SUFFIX), scaling, 0o644)
-        _, table = write_results(path, proba.argmax(axis=1), proba.max(axis=1), self.agent.ids)
+            files = dict([model_file(learner)])
+        files[SCALING_SUFFIX] = scaling_file(s.scaling)  # the model takes standardised points: how (None: raw)
+        _, table = write_results(path, proba.argmax(axis=1), proba.max(axis=1), self.agent.ids, files=files)
         log.info("job %s: trained model, and labels for %d points written to %s and %s", job_id, len(X), path, table)
         return True
 

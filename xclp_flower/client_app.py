@@ -53,7 +53,6 @@ from clients.site_state import load_site
 from crypto.errors import ProtocolError
 from crypto.identity import Identity, Membership, Pins
 from crypto.keys import SiteKeyPair
-from crypto.private_file import write_private
 from crypto.state import State, pack
 from xclp.data import DataError
 from xclp.datafile import Columns, parse_column_list
@@ -330,23 +329,15 @@ class FlowerSite:
         return Pins(self.out / "known_sites.json", membership=self.membership, trust_on_first_use=self.tofu)
 
 
-    def write_result(self, name: str, model: bytes | None = None, model_suffix: str = ".model.npz",
-                     extra: dict[str, bytes | None] | None = None, **arrays) -> Path:
-        """`out/NAME.npz` (and the model: `out/NAME.model.npz`, a network's weights, or `.model.skops`, a
-        scikit-learn learner: xclp.training.saved_learners, never a pickle), written whole or not at all;
-        `extra`: {suffix: body} of files beside them (None: none), e.g. the run's scaling of the inputs."""
+    def write_result(self, name: str, model: bytes, model_suffix: str, extra: dict[str, bytes | None],
+                     labels: np.ndarray, confidence: np.ndarray) -> Path:
+        """`out/NAME.npz` and `.csv`, the model beside them (`out/NAME.model.npz`, a network's weights, or
+        `.model.skops`, a scikit-learn learner: xclp.training.saved_learners, never a pickle) and `extra`
+        ({suffix: body}, None: no file; the run's scaling of the inputs): as the agent writes a training
+        job's results (clients.results: whole or not at all, the site owner's only)."""
         self.out.mkdir(parents=True, exist_ok=True)
-        path = job_file(self.out, name, ".npz")
-        tmp = path.with_name(path.stem + ".partial.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-        # the model and the files beside it as the agent writes a site's own files (crypto.private_file):
-        # whole or not at all, its owner's only — a FedCT site's learner is fitted on its own rows
-        if model is not None:
-            write_private(job_file(self.out, name, model_suffix), model)
-        for suffix, body in (extra or {}).items():
-            if body is not None:
-                write_private(job_file(self.out, name, suffix), body)
+        path, _ = write_results(job_file(self.out, name, ".npz"), labels, confidence, self.ids,
+                                files={model_suffix: model, **extra})
         return path
 
     # --- FedCT rounds (xclp_flower.training) ------------------------------------------------------------

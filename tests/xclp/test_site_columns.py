@@ -2,6 +2,8 @@
 ignored columns are dropped, and a column named but absent is one clear line."""
 
 import csv
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -87,6 +89,22 @@ def test_results_are_written_as_npz_and_csv(tmp_path):
         assert [r[0] for r in csv.reader(f)] == ["id", "0", "1", "2"]
     with np.load(tmp_path / "job2.npz") as f:
         assert "ids" not in f.files
+
+
+def test_every_result_file_is_the_owners_only_whatever_the_umask(tmp_path):
+    """One rule for every driver (the agent's prediction and training jobs, Flower's ClientApp): the
+    labels with the patients' IDs, the CSV, the model and the scaling beside them are 0600, under a
+    umask that would leave a plain write world-readable; a suffix given None writes no file."""
+    old = os.umask(0o022)
+    try:
+        npz, table = write_results(tmp_path / "job3.npz", np.array([1, 0]), np.array([0.7, 0.6]), np.array(["P-1", "P-2"]),
+                                   files={".model.npz": b"weights", ".scaling.json": b"{}", ".none": None})
+    finally:
+        os.umask(old)
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["job3.csv", "job3.model.npz", "job3.npz", "job3.scaling.json"], written
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()} == dict.fromkeys(written, 0o600)
+    assert (tmp_path / "job3.model.npz").read_bytes() == b"weights"
 
 
 def test_the_agent_names_a_missing_column_in_one_line(tmp_path, capsys):
