@@ -49,7 +49,10 @@ LONG_MODULES = ("tests/flower/test_flower_deployment.py", "tests/service/test_tr
                 "tests/service/test_training_e2e_votes.py", "tests/service/test_train_demo.py",
                 "tests/flower/test_flower_deployment_fedavg.py", "tests/service/test_training_e2e.py",
                 "tests/service/test_e2e.py", "tests/flower/test_flower_training.py",
-                "tests/flower/test_flower_deployment_fedct.py", "tests/service/test_demo.py",
+                "tests/flower/test_flower_deployment_fedct.py",
+                # (unmeasured here: its previous-release in-flight test runs on PostgreSQL too again, four
+                # process clusters in all — the 116 s one among them — where it used to start with the rest)
+                "tests/service/test_migrations.py", "tests/service/test_demo.py",
                 "tests/service/test_dashboard_browser.py", "tests/training/test_fredy.py",
                 "tests/service/test_site_ledger_e2e.py", "tests/service/test_cli_e2e.py",
                 "tests/service/test_readme_commands.py", "tests/training/test_fedkt.py")

@@ -42,8 +42,11 @@ def _failed_run(flower) -> tuple:
     X, y = load_arrays("digits", limit=120, seed=5)
     site_files(flower, simulate_sites(X, y, 2, "iid", 0.2, seed=5))
 
-    def xclp(*args):  # `xclp flower …` (cli/flower.py) against this SuperLink ($FLWR_HOME's `local`)
-        return subprocess.run([sys.executable, "-m", "cli", "flower", *args, "--poll", "1", "--timeout", "300"],
+    # `xclp flower …` (cli/flower.py) against this SuperLink ($FLWR_HOME's `local`), polling at its default
+    # 5 s: each poll is a `flwr ls` process (~2 CPU-s, Flower's imports), and at --poll 1 one a second
+    # while the run starts and fails
+    def xclp(*args):
+        return subprocess.run([sys.executable, "-m", "cli", "flower", *args, "--timeout", "300"],
                               env=flower.env, cwd=ROOT, capture_output=True, text=True, timeout=400)
 
     flower.wait_ready()

@@ -101,8 +101,6 @@ def _logs(work: Path) -> str:
     return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:] for f in sorted(work.glob("*.log")))
 
 
-@pytest.mark.slow
-@both_databases
 def _contributions(tmp_path, sites, job: str) -> dict[str, bytes]:
     """Each agent's seed contribution to `job`, once its result is written (the plaintext reference's
     seed: run_xclp(contributions=...))."""
@@ -118,6 +116,8 @@ def _contributions(tmp_path, sites, job: str) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.slow
+@both_databases
 def test_a_previous_release_database_with_a_job_in_flight_is_migrated_and_the_job_finishes(tmp_path, db_url):
     tree = _previous_release(tmp_path)
     X, y = load_arrays("digits", limit=300, seed=7)
