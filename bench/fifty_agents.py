@@ -87,6 +87,7 @@ class Sampler:
         self.job: str | None = None
         self.samples: list[dict] = []
         self.requests_made = 0
+        self.last = None  # the last look's answer
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -96,6 +97,7 @@ class Sampler:
         self.requests_made += 1
         if r.status_code != 200:
             raise RuntimeError(f"GET {path}: {r.status_code} {r.text[:200]}")
+        self.last = r
         return time.perf_counter() - t
 
     def sample(self) -> None:
@@ -103,6 +105,7 @@ class Sampler:
 
         s = {"t": time.monotonic(), "load": os.getloadavg()[0],
              "job_status_s": self._timed(f"/jobs/{self.job}", headers=self.admin),
+             "phase": self.last.json().get("phase"),  # (which step the slow looks came in)
              "dashboard_s": self._timed("/ui"),
              "job_page_s": self._timed(f"/ui/jobs/{self.job}"),
              "rss_kib": rss_kib(self.pid), **tcp_connections(self.pid, self.port, self.db_port)}
@@ -179,6 +182,11 @@ def _run_job(cluster, sampler: Sampler, what: str, submit) -> dict:
            "requests": int(requests), "requests_per_second": round(requests / seconds, 1),
            "looks": looks, "worst_look_seconds": worst, "looks_within_1s": worst is not None and worst <= 1.0,
            "look_errors": [s["error"] for s in samples if "error" in s],
+           # each sample with a look over a second: when (s into the job), in which phase, how long each took
+           "slow_looks": [{"at_s": round(s["t"] - samples[0]["t"], 1), "phase": s.get("phase"),
+                           **{k: round(s[k], 2) for k in ("job_status_s", "dashboard_s", "job_page_s")}}
+                          for s in ok if max(s["job_status_s"], s["dashboard_s"], s["job_page_s"]) > 1.0],
+           "phases_s": {k: v for k, v in (st.get("timings") or {}).items()},
            "load_during": _summary([s["load"] for s in ok])}
     log(f"{what} {job}: {st['status']} in {seconds:.1f} s; coordinator {out['coordinator_cpu_seconds']} CPU-s, "
         f"{out['requests_per_second']} req/s, looks max {worst}")
