@@ -201,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", default=os.environ.get("XCLP_BENCH_POSTGRES_URL")
                    or os.environ.get("XCLP_TEST_POSTGRES_URL"))
     p.add_argument("--sample-every", type=float, default=1.0)
+    p.add_argument("--poll-lane", type=int, default=None, help="the coordinator's --poll-lane (default: its own)")
+    p.add_argument("--agent-nice", type=int, default=0, help="the agents' processes at this nice value (0: the "
+                   "coordinator's). They stand for the sites' own machines: at 10 they take the CPU the coordinator "
+                   "leaves, instead of 50 processes sharing this machine's cores with it at their bursts")
     p.add_argument("--json", default=str(RESULTS / "fifty_agents.json"))
     a = p.parse_args(argv)
     # SIGTERM ends the bench as Ctrl-C does: through the finally below, which stops its 51 processes
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     schema = f"xclp_bench_{os.getpid()}"
     db = _schema_url(a.database, schema)
     db_port = make_url(a.database).port or 5432
-    out = {"config": {"agents": a.agents, "points_per_site": a.points, "rounds": a.rounds,
+    out = {"config": {"agents": a.agents, "points_per_site": a.points, "rounds": a.rounds, "poll_lane": a.poll_lane,
+                      "agent_nice": a.agent_nice,
                       "database": "postgresql", "sample_every_s": a.sample_every, "cpus": os.cpu_count()},
            "load_before": os.getloadavg()}
     t_start = time.perf_counter()
@@ -231,10 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         cluster = None
         try:
             cluster = LocalCluster(Path(work), sites, database=db, start_agents=False,
-                                   agent_options=["--allow-plaintext"])
+                                   agent_options=["--allow-plaintext"],
+                                   coordinator_options=[] if a.poll_lane is None else ["--poll-lane", str(a.poll_lane)])
             t = time.perf_counter()
             for s in ds.sites:
                 cluster.start_agent(s)
+                if a.agent_nice:  # (before the agent starts its threads and processes: they inherit it)
+                    os.setpriority(os.PRIO_PROCESS, cluster.agents[s].pid, a.agent_nice)
             # Every agent has reached the coordinator (its first poll) before the job: 50 processes
             # importing at once on a small machine starve every other process for a minute (a first run
             # here saw the job's submission time out at load 50); that start is measured, not the job.
