@@ -78,6 +78,16 @@ def _into_hamming(db_url: str, job: str, sites: list[str]) -> None:
 
     engine = create_engine(db_url)
     try:
+        # The row first, then (a second later) the messages: the coordinator's engine, which read the row in
+        # setup just before, would otherwise take its setup step on the announces written here and keep that
+        # state over this one (a run here found its job in seed).
+        with make_sessionmaker(engine)() as db:
+            state = PredictState(sites=sites, live=sites, phase="hamming", seed_sites=sites, graph_sites=sites,
+                                 attempts={"setup": 0, "seed": 0, "counts": 0})
+            row = db.get(Job, job, with_for_update=True)
+            row.machine, row.phase, row.seed_sites, row.graph_sites = state.to_bytes(), "hamming", sites, sites
+            db.commit()
+        time.sleep(1.0)  # (any step the engine took on the row as it was is over)
         with make_sessionmaker(engine)() as db:
             for s in sites:
                 put_message(db, job, s, COORDINATOR, "announce", encode_announce(s, b"k" * 32, 4, np.array([0]), bytes(32)))
@@ -86,10 +96,6 @@ def _into_hamming(db_url: str, job: str, sites: list[str]) -> None:
             for a, b in pairs[: 2 * len(pairs) // 3]:
                 for s in (a, b):
                     put_message(db, job, s, COORDINATOR, Topic.share(a, b), b"x" * 256)
-            state = PredictState(sites=sites, live=sites, phase="hamming", seed_sites=sites, graph_sites=sites,
-                                 attempts={"setup": 0, "seed": 0, "counts": 0})
-            row = db.get(Job, job, with_for_update=True)  # (the engine's step of the job waits, then sees it)
-            row.machine, row.phase, row.seed_sites, row.graph_sites = state.to_bytes(), "hamming", sites, sites
             db.commit()
     finally:
         engine.dispose()
