@@ -163,7 +163,8 @@ def create_app(settings: Settings) -> FastAPI:
     if settings.threads < 1:
         raise ValueError(f"threads must be at least 1, got {settings.threads}")
     if settings.poll_lane < 0:
-        raise ValueError(f"the poll lane is 0 (none) or the polls answered at once, got {settings.poll_lane}")
+        raise ValueError(f"the poll lane (--poll-lane) is how many status polls are answered at once, 0 for no lane: "
+                         f"got {settings.poll_lane}")
     # its schema migrated to this release's (service.migrate); a connection for every worker thread and more
     engine = open_database(settings.database, pool=settings.threads + POOL_RESERVE)
     blob_dir = settings.blob_dir or default_blob_dir(settings.database)
