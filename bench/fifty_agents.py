@@ -87,6 +87,7 @@ class Sampler:
         self.job: str | None = None
         self.samples: list[dict] = []
         self.requests_made = 0
+        self.last = None  # the last look's answer
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -96,6 +97,7 @@ class Sampler:
         self.requests_made += 1
         if r.status_code != 200:
             raise RuntimeError(f"GET {path}: {r.status_code} {r.text[:200]}")
+        self.last = r
         return time.perf_counter() - t
 
     def sample(self) -> None:
@@ -103,6 +105,7 @@ class Sampler:
 
         s = {"t": time.monotonic(), "load": os.getloadavg()[0],
              "job_status_s": self._timed(f"/jobs/{self.job}", headers=self.admin),
+             "phase": self.last.json().get("phase"),  # (which step the slow looks came in)
              "dashboard_s": self._timed("/ui"),
              "job_page_s": self._timed(f"/ui/jobs/{self.job}"),
              "rss_kib": rss_kib(self.pid), **tcp_connections(self.pid, self.port, self.db_port)}
@@ -179,6 +182,11 @@ def _run_job(cluster, sampler: Sampler, what: str, submit) -> dict:
            "requests": int(requests), "requests_per_second": round(requests / seconds, 1),
            "looks": looks, "worst_look_seconds": worst, "looks_within_1s": worst is not None and worst <= 1.0,
            "look_errors": [s["error"] for s in samples if "error" in s],
+           # each sample with a look over a second: when (s into the job), in which phase, how long each took
+           "slow_looks": [{"at_s": round(s["t"] - samples[0]["t"], 1), "phase": s.get("phase"),
+                           **{k: round(s[k], 2) for k in ("job_status_s", "dashboard_s", "job_page_s")}}
+                          for s in ok if max(s["job_status_s"], s["dashboard_s"], s["job_page_s"]) > 1.0],
+           "phases_s": {k: v for k, v in (st.get("timings") or {}).items()},
            "load_during": _summary([s["load"] for s in ok])}
     log(f"{what} {job}: {st['status']} in {seconds:.1f} s; coordinator {out['coordinator_cpu_seconds']} CPU-s, "
         f"{out['requests_per_second']} req/s, looks max {worst}")
@@ -193,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", default=os.environ.get("XCLP_BENCH_POSTGRES_URL")
                    or os.environ.get("XCLP_TEST_POSTGRES_URL"))
     p.add_argument("--sample-every", type=float, default=1.0)
+    p.add_argument("--poll-lane", type=int, default=None, help="the coordinator's --poll-lane (default: its own)")
+    p.add_argument("--agent-nice", type=int, default=0, help="the agents' processes at this nice value (0: the "
+                   "coordinator's). They stand for the sites' own machines: at 10 they take the CPU the coordinator "
+                   "leaves, instead of 50 processes sharing this machine's cores with it at their bursts")
     p.add_argument("--json", default=str(RESULTS / "fifty_agents.json"))
     a = p.parse_args(argv)
     # SIGTERM ends the bench as Ctrl-C does: through the finally below, which stops its 51 processes
@@ -215,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     schema = f"xclp_bench_{os.getpid()}"
     db = _schema_url(a.database, schema)
     db_port = make_url(a.database).port or 5432
-    out = {"config": {"agents": a.agents, "points_per_site": a.points, "rounds": a.rounds,
+    out = {"config": {"agents": a.agents, "points_per_site": a.points, "rounds": a.rounds, "poll_lane": a.poll_lane,
+                      "agent_nice": a.agent_nice,
                       "database": "postgresql", "sample_every_s": a.sample_every, "cpus": os.cpu_count()},
            "load_before": os.getloadavg()}
     t_start = time.perf_counter()
@@ -223,10 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         cluster = None
         try:
             cluster = LocalCluster(Path(work), sites, database=db, start_agents=False,
-                                   agent_options=["--allow-plaintext"])
+                                   agent_options=["--allow-plaintext"],
+                                   coordinator_options=[] if a.poll_lane is None else ["--poll-lane", str(a.poll_lane)])
             t = time.perf_counter()
             for s in ds.sites:
                 cluster.start_agent(s)
+                if a.agent_nice:  # (before the agent starts its threads and processes: they inherit it)
+                    os.setpriority(os.PRIO_PROCESS, cluster.agents[s].pid, a.agent_nice)
             # Every agent has reached the coordinator (its first poll) before the job: 50 processes
             # importing at once on a small machine starve every other process for a minute (a first run
             # here saw the job's submission time out at load 50); that start is measured, not the job.

@@ -30,7 +30,8 @@ from pathlib import Path
 from bench.fifty_agents import RESULTS, Sampler, _drop_schema, _requests_total, _schema_url, _summary, log
 
 
-def _agent_loop(url: str, token: str, job: str, poll: float, stop: threading.Event, counts: dict) -> None:
+def _agent_loop(url: str, token: str, job: str, poll: float, stop: threading.Event, counts: dict,
+                wait: float = 2.0) -> None:
     import httpx
 
     h = {"Authorization": f"Bearer {token}"}
@@ -39,7 +40,7 @@ def _agent_loop(url: str, token: str, job: str, poll: float, stop: threading.Eve
             try:
                 c.get("/work").raise_for_status()
                 c.get(f"/jobs/{job}").raise_for_status()
-                r = c.get(f"/jobs/{job}/messages/poll-load-never", params={"wait": 2.0})
+                r = c.get(f"/jobs/{job}/messages/poll-load-never", params={"wait": wait})
                 if r.status_code not in (200, 404):
                     r.raise_for_status()
                 counts["loops"] += 1
@@ -77,6 +78,16 @@ def _into_hamming(db_url: str, job: str, sites: list[str]) -> None:
 
     engine = create_engine(db_url)
     try:
+        # The row first, then (a second later) the messages: the coordinator's engine, which read the row in
+        # setup just before, would otherwise take its setup step on the announces written here and keep that
+        # state over this one (a run here found its job in seed).
+        with make_sessionmaker(engine)() as db:
+            state = PredictState(sites=sites, live=sites, phase="hamming", seed_sites=sites, graph_sites=sites,
+                                 attempts={"setup": 0, "seed": 0, "counts": 0})
+            row = db.get(Job, job, with_for_update=True)
+            row.machine, row.phase, row.seed_sites, row.graph_sites = state.to_bytes(), "hamming", sites, sites
+            db.commit()
+        time.sleep(1.0)  # (any step the engine took on the row as it was is over)
         with make_sessionmaker(engine)() as db:
             for s in sites:
                 put_message(db, job, s, COORDINATOR, "announce", encode_announce(s, b"k" * 32, 4, np.array([0]), bytes(32)))
@@ -85,11 +96,34 @@ def _into_hamming(db_url: str, job: str, sites: list[str]) -> None:
             for a, b in pairs[: 2 * len(pairs) // 3]:
                 for s in (a, b):
                     put_message(db, job, s, COORDINATOR, Topic.share(a, b), b"x" * 256)
-            state = PredictState(sites=sites, live=sites, phase="hamming", seed_sites=sites, graph_sites=sites,
-                                 attempts={"setup": 0, "seed": 0, "counts": 0})
-            row = db.get(Job, job, with_for_update=True)  # (the engine's step of the job waits, then sees it)
-            row.machine, row.phase, row.seed_sites, row.graph_sites = state.to_bytes(), "hamming", sites, sites
             db.commit()
+    finally:
+        engine.dispose()
+
+
+def _churn(db_url: str, job: str, sites: list[str], rate: float, stop: threading.Event, counts: dict) -> None:
+    """Relayed pair messages written at `rate` a second (site to site, as SecureHamming's are), as many
+    agents' uploads would: each moves the job's message state, so every look's facts (service.looks) are
+    those of a new state — the load of a phase that is moving, not of one that waits."""
+    from sqlalchemy import create_engine
+
+    from service.db import make_sessionmaker
+    from service.lifecycle import put_message
+    from xclp.prediction_topics import Topic
+
+    engine = create_engine(db_url)
+    pairs = [(a, b) for i, a in enumerate(sites) for b in sites[i + 1:]]
+    n, next_at = 0, time.monotonic()
+    try:
+        with make_sessionmaker(engine)() as db:
+            while not stop.is_set():
+                a, b = pairs[n % len(pairs)]
+                put_message(db, job, a, b, Topic.pair(a, b, 1000 + n // len(pairs)), b"x" * 64)
+                db.commit()
+                n += 1
+                counts["churned"] = n
+                next_at += 1.0 / rate
+                stop.wait(max(0.0, next_at - time.monotonic()))
     finally:
         engine.dispose()
 
@@ -103,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                                                              "in bench.fifty_agents)")
     p.add_argument("--database", default=os.environ.get("XCLP_BENCH_POSTGRES_URL")
                    or os.environ.get("XCLP_TEST_POSTGRES_URL"))
+    p.add_argument("--wait", type=float, default=2.0, help="seconds each site's poll for a message is held (its "
+                   "long poll; 0: answered at once, as when messages keep coming)")
+    p.add_argument("--poll-lane", type=int, default=None, help="the coordinator's --poll-lane (default: its own)")
+    p.add_argument("--churn", type=float, default=0.0, help="relayed messages written a second while the sites "
+                   "poll (0: none): the job's state moves, as in a running phase")
     p.add_argument("--sample-every", type=float, default=1.0)
     p.add_argument("--json", default=str(RESULTS / "poll_load.json"))
     a = p.parse_args(argv)
@@ -120,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     db_port = make_url(a.database).port or 5432
     admin_token, port = _new_token(), free_port()
     url = f"http://127.0.0.1:{port}"
-    out: dict = {"config": {"sites": a.sites, "seconds": a.seconds, "phase": a.phase, "poll_s": a.poll,
+    out: dict = {"config": {"sites": a.sites, "seconds": a.seconds, "phase": a.phase, "poll_s": a.poll, "wait_s": a.wait, "churn": a.churn, "poll_lane": a.poll_lane,
                             "database": "postgresql", "sample_every_s": a.sample_every, "cpus": os.cpu_count()},
                  "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="xclp-bench-poll-") as work:
@@ -128,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         stop = threading.Event()
         threads: list[threading.Thread] = []
         try:
-            coord = start_coordinator(Path(work), port, admin_token, db)
+            extra = () if a.poll_lane is None else ("--poll-lane", str(a.poll_lane))
+            coord = start_coordinator(Path(work), port, admin_token, db, extra=extra)
             wait_healthy(url, 120)
             admin = CoordinatorClient(url, admin_token, retries=5, timeout=120)
             names = [f"site{i:03d}" for i in range(a.sites)]
@@ -146,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit("the job did not reach its seed phase")
                     time.sleep(0.1)
             counts = {"loops": 0, "errors": 0}
-            threads = [threading.Thread(target=_agent_loop, args=(url, tokens[n], job, a.poll, stop, counts),
+            threads = [threading.Thread(target=_agent_loop, args=(url, tokens[n], job, a.poll, stop, counts, a.wait),
                                         daemon=True, name=f"site-{n}") for n in names]
+            if a.churn > 0:
+                threads.append(threading.Thread(target=_churn, args=(db, job, names, a.churn, stop, counts), daemon=True))
             for t in threads:
                 t.start()
             time.sleep(3)  # (every poller in its loop)
@@ -166,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 "phase": admin.job(job)["phase"], "seconds": round(seconds, 1),
                 "coordinator_cpu_share": round((cpu1 - cpu0) / seconds, 3),
                 "requests_per_second": round(requests / seconds, 1), "site_loops": counts["loops"],
-                "site_errors": counts["errors"], "site_last_error": counts.get("last_error"),
+                "site_errors": counts["errors"], "churned": counts.get("churned", 0), "site_last_error": counts.get("last_error"),
                 "connections_to_database_max": max((s["database"] for s in ok), default=None),
                 "looks": looks, "worst_look_seconds": worst, "looks_within_1s": worst is not None and worst <= 1.0,
                 "look_errors": [s["error"] for s in samples if "error" in s],

@@ -100,11 +100,13 @@ class LocalCluster:
 
     def __init__(self, work: Path, sites: dict[str, dict[str, np.ndarray]], *, database: str | None = None,
                  admin_token: str | None = None, deadlines: dict | None = None, public: Path | None = None,
-                 start_agents: bool = True, agent_options: list[str] | None = None, tls: dict | None = None):
+                 start_agents: bool = True, agent_options: list[str] | None = None, tls: dict | None = None,
+                 coordinator_options: list[str] | None = None):
         from clients.api import CoordinatorClient
 
         self.work, self.database, self.deadlines, self.public = work, database, deadlines or {}, public
         self.agent_options = list(agent_options or [])
+        self.coordinator_options = list(coordinator_options or [])  # more `xclp coordinator serve` flags
         self.data_files: dict[str, Path] = {}  # a site's data file other than <work>/<site>.npz (e.g. a CSV)
         self.admin_token = admin_token or _new_token()
         self.port = free_port()
@@ -130,7 +132,7 @@ class LocalCluster:
 
     def start_coordinator(self) -> None:
         self.coordinator = start_coordinator(self.work, self.port, self.admin_token, self.database, self.deadlines,
-                                             tls=self.tls)
+                                             tls=self.tls, extra=tuple(self.coordinator_options))
         wait_healthy(self.url, 120, self.ca_file)
 
     @property

@@ -392,7 +392,7 @@ def cmd_coordinator_serve(args) -> int:
     serve(args.host, args.port, _database(args), _secret(args, "admin_token", "XCLP_ADMIN_TOKEN", required=False),
           args.max_body_mb, _deadlines(args.deadline), blob_dir=args.blob_dir, public_url=args.public_url,
           allowed_hosts=args.allowed_host, public_metrics=args.public_metrics, executor=args.executor, workers=args.workers,
-          dask_address=args.dask_address, threads=args.threads, **serve_tls(args))
+          dask_address=args.dask_address, threads=args.threads, poll_lane=args.poll_lane, **serve_tls(args))
     return 0
 
 
@@ -798,6 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--threads", type=int, default=40,
                     help="worker threads answering requests (default 40); the database pool keeps this many "
                          "connections and 5 more (PostgreSQL's max_connections must allow them, and 10 more)")
+    cs.add_argument("--poll-lane", type=int, default=4,
+                    help="the sites' status polls (GET /work, GET /jobs/ID) answered at once (default 4); the others "
+                         "wait their turn, and the operator's looks pass them: 0 answers every poll at once")
     add_serve_tls_args(cs)
     cs.set_defaults(func=cmd_coordinator_serve)
     database_help = ("SQLAlchemy URL of the coordinator's database: sqlite:///FILE or postgresql+psycopg2://USER@HOST/DB "

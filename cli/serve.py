@@ -15,7 +15,7 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
           deadlines: dict | None = None, blob_dir: str | None = None, public_url: str | None = None,
           allowed_hosts: list[str] | None = None, public_metrics: bool = False, tls_cert: str | None = None, tls_key: str | None = None,
           insecure_http: bool = False, forwarded_allow_ips: str = "127.0.0.1", executor: str = "process",
-          workers: int | None = None, dask_address: str | None = None, threads: int = 40) -> None:
+          workers: int | None = None, dask_address: str | None = None, threads: int = 40, poll_lane: int = 4) -> None:
     from cli.logs import setup_logging
     from cli.tls import check_server_files
     from clients.urls import check_bind
@@ -28,7 +28,7 @@ def serve(host: str, port: int, database: str, admin_token: str | None, max_body
     settings = Settings(database=database, admin_token=token, max_body_bytes=max_body_mb << 20, blob_dir=blob_dir,
                         public_url=public_url, public_metrics=public_metrics,
                         allowed_hosts=host_allowlist(host, public_url, allowed_hosts, tls_cert), executor=executor, workers=workers,
-                        dask_address=dask_address, threads=threads)
+                        dask_address=dask_address, threads=threads, poll_lane=poll_lane)
     if deadlines:
         settings.default_deadlines.update(deadlines)
     check_port_free(host, port)  # before the database: a busy port must not leave a new database behind

@@ -34,6 +34,8 @@ from service.blobs import DEFAULT_THRESHOLD, BlobStore, default_blob_dir
 from service.db import Message, make_sessionmaker
 from service.engine import JobEngine
 from service.guard import RequestGuard, Throttle, origin_of
+from service.lanes import DEFAULT_SIZE as DEFAULT_LANE
+from service.lanes import PollLane
 from service.lifecycle import DEFAULT_DEADLINES, DEFAULT_IDLE_LIMIT, IDLE
 from service.liveness import Contacts
 from service.looks import LookCache
@@ -100,6 +102,9 @@ class Settings:
     # waits for a connection, nor opens and closes one per request. On PostgreSQL, max_connections must
     # allow threads + POOL_RESERVE + service.db.POOL_OVERFLOW per coordinator.
     threads: int = 40
+    # The sites' status polls (GET /work, GET /jobs/{id}) answered at once; the others wait their turn on
+    # the event loop, and the operator's looks pass them (service.lanes). 0: no lane (every poll at once).
+    poll_lane: int = DEFAULT_LANE
 
 
 @dataclass
@@ -157,6 +162,9 @@ def create_app(settings: Settings) -> FastAPI:
         raise ValueError(f"the public URL {settings.public_url!r} is not an http(s)://host[:port] address")
     if settings.threads < 1:
         raise ValueError(f"threads must be at least 1, got {settings.threads}")
+    if settings.poll_lane < 0:
+        raise ValueError(f"the poll lane (--poll-lane) is how many status polls are answered at once, 0 for no lane: "
+                         f"got {settings.poll_lane}")
     # its schema migrated to this release's (service.migrate); a connection for every worker thread and more
     engine = open_database(settings.database, pool=settings.threads + POOL_RESERVE)
     blob_dir = settings.blob_dir or default_blob_dir(settings.database)
@@ -199,6 +207,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.record_refusal = lambda client, owner, where: record_refusal(Session, client, owner, where)
     app.state.work_waits = {}  # site -> its long polls for work waiting now (service.sites_api; event loop only)
     app.state.last_seen = contacts  # each site's last authenticated request: the dashboard's, the idle limit's
+    app.state.operator_digests = set()  # tokens found to be operators' (service.deps): their looks skip the poll lane
     app.add_exception_handler(ui_api.LoginRequired, ui_api.login_required_handler)
 
     @app.exception_handler(RequestValidationError)
@@ -221,6 +230,10 @@ def create_app(settings: Settings) -> FastAPI:
             return response
         return JSONResponse(status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=headers)
 
+    # The sites' status polls take turns (service.lanes), inside the guard: a refused request never waits.
+    if settings.poll_lane:
+        app.add_middleware(PollLane, size=settings.poll_lane, admin_token=settings.admin_token,
+                           operators=app.state.operator_digests)
     # Limits and who-is-asking before any body is read (service.guard); inside CountRequests, so
     # that its refusals are counted too.
     app.add_middleware(RequestGuard, settings=settings, error_page=ui_api.error_page, state=app.state)

@@ -94,9 +94,17 @@ def operator_of(request: Request, token: str, db=None) -> str | None:
     if is_admin(request, token):
         return "admin"
     if db is not None:
-        return active_operator(db, token)
+        return _known(request, token, active_operator(db, token))
     with request.app.state.sessionmaker() as own:
-        return active_operator(own, token)
+        return _known(request, token, active_operator(own, token))
+
+
+def _known(request: Request, token: str, operator: str | None) -> str | None:
+    """An operator's token, once found, is remembered by its digest: its looks pass the sites' polls
+    (service.lanes). A revoked one stays remembered — it only skips the queue to hear its 403."""
+    if operator is not None and (known := getattr(request.app.state, "operator_digests", None)) is not None:
+        known.add(hash_token(token))
+    return operator
 
 
 def wrong_token(request: Request, token: str) -> None:
@@ -167,7 +175,7 @@ def caller(request: Request, token: str = Depends(bearer)) -> str:
 def _caller(request: Request, token: str, db) -> str:
     site = site_of_token(db, token)
     if site is None:
-        op = active_operator(db, token)
+        op = _known(request, token, active_operator(db, token))
         if op is not None:
             request.state.operator = op
             return "admin"

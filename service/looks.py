@@ -15,6 +15,13 @@ purge removes some — each moves the pair). The state is read first, then the f
 in between makes facts newer than their key, never older. Read from the database, the key holds for any
 number of coordinator processes on it and across restarts. A training job's facts (its round's XCLP job
 is a job of its own, whose awaited sites are kept so) are computed as before.
+
+The sites' pair messages (`pair/…`, `bpair/…`: SecureHamming's site-to-site traffic, relayed, read once
+by their recipient) are most of a hamming phase's messages, and no fact reads them: the facts' key counts
+the others only, so that the relay does not make every status of the phase recompute its facts. The job
+page adds each phase's bytes (`phase_bytes`: the job's messages' sizes by topic, ~5,000 topics at 50
+sites once the pair traffic is in, 40–110 ms a look), kept under the key of every message (pair traffic
+included); no running prediction job's messages are deleted (the engine prunes a job once it is over).
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from __future__ import annotations
 import copy
 import threading
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import case, func, or_, select
 
-from service.db import Job, Message
+from service.db import Job, Message, PrunedBytes
 from service.engine import refusals
 from service.lifecycle import DbMailbox, machine_state
 from service.training_engine import train_progress
@@ -36,50 +43,68 @@ from xclp.prediction_topics import graph_mode
 
 
 class LookCache:
-    """Each job's facts with the state they were computed for (only the latest state of each job)."""
+    """Each job's facts ("facts"; the job page's "bytes") with the state they were computed for (only the
+    latest state of each job)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._facts: dict[str, tuple[tuple, dict]] = {}
+        self._kept: dict[tuple[str, str], tuple[tuple, object]] = {}
         self.computed = 0  # (how many times the facts were computed, for the tests)
 
-    def get(self, job_id: str, key: tuple) -> dict | None:
+    def get(self, job_id: str, key: tuple, name: str = "facts"):
         with self._lock:
-            got = self._facts.get(job_id)
+            got = self._kept.get((job_id, name))
         return got[1] if got is not None and got[0] == key else None
 
-    def put(self, job_id: str, key: tuple, facts: dict) -> None:
+    def put(self, job_id: str, key: tuple, value, name: str = "facts") -> None:
         with self._lock:
-            self._facts[job_id] = (key, facts)
-            self.computed += 1
+            self._kept[(job_id, name)] = (key, value)
+            self.computed += name == "facts"
 
     def forget(self, job_id: str) -> None:
         with self._lock:
-            self._facts.pop(job_id, None)
+            for k in [k for k in self._kept if k[0] == job_id]:
+                del self._kept[k]
 
 
-def mail_state(db, job_id: str) -> tuple[int, int | None]:
-    """(count, greatest id) of the job's messages: moves with every message written or removed."""
-    count, last = db.execute(select(func.count(Message.id), func.max(Message.id)).where(Message.job_id == job_id)).one()
-    return int(count), last
+PAIR_TOPICS = ("pair/", "bpair/")  # (xclp.prediction_topics.Topic.is_pair_message)
 
 
-def job_facts(db, job: Job) -> dict:
+def mail_state(db, job_id: str) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+    """(count, greatest id) of the job's messages, and of those but the sites' pair messages: each moves
+    with every message of its kind written or removed. One read."""
+    pair = or_(*(Message.topic.startswith(p) for p in PAIR_TOPICS))
+    other = case((pair, None), else_=Message.id)
+    count, last, n, greatest = db.execute(select(func.count(Message.id), func.max(Message.id), func.count(other),
+                                                 func.max(other)).where(Message.job_id == job_id)).one()
+    return (int(count), last), (int(n), greatest)
+
+
+def job_facts(db, job: Job, page: bool = False) -> dict:
     """A job's facts, as every look reads them: 'awaited' (the sites its current step awaits: for a
     training job None — service.liveness asks its round's job), 'refusals' (service.engine.refusals) and
-    'progress' (parts received of those expected). Remembered per state of a running prediction job
-    when the session's maker carries a LookCache (service.db.make_sessionmaker's `looks`)."""
+    'progress' (parts received of those expected); `page`: and 'bytes' (phase_bytes), for the job page.
+    Remembered per state of a running prediction job when the session's maker carries a LookCache
+    (service.db.make_sessionmaker's `looks`)."""
     cache: LookCache | None = db.info.get("looks")
     if cache is None or job.status != "running" or job_kind(job.kind).rounds:
         if cache is not None:
             cache.forget(job.id)  # (a job over keeps nothing here)
-        return _compute(db, job)
-    key = (job.machine, *mail_state(db, job.id))  # (the state first, then the facts)
+        return {**_compute(db, job), **({"bytes": phase_bytes(db, job)} if page else {})}
+    every, others = mail_state(db, job.id)  # (the state first, then the facts)
+    key = (job.machine, *others)  # (no fact reads a pair message)
     facts = cache.get(job.id, key)
     if facts is None:
         facts = _compute(db, job)
         cache.put(job.id, key, facts)
-    return copy.deepcopy(facts)  # (a caller's changes stay its own)
+    facts = copy.deepcopy(facts)  # (a caller's changes stay its own)
+    if page:
+        facts["bytes"] = cache.get(job.id, (job.machine, *every), "bytes")
+        if facts["bytes"] is None:
+            facts["bytes"] = phase_bytes(db, job)
+            cache.put(job.id, (job.machine, *every), facts["bytes"], "bytes")
+        facts["bytes"] = dict(facts["bytes"])
+    return facts
 
 
 def _compute(db, job: Job) -> dict:
@@ -89,6 +114,21 @@ def _compute(db, job: Job) -> dict:
     elif not job_kind(job.kind).rounds:
         awaited = PredictCoordinator(JobParams(**job.params), machine_state(job)).awaited(DbMailbox(db, job.id))
     return {"awaited": awaited, "refusals": refusals(db, job), "progress": progress(db, job)}
+
+
+def phase_bytes(db, job: Job) -> dict[str, int]:
+    """Bytes of the messages each phase carried (uploads, relayed site-to-site messages, broadcasts):
+    those stored, and those deleted once no step needed them (PrunedBytes)."""
+    rows = db.execute(select(Message.topic, func.sum(Message.size)).where(Message.job_id == job.id)
+                      .group_by(Message.topic)).all()
+    out: dict[str, int] = {}
+    topic_phase = job_kind(job.kind).topic_phase
+    for topic, size in rows:
+        phase = topic_phase(topic)
+        out[phase] = out.get(phase, 0) + int(size or 0)
+    for row in db.scalars(select(PrunedBytes).where(PrunedBytes.job_id == job.id)):
+        out[row.phase] = out.get(row.phase, 0) + int(row.bytes)
+    return out
 
 
 def progress(db, job: Job) -> dict:

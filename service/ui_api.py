@@ -40,7 +40,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import delete, func, select
 
 from service.audit import OPERATOR, SITE, record, record_refusal
-from service.db import Job, Message, PrunedBytes, Site, UISession, utcnow
+from service.db import Job, Message, Site, UISession, utcnow
 from service.deps import ReleasingRoute, active_operator, get_db, hash_token, is_admin, load_job, token_owner
 from service.engine import cancel
 from service.guard import LOGIN_BYTES
@@ -220,21 +220,6 @@ def job_row(job: Job, revoked: dict[str, str] | None = None) -> dict:
             "finished_at": _iso(job.finished_at)}
 
 
-def _phase_bytes(db, job: Job) -> dict[str, int]:
-    """Bytes of the messages each phase carried (uploads, relayed site-to-site messages, broadcasts):
-    those stored, and those deleted once no step needed them (PrunedBytes)."""
-    rows = db.execute(select(Message.topic, func.sum(Message.size)).where(Message.job_id == job.id)
-                      .group_by(Message.topic)).all()
-    out: dict[str, int] = {}
-    topic_phase = job_kind(job.kind).topic_phase
-    for topic, size in rows:
-        phase = topic_phase(topic)
-        out[phase] = out.get(phase, 0) + int(size or 0)
-    for row in db.scalars(select(PrunedBytes).where(PrunedBytes.job_id == job.id)):
-        out[row.phase] = out.get(row.phase, 0) + int(row.bytes)
-    return out
-
-
 def failure_sentence(job: Job) -> str | None:
     """A failed job's reason as a reader sees it. The engines write reasons for the log, where a dict
     of dropped sites or an exception's class name is useful; on the page they become words: each
@@ -291,7 +276,8 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
 
     phases = job_kind(job.kind).phases
     reached = phases.index(job.phase) if job.phase in phases else len(phases) - 1
-    nbytes = _phase_bytes(db, job)
+    facts = job_facts(db, job, page=True)  # (once per state of the job, its bytes by phase too: service.looks)
+    nbytes = facts["bytes"]
     timeline = []
     for i, p in enumerate(phases[:-1]):  # "done" is where a job ends, not a phase it spends time in
         state = "done" if i < reached or job.status == "done" else ("failed" if job.status == "failed" else "running") \
@@ -303,7 +289,6 @@ def job_detail(db, job: Job, v: Viewer, contacts=None) -> dict:
     privacy = training.get("privacy") if kind.rounds else kind.privacy(job.params)
     children = [] if not kind.rounds else [
         r["xclp_job"] for r in (training.get("history") or []) if r and r.get("xclp_job")]
-    facts = job_facts(db, job)  # (once per state of the job: service.looks)
     refused = {s: r for s, r in facts["refusals"].items() if v.admin or s == v.who}
     progress = facts["progress"]
     return {**job_row(job, revoked_sites(db)), "attempt": job.attempt, "live": job.live, "dropped": job.dropped,

@@ -204,3 +204,55 @@ def test_the_dashboard_reads_the_database_as_often_with_1_job_as_with_4(tmp_path
         for _ in range(3):
             submit()
         assert _reads(c, app, "/ui", {}) == one
+
+
+def test_the_job_pages_bytes_are_read_once_per_state_and_anew_when_a_message_comes(tmp_path):
+    """Each phase's bytes on the job page sum every message of the job by topic (~5,000 topics at 50 sites
+    once the pair traffic is in: 40–110 ms a look): kept with the job's facts for its state (service.looks),
+    and read anew once a message is written."""
+    from xclp.prediction_topics import Topic
+
+    app = create_app(Settings(database=f"sqlite:///{tmp_path / 'bytes.db'}", admin_token=ADMIN, engine_interval=0.05))
+    with TestClient(app) as c:
+        heads = {s: add(c, s) for s in ("s0", "s1", "s2")}
+        job = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6,
+                                    "graph": "auto"}, headers=admin_headers()).json()["job"]
+        _in_hamming(app, job, list(heads))
+        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
+                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        assert login.status_code == 303
+        engine = app.state.sessionmaker.kw["bind"]
+        sums = []
+
+        def count(conn, cursor, statement, *_):
+            if "sum(messages.size)" in statement.lower():
+                sums.append(1)
+
+        def hamming_bytes():
+            r = c.get(f"/ui/api/jobs/{job}")
+            assert r.status_code == 200, r.text
+            return {t["phase"]: t["bytes"] for t in r.json()["timeline"]}["hamming"]
+
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            before = hamming_bytes()
+            assert c.get(f"/jobs/{job}", headers=admin_headers()).status_code == 200  # (a status: no bytes read)
+            assert [hamming_bytes() for _ in range(3)] == [before] * 3
+            assert len(sums) == 1, sums  # the state's bytes, read once
+            with app.state.sessionmaker() as db:
+                put_message(db, job, "s0", COORDINATOR, Topic.share("s0", "s1"), b"x" * 1000)
+                db.commit()
+            assert hamming_bytes() == before + 1000  # a new state: read anew
+            assert len(sums) == 2, sums
+            # A pair message (relayed site to site) is a new state of the bytes, not of the facts: no fact
+            # reads one, and a hamming phase relays several a pair.
+            cache = app.state.sessionmaker.kw["info"]["looks"]
+            computed = cache.computed
+            with app.state.sessionmaker() as db:
+                put_message(db, job, "s0", "s1", Topic.pair("s0", "s1", 0), b"y" * 500)
+                db.commit()
+            assert hamming_bytes() == before + 1500 and len(sums) == 3
+            assert c.get(f"/jobs/{job}", headers=admin_headers()).json()["progress"]["received"] == 1
+            assert cache.computed == computed
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
