@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from contextlib import contextmanager
 
 from sqlalchemy import delete, select
 
@@ -31,6 +33,11 @@ from xclp.training_job import TrainCoordinator
 
 log = logging.getLogger("xclp.engine")
 
+HOLD_WAIT = 60.0  # seconds a writer of a running job's row waits for the engine's step in flight (then 409)
+
+
+class EngineBusy(Exception):
+    """The engine's step in flight did not end within HOLD_WAIT."""
 
 
 def job_params(job: Job) -> JobParams:
@@ -56,6 +63,11 @@ class JobEngine:
         # coordinator's) look at the database again when it moves.
         self.changes = 0
         self.stepping: str | None = None  # the job whose step the engine is taking now, if any
+        # Held by the engine from reading a job's row to committing its step, and by any other writer of a
+        # running job's row (the operator's cancel: `held`). Without it a cancel committed during a step
+        # was lost: the step, read before it, wrote the machine's running state over the cancelled one
+        # (the row said failed, its machine running, and no one stepped it again).
+        self._step_lock = threading.Lock()
 
     def notify(self) -> None:
         """Jobs changed outside the engine (submitted, a site revoked): step now, and wake the long polls."""
@@ -71,6 +83,17 @@ class JobEngine:
         self.wakeup.set()
         if self._thread:
             self._thread.join(timeout=30)
+
+    @contextmanager
+    def held(self, timeout: float = HOLD_WAIT):
+        """No step of the engine's begins or ends while this is held: read the job again inside, write
+        and commit inside. EngineBusy if the step in flight has not ended within `timeout` seconds."""
+        if not self._step_lock.acquire(timeout=timeout):
+            raise EngineBusy(f"the engine is still in a step of job {self.stepping}: try again in a minute")
+        try:
+            yield
+        finally:
+            self._step_lock.release()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -90,17 +113,20 @@ class JobEngine:
                 self.stepping = job_id  # (service.purge waits for a cancelled job's step in flight to end)
                 with self.sessionmaker() as db:
                     for _ in range(8):  # a phase may complete right after the previous one
-                        job = db.get(Job, job_id)
-                        try:
-                            step = advance(db, job, self.executor, self.contacts)
-                            db.commit()  # each step commits: no write lock held across the next one
-                        except Exception as exc:
-                            db.rollback()
-                            log.exception("job %s failed in phase %s", job_id, job.phase)
-                            job = db.get(Job, job_id)
-                            fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
-                            db.commit()
-                            step = True
+                        with self._step_lock:  # from the row's read to the step's commit (see __init__)
+                            # the row as it is now, not the session's copy (expire_on_commit=False): a cancel
+                            # may have come in since the last iteration
+                            job = db.get(Job, job_id, populate_existing=True)
+                            try:
+                                step = advance(db, job, self.executor, self.contacts)
+                                db.commit()  # each step commits: no write lock held across the next one
+                            except Exception as exc:
+                                db.rollback()
+                                log.exception("job %s failed in phase %s", job_id, job.phase)
+                                job = db.get(Job, job_id)
+                                fail(job, f"{job.phase}: {type(exc).__name__}: {exc}")
+                                db.commit()
+                                step = True
                         changed |= step
                         if not step or job.status != "running":
                             break
@@ -189,6 +215,29 @@ def _predict_step(db, job: Job, executor=None, silent: dict[str, str] | None = N
     if machine.timings:
         job.timings = {**job.timings, "graph_and_influence": round(sum(machine.timings.values()), 3)}
     keep(job, machine.state, machine.events)
+
+
+def cancel_job(engine: JobEngine, db, job_id: str, audit: Callable[[Job], None]) -> Job:
+    """The operator's cancel, for every door (`xclp job cancel`, the dashboard's button, `purge --force`):
+    the job's row read, cancelled, its audit line added (`audit`) and committed while the engine takes no
+    step (JobEngine.held), then the engine woken. HTTPException 404 (no such job), 409 (not running, or
+    the engine's step in flight did not end within HOLD_WAIT)."""
+    from fastapi import HTTPException
+
+    try:
+        with engine.held():
+            job = db.get(Job, job_id, populate_existing=True)
+            if job is None:
+                raise HTTPException(404, f"unknown job {job_id!r}")
+            if job.status != "running":
+                raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
+            cancel(db, job)
+            audit(job)
+            db.commit()
+    except EngineBusy as exc:
+        raise HTTPException(409, str(exc)) from None
+    engine.notify()
+    return job
 
 
 def cancel(db, job: Job) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from service.audit import record
 from service.db import Job
 from service.deps import ReleasingRoute, caller, check_roster, get_db, load_job, require_admin
-from service.engine import cancel
+from service.engine import cancel_job as cancel_job_held
 from service.job_list import select_rows, shown_status
 from service.lifecycle import DEFAULT_DEADLINES, IDLE, PREDICT_DEADLINE_KEYS, machine_state, new_machine
 from service.liveness import liveness
@@ -189,12 +189,8 @@ def job_status(job_id: str, request: Request, who: str = Depends(caller), db=Dep
 def cancel_job(job_id: str, request: Request, db=Depends(get_db)):
     """End a running job (with its round's XCLP job): it fails with "cancelled by the operator", and
     every site wipes its keys for it at its next sweep (a few seconds to SWEEP_SECONDS)."""
-    job = load_job(db, job_id)
-    if job.status != "running":
-        raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
-    cancel(db, job)
-    record(db, request, "job.cancel", job_id, kind=job.kind, phase=job.phase)
-    db.commit()
+    cancel_job_held(request.app.state.engine, db, job_id,
+                    lambda job: record(db, request, "job.cancel", job_id, kind=job.kind, phase=job.phase))
     return job_status(job_id, request, "admin", db)
 
 

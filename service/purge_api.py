@@ -12,7 +12,7 @@ from sqlalchemy import select
 from service.audit import record
 from service.db import Job, Site
 from service.deps import ReleasingRoute, get_db, iso, load_job, require_admin
-from service.engine import cancel
+from service.engine import cancel_job
 from service.purge import PurgeRefused, flush_storage, purge_job, purge_site, purgeable, remove_blobs, wait_for_engine
 from service.schemas import errors
 
@@ -44,10 +44,8 @@ class SitePurged(BaseModel):
 def _purge_one(request: Request, db, job: Job, force: bool = False) -> JobPurged:
     cancelled = False
     if force and job.status == "running" and job.parent is None:
-        cancel(db, job)
-        record(db, request, "job.cancel", job.id, kind=job.kind, phase=job.phase, via="purge --force")
-        db.commit()
-        request.app.state.engine.notify()
+        job = cancel_job(request.app.state.engine, db, job.id, lambda job: record(
+            db, request, "job.cancel", job.id, kind=job.kind, phase=job.phase, via="purge --force"))
         try:
             wait_for_engine(request.app.state.engine, {job.id} | {j.id for j in db.scalars(
                 select(Job).where(Job.parent == job.id))})

@@ -42,7 +42,7 @@ from sqlalchemy import delete, func, select
 from service.audit import OPERATOR, SITE, record, record_refusal
 from service.db import Job, Message, Site, UISession, utcnow
 from service.deps import ReleasingRoute, active_operator, get_db, hash_token, is_admin, load_job, token_owner
-from service.engine import cancel
+from service.engine import cancel_job
 from service.guard import LOGIN_BYTES
 from service.job_list import KINDS, STATUSES, select_rows, shown_status
 from xclp.job_kinds import JOB_KINDS, job_kind
@@ -391,11 +391,6 @@ def cancel_from_page(request: Request, job_id: str, v: Viewer = Depends(viewer),
     the job ends as `xclp job cancel` ends it (service.engine.cancel), and the page shows it failed."""
     if not v.admin:
         raise _forbidden("the cancel button: only the operator may cancel a job")
-    job = load_job(db, job_id)
-    if job.status != "running":
-        raise HTTPException(409, f"job {job_id} is {job.status}: only a running job can be cancelled")
-    cancel(db, job)
-    record(db, request, "job.cancel", job_id, who=v.operator, kind=job.kind, phase=job.phase, via="dashboard")
-    db.commit()
-    request.app.state.engine.notify()
+    cancel_job(request.app.state.engine, db, job_id, lambda job: record(
+        db, request, "job.cancel", job_id, who=v.operator, kind=job.kind, phase=job.phase, via="dashboard"))
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)

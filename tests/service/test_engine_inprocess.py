@@ -336,6 +336,47 @@ def test_the_operator_cancels_a_job_and_the_sites_wipe_its_keys(rig):
         assert not a.step(job)  # nothing more to do for it
 
 
+def test_a_cancel_during_an_engine_step_waits_for_it_and_is_not_lost(rig, monkeypatch):
+    """The engine reads a job's row, steps, and commits the machine's state; a cancel committed in between
+    was overwritten by the step's running state (the row said failed, its machine running). Here a step is
+    held open (it has written the job's state, as every step does, and waits before its commit): the
+    cancel must wait for it, then win."""
+    import threading
+
+    import service.engine as engine_mod
+    from service.db import Job
+    from service.lifecycle import keep, machine_state
+
+    ds, admin, agents = rig
+    job = admin.submit_job(kind="predict", sites=ds.sites, crypto="lattice", bits=64, k=6, classes=10)
+    in_step, release, real = threading.Event(), threading.Event(), engine_mod.advance
+
+    def held_step(db, row, *a, **kw):
+        out = real(db, row, *a, **kw)
+        if row.id == job and not in_step.is_set():
+            keep(row, machine_state(row))  # what every step ends with: the machine's state into the row
+            in_step.set()
+            assert release.wait(60)
+            return True  # (a step that moved the job: the engine reads the row again for the next one)
+        return out
+
+    monkeypatch.setattr(engine_mod, "advance", held_step)
+    assert in_step.wait(60)
+    done: dict = {}
+    canceller = threading.Thread(target=lambda: done.update(st=admin.cancel(job)))
+    canceller.start()
+    canceller.join(0.5)
+    assert canceller.is_alive()  # it waits for the step in flight (a lock, not a clock: it cannot be done)
+    release.set()
+    canceller.join(60)
+    assert done["st"]["status"] == "failed" and done["st"]["failure"] == "cancelled by the operator"
+    with admin.engine.sessionmaker() as db:
+        row = db.get(Job, job)
+        assert row.status == "failed" and machine_state(row).summary()["status"] == "failed"
+    time.sleep(0.2)  # the engine's next ticks: nothing steps a cancelled job back
+    assert admin.job(job)["status"] == "failed"
+
+
 def test_a_site_whose_columns_differ_is_left_out_at_setup_with_the_reason(rig, tmp_path):
     ds, admin, agents = rig
     odd = ds.sites[0]
