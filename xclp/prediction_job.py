@@ -91,10 +91,18 @@ class MemoryMailbox:
     then holds all it needs; a site restarted inside a pair protocol cannot finish it, PredictSite),
     and in a secure job these messages are nearly all the bytes (a lattice job at 60,000 points moves
     ≈ 10 GB of result ciphertexts): its body is released once taken (`take`), its key kept, so that
-    a repeat is still refused and the coordinator still sees who sent what."""
+    a repeat is still refused and the coordinator still sees who sent what.
 
-    def __init__(self, on_put: Callable[[Send], None] | None = None):
+    With `release`, every other body that one reader reads once goes the same way (`Topic.read_once`: a
+    site's masked rows, folded into the coordinator's running sum as each arrives; the coordinator's
+    influence columns and sums to a site, once that site took them): at 10^6 points and C = 20 a site's
+    masked rows are 160 MB, fifty sites' 8 GB. For a driver that keeps its coordinator's machine for the
+    whole job and never reads a message again (the simulation); a test that looks at a finished job's
+    messages keeps them (the default)."""
+
+    def __init__(self, on_put: Callable[[Send], None] | None = None, release: bool = False):
         self.on_put = on_put
+        self.releases = release  # the coordinator folds each site's rows as they come (PredictCoordinator._fold_rows)
         self.messages: dict[tuple[str, str, str], bytes | None] = {}
 
     def put(self, m: Send) -> bool:
@@ -133,10 +141,12 @@ class MemoryMailbox:
         return {s: self.messages.get((s, recipient, topic)) for s in senders}
 
     def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
-        """`body`, and a pair protocol's site-to-site message released once taken (see the class)."""
+        """`body`, and a pair protocol's site-to-site message released once taken — with `release`, any
+        message its one reader reads once (see the class)."""
         key = (sender, recipient, topic)
         body = self.messages.get(key)
-        if body is not None and sender != COORDINATOR and Topic.is_pair_message(topic):
+        if body is not None and (sender != COORDINATOR and Topic.is_pair_message(topic)
+                                 or self.releases and Topic.read_once(sender, topic)):
             self.messages[key] = None
         return body
 
@@ -403,6 +413,16 @@ class _WithSent:
                 out[m.sender] = m.body
         return out
 
+    @property
+    def releases(self) -> bool:
+        return getattr(self.mail, "releases", False)
+
+    def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        """The mailbox's `take` (a body its one reader reads once, let go), else `body`."""
+        if sender == COORDINATOR or not hasattr(self.mail, "take"):
+            return self.body(sender, recipient, topic)
+        return self.mail.take(sender, recipient, topic)
+
 
 # Round plans as decoded, by their bytes, across machines: a driver makes a new machine per decision
 # and per status request (who the round awaits), and a round's plans take seconds to decode at scale.
@@ -438,6 +458,8 @@ class PredictCoordinator:
         # crypto="masked": the kNN lists after the last rebuild's rounds, by what they were merged from
         # (`_blocked_session`): a round's end merges only its own distances, not every round's again
         self._lists_snapshot: tuple | None = None
+        # the row sums' topic and the session holding their running sum (`_fold_rows`)
+        self._rows: tuple[str, CoordinatorSession] | None = None
 
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False, silent: Mapping[str, str] | None = None) -> list[Send]:
@@ -961,17 +983,37 @@ class PredictCoordinator:
     def _row_sums(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
         st = self.state
         topic = Topic.rows(st.attempt)
+        if getattr(mail, "releases", False):
+            self._fold_rows(mail, topic)  # each site's rows as they come, their body let go (MemoryMailbox)
         if not self._masked_sum_ready(mail, topic, expired):
             return
-        coord = self._session(mail, st.graph_sites)
-        coord.layout = Layout(sites=list(st.graph_sites), sizes=[coord.roster[s].n for s in st.graph_sites])
-        coord.mode = self.graph_mode(mail)  # the roster's, as the sites' (a blocked graph's far-field rows)
-        coord.start_row_sums()
-        for s in st.live:
-            coord.receive_row_sums(s, mail.body(s, COORDINATOR, topic))
+        coord = self._fold_rows(mail, topic)
+        self._rows = None
         out.extend(Send(COORDINATOR, s, Topic.sums(st.attempt), body)
                    for s, body in coord.row_sums_for(list(st.live)).items())
         self._next("done")
+
+    def _fold_rows(self, mail: Mailbox, topic: str) -> CoordinatorSession:
+        """The running sum of the attempt's masked rows, with every live site's that has arrived added once
+        (CoordinatorSession.receive_row_sums), one body read at a time. A mailbox that keeps every body (the
+        service's, whose machine is new each decision) is folded once, when all are in; one that `releases`
+        is folded as the rows come, and `take` lets each body go: the machine's running sum is then the
+        only copy, so such a driver keeps its machine for the whole job (the simulation). Within an
+        attempt the live sites do not change (a site that leaves restarts the sum: a new topic)."""
+        st = self.state
+        if self._rows is None or self._rows[0] != topic:
+            coord = self._session(mail, st.graph_sites)
+            coord.layout = Layout(sites=list(st.graph_sites), sizes=[coord.roster[s].n for s in st.graph_sites])
+            coord.mode = self.graph_mode(mail)  # the roster's, as the sites' (a blocked graph's far-field rows)
+            coord.start_row_sums()
+            self._rows = (topic, coord)
+        coord = self._rows[1]
+        read = getattr(mail, "take", mail.body) if getattr(mail, "releases", False) else mail.body
+        arrived = mail.senders(COORDINATOR, topic)
+        for s in st.live:
+            if s in arrived and s not in coord.row_parts:
+                coord.receive_row_sums(s, read(s, COORDINATOR, topic))
+        return coord
 
 
 class PredictSite:
@@ -989,7 +1031,7 @@ class PredictSite:
         self.session = session
         self.record = record if record is not None else {}
         self.pairs: dict[str, dict] | None = None
-        self.rows: tuple[int, bytes] | None = None
+        self.rows: tuple[int, bytes | None] | None = None  # (attempt, its masked rows until sent)
         self.result: Prediction | None = None
         self.waiting = False  # the last step found nothing to do but wait for a peer's pair message
         self.lost_pairs = False
@@ -1071,8 +1113,15 @@ class PredictSite:
             # Masks the site's contribution and keeps its own masked rows in the session; deterministic,
             # so after a restart the repeat is byte-identical to what was sent.
             self.rows = (attempt, sess.row_sums_message(view.live, attempt))
+        if self.rows[1] is not None and self.record.get(f"sent:{COORDINATOR}:{Topic.rows(attempt)}"):
+            # sent: the coordinator has it (a restarted site makes it again, byte-identical); at 10^6 points
+            # and C = 20 it is 160 MB a site
+            self.rows = (attempt, None)
         if phase == "row_sums":
-            return self._once(send, Topic.rows(attempt), self.rows[1]) or self._await(inbox, Topic.sums(attempt))
+            if self._once(send, Topic.rows(attempt), self.rows[1]):
+                self.rows = (attempt, None)
+                return True
+            return self._await(inbox, Topic.sums(attempt))
         body = self._take(inbox, Topic.sums(attempt))
         if body is None:
             return False

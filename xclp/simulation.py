@@ -64,7 +64,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     }
     coord = PredictCoordinator(params, PredictState.new(sites), executor=executor)
     site_machines = {s: PredictSite(sess) for s, sess in sessions.items()}
-    mail = MemoryMailbox(on_put=lambda m: meter.add(m.sender, topic_phase(m.topic), m.body))
+    # nothing reads a message twice here: each body is let go once its reader has read it (MemoryMailbox)
+    mail = MemoryMailbox(on_put=lambda m: meter.add(m.sender, topic_phase(m.topic), m.body), release=True)
     timings: dict[str, float] = {}
     start = clock = time.perf_counter()
     state = coord.state
@@ -76,6 +77,11 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         for s in list(state.live):
             if s not in drops or not state.reached(drops[s]):
                 moved |= site_machines[s].step(state, mail.inbox(s), mail.put)
+                if state.phase == "row_sums" and state.status == "running":
+                    # the coordinator folds each site's masked rows as they come (its running sum is then
+                    # their only copy), not fifty of them at once: 8 GB at 10^6 points and C = 20
+                    for m in coord.run(mail):
+                        mail.put(m)
         # the coordinator decides; when nothing moved, the deadline passes and the silent sites drop
         if not coord.settle(mail, moved) and state.status == "running":
             raise RuntimeError(f"the job is stuck in {state.phase}: {state}")  # a bug of the machines
