@@ -150,6 +150,12 @@ class MemoryMailbox:
             self.messages[key] = None
         return body
 
+    def release(self, sender: str, recipient: str, topic: str) -> None:
+        """Its reader will not read this body again: let it go (the key stays: a repeat is still refused)."""
+        key = (sender, recipient, topic)
+        if key in self.messages:
+            self.messages[key] = None
+
     def addressed_to(self, site: str) -> dict[tuple[str, str], bytes]:
         """(sender, topic) → body of every message to `site` (not those already taken and released)."""
         return {(s, t): b for (s, r, t), b in self.messages.items() if r == site and b is not None}
@@ -416,6 +422,9 @@ class _WithSent:
     @property
     def releases(self) -> bool:
         return getattr(self.mail, "releases", False)
+
+    def release(self, sender: str, recipient: str, topic: str) -> None:
+        self.mail.release(sender, recipient, topic)
 
     def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
         """The mailbox's `take` (a body its one reader reads once, let go), else `body`."""
@@ -909,6 +918,7 @@ class PredictCoordinator:
             self._drop(blamed)
             return
         if r == 0 and not self.params.secure:  # the coordinator measures every round itself
+            self._let_go_inputs(mail, order)
             coord.measure_candidates(order)
             while coord.measure_descent(order):
                 pass
@@ -925,6 +935,7 @@ class PredictCoordinator:
                                   r + 1, coord)
         blocks = {p: bl for p, bl in blocks.items() if bl}
         if not blocks:
+            self._let_go_inputs(mail, order)
             self._graph(coord, order, out)
             return
         # each site its part of each pair: its own rows of each block, or (lattice) its view of the
@@ -945,6 +956,17 @@ class PredictCoordinator:
                 self._plans[(r + 1, s)] = (len(body), hash(body), parts.get(s, {}))
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), body))
         st.attempt = r + 1
+
+    def _let_go_inputs(self, mail: Mailbox, order: list[str]) -> None:
+        """The sites' round-0 inputs are in the session now (tags and lists decoded into copies) and no later
+        decision reads them from the mailbox (a rebuild would, but a mailbox that releases is kept with its
+        machine): a mailbox that releases lets their bodies go before the graph's candidates, whose peak
+        they would otherwise sit under (the tags alone are n·m·8 bytes, 512 MB at 10^6 points)."""
+        if not getattr(mail, "releases", False):
+            return
+        for s in order:
+            for t in self._blocked_inputs():
+                mail.release(s, COORDINATOR, t)
 
     def _capped(self, blocks: dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs], r: int,
                 coord: CoordinatorSession) -> dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs]:

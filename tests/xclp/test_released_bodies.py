@@ -80,6 +80,9 @@ def test_the_simulation_lets_each_body_go_once_read_and_gives_the_same_labels(ds
     kinds = {t.split("/")[0] for _, _, t in released}
     assert {"rows", "influence", "sums"} <= kinds
     assert all(mail.messages[k] is None for k in released)
+    if graph == "blocked":  # the round-0 inputs, once in the coordinator's session (before the candidates)
+        inputs = [(s, COORDINATOR, t) for s in ds.sites for t in ("tags", "knn", "codes")]
+        assert all(k in mail.messages and mail.messages[k] is None for k in inputs)
     # every other body stays (the announces, the roster, …), and every key: a repeat is still refused
     assert mail.messages[("site0", COORDINATOR, "announce")] is not None
     assert not mail.put(Send("site1", COORDINATOR, Topic.rows(0), b"again"))
@@ -88,6 +91,7 @@ def test_the_simulation_lets_each_body_go_once_read_and_gives_the_same_labels(ds
     kept, kept_mail, _ = run(ds, params, monkeypatch, Kept)
     assert kept_mail.most_rows == 4 * max(kept_mail.rows_sizes)  # (what the watch sees when bodies stay)
     assert np.array_equal(kept.labels, res.labels) and np.array_equal(kept.confidence, res.confidence)
+    assert all(b is not None for (_, _, t), b in kept_mail.messages.items() if not Topic.is_pair_message(t))
     assert kept.bytes == res.bytes  # the same messages, byte for byte
     # the running sum is Σ of the parts mod 2^64, each site getting its own rows of it (and the far field's)
     total = server_sum([load_array(b, dtype=np.uint64) for (_, _, t), b in kept_mail.messages.items() if t == "rows/0"])
