@@ -1242,6 +1242,8 @@ class PredictSite:
             inputs["codes"] = sess.codes_message
         for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
             progressed |= self._once(send, topic, make)
+        if progressed and all(self.record.get(f"sent:{COORDINATOR}:{t}") for t in inputs):
+            sess.release_tags()  # not read again (a restarted session derives them again if it must)
         if self.pairs is None:
             if self.record.get("block_rounds_started") and not sess.block_drivers:
                 self.lost_pairs = True  # a session rebuilt from its keys: its rounds' protocol state is gone

@@ -83,6 +83,7 @@ def test_the_simulation_lets_each_body_go_once_read_and_gives_the_same_labels(ds
     if graph == "blocked":  # the round-0 inputs, once in the coordinator's session (before the candidates)
         inputs = [(s, COORDINATOR, t) for s in ds.sites for t in ("tags", "knn", "codes")]
         assert all(k in mail.messages and mail.messages[k] is None for k in inputs)
+        assert all(m.session._tag_cache is None for m in sites)  # each site's tags, once sent with its lists
     # every other body stays (the announces, the roster, …), and every key: a repeat is still refused
     assert mail.messages[("site0", COORDINATOR, "announce")] is not None
     assert not mail.put(Send("site1", COORDINATOR, Topic.rows(0), b"again"))
