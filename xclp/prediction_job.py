@@ -448,10 +448,14 @@ class PredictCoordinator:
     the arrived messages allow (and, with `expired`, the current phase's deadline) and returns what to
     send; `state` is everything it keeps. `timings`: seconds of the heavy steps it ran (graph, influence)."""
 
-    def __init__(self, params: JobParams, state: PredictState, executor=None):
-        """`executor`: where a blocked graph's heavy tasks run (xclp.executor; None: here)."""
+    def __init__(self, params: JobParams, state: PredictState, executor=None, keep_graph: bool = True):
+        """`executor`: where a blocked graph's heavy tasks run (xclp.executor; None: here). `keep_graph`:
+        keep the session that built the graph (`coordinator`: its blocked state, its influence columns)
+        for a caller that reads it afterwards (tests, benchmarks); False lets it go once the influence
+        messages are made (the basis alone is n·r·8 bytes, 1.5 GB at 10^6 points)."""
         self.params = params.validate()
         self.state = state
+        self.keep_graph = keep_graph
         self.executor = executor
         self.timings: dict[str, float] = {}
         # what happened, for a driver's log: {"event": "phase" | "dropped" | "job_failed", …} in order
@@ -731,7 +735,7 @@ class PredictCoordinator:
         t1 = time.perf_counter()
         coord.compute_influence(W)
         self.timings = {**self.timings, "graph": t1 - t0, "influence": time.perf_counter() - t1}
-        self.solve_info, self.coordinator = coord.solve_info, coord
+        self.solve_info, self.coordinator = coord.solve_info, coord if self.keep_graph else None
         out.extend(Send(COORDINATOR, s, "influence", coord.influence_message(s)) for s in order)
         self.state.graph_sites = order
         self._next("row_sums")

@@ -100,3 +100,34 @@ def test_the_simulation_lets_each_body_go_once_read_and_gives_the_same_labels(ds
     for s in ds.sites:
         got = load_array(kept_mail.messages[(COORDINATOR, s, "sums/0")], dtype=np.uint64)
         assert np.array_equal(got, np.concatenate([total[layout.rows(s)], total[layout.n:]])), s
+
+
+def test_the_command_lets_the_graphs_session_go_once_the_influence_messages_are_made(ds, monkeypatch):
+    """`keep_graph=False` (xclp simulate predict): during the row sums no one holds the session that built
+    the graph (its influence columns: the n × r basis, 1.5 GB at 10^6 points); the labels are the same."""
+    import gc
+    import weakref
+
+    params = JobParams(job_id="rel", **BLOCKED)
+    made, alive = [], []
+    graph = prediction_job.PredictCoordinator._graph
+
+    def _graph(self, coord, order, out):
+        made.append(weakref.ref(coord))
+        return graph(self, coord, order, out)
+
+    class Rows(prediction_job.MemoryMailbox):
+        def put(self, m):
+            if m.topic.startswith("rows/") and not alive:
+                gc.collect()
+                alive.append(made[-1]() is not None)
+            return super().put(m)
+
+    monkeypatch.setattr(prediction_job.PredictCoordinator, "_graph", _graph)
+    monkeypatch.setattr(simulation, "MemoryMailbox", Rows)
+    let_go = simulation.run_xclp(ds, params, keep_graph=False)
+    assert let_go.coordinator is None and alive == [False]
+    alive.clear()
+    kept = simulation.run_xclp(ds, params)
+    assert kept.coordinator is not None and alive == [True]  # (what the watch sees when it is kept)
+    assert np.array_equal(kept.labels, let_go.labels) and kept.solver == let_go.solver == "push+spectral"
