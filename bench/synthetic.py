@@ -75,9 +75,10 @@ def site_points(geo: Geometry, seed: int, site: int, per_site: int, labelled: fl
 
 
 def clustered(sites: int = 50, per_site: int = 20_000, labelled: float = 0.01, seed: int = 0,
-              dim: int = 128) -> Dataset:
-    """The data set (see the module docstring). X is float32 (the sites convert their own rows)."""
-    geo = Geometry(seed, dim=dim)
+              dim: int = 128, classes: int = 10) -> Dataset:
+    """The data set (see the module docstring). X is float32 (the sites convert their own rows).
+    `dim`, `classes`: the embedding's dimensions and the number of classes (issue 35's file: 64, 20)."""
+    geo = Geometry(seed, dim=dim, classes=classes)
     n = sites * per_site
     X = np.empty((n, dim), dtype=np.float32)
     y = np.empty(n, dtype=np.int64)

@@ -208,7 +208,7 @@ def cmd_simulate_predict(args) -> int:
     say = (lambda m: None) if args.quiet else (lambda m: print(f"  · {m}", file=sys.stderr, flush=True))
     say(f"{source}: {ds.n} points, {len(ds.sites)} sites, {ds.n_classes} classes, "
         f"{int((ds.y >= 0).sum())} labelled")
-    res = run_xclp(ds, params, seed=args.seed, progress=say)
+    res = run_xclp(ds, params, seed=args.seed, progress=say, keep_graph=False)  # (only the labels are read)
     acc = {"xclp": unlabelled_accuracy(ds, res.labels)}
     base = {}
     t0 = time.perf_counter()

@@ -91,10 +91,18 @@ class MemoryMailbox:
     then holds all it needs; a site restarted inside a pair protocol cannot finish it, PredictSite),
     and in a secure job these messages are nearly all the bytes (a lattice job at 60,000 points moves
     ≈ 10 GB of result ciphertexts): its body is released once taken (`take`), its key kept, so that
-    a repeat is still refused and the coordinator still sees who sent what."""
+    a repeat is still refused and the coordinator still sees who sent what.
 
-    def __init__(self, on_put: Callable[[Send], None] | None = None):
+    With `release`, every other body that one reader reads once goes the same way (`Topic.read_once`: a
+    site's masked rows, folded into the coordinator's running sum as each arrives; the coordinator's
+    influence columns and sums to a site, once that site took them): at 10^6 points and C = 20 a site's
+    masked rows are 160 MB, fifty sites' 8 GB. For a driver that keeps its coordinator's machine for the
+    whole job and never reads a message again (the simulation); a test that looks at a finished job's
+    messages keeps them (the default)."""
+
+    def __init__(self, on_put: Callable[[Send], None] | None = None, release: bool = False):
         self.on_put = on_put
+        self.releases = release  # the coordinator folds each site's rows as they come (PredictCoordinator._fold_rows)
         self.messages: dict[tuple[str, str, str], bytes | None] = {}
 
     def put(self, m: Send) -> bool:
@@ -133,12 +141,20 @@ class MemoryMailbox:
         return {s: self.messages.get((s, recipient, topic)) for s in senders}
 
     def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
-        """`body`, and a pair protocol's site-to-site message released once taken (see the class)."""
+        """`body`, and a pair protocol's site-to-site message released once taken — with `release`, any
+        message its one reader reads once (see the class)."""
         key = (sender, recipient, topic)
         body = self.messages.get(key)
-        if body is not None and sender != COORDINATOR and Topic.is_pair_message(topic):
+        if body is not None and (sender != COORDINATOR and Topic.is_pair_message(topic)
+                                 or self.releases and Topic.read_once(sender, topic)):
             self.messages[key] = None
         return body
+
+    def release(self, sender: str, recipient: str, topic: str) -> None:
+        """Its reader will not read this body again: let it go (the key stays: a repeat is still refused)."""
+        key = (sender, recipient, topic)
+        if key in self.messages:
+            self.messages[key] = None
 
     def addressed_to(self, site: str) -> dict[tuple[str, str], bytes]:
         """(sender, topic) → body of every message to `site` (not those already taken and released)."""
@@ -403,6 +419,19 @@ class _WithSent:
                 out[m.sender] = m.body
         return out
 
+    @property
+    def releases(self) -> bool:
+        return getattr(self.mail, "releases", False)
+
+    def release(self, sender: str, recipient: str, topic: str) -> None:
+        self.mail.release(sender, recipient, topic)
+
+    def take(self, sender: str, recipient: str, topic: str) -> bytes | None:
+        """The mailbox's `take` (a body its one reader reads once, let go), else `body`."""
+        if sender == COORDINATOR or not hasattr(self.mail, "take"):
+            return self.body(sender, recipient, topic)
+        return self.mail.take(sender, recipient, topic)
+
 
 # Round plans as decoded, by their bytes, across machines: a driver makes a new machine per decision
 # and per status request (who the round awaits), and a round's plans take seconds to decode at scale.
@@ -419,10 +448,14 @@ class PredictCoordinator:
     the arrived messages allow (and, with `expired`, the current phase's deadline) and returns what to
     send; `state` is everything it keeps. `timings`: seconds of the heavy steps it ran (graph, influence)."""
 
-    def __init__(self, params: JobParams, state: PredictState, executor=None):
-        """`executor`: where a blocked graph's heavy tasks run (xclp.executor; None: here)."""
+    def __init__(self, params: JobParams, state: PredictState, executor=None, keep_graph: bool = True):
+        """`executor`: where a blocked graph's heavy tasks run (xclp.executor; None: here). `keep_graph`:
+        keep the session that built the graph (`coordinator`: its blocked state, its influence columns)
+        for a caller that reads it afterwards (tests, benchmarks); False lets it go once the influence
+        messages are made (the basis alone is n·r·8 bytes, 1.5 GB at 10^6 points)."""
         self.params = params.validate()
         self.state = state
+        self.keep_graph = keep_graph
         self.executor = executor
         self.timings: dict[str, float] = {}
         # what happened, for a driver's log: {"event": "phase" | "dropped" | "job_failed", …} in order
@@ -438,6 +471,8 @@ class PredictCoordinator:
         # crypto="masked": the kNN lists after the last rebuild's rounds, by what they were merged from
         # (`_blocked_session`): a round's end merges only its own distances, not every round's again
         self._lists_snapshot: tuple | None = None
+        # the row sums' topic and the session holding their running sum (`_fold_rows`)
+        self._rows: tuple[str, CoordinatorSession] | None = None
 
     # --- the driver's entry ---------------------------------------------------------------------------
     def step(self, mail: Mailbox, expired: bool = False, silent: Mapping[str, str] | None = None) -> list[Send]:
@@ -700,7 +735,7 @@ class PredictCoordinator:
         t1 = time.perf_counter()
         coord.compute_influence(W)
         self.timings = {**self.timings, "graph": t1 - t0, "influence": time.perf_counter() - t1}
-        self.solve_info, self.coordinator = coord.solve_info, coord
+        self.solve_info, self.coordinator = coord.solve_info, coord if self.keep_graph else None
         out.extend(Send(COORDINATOR, s, "influence", coord.influence_message(s)) for s in order)
         self.state.graph_sites = order
         self._next("row_sums")
@@ -887,6 +922,7 @@ class PredictCoordinator:
             self._drop(blamed)
             return
         if r == 0 and not self.params.secure:  # the coordinator measures every round itself
+            self._let_go_inputs(mail, order)
             coord.measure_candidates(order)
             while coord.measure_descent(order):
                 pass
@@ -903,6 +939,7 @@ class PredictCoordinator:
                                   r + 1, coord)
         blocks = {p: bl for p, bl in blocks.items() if bl}
         if not blocks:
+            self._let_go_inputs(mail, order)
             self._graph(coord, order, out)
             return
         # each site its part of each pair: its own rows of each block, or (lattice) its view of the
@@ -923,6 +960,17 @@ class PredictCoordinator:
                 self._plans[(r + 1, s)] = (len(body), hash(body), parts.get(s, {}))
             out.append(Send(COORDINATOR, s, Topic.blocks(r + 1), body))
         st.attempt = r + 1
+
+    def _let_go_inputs(self, mail: Mailbox, order: list[str]) -> None:
+        """The sites' round-0 inputs are in the session now (tags and lists decoded into copies) and no later
+        decision reads them from the mailbox (a rebuild would, but a mailbox that releases is kept with its
+        machine): a mailbox that releases lets their bodies go before the graph's candidates, whose peak
+        they would otherwise sit under (the tags alone are n·m·8 bytes, 512 MB at 10^6 points)."""
+        if not getattr(mail, "releases", False):
+            return
+        for s in order:
+            for t in self._blocked_inputs():
+                mail.release(s, COORDINATOR, t)
 
     def _capped(self, blocks: dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs], r: int,
                 coord: CoordinatorSession) -> dict[tuple[str, str], list[blocking.Block] | blocking.SitePairs]:
@@ -961,17 +1009,37 @@ class PredictCoordinator:
     def _row_sums(self, mail: Mailbox, expired: bool, out: list[Send]) -> None:
         st = self.state
         topic = Topic.rows(st.attempt)
+        if getattr(mail, "releases", False):
+            self._fold_rows(mail, topic)  # each site's rows as they come, their body let go (MemoryMailbox)
         if not self._masked_sum_ready(mail, topic, expired):
             return
-        coord = self._session(mail, st.graph_sites)
-        coord.layout = Layout(sites=list(st.graph_sites), sizes=[coord.roster[s].n for s in st.graph_sites])
-        coord.mode = self.graph_mode(mail)  # the roster's, as the sites' (a blocked graph's far-field rows)
-        coord.start_row_sums()
-        for s in st.live:
-            coord.receive_row_sums(s, mail.body(s, COORDINATOR, topic))
+        coord = self._fold_rows(mail, topic)
+        self._rows = None
         out.extend(Send(COORDINATOR, s, Topic.sums(st.attempt), body)
                    for s, body in coord.row_sums_for(list(st.live)).items())
         self._next("done")
+
+    def _fold_rows(self, mail: Mailbox, topic: str) -> CoordinatorSession:
+        """The running sum of the attempt's masked rows, with every live site's that has arrived added once
+        (CoordinatorSession.receive_row_sums), one body read at a time. A mailbox that keeps every body (the
+        service's, whose machine is new each decision) is folded once, when all are in; one that `releases`
+        is folded as the rows come, and `take` lets each body go: the machine's running sum is then the
+        only copy, so such a driver keeps its machine for the whole job (the simulation). Within an
+        attempt the live sites do not change (a site that leaves restarts the sum: a new topic)."""
+        st = self.state
+        if self._rows is None or self._rows[0] != topic:
+            coord = self._session(mail, st.graph_sites)
+            coord.layout = Layout(sites=list(st.graph_sites), sizes=[coord.roster[s].n for s in st.graph_sites])
+            coord.mode = self.graph_mode(mail)  # the roster's, as the sites' (a blocked graph's far-field rows)
+            coord.start_row_sums()
+            self._rows = (topic, coord)
+        coord = self._rows[1]
+        read = getattr(mail, "take", mail.body) if getattr(mail, "releases", False) else mail.body
+        arrived = mail.senders(COORDINATOR, topic)
+        for s in st.live:
+            if s in arrived and s not in coord.row_parts:
+                coord.receive_row_sums(s, read(s, COORDINATOR, topic))
+        return coord
 
 
 class PredictSite:
@@ -989,7 +1057,7 @@ class PredictSite:
         self.session = session
         self.record = record if record is not None else {}
         self.pairs: dict[str, dict] | None = None
-        self.rows: tuple[int, bytes] | None = None
+        self.rows: tuple[int, bytes | None] | None = None  # (attempt, its masked rows until sent)
         self.result: Prediction | None = None
         self.waiting = False  # the last step found nothing to do but wait for a peer's pair message
         self.lost_pairs = False
@@ -1071,8 +1139,15 @@ class PredictSite:
             # Masks the site's contribution and keeps its own masked rows in the session; deterministic,
             # so after a restart the repeat is byte-identical to what was sent.
             self.rows = (attempt, sess.row_sums_message(view.live, attempt))
+        if self.rows[1] is not None and self.record.get(f"sent:{COORDINATOR}:{Topic.rows(attempt)}"):
+            # sent: the coordinator has it (a restarted site makes it again, byte-identical); at 10^6 points
+            # and C = 20 it is 160 MB a site
+            self.rows = (attempt, None)
         if phase == "row_sums":
-            return self._once(send, Topic.rows(attempt), self.rows[1]) or self._await(inbox, Topic.sums(attempt))
+            if self._once(send, Topic.rows(attempt), self.rows[1]):
+                self.rows = (attempt, None)
+                return True
+            return self._await(inbox, Topic.sums(attempt))
         body = self._take(inbox, Topic.sums(attempt))
         if body is None:
             return False
@@ -1171,6 +1246,8 @@ class PredictSite:
             inputs["codes"] = sess.codes_message
         for topic, make in inputs.items():  # round 0 (deterministic bodies: a retry is idempotent)
             progressed |= self._once(send, topic, make)
+        if progressed and all(self.record.get(f"sent:{COORDINATOR}:{t}") for t in inputs):
+            sess.release_tags()  # not read again (a restarted session derives them again if it must)
         if self.pairs is None:
             if self.record.get("block_rounds_started") and not sess.block_drivers:
                 self.lost_pairs = True  # a session rebuilt from its keys: its rounds' protocol state is gone

@@ -74,6 +74,16 @@ class Topic:
         return topic.startswith(("pair/", "bpair/"))
 
     @staticmethod
+    def read_once(sender: str, topic: str) -> bool:
+        """A message that one reader reads once and no later step reads again: a pair protocol's site-to-site
+        message (its recipient), a site's masked rows (the coordinator, into its running sum), the
+        coordinator's influence columns and sums to a site (that site: its session keeps what it needs)."""
+        kind = topic.split("/")[0]
+        if sender == COORDINATOR:
+            return kind in ("influence", "sums")
+        return kind == "rows" or Topic.is_pair_message(topic)
+
+    @staticmethod
     def blocks(round_: int) -> str:
         """The coordinator's candidate blocks of a blocked graph's round (1, 2, …) for one site."""
         return f"blocks/{round_}"

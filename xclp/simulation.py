@@ -28,7 +28,8 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
              drops: dict[str, str] | None = None,
              noise_seeds: dict[str, bytes] | None = None,
              tap: Callable[[str, str, bytes], None] | None = None,
-             label_seeds: dict[str, bytes] | None = None, executor=None) -> SimulationResult:
+             label_seeds: dict[str, bytes] | None = None, executor=None,
+             keep_graph: bool = True) -> SimulationResult:
     """One XCLP job over the data set's sites, in one process, with `params.crypto`.
 
     `drops` simulates sites that vanish (from the phase named on: seed, counts, hamming, row_sums), the outcomes every driver gives (xclp/prediction_job.py, "Phases and what ends them"): a
@@ -42,7 +43,9 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
     `contributions` (e.g. those of real agents, to replay a service job in process); so do the secrets
     of their label-DP noise (`noise_seeds`), and, where given, of their randomized labels (`label_seeds`:
     a real site's one secret per data file, xclp.privacy.site_ledger). `executor`: where a blocked graph's
-    heavy coordinator tasks run (xclp.executor; `params.graph`).
+    heavy coordinator tasks run (xclp.executor; `params.graph`). `keep_graph=False`: the coordinator lets
+    go of the session that built the graph once its messages are made (the result's `coordinator` is
+    then None): what a caller that reads only the labels passes (`xclp simulate predict`).
     """
     say = progress or (lambda _msg: None)
     meter = ByteMeter(tap=tap)
@@ -62,9 +65,10 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
                        label_seed=(label_seeds or {}).get(s))
         for s, idx in rows.items()
     }
-    coord = PredictCoordinator(params, PredictState.new(sites), executor=executor)
+    coord = PredictCoordinator(params, PredictState.new(sites), executor=executor, keep_graph=keep_graph)
     site_machines = {s: PredictSite(sess) for s, sess in sessions.items()}
-    mail = MemoryMailbox(on_put=lambda m: meter.add(m.sender, topic_phase(m.topic), m.body))
+    # nothing reads a message twice here: each body is let go once its reader has read it (MemoryMailbox)
+    mail = MemoryMailbox(on_put=lambda m: meter.add(m.sender, topic_phase(m.topic), m.body), release=True)
     timings: dict[str, float] = {}
     start = clock = time.perf_counter()
     state = coord.state
@@ -76,6 +80,11 @@ def run_xclp(ds: Dataset, params: JobParams, seed: int = 0,
         for s in list(state.live):
             if s not in drops or not state.reached(drops[s]):
                 moved |= site_machines[s].step(state, mail.inbox(s), mail.put)
+                if state.phase == "row_sums" and state.status == "running":
+                    # the coordinator folds each site's masked rows as they come (its running sum is then
+                    # their only copy), not fifty of them at once: 8 GB at 10^6 points and C = 20
+                    for m in coord.run(mail):
+                        mail.put(m)
         # the coordinator decides; when nothing moved, the deadline passes and the silent sites drop
         if not coord.settle(mail, moved) and state.status == "running":
             raise RuntimeError(f"the job is stuck in {state.phase}: {state}")  # a bug of the machines
