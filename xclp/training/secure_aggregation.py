@@ -19,8 +19,9 @@ now runs the masked sum itself: xclp/training_job.py.)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from crypto.errors import ProtocolError
 from crypto.fixedpoint import check_bound, decode, encode
@@ -28,6 +29,9 @@ from crypto.keys import SiteKeyPair, pairwise_keys
 from crypto.secure_sum import site_mask
 from xclp.training.divergence import MAX_ABS_WEIGHT, check  # the one divergence guard (its bound too)
 from xclp.training.double_masking import mask_purpose, self_mask
+
+if TYPE_CHECKING:  # torch is imported where a state is made (unflatten): the site machine imports this module
+    import torch
 
 FRAC_BITS = 32  # 2^-32 ≈ 2.3e-10 per weight, far below float32's resolution near the weights' scale
 MAX_SITES = 1 << 16  # with MAX_ABS_WEIGHT and FRAC_BITS, a sum of this many terms cannot wrap
@@ -43,6 +47,8 @@ def flatten(state: dict[str, torch.Tensor]) -> np.ndarray:
 
 
 def unflatten(vec: np.ndarray, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    import torch
+
     out, at = {}, 0
     for k, ref in template.items():
         n = ref.numel()
