@@ -1,8 +1,9 @@
 """What a Flower site's message imports. Flower's deployment runtime starts a ClientApp process for every
 message, and each one imports the ClientApp's modules afresh: torch (~2 CPU-s) and dp_accounting with the
 SciPy it loads (~2 CPU-s) are imported where a network is built or an event accounted, never by the
-modules themselves (xclp.training.models, xclp.privacy.ledger). A prediction message needs neither, nor
-does a training run's hello, its statistics or a run without DP noise."""
+modules themselves (xclp.training.models, xclp.privacy.ledger), and scipy.sparse (~0.2 CPU-s) where a
+matrix is made (xclp.graph, xclp.push). A prediction message needs none of them until its site builds
+its graph, nor does a training run's hello, its statistics or a run without DP noise."""
 
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is the optional extra: pip install -e '.[flower]' (.ci/run installs it)")
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "dp_accounting", "scipy.stats", "scipy.optimize")
+HEAVY = ("torch", "dp_accounting", "scipy.stats", "scipy.optimize", "scipy.sparse")
 
 # a fresh interpreter: this one has imported them long ago (the other tests)
 PROBE = f"""
