@@ -9,11 +9,14 @@ smaller global index, the same rule for every driver.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 from xclp.job_options import JOB_DEFAULTS
+
+if TYPE_CHECKING:  # SciPy is imported where a matrix is made: most messages of a Flower site build none
+    import scipy.sparse as sp
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ def _k_best(rows: int, cols: int, k: int, i: np.ndarray, j: np.ndarray, d: np.nd
 
 def knn_matrix(acc: KnnAccumulator | KnnLists, weights_of_dist) -> sp.csr_matrix:
     """B: each row keeps its k best entries with weight w(distance), zero elsewhere."""
+    import scipy.sparse as sp
+
     valid = np.isfinite(acc.dist) & (acc.idx >= 0)
     rows = np.repeat(np.arange(acc.n), acc.k)[valid.ravel()]
     cols = acc.idx[valid]
@@ -152,6 +157,8 @@ def knn_matrix(acc: KnnAccumulator | KnnLists, weights_of_dist) -> sp.csr_matrix
 
 def normalised_adjacency(B: sp.spmatrix) -> sp.csr_matrix:
     """𝒲 = D^{-1/2} (B + Bᵀ) D^{-1/2} with a zero diagonal; a non-positive degree is treated as 1."""
+    import scipy.sparse as sp
+
     W = (B + B.T).tocsr()
     W.setdiag(0)
     W.eliminate_zeros()

@@ -44,11 +44,14 @@ caller falls back to the exact solver.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 from xclp.job_options import JOB_DEFAULTS
+
+if TYPE_CHECKING:  # SciPy is imported where a matrix is made (xclp.graph says why)
+    import scipy.sparse as sp
 
 # Chosen at 60,000 Fashion-MNIST points (bench/scale.py): ε = 10⁻³, r = 96 gave 97.5 % of the labels
 # equal to exact XCLP and −0.8 points of accuracy; ε = 5·10⁻⁴, r = 192: 98.3 % and −0.04 points, for
@@ -126,6 +129,8 @@ def push_batch(W: sp.csr_matrix, sqrt_deg: np.ndarray, cols: np.ndarray, alpha: 
                eps: float) -> tuple[sp.csc_matrix, sp.csc_matrix]:
     """Synchronous push for the columns `cols`: (x, r) with S e_u = x_u + S r_u and every
     |r_u(v)| ≤ eps·√(d_u d_v). Pure numpy/scipy, so an executor's worker runs it without torch."""
+    import scipy.sparse as sp
+
     n, m = W.shape[0], cols.size
     R = sp.csr_matrix((np.ones(m), (cols, np.arange(m))), shape=(n, m))
     parts = []
@@ -254,6 +259,8 @@ def sparse_influence(W: sp.csr_matrix, degrees: np.ndarray, cols: np.ndarray, al
     """S[:, cols] as push + spectral correction (see the module docstring). `degrees`: the row sums
     of the symmetrised W before normalisation (the d of 𝒲 = D^{-1/2} W D^{-1/2}). `executor`:
     xclp.executor (batches of columns run as its tasks); None runs them here."""
+    import scipy.sparse as sp
+
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if W.data.size and W.data.min() < 0:

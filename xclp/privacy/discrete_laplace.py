@@ -25,7 +25,6 @@ import math
 import os
 
 import numpy as np
-from scipy.optimize import brentq
 
 from crypto.secure_sum import prg_uint64
 from xclp.privacy.ledger import DiscreteLaplaceEvent, epsilon_of
@@ -86,6 +85,8 @@ def gamma_for_budget(epsilon: float, delta: float, releases: int, sensitivity: i
     side of the root — one step brackets it (a floor on the step keeps the walk finite if it did not).
     Then brentq in that bracket (it bisects at the end: the PLD's ε moves in steps of ~1e-4 relative).
     γ to a relative 1e-5 is the least noise for any purpose (1e-9 took ~36 evaluations)."""
+    from scipy.optimize import brentq  # (here, not with the module: xclp.privacy.ledger's _dpa says why)
+
     if releases < 1:
         raise ValueError("at least one release")
     lo, hi = math.log(1e-6), math.log(50.0)

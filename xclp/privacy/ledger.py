@@ -27,15 +27,19 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-import dp_accounting as dpa
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from scipy.optimize import brentq
-from scipy.stats import norm
-
 NEIGHBOURING = "replace one training example of one site"
 SITE_LEVEL = "replace the whole data of one site"
 ACCOUNTANT = "PLD (dp-accounting, pessimistic)"
 DISCRETIZATION = 1e-4  # of the privacy loss: dp-accounting's default; ε is an upper bound at this grid
+
+
+def _dpa():
+    """dp_accounting, imported where an event is accounted rather than with this module: with the SciPy it
+    loads it costs ~2 CPU-s, and most importers never account one (a training run without DP noise
+    spends nothing, and each message at a Flower site is a process of its own that imports this module)."""
+    import dp_accounting
+
+    return dp_accounting
 
 
 class BudgetExceeded(ValueError):
@@ -74,6 +78,9 @@ def _pld(event):
     and again — every round's ε of a DP FedAvg+XCLP run composed its randomized-response PLD with a
     Gaussian rebuilt each time, and a ledger read back from JSON replays every release (35 of a Flower
     DP run's 45 s went there)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    dpa = _dpa()
     relation = dpa.NeighboringRelation.REPLACE_ONE
     if isinstance(event, dpa.RandomizedResponseDpEvent):
         return pld_lib.from_randomized_response(event.noise_parameter, event.num_buckets,
@@ -94,6 +101,7 @@ def _pld(event):
 
 
 def _describe(event) -> dict:
+    dpa = _dpa()
     if isinstance(event, dpa.RandomizedResponseDpEvent):
         return {"mechanism": "randomized_response", "noise_parameter": event.noise_parameter,
                 "num_buckets": event.num_buckets}
@@ -108,10 +116,10 @@ def _describe(event) -> dict:
 
 # A stored release, by its mechanism: the accountant's event (the one reader of every ledger's JSON).
 EVENTS = {
-    "randomized_response": lambda d: dpa.RandomizedResponseDpEvent(noise_parameter=float(d["noise_parameter"]),
-                                                                   num_buckets=int(d["num_buckets"])),
+    "randomized_response": lambda d: _dpa().RandomizedResponseDpEvent(noise_parameter=float(d["noise_parameter"]),
+                                                                      num_buckets=int(d["num_buckets"])),
     "discrete_laplace": lambda d: DiscreteLaplaceEvent(float(d["parameter"]), int(d["sensitivity"])),
-    "gaussian": lambda d: dpa.GaussianDpEvent(float(d["noise_multiplier"])),
+    "gaussian": lambda d: _dpa().GaussianDpEvent(float(d["noise_multiplier"])),
     "epsilon_delta": lambda d: EpsilonDeltaEvent(float(d["epsilon"]), float(d["delta"])),
 }
 
@@ -127,6 +135,9 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     """ε(δ) of a Gaussian mechanism with Δ/σ = μ, exactly (Balle & Wang 2018, Thm. 8):
     δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2). T Gaussian releases compose to one with
     μ = √(Σ μ_i²) (Dong, Roth & Su 2019), so a run of Gaussian rounds needs no discretised PLD."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
     if mu <= 0:
         return 0.0
 
@@ -143,7 +154,7 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 def epsilon_of(event, count: int, delta: float) -> float:
     """ε(δ) of `event` released `count` times (and nothing else)."""
-    if isinstance(event, dpa.GaussianDpEvent):
+    if isinstance(event, _dpa().GaussianDpEvent):
         return gaussian_epsilon(math.sqrt(count) / event.noise_multiplier, delta)
     return float(_composed(event, count).get_epsilon_for_delta(delta))
 
@@ -167,7 +178,7 @@ class PrivacyLedger:
         if pld is None:
             return gaussian_epsilon(math.sqrt(mu2), self.delta) if mu2 > 0 else None
         if mu2 > 0:
-            pld = pld.compose(_pld(dpa.GaussianDpEvent(1 / math.sqrt(mu2))))
+            pld = pld.compose(_pld(_dpa().GaussianDpEvent(1 / math.sqrt(mu2))))
         return float(pld.get_epsilon_for_delta(self.delta))
 
     def spend(self, what: str, event, count: int = 1) -> float:
@@ -176,7 +187,7 @@ class PrivacyLedger:
         if count < 1:
             raise ValueError("a release is spent at least once")
         pld, mu2 = self._pld, self._mu2
-        if isinstance(event, dpa.GaussianDpEvent):
+        if isinstance(event, _dpa().GaussianDpEvent):
             mu2 += count / event.noise_multiplier**2
         else:
             new = _composed(event, count)

@@ -34,12 +34,11 @@ import os
 import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from crypto.errors import ProtocolError
-from xclp.baselines import label_spreading
 from xclp.job_options import JOB_DEFAULTS
 from xclp.privacy import gaussian_shares
 from xclp.privacy.ledger import SITE_LEVEL, BudgetExceeded, PrivacyLedger, epsilon_of
@@ -50,6 +49,9 @@ from xclp.training.models import build_network, embed_array, predict_proba_array
 from xclp.training.options import FEDAVG_ALGORITHMS
 from xclp.training.secure_aggregation import FRAC_BITS, MIN_CONTRIBUTORS, mean_from_total, quantized_mean
 from xclp.training.strategy import Roster, Strategy, Weights, pooled_rate, scored_accuracy
+
+if TYPE_CHECKING:  # torch is imported where a network trains (xclp.training.models says why)
+    import torch
 
 MAX_LABELLED_BATCH = 50
 
@@ -282,6 +284,8 @@ class PerSiteLPLabeller:
 
     def __call__(self, model, sites: list[Site], rnd: int) -> dict[str, PseudoLabels]:
         out = {}
+        from xclp.baselines import label_spreading  # (its solvers run on torch: imported where used)
+
         for s in sites:
             p = label_spreading(embed_array(model, s.X), s.y, self.n_classes, k=self.k, alpha=self.alpha)
             out[s.name] = PseudoLabels(p.labels, p.confidence)
@@ -307,6 +311,8 @@ def client_update(model: torch.nn.Module, site: Site, pl: PseudoLabels, n_classe
                   momentum: float, weight_decay: float, rng: np.random.Generator,
                   max_labelled_batch: int = MAX_LABELLED_BATCH, use_pseudo: bool = True) -> tuple[dict, int] | None:
     """E local epochs of SGD from θ on the confidence- and class-weighted loss; None if nothing to learn."""
+    import torch
+
     lab = np.flatnonzero(site.y >= 0)
     unl = np.flatnonzero((site.y < 0) & (pl.labels >= 0) & (pl.weights > 0)) if use_pseudo else np.zeros(0, int)
     if lab.size == 0 and unl.size == 0:

@@ -32,6 +32,7 @@ refit for the others (a seeded subsample). None = all of them (refits) / 1.0 (to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from dataclasses import dataclass, field, fields
@@ -42,7 +43,7 @@ from xclp.data import UNLABELLED
 from xclp.job_options import JOB_DEFAULTS
 from xclp.privacy import randomized_response
 from xclp.training.fedavg import Site, round_rng, site_rng
-from xclp.training.models import TorchClassifier, accepts_sample_weight, make_learner, torch_threads
+from xclp.training.models import SklearnLearner, TorchClassifier, accepts_sample_weight, make_learner, torch_threads
 from xclp.training.options import LEARNERS, TIE_RULES
 from xclp.training.strategy import Roster, VotingStrategy, pooled_rate, scored_sites, seeded_key
 
@@ -416,7 +417,9 @@ class FedCTStrategy(VotingStrategy):
                 return None
             if pl is not None:
                 state.xclp_labels, state.xclp_weights = pl.labels, pl.weights
-        with torch_threads(cfg.threads):
+        # torch's threads limited around a torch learner only: a scikit-learn one never imports torch (~2 CPU-s)
+        threads = contextlib.nullcontext() if isinstance(state.learner, SklearnLearner) else torch_threads(cfg.threads)
+        with threads:
             if done == t:  # trained and kept before a restart; only the upload was lost
                 votes, mix = np.asarray(state.learner.predict(env.public.X), dtype=np.int64), None
             else:

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from crypto.errors import ProtocolError
 from xclp.data import UNLABELLED
@@ -48,6 +48,9 @@ from xclp.training.fedavg import (
 from xclp.training.fedct import vote_counts
 from xclp.training.models import LEARNERS, TORCH_LEARNERS, make_learner, predict_proba_array
 from xclp.training.strategy import Roster, Strategy, VotingStrategy
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

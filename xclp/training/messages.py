@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from crypto.errors import ProtocolError
 from xclp.wire import DEFAULT_MAX_BYTES, dump_bundle, load_bundle
+
+if TYPE_CHECKING:  # torch is imported where a state is made (load_state), not by every reader of a message
+    import torch
 
 _META = "__meta__"
 
@@ -48,6 +51,8 @@ def dump_state(state: dict[str, torch.Tensor], meta: dict | None = None) -> byte
 def load_state(body: bytes, template: dict[str, torch.Tensor], what: str = "model",
                max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict shaped like `template`, meta) — refuses missing, extra, reshaped or non-finite weights."""
+    import torch
+
     b = load_bundle(body, tuple(template), max_bytes=max_bytes, what=what)
     meta = load_json(b.pop(_META).tobytes(), what=f"{what} metadata") if _META in b else {}
     extra = sorted(set(b) - set(template))

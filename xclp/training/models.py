@@ -1,25 +1,33 @@
 """Models for the training loops: torch networks θ = (φ, ψ) and a registry of per-site learners.
 
-- `MLP` and `SmallCNN` split into a feature extractor φ (`embed(x)`, the d-dimensional embedding that
-  XCLP builds its graph on) and a classifier head ψ (`head`); `forward(x) = head(embed(x))`.
+- `build_network` makes `MLP` or `SmallCNN` (xclp.training.networks), split into a feature extractor φ
+  (`embed(x)`, the d-dimensional embedding that XCLP builds its graph on) and a classifier head ψ
+  (`head`); `forward(x) = head(embed(x))`.
 - `TorchClassifier` wraps either network in the scikit-learn shape (fit / partial_fit / predict /
   predict_proba) for FedCT, where a site may run any learner.
 - `make_learner(name, ...)` builds "tree", "forest", "boosting", "logreg", "mlp" or "cnn";
   `accepts_sample_weight(learner)` says whether its fit takes `sample_weight` (the loops pass the
   XCLP confidences only to those that do).
+
+torch is imported where a network is built, run or trained, not with this module: importing it costs
+~2 CPU-s, and every training driver imports this module (through the strategies) while a run of
+scikit-learn learners (FedCT's trees) never needs torch — a Flower site runs each message in a process
+of its own, which paid that import at every message.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
-from torch.nn import functional as F
 
 from xclp.training.options import LEARNERS
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 TORCH_LEARNERS = ("mlp", "cnn")
 
@@ -28,6 +36,8 @@ TORCH_LEARNERS = ("mlp", "cnn")
 def torch_threads(n: int | None):
     """Run with `n` torch intra-op threads, then restore. Small models on a shared 2-core machine run
     tens of times faster on one thread than on two contended ones."""
+    import torch
+
     old = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
@@ -37,57 +47,12 @@ def torch_threads(n: int | None):
         torch.set_num_threads(old)
 
 
-def image_side(n_features: int) -> int:
-    """Side of a square single-channel image with `n_features` pixels (28 for 784, 8 for 64)."""
-    side = int(round(math.sqrt(n_features)))
-    if side * side != n_features:
-        raise ValueError(f"the CNN needs square images; {n_features} features is not a square")
-    return side
-
-
-class MLP(nn.Module):
-    """in → hidden (ReLU) → embedding (ReLU) = φ; embedding → classes = ψ."""
-
-    def __init__(self, n_features: int, n_classes: int, hidden: int = 256, embed_dim: int = 128):
-        super().__init__()
-        self.n_features, self.n_classes, self.embed_dim = n_features, n_classes, embed_dim
-        self.features = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, embed_dim), nn.ReLU())
-        self.head = nn.Linear(embed_dim, n_classes)
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(x))
-
-
-class SmallCNN(nn.Module):
-    """Two conv–pool blocks and a dense embedding layer = φ; a linear head = ψ.
-
-    Takes flat rows of a square single-channel image (28×28 Fashion-MNIST / MNIST, 8×8 digits).
-    """
-
-    def __init__(self, n_features: int, n_classes: int, embed_dim: int = 128, width: int = 32):
-        super().__init__()
-        self.side = image_side(n_features)
-        self.n_features, self.n_classes, self.embed_dim = n_features, n_classes, embed_dim
-        self.conv = nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        )
-        flat = 2 * width * (self.side // 4) ** 2
-        self.dense = nn.Sequential(nn.Flatten(), nn.Linear(flat, embed_dim), nn.ReLU())
-        self.head = nn.Linear(embed_dim, n_classes)
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense(self.conv(x.reshape(-1, 1, self.side, self.side)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(x))
-
-
 def build_network(arch: str, n_features: int, n_classes: int, seed: int = 0, **kw) -> nn.Module:
     """A freshly initialised network; the seed fixes the initial weights."""
+    import torch
+
+    from xclp.training.networks import MLP, SmallCNN
+
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed % (1 << 64))  # (torch takes 64 bits; a run's seed × 1000 + site may pass them)
     try:
@@ -100,25 +65,33 @@ def build_network(arch: str, n_features: int, n_classes: int, seed: int = 0, **k
     raise ValueError(f"unknown network {arch!r}; choose 'mlp' or 'cnn'")
 
 
-@torch.no_grad()
 def embed_array(model: nn.Module, X: np.ndarray, batch: int = 4096) -> np.ndarray:
     """φ(X) as a float64 array (n × d), in eval mode."""
+    import torch
+
     model.eval()
-    out = [model.embed(torch.as_tensor(X[s:s + batch], dtype=torch.float32)).numpy() for s in range(0, len(X), batch)]
+    with torch.no_grad():
+        out = [model.embed(torch.as_tensor(X[s:s + batch], dtype=torch.float32)).numpy()
+               for s in range(0, len(X), batch)]
     return np.concatenate(out).astype(np.float64) if out else np.zeros((0, model.embed_dim))
 
 
-@torch.no_grad()
 def predict_proba_array(model: nn.Module, X: np.ndarray, batch: int = 4096) -> np.ndarray:
+    import torch
+    from torch.nn import functional as F
+
     model.eval()
-    out = [F.softmax(model(torch.as_tensor(X[s:s + batch], dtype=torch.float32)), dim=1).numpy()
-           for s in range(0, len(X), batch)]
+    with torch.no_grad():
+        out = [F.softmax(model(torch.as_tensor(X[s:s + batch], dtype=torch.float32)), dim=1).numpy()
+               for s in range(0, len(X), batch)]
     return np.concatenate(out).astype(np.float64) if out else np.zeros((0, model.n_classes))
 
 
 def weighted_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, point_weights: torch.Tensor,
                            class_weights: torch.Tensor | None = None) -> torch.Tensor:
     """mean_i ω_i · c_w[y_i] · CE(logits_i, y_i)  (the XCLP paper's confidence-weighted loss)."""
+    from torch.nn import functional as F
+
     per = F.cross_entropy(logits, targets, reduction="none") * point_weights
     if class_weights is not None:
         per = per * class_weights[targets]
@@ -147,10 +120,14 @@ class TorchClassifier:
         self.classes_ = np.arange(n_classes)
 
     def _init(self) -> None:
+        import torch
+
         self.model_ = build_network(self.arch, self.n_features, self.n_classes, self.seed, **self.net_kw)
         self.optimizer_ = torch.optim.Adam(self.model_.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
     def partial_fit(self, X, y, sample_weight=None, steps: int = 1) -> TorchClassifier:
+        import torch
+
         if self.model_ is None:
             self._init()
         X = np.asarray(X, dtype=np.float32)
@@ -173,6 +150,8 @@ class TorchClassifier:
 
         `private` and `pseudo` are (X, y, sample_weight) triples; FedCT's authors use 64 + 64.
         """
+        import torch
+
         if self.model_ is None:
             self._init()
         parts = [(np.asarray(X, dtype=np.float32), np.asarray(y, dtype=np.int64), np.asarray(w, dtype=np.float32), b)

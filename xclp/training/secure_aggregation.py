@@ -30,8 +30,8 @@ from crypto.secure_sum import site_mask
 from xclp.training.divergence import MAX_ABS_WEIGHT, check  # the one divergence guard (its bound too)
 from xclp.training.double_masking import mask_purpose, self_mask
 
-if TYPE_CHECKING:  # torch at run time only where a state dict is made: a coordinator that runs no training
-    import torch  # job (and a prediction-only process) does not pay its import (~1.5 CPU-s a process)
+if TYPE_CHECKING:  # torch is imported where a state is made (unflatten): the site machine imports this module
+    import torch
 
 FRAC_BITS = 32  # 2^-32 ≈ 2.3e-10 per weight, far below float32's resolution near the weights' scale
 MAX_SITES = 1 << 16  # with MAX_ABS_WEIGHT and FRAC_BITS, a sum of this many terms cannot wrap
