@@ -1,6 +1,6 @@
 """A prediction job's order, written once: the coordinator's machine and the site's machine.
 
-(About 1,050 lines: the two sides of one job's order and the rules that admit its messages, read and changed
+(About 1,290 lines: the two sides of one job's order and the rules that admit its messages, read and changed
 together; the blocked graph's rounds are one more part of the hamming phase on both sides.)
 
 `xclp.protocol` holds what each party computes in each phase (`SiteSession`, `CoordinatorSession`);
