@@ -16,12 +16,10 @@ in between makes facts newer than their key, never older. Read from the database
 number of coordinator processes on it and across restarts. A training job's facts (its round's XCLP job
 is a job of its own, whose awaited sites are kept so) are computed as before.
 
-The sites' pair messages (`pair/…`, `bpair/…`: SecureHamming's site-to-site traffic, relayed, read once
-by their recipient) are most of a hamming phase's messages, and no fact reads them: the facts' key counts
-the others only, so that the relay does not make every status of the phase recompute its facts. The job
-page adds each phase's bytes (`phase_bytes`: the job's messages' sizes by topic, ~5,000 topics at 50
-sites once the pair traffic is in, 40–110 ms a look), kept under the key of every message (pair traffic
-included); no running prediction job's messages are deleted (the engine prunes a job once it is over).
+The job page adds each phase's bytes (`phase_bytes`: the job's messages' sizes by topic, ~5,000 topics
+at 50 sites once the pair traffic is in, 40–110 ms a look), kept with the same key: a function of the
+job's messages too, and no running prediction job's messages are deleted (the engine prunes a job once
+it is over, which moves the key anyway).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from __future__ import annotations
 import copy
 import threading
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import func, or_, select
 
 from service.db import Job, Message, PrunedBytes
 from service.engine import refusals
@@ -43,41 +41,39 @@ from xclp.prediction_topics import graph_mode
 
 
 class LookCache:
-    """Each job's facts ("facts"; the job page's "bytes") with the state they were computed for (only the
-    latest state of each job)."""
+    """Each job's facts with the state they were computed for (only the latest state of each job)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._kept: dict[tuple[str, str], tuple[tuple, object]] = {}
+        self._facts: dict[str, tuple[tuple, dict]] = {}
         self.computed = 0  # (how many times the facts were computed, for the tests)
 
-    def get(self, job_id: str, key: tuple, name: str = "facts"):
+    def get(self, job_id: str, key: tuple) -> dict | None:
         with self._lock:
-            got = self._kept.get((job_id, name))
+            got = self._facts.get(job_id)
         return got[1] if got is not None and got[0] == key else None
 
-    def put(self, job_id: str, key: tuple, value, name: str = "facts") -> None:
+    def put(self, job_id: str, key: tuple, facts: dict) -> None:
         with self._lock:
-            self._kept[(job_id, name)] = (key, value)
-            self.computed += name == "facts"
+            self._facts[job_id] = (key, facts)
+            self.computed += 1
+
+    def add(self, job_id: str, key: tuple, name: str, value) -> None:
+        """One more fact of the state `key` (the job page's bytes), kept if that state's facts still are."""
+        with self._lock:
+            got = self._facts.get(job_id)
+            if got is not None and got[0] == key:
+                got[1][name] = value
 
     def forget(self, job_id: str) -> None:
         with self._lock:
-            for k in [k for k in self._kept if k[0] == job_id]:
-                del self._kept[k]
+            self._facts.pop(job_id, None)
 
 
-PAIR_TOPICS = ("pair/", "bpair/")  # (xclp.prediction_topics.Topic.is_pair_message)
-
-
-def mail_state(db, job_id: str) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
-    """(count, greatest id) of the job's messages, and of those but the sites' pair messages: each moves
-    with every message of its kind written or removed. One read."""
-    pair = or_(*(Message.topic.startswith(p) for p in PAIR_TOPICS))
-    other = case((pair, None), else_=Message.id)
-    count, last, n, greatest = db.execute(select(func.count(Message.id), func.max(Message.id), func.count(other),
-                                                 func.max(other)).where(Message.job_id == job_id)).one()
-    return (int(count), last), (int(n), greatest)
+def mail_state(db, job_id: str) -> tuple[int, int | None]:
+    """(count, greatest id) of the job's messages: moves with every message written or removed."""
+    count, last = db.execute(select(func.count(Message.id), func.max(Message.id)).where(Message.job_id == job_id)).one()
+    return int(count), last
 
 
 def job_facts(db, job: Job, page: bool = False) -> dict:
@@ -91,19 +87,15 @@ def job_facts(db, job: Job, page: bool = False) -> dict:
         if cache is not None:
             cache.forget(job.id)  # (a job over keeps nothing here)
         return {**_compute(db, job), **({"bytes": phase_bytes(db, job)} if page else {})}
-    every, others = mail_state(db, job.id)  # (the state first, then the facts)
-    key = (job.machine, *others)  # (no fact reads a pair message)
+    key = (job.machine, *mail_state(db, job.id))  # (the state first, then the facts)
     facts = cache.get(job.id, key)
     if facts is None:
         facts = _compute(db, job)
         cache.put(job.id, key, facts)
     facts = copy.deepcopy(facts)  # (a caller's changes stay its own)
-    if page:
-        facts["bytes"] = cache.get(job.id, (job.machine, *every), "bytes")
-        if facts["bytes"] is None:
-            facts["bytes"] = phase_bytes(db, job)
-            cache.put(job.id, (job.machine, *every), facts["bytes"], "bytes")
-        facts["bytes"] = dict(facts["bytes"])
+    if page and "bytes" not in facts:
+        facts["bytes"] = phase_bytes(db, job)
+        cache.add(job.id, key, "bytes", dict(facts["bytes"]))
     return facts
 
 
