@@ -38,6 +38,21 @@ def _reads(client, app, path: str, headers: dict) -> int:
     return len(reads)
 
 
+def _login(c):
+    """The operator's dashboard login (the response: 303 when it worked)."""
+    return c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
+                  headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+
+
+def _job_in_hamming(c, app) -> tuple[dict, str]:
+    """Three sites and a plaintext prediction job over them, its row moved into hamming: (headers, job)."""
+    heads = {s: add(c, s) for s in ("s0", "s1", "s2")}
+    job = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6,
+                                "graph": "auto"}, headers=admin_headers()).json()["job"]
+    _in_hamming(app, job, list(heads))
+    return heads, job
+
+
 def _in_hamming(app, job_id: str, sites: list[str]) -> None:
     """The job in its hamming phase (its graph's mode read from the sites' announces: graph "auto"), with
     every site's announce and none of its shares: what its machine would have made of the earlier phases."""
@@ -75,8 +90,7 @@ def _looks(tmp_path, m: int, phase: str) -> dict[str, int]:
             announce_all(c, job, heads)
         if phase == "hamming":
             _in_hamming(app, job, list(heads))
-        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
-                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        login = _login(c)
         assert login.status_code == 303, login.text
         assert c.get(f"/jobs/{job}", headers=admin_headers()).json()["phase"] == phase
         return {"status (operator)": _reads(c, app, f"/jobs/{job}", admin_headers()),
@@ -150,10 +164,7 @@ def test_a_jobs_facts_are_computed_once_per_state_and_anew_when_a_message_comes(
 
     app = create_app(Settings(database=f"sqlite:///{tmp_path / 'facts.db'}", admin_token=ADMIN, engine_interval=0.05))
     with TestClient(app) as c:
-        heads = {s: add(c, s) for s in ("s0", "s1", "s2")}
-        job = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6,
-                                    "graph": "auto"}, headers=admin_headers()).json()["job"]
-        _in_hamming(app, job, list(heads))
+        heads, job = _job_in_hamming(c, app)
         cache = app.state.sessionmaker.kw["info"]["looks"]
 
         def status(h=None):
@@ -166,8 +177,7 @@ def test_a_jobs_facts_are_computed_once_per_state_and_anew_when_a_message_comes(
         computed = cache.computed
         for h in [*heads.values(), admin_headers()]:
             assert status(h)["progress"] == first["progress"]
-        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
-                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        login = _login(c)
         assert login.status_code == 303 and c.get(f"/ui/api/jobs/{job}").json()["progress"] == first["progress"]
         assert cache.computed == computed  # every look of this state read what the first computed
 
@@ -190,8 +200,7 @@ def test_the_dashboard_reads_the_database_as_often_with_1_job_as_with_4(tmp_path
     app = create_app(Settings(database=f"sqlite:///{tmp_path / 'jobs.db'}", admin_token=ADMIN, engine_interval=0.05))
     with TestClient(app) as c:
         heads = {s: add(c, s) for s in ("s0", "s1")}
-        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
-                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        login = _login(c)
         assert login.status_code == 303
 
         def submit():
@@ -214,12 +223,8 @@ def test_the_job_pages_bytes_are_read_once_per_state_and_anew_when_a_message_com
 
     app = create_app(Settings(database=f"sqlite:///{tmp_path / 'bytes.db'}", admin_token=ADMIN, engine_interval=0.05))
     with TestClient(app) as c:
-        heads = {s: add(c, s) for s in ("s0", "s1", "s2")}
-        job = c.post("/jobs", json={"sites": list(heads), "classes": 10, "crypto": "plaintext", "bits": 128, "k": 6,
-                                    "graph": "auto"}, headers=admin_headers()).json()["job"]
-        _in_hamming(app, job, list(heads))
-        login = c.post("/ui/login", data={"token": ADMIN}, follow_redirects=False,
-                       headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"})
+        heads, job = _job_in_hamming(c, app)
+        login = _login(c)
         assert login.status_code == 303
         engine = app.state.sessionmaker.kw["bind"]
         sums = []
